@@ -1,0 +1,73 @@
+// The Transport interface: how the HCA's packets reach a network. Everything above it (emu, verbs_api) sees only
+// this, so a test replaces the io_uring UDP socket with the in-memory SimNetwork, and decorators add fault injection
+// or pcap capture around any transport (the pattern Envoy uses to hide io_uring behind a replaceable interface).
+//
+// A datagram here is a UDP payload: the RoCEv2 packet from the BTH through the ICRC. The IP and UDP headers are the
+// transport's business, but the ICRC covers some of their fields (IBTA Annex A17.3.3), so a sender asks the
+// transport which 5-tuple a packet will really leave with (`OutgoingFlow`) and seals the ICRC for that.
+//
+// Error contract (as liburing's): functions that can fail return a non-negative count on success or -errno.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+
+#include "wire/address.h"
+
+namespace uroce::wire {
+
+// One datagram to send. `payload` is BTH..ICRC with the ICRC already sealed for OutgoingFlow(dst, src_port).
+struct OutDatagram {
+  UdpEndpoint dst;
+  uint16_t src_port = 0;  // Wanted UDP source port (RoCEv2 flow entropy); see Transport::OutgoingFlow.
+  std::span<const uint8_t> payload;
+};
+
+// One received datagram, valid only during the handler call.
+struct InDatagram {
+  UdpEndpoint src;
+  UdpEndpoint dst;
+  std::span<const uint8_t> payload;
+  // IPv4 Identification when the transport saw the IP header (simulated network, pcap); nullopt for a UDP socket,
+  // which does not expose it. The ICRC covers it, so a receiver that lacks it must say so when verifying.
+  std::optional<uint16_t> ip_id;
+  uint64_t timestamp_ns = 0;  // Arrival time on the transport's clock.
+};
+
+// The header fields of a datagram as it will appear on the wire: what the ICRC is computed over.
+struct Flow {
+  UdpEndpoint src;
+  UdpEndpoint dst;
+  uint16_t ip_id = 0;  // IPv4 only. DF datagrams from an unconnected socket with IP_PMTUDISC_DO leave with ID 0.
+};
+
+using DatagramHandler = std::function<void(const InDatagram&)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // The bound address and port datagrams arrive on.
+  virtual UdpEndpoint local() const = 0;
+
+  // The flow a datagram to `dst` wanting source port `src_port` will leave with. A UDP socket always sends from its
+  // bound port; the simulated network honours src_port. Thread-safe.
+  virtual Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const = 0;
+
+  // Sends a batch. Returns how many datagrams were handed to the network (possibly fewer than batch.size() when the
+  // transport is out of room; the caller retries the rest), or -errno. A datagram lost afterwards is not reported:
+  // this is a datagram network. Thread-safe; payload memory may be reused as soon as Send returns.
+  virtual int Send(std::span<const OutDatagram> batch) = 0;
+
+  // Delivers received datagrams to `handler` on the calling thread. Waits up to timeout_ns for the first one
+  // (0: do not wait; negative: wait until one arrives or Wake()). Returns how many were delivered (0 on timeout or
+  // wake-up), or -errno. One thread polls at a time.
+  virtual int Poll(const DatagramHandler& handler, int64_t timeout_ns) = 0;
+
+  // Makes a Poll blocked in another thread return promptly. Thread-safe, async-signal-unsafe.
+  virtual void Wake() = 0;
+};
+
+}  // namespace uroce::wire
