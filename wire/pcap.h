@@ -79,6 +79,9 @@ struct PcapRecord {
   // cut off using the IP length field. Empty when the record is not an IP packet: then `not_ip` says why.
   std::span<const uint8_t> ip_packet;
   std::string not_ip;
+  // With not_ip: the record claims to be IP (or cannot even hold its link header) but is broken, as opposed to
+  // carrying another protocol (ARP, RoCEv1) or an unsupported link type.
+  bool malformed = false;
   std::span<const uint8_t> raw;  // The whole captured record, link header included.
   uint32_t original_length = 0;  // Length on the wire (orig_len).
   bool truncated = false;        // The capture holds fewer bytes than were on the wire (snaplen).
@@ -127,7 +130,9 @@ class PcapReader {
 
 // Strips the link-layer header of a captured frame of `link_type`. On success returns the IP packet (trimmed to the
 // IP length field when the frame carries padding after it) and leaves `why_not` empty; otherwise returns an empty
-// span and says why in `why_not` (e.g. "EtherType 0x8915 (RoCEv1) is not IP"). Never reads outside `frame`.
-std::span<const uint8_t> PcapExtractIpPacket(uint32_t link_type, std::span<const uint8_t> frame, std::string* why_not);
+// span and says why in `why_not` (e.g. "EtherType 0x8915 (RoCEv1) is not IP"), setting `*malformed` (when given)
+// if the frame is broken rather than of another protocol. Never reads outside `frame`.
+std::span<const uint8_t> PcapExtractIpPacket(uint32_t link_type, std::span<const uint8_t> frame, std::string* why_not,
+                                             bool* malformed = nullptr);
 
 }  // namespace uroce::wire
