@@ -1,0 +1,203 @@
+#include "wire/transport_bench.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "wire/uring_transport.h"
+
+namespace uroce::wire {
+namespace {
+
+constexpr int kBatch = 32;
+constexpr int kBufferBytes = 8 << 20;
+using SteadyClock = std::chrono::steady_clock;
+
+// Received-count shared by the two threads of a half; the sender sleeps on it when out of credit.
+struct Credit {
+  std::atomic<uint64_t> received{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::condition_variable cv;
+
+  void Add(uint64_t n) {
+    received.fetch_add(n, std::memory_order_relaxed);
+    cv.notify_one();
+  }
+  // Waits until fewer than `window - batch` datagrams are in flight (bounded: a lost datagram never returns its
+  // credit, so give up after 1 ms and send anyway, which the loss figure then shows).
+  void WaitForRoom(uint64_t sent, size_t window) {
+    if (sent + kBatch <= received.load(std::memory_order_relaxed) + window) return;
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, std::chrono::milliseconds(1),
+                [&] { return sent + kBatch <= received.load(std::memory_order_relaxed) + window; });
+  }
+};
+
+struct HalfResult {
+  uint64_t sent = 0, received_in_time = 0, received = 0;
+  double seconds = 0;
+};
+
+// Drives `send_batch` for `seconds`, then lets the receiver drain briefly.
+template <typename SendBatch>
+HalfResult DriveSender(Credit& credit, double seconds, size_t window, SendBatch send_batch) {
+  HalfResult r;
+  const auto t0 = SteadyClock::now();
+  const auto end = t0 + std::chrono::duration<double>(seconds);
+  while (SteadyClock::now() < end) {
+    credit.WaitForRoom(r.sent, window);
+    const int n = send_batch();
+    if (n > 0) r.sent += uint64_t(n);
+  }
+  r.received_in_time = credit.received.load();
+  r.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  const auto drain_until = SteadyClock::now() + std::chrono::milliseconds(100);
+  while (credit.received.load() < r.sent && SteadyClock::now() < drain_until) std::this_thread::yield();
+  r.received = credit.received.load();
+  credit.stop = true;
+  return r;
+}
+
+int RunUring(size_t frame_bytes, double seconds, size_t window, TransportBenchResult* out) {
+  UringTransport::Options options;
+  options.socket_buffer_bytes = kBufferBytes;
+  options.max_datagram = std::max<size_t>(frame_bytes, 64);
+  std::unique_ptr<UringTransport> rx, tx;
+  const UdpEndpoint loopback{IpAddress::V4(0x7f000001), 0};
+  if (int r = UringTransport::Create(loopback, options, &rx); r < 0) return r;
+  if (int r = UringTransport::Create(loopback, options, &tx); r < 0) return r;
+  out->uring_multishot = rx->multishot_active();
+
+  Credit credit;
+  std::thread receiver([&] {
+    while (!credit.stop.load(std::memory_order_relaxed)) {
+      const int n = rx->Poll([](const InDatagram&) {}, 10'000'000);
+      if (n > 0) credit.Add(uint64_t(n));
+      if (n < 0) break;
+    }
+  });
+  std::vector<uint8_t> payload(frame_bytes, 0x5a);
+  std::vector<OutDatagram> batch(kBatch, OutDatagram{rx->local(), 0, payload});
+  const HalfResult h = DriveSender(credit, seconds, window, [&] { return tx->Send(batch); });
+  rx->Wake();
+  receiver.join();
+  out->uring_sent = h.sent;
+  out->uring_received = h.received;
+  out->uring_pps = double(h.received_in_time) / h.seconds;
+  out->uring_gbps = out->uring_pps * double(frame_bytes) * 8 / 1e9;
+  out->uring_loss = h.sent ? 1.0 - double(h.received) / double(h.sent) : 0;
+  return 0;
+}
+
+int BoundLoopbackSocket(sockaddr_in* addr) {
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  const int bytes = kBufferBytes;
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes) < 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) < 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  const int pmtu = IP_PMTUDISC_DO;  // as UringTransport does
+  setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  timeval tv{0, 10'000};  // so the receiver notices the end
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  *addr = sockaddr_in{};
+  addr->sin_family = AF_INET;
+  addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof *addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(addr), sizeof *addr) < 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(addr), &len) < 0) {
+    const int e = -errno;
+    close(fd);
+    return e;
+  }
+  return fd;
+}
+
+int RunRaw(size_t frame_bytes, double seconds, size_t window, TransportBenchResult* out) {
+  sockaddr_in rx_addr, tx_addr;
+  const int rx = BoundLoopbackSocket(&rx_addr);
+  if (rx < 0) return rx;
+  const int tx = BoundLoopbackSocket(&tx_addr);
+  if (tx < 0) {
+    close(rx);
+    return tx;
+  }
+  Credit credit;
+  std::thread receiver([&] {
+    std::vector<uint8_t> buffers(size_t(kBatch) * std::max<size_t>(frame_bytes, 64));
+    mmsghdr msgs[kBatch];
+    iovec iovs[kBatch];
+    while (!credit.stop.load(std::memory_order_relaxed)) {
+      for (int i = 0; i < kBatch; ++i) {
+        iovs[i] = iovec{buffers.data() + size_t(i) * std::max<size_t>(frame_bytes, 64), std::max<size_t>(frame_bytes, 64)};
+        msgs[i] = mmsghdr{};
+        msgs[i].msg_hdr.msg_iov = &iovs[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+      }
+      const int n = recvmmsg(rx, msgs, kBatch, MSG_WAITFORONE, nullptr);
+      if (n > 0) credit.Add(uint64_t(n));
+    }
+  });
+  std::vector<uint8_t> payload(frame_bytes, 0x5a);
+  mmsghdr msgs[kBatch];
+  iovec iov{payload.data(), payload.size()};
+  for (int i = 0; i < kBatch; ++i) {
+    msgs[i] = mmsghdr{};
+    msgs[i].msg_hdr.msg_name = &rx_addr;
+    msgs[i].msg_hdr.msg_namelen = sizeof rx_addr;
+    msgs[i].msg_hdr.msg_iov = &iov;
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  const HalfResult h = DriveSender(credit, seconds, window, [&] { return sendmmsg(tx, msgs, kBatch, 0); });
+  receiver.join();
+  close(rx);
+  close(tx);
+  out->raw_sent = h.sent;
+  out->raw_received = h.received;
+  out->raw_pps = double(h.received_in_time) / h.seconds;
+  out->raw_gbps = out->raw_pps * double(frame_bytes) * 8 / 1e9;
+  out->raw_loss = h.sent ? 1.0 - double(h.received) / double(h.sent) : 0;
+  return 0;
+}
+
+}  // namespace
+
+TransportBenchResult RunTransportBench(size_t frame_bytes, double seconds, size_t window) {
+  TransportBenchResult r;
+  r.frame_bytes = frame_bytes;
+  r.seconds = seconds;
+  r.window = std::max<size_t>(window, kBatch);
+  if (int e = RunUring(frame_bytes, seconds, r.window, &r); e < 0) r.error = e;
+  if (int e = RunRaw(frame_bytes, seconds, r.window, &r); e < 0 && r.error == 0) r.error = e;
+  return r;
+}
+
+std::string TransportBenchResult::ToString() const {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "UDP loopback, %zu-byte datagrams, %.2f s, window %zu:\n"
+                "  io_uring (%s receive): %.0f pkt/s, %.2f Gbit/s, loss %.4f%% (%llu sent)\n"
+                "  sendmmsg/recvmmsg x32: %.0f pkt/s, %.2f Gbit/s, loss %.4f%% (%llu sent)\n",
+                frame_bytes, seconds, window, uring_multishot ? "multishot" : "single-shot", uring_pps, uring_gbps,
+                uring_loss * 100, static_cast<unsigned long long>(uring_sent), raw_pps, raw_gbps, raw_loss * 100,
+                static_cast<unsigned long long>(raw_sent));
+  std::string s = buf;
+  if (error) s += "  error: " + std::string(strerror(-error)) + "\n";
+  return s;
+}
+
+}  // namespace uroce::wire

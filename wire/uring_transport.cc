@@ -1,0 +1,583 @@
+#include "wire/uring_transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <liburing.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+
+namespace uroce::wire {
+namespace {
+
+// user_data tags on the receive ring (high 32 bits); the low 32 bits hold a fallback slot index.
+constexpr uint64_t kTagMultishot = 1ull << 32;
+constexpr uint64_t kTagFallback = 2ull << 32;
+constexpr uint64_t kTagCancel = 3ull << 32;
+constexpr uint64_t kTagMask = 0xffffffffull << 32;
+constexpr uint16_t kBufferGroup = 0;
+// Room for one IP_PKTINFO and one IPV6_PKTINFO control message (an IPv6 socket may carry either).
+constexpr size_t kControlBytes = 128;
+constexpr unsigned kReapBatch = 64;
+
+size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Fills `sa` for `ep` on a socket of `family`; IPv4 destinations from an IPv6 socket use the mapped form.
+int ToSockaddr(const UdpEndpoint& ep, int family, sockaddr_storage* sa, socklen_t* len) {
+  std::memset(sa, 0, sizeof *sa);
+  if (family == AF_INET) {
+    if (!ep.addr.is_v4()) return -EAFNOSUPPORT;
+    auto* in = reinterpret_cast<sockaddr_in*>(sa);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(ep.port);
+    in->sin_addr.s_addr = htonl(ep.addr.v4());
+    *len = sizeof *in;
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(sa);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(ep.port);
+    std::memcpy(in6->sin6_addr.s6_addr, ep.addr.bytes().data(), 16);
+    *len = sizeof *in6;
+  }
+  return 0;
+}
+
+bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep) {
+  sockaddr_storage ss{};
+  std::memcpy(&ss, sa, std::min<size_t>(len, sizeof ss));
+  if (ss.ss_family == AF_INET && len >= socklen_t(sizeof(sockaddr_in))) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    *ep = UdpEndpoint{IpAddress::V4(ntohl(in->sin_addr.s_addr)), ntohs(in->sin_port)};
+    return true;
+  }
+  if (ss.ss_family == AF_INET6 && len >= socklen_t(sizeof(sockaddr_in6))) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    *ep = UdpEndpoint{IpAddress::FromBytes(in6->sin6_addr.s6_addr), ntohs(in6->sin6_port)};
+    return true;
+  }
+  return false;
+}
+
+void SetBuffer(int fd, int force_opt, int opt, int bytes) {
+  if (bytes <= 0) return;
+  if (setsockopt(fd, SOL_SOCKET, force_opt, &bytes, sizeof bytes) == 0) return;  // CAP_NET_ADMIN only
+  setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof bytes);                        // capped at net.core.*mem_max
+}
+
+void DrainEventFd(int fd) {
+  uint64_t v;
+  while (read(fd, &v, sizeof v) == sizeof v) {
+  }
+}
+
+}  // namespace
+
+struct UringTransport::SendSlot {
+  msghdr msg{};
+  iovec iov{};
+  sockaddr_storage addr{};
+  uint8_t* buffer = nullptr;
+};
+
+struct UringTransport::ReceiveSlot {
+  msghdr msg{};
+  iovec iov{};
+  sockaddr_storage addr{};
+  alignas(cmsghdr) uint8_t control[kControlBytes]{};
+  uint8_t* buffer = nullptr;
+};
+
+int UringTransport::Create(const UdpEndpoint& bind, const Options& options, std::unique_ptr<UringTransport>* out) {
+  if (options.ring_entries == 0 || options.send_slots == 0 || options.max_datagram == 0 ||
+      options.fallback_receives == 0 || options.receive_buffers == 0) {
+    return -EINVAL;
+  }
+  std::unique_ptr<UringTransport> t(new UringTransport());
+  const int r = t->Init(bind, options);
+  if (r < 0) return r;
+  *out = std::move(t);
+  return 0;
+}
+
+int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
+  options_ = options;
+  options_.send_slots = std::min(options_.send_slots, options_.ring_entries * 2);  // never overflow the send CQ
+  options_.fallback_receives = std::min(options_.fallback_receives, options_.ring_entries);  // one chain per submit
+  family_ = bind.addr.is_v4() ? AF_INET : AF_INET6;
+
+  fd_ = socket(family_, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
+  if (fd_ < 0) return -errno;
+  const int one = 1;
+  if (family_ == AF_INET) {
+    const int pmtu = IP_PMTUDISC_DO;
+    if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu) < 0) return -errno;
+    if (setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) < 0) return -errno;
+  } else {
+    const int pmtu6 = IPV6_PMTUDISC_DO;
+    if (setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof pmtu6) < 0) return -errno;
+    if (setsockopt(fd_, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one) < 0) return -errno;
+    // A dual-stack socket also carries IPv4 (mapped) traffic; these apply to it. Best effort.
+    const int pmtu = IP_PMTUDISC_DO;
+    setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
+  }
+  SetBuffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF, options_.socket_buffer_bytes);
+  SetBuffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF, options_.socket_buffer_bytes);
+
+  sockaddr_storage sa;
+  socklen_t sa_len;
+  if (int r = ToSockaddr(bind, family_, &sa, &sa_len); r < 0) return r;
+  if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sa_len) < 0) return -errno;
+  sa_len = sizeof sa;
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &sa_len) < 0) return -errno;
+  if (!FromSockaddr(&sa, sa_len, &local_)) return -EAFNOSUPPORT;
+
+  // Send ring and its slots.
+  send_ring_ = std::make_unique<io_uring>();
+  io_uring_params params{};
+  params.flags = IORING_SETUP_CQSIZE;
+  params.cq_entries = options_.ring_entries * 2;
+  if (int r = io_uring_queue_init_params(options_.ring_entries, send_ring_.get(), &params); r < 0) return r;
+  send_ring_ready_ = true;
+  send_buffers_bytes_ = AlignUp(size_t(options_.send_slots) * options_.max_datagram, 4096);
+  send_buffers_ = static_cast<uint8_t*>(
+      mmap(nullptr, send_buffers_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (send_buffers_ == MAP_FAILED) {
+    send_buffers_ = nullptr;
+    return -ENOMEM;
+  }
+  send_slots_.resize(options_.send_slots);
+  for (uint32_t i = 0; i < options_.send_slots; ++i) {
+    send_slots_[i].buffer = send_buffers_ + size_t(i) * options_.max_datagram;
+    free_send_slots_.push_back(options_.send_slots - 1 - i);
+  }
+
+  // Receive ring, woken through an eventfd.
+  receive_ring_ = std::make_unique<io_uring>();
+  params = {};
+  params.flags = IORING_SETUP_CQSIZE;
+  params.cq_entries = std::max(options_.ring_entries, std::max(options_.receive_buffers, options_.fallback_receives)) * 4;
+  if (int r = io_uring_queue_init_params(options_.ring_entries, receive_ring_.get(), &params); r < 0) return r;
+  receive_ring_ready_ = true;
+  ring_event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (ring_event_fd_ < 0 || wake_fd_ < 0) return -errno;
+  if (int r = io_uring_register_eventfd(receive_ring_.get(), ring_event_fd_); r < 0) return r;
+
+  if (!options_.force_fallback_receive && SetUpMultishot() == 0) {
+    multishot_ = true;
+  }
+  // Fallback slots are set up either way: they take over if the kernel rejects multishot recvmsg at the first Poll.
+  receive_slots_.resize(options_.fallback_receives);
+  for (uint32_t i = 0; i < options_.fallback_receives; ++i) idle_receive_slots_.push_back(i);
+  return 0;
+}
+
+// Provided-buffer ring (IORING_REGISTER_PBUF_RING, Linux 5.19) for multishot recvmsg (Linux 6.0). liburing 2.3
+// lacks io_uring_setup_buf_ring(), so the ring memory is mapped here and registered with io_uring_register_buf_ring.
+int UringTransport::SetUpMultishot() {
+  io_uring_probe* probe = io_uring_get_probe_ring(receive_ring_.get());
+  if (!probe) return -ENOSYS;
+  const bool recvmsg = io_uring_opcode_supported(probe, IORING_OP_RECVMSG);
+  io_uring_free_probe(probe);
+  if (!recvmsg) return -ENOSYS;
+
+  unsigned count = 1;
+  while (count < options_.receive_buffers && count < 32768) count <<= 1;
+  buf_count_ = count;
+  // Each buffer holds io_uring_recvmsg_out, the source address, the control messages, then the payload.
+  buf_size_ = AlignUp(sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_storage) + kControlBytes + options_.max_datagram, 64);
+  buf_ring_bytes_ = AlignUp(sizeof(io_uring_buf) * buf_count_, 4096);
+  void* ring_mem = mmap(nullptr, buf_ring_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (ring_mem == MAP_FAILED) return -ENOMEM;
+  buf_ring_ = static_cast<io_uring_buf_ring*>(ring_mem);
+  receive_buffers_bytes_ = AlignUp(buf_size_ * buf_count_, 4096);
+  void* bufs = mmap(nullptr, receive_buffers_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (bufs == MAP_FAILED) return -ENOMEM;
+  receive_buffers_ = static_cast<uint8_t*>(bufs);
+
+  io_uring_buf_reg reg{};
+  reg.ring_addr = reinterpret_cast<uintptr_t>(buf_ring_);
+  reg.ring_entries = buf_count_;
+  reg.bgid = kBufferGroup;
+  if (int r = io_uring_register_buf_ring(receive_ring_.get(), &reg, 0); r < 0) return r;
+  buf_ring_registered_ = true;
+  io_uring_buf_ring_init(buf_ring_);
+  const int mask = io_uring_buf_ring_mask(buf_count_);
+  for (unsigned i = 0; i < buf_count_; ++i) {
+    io_uring_buf_ring_add(buf_ring_, receive_buffers_ + i * buf_size_, unsigned(buf_size_), uint16_t(i), mask, int(i));
+  }
+  io_uring_buf_ring_advance(buf_ring_, int(buf_count_));
+
+  // The template multishot recvmsg reads: only the name and control lengths matter (io_uring_prep_recvmsg_multishot).
+  multishot_msg_ = std::make_unique<msghdr>();
+  multishot_msg_->msg_namelen = sizeof(sockaddr_storage);
+  multishot_msg_->msg_controllen = kControlBytes;
+  return 0;
+}
+
+UringTransport::~UringTransport() {
+  if (receive_ring_ready_) CancelReceives();
+  if (send_ring_ready_) {
+    std::lock_guard lock(send_mu_);
+    // Wait for sends in flight: the kernel reads their slots until they complete.
+    while (free_send_slots_.size() < send_slots_.size()) {
+      io_uring_cqe* cqe = nullptr;
+      __kernel_timespec ts{1, 0};
+      if (io_uring_wait_cqe_timeout(send_ring_.get(), &cqe, &ts) < 0) break;
+      ReapSendsLocked();
+    }
+    io_uring_queue_exit(send_ring_.get());
+  }
+  if (receive_ring_ready_) {
+    if (buf_ring_registered_) io_uring_unregister_buf_ring(receive_ring_.get(), kBufferGroup);
+    io_uring_queue_exit(receive_ring_.get());
+  }
+  if (fd_ >= 0) close(fd_);
+  if (ring_event_fd_ >= 0) close(ring_event_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  for (ReceiveSlot& s : receive_slots_) delete[] s.buffer;
+  if (send_buffers_) munmap(send_buffers_, send_buffers_bytes_);
+  if (receive_buffers_) munmap(receive_buffers_, receive_buffers_bytes_);
+  if (buf_ring_) munmap(buf_ring_, buf_ring_bytes_);
+}
+
+// Cancels outstanding receives and waits for their final completions, so the kernel never writes into buffers
+// after they are freed (ring teardown alone cancels asynchronously).
+void UringTransport::CancelReceives() {
+  io_uring* ring = receive_ring_.get();
+  if (outstanding_receives_ == 0) return;
+  if (io_uring_sqe* sqe = io_uring_get_sqe(ring)) {
+    io_uring_prep_cancel_fd(sqe, fd_, IORING_ASYNC_CANCEL_ALL);
+    io_uring_sqe_set_data64(sqe, kTagCancel);
+    io_uring_submit(ring);
+  }
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (outstanding_receives_ > 0 && std::chrono::steady_clock::now() < give_up) {
+    io_uring_cqe* cqe = nullptr;
+    __kernel_timespec ts{0, 100'000'000};
+    if (io_uring_wait_cqe_timeout(ring, &cqe, &ts) < 0) continue;
+    unsigned head;
+    unsigned seen = 0;
+    io_uring_for_each_cqe(ring, head, cqe) {
+      ++seen;
+      const uint64_t tag = cqe->user_data & kTagMask;
+      if (tag == kTagMultishot && !(cqe->flags & IORING_CQE_F_MORE)) --outstanding_receives_;
+      if (tag == kTagFallback) --outstanding_receives_;
+    }
+    io_uring_cq_advance(ring, seen);
+  }
+}
+
+void UringTransport::ReapSendsLocked() {
+  io_uring* ring = send_ring_.get();
+  io_uring_cqe* cqes[kReapBatch];
+  while (true) {
+    const unsigned n = io_uring_peek_batch_cqe(ring, cqes, kReapBatch);
+    if (n == 0) return;
+    for (unsigned i = 0; i < n; ++i) {
+      const int res = cqes[i]->res;
+      free_send_slots_.push_back(uint32_t(cqes[i]->user_data));
+      if (res < 0) {
+        send_errors_.fetch_add(1, std::memory_order_relaxed);
+        last_send_error_.store(res, std::memory_order_relaxed);
+      } else {
+        packets_sent_.fetch_add(1, std::memory_order_relaxed);
+        bytes_sent_.fetch_add(uint64_t(res), std::memory_order_relaxed);
+      }
+    }
+    io_uring_cq_advance(ring, n);
+  }
+}
+
+int UringTransport::Send(std::span<const OutDatagram> batch) {
+  std::lock_guard lock(send_mu_);
+  io_uring* ring = send_ring_.get();
+  ReapSendsLocked();
+  int queued = 0;
+  int error = 0;
+  size_t done = 0;
+  for (; done < batch.size(); ++done) {
+    const OutDatagram& dg = batch[done];
+    if (dg.payload.size() > options_.max_datagram) {
+      error = -EMSGSIZE;
+      break;
+    }
+    sockaddr_storage sa;
+    socklen_t sa_len;
+    if (int r = ToSockaddr(dg.dst, family_, &sa, &sa_len); r < 0) {
+      error = r;
+      break;
+    }
+    while (free_send_slots_.empty()) {
+      // All slots are in flight: hand the kernel what is queued and wait for one to complete.
+      if (queued > 0) {
+        io_uring_submit(ring);
+        queued = 0;
+      }
+      ReapSendsLocked();
+      if (!free_send_slots_.empty()) break;
+      io_uring_cqe* cqe = nullptr;
+      if (int r = io_uring_wait_cqe(ring, &cqe); r < 0 && r != -EINTR) {
+        error = r;
+        break;
+      }
+    }
+    if (error) break;
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    if (!sqe) {
+      io_uring_submit(ring);
+      queued = 0;
+      sqe = io_uring_get_sqe(ring);
+      if (!sqe) {
+        error = -EAGAIN;
+        break;
+      }
+    }
+    const uint32_t index = free_send_slots_.back();
+    free_send_slots_.pop_back();
+    SendSlot& slot = send_slots_[index];
+    std::memcpy(slot.buffer, dg.payload.data(), dg.payload.size());
+    slot.addr = sa;
+    slot.iov = iovec{slot.buffer, dg.payload.size()};
+    slot.msg = msghdr{};
+    slot.msg.msg_name = &slot.addr;
+    slot.msg.msg_namelen = sa_len;
+    slot.msg.msg_iov = &slot.iov;
+    slot.msg.msg_iovlen = 1;
+    io_uring_prep_sendmsg(sqe, fd_, &slot.msg, 0);
+    io_uring_sqe_set_data64(sqe, index);
+    ++queued;
+  }
+  if (queued > 0) {
+    // One submit per batch. The SQEs stay in the SQ if the kernel is briefly out of room (-EAGAIN/-EBUSY) and go
+    // with the next submit.
+    int r = io_uring_submit(ring);
+    if (r == -EBUSY || r == -EAGAIN) {
+      ReapSendsLocked();
+      r = io_uring_submit(ring);
+    }
+    if (r < 0 && done == 0) return r;
+  }
+  if (done == 0 && error) return error;
+  return int(done);
+}
+
+int UringTransport::ArmReceives() {
+  io_uring* ring = receive_ring_.get();
+  if (multishot_ && !multishot_armed_) {
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    if (!sqe) return -EAGAIN;
+    io_uring_prep_recvmsg_multishot(sqe, fd_, multishot_msg_.get(), 0);
+    sqe->flags |= IOSQE_BUFFER_SELECT;
+    sqe->buf_group = kBufferGroup;
+    io_uring_sqe_set_data64(sqe, kTagMultishot);
+    multishot_armed_ = true;
+    ++outstanding_receives_;
+  }
+  if (!multishot_ && outstanding_receives_ == 0) {
+    // Independent single-shot receives parked on one socket may complete out of arrival order, which would make
+    // loopback traffic look reordered. Linked into one chain (IOSQE_IO_LINK) they run one after the other, so
+    // completions keep the socket's order; the chain is re-armed once all of it has completed.
+    std::sort(idle_receive_slots_.begin(), idle_receive_slots_.end(), std::greater<>());
+    while (!idle_receive_slots_.empty()) {
+      io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      if (!sqe) break;
+      const uint32_t index = idle_receive_slots_.back();
+      idle_receive_slots_.pop_back();
+      ReceiveSlot& slot = receive_slots_[index];
+      if (!slot.buffer) slot.buffer = new uint8_t[options_.max_datagram];
+      slot.iov = iovec{slot.buffer, options_.max_datagram};
+      slot.msg = msghdr{};
+      slot.msg.msg_name = &slot.addr;
+      slot.msg.msg_namelen = sizeof slot.addr;
+      slot.msg.msg_iov = &slot.iov;
+      slot.msg.msg_iovlen = 1;
+      std::memset(slot.control, 0, sizeof slot.control);
+      slot.msg.msg_control = slot.control;
+      slot.msg.msg_controllen = sizeof slot.control;
+      io_uring_prep_recvmsg(sqe, fd_, &slot.msg, 0);
+      io_uring_sqe_set_data64(sqe, kTagFallback | index);
+      if (!idle_receive_slots_.empty()) sqe->flags |= IOSQE_IO_LINK;
+      ++outstanding_receives_;
+    }
+  }
+  const int r = io_uring_submit(ring);
+  armed_ = true;
+  return r < 0 ? r : 0;
+}
+
+bool UringTransport::Deliver(const DatagramHandler& handler, const msghdr& msg, const void* payload, size_t len,
+                             int msg_flags) {
+  if (msg_flags & MSG_TRUNC) {
+    receive_truncations_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  InDatagram in;
+  if (!FromSockaddr(msg.msg_name, msg.msg_namelen, &in.src)) {
+    receive_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  in.dst = local_;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c)) {
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO && c->cmsg_len >= CMSG_LEN(sizeof(in_pktinfo))) {
+      in_pktinfo pi;
+      std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+      in.dst.addr = IpAddress::V4(ntohl(pi.ipi_addr.s_addr));  // the header's destination address
+    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO &&
+               c->cmsg_len >= CMSG_LEN(sizeof(in6_pktinfo))) {
+      in6_pktinfo pi;
+      std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+      in.dst.addr = IpAddress::FromBytes(pi.ipi6_addr.s6_addr);
+    }
+  }
+  in.payload = std::span<const uint8_t>(static_cast<const uint8_t*>(payload), len);
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  in.timestamp_ns = uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+  packets_received_.fetch_add(1, std::memory_order_relaxed);
+  bytes_received_.fetch_add(len, std::memory_order_relaxed);
+  handler(in);
+  return true;
+}
+
+int UringTransport::ReapReceives(const DatagramHandler& handler) {
+  io_uring* ring = receive_ring_.get();
+  int delivered = 0;
+  io_uring_cqe* cqes[kReapBatch];
+  const unsigned n = io_uring_peek_batch_cqe(ring, cqes, kReapBatch);
+  if (n == 0) return 0;
+  // Copy the completions out and release the CQ slots first; buffers stay ours until handed back below.
+  Completion done[kReapBatch];
+  for (unsigned i = 0; i < n; ++i) done[i] = Completion{cqes[i]->user_data, cqes[i]->res, cqes[i]->flags};
+  io_uring_cq_advance(ring, n);
+
+  const int mask = buf_ring_ ? io_uring_buf_ring_mask(buf_count_) : 0;
+  int returned = 0;
+  bool fall_back = false;
+  for (unsigned i = 0; i < n; ++i) {
+    const Completion& c = done[i];
+    const uint64_t tag = c.user_data & kTagMask;
+    if (tag == kTagMultishot) {
+      if (!(c.flags & IORING_CQE_F_MORE)) {
+        multishot_armed_ = false;
+        --outstanding_receives_;
+      }
+      if (c.flags & IORING_CQE_F_BUFFER) {
+        const uint16_t bid = uint16_t(c.flags >> IORING_CQE_BUFFER_SHIFT);
+        uint8_t* buf = receive_buffers_ + size_t(bid) * buf_size_;
+        if (c.res >= 0) {
+          multishot_delivered_ = true;
+          io_uring_recvmsg_out* out = io_uring_recvmsg_validate(buf, c.res, multishot_msg_.get());
+          if (!out) {
+            receive_errors_.fetch_add(1, std::memory_order_relaxed);
+          } else {
+            msghdr msg{};
+            msg.msg_name = io_uring_recvmsg_name(out);
+            msg.msg_namelen = std::min<socklen_t>(out->namelen, multishot_msg_->msg_namelen);
+            // The control messages follow the name area, whose size the template fixed.
+            msg.msg_control = static_cast<uint8_t*>(io_uring_recvmsg_name(out)) + multishot_msg_->msg_namelen;
+            msg.msg_controllen = out->controllen;
+            const size_t len = io_uring_recvmsg_payload_length(out, c.res, multishot_msg_.get());
+            // The kernel sets MSG_TRUNC in out->flags and payloadlen to the datagram's full length.
+            if (Deliver(handler, msg, io_uring_recvmsg_payload(out, multishot_msg_.get()), len, int(out->flags))) {
+              ++delivered;
+            }
+          }
+        }
+        io_uring_buf_ring_add(buf_ring_, buf, unsigned(buf_size_), bid, mask, returned++);
+      } else if (c.res < 0) {
+        if (c.res == -EINVAL && !multishot_delivered_) {
+          fall_back = true;  // kernel before 6.0: no multishot recvmsg
+        } else if (c.res != -ENOBUFS && c.res != -ECANCELED) {
+          receive_errors_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    } else if (tag == kTagFallback) {
+      const uint32_t index = uint32_t(c.user_data);
+      --outstanding_receives_;
+      ReceiveSlot& slot = receive_slots_[index];
+      if (c.res >= 0) {
+        if (Deliver(handler, slot.msg, slot.buffer, size_t(c.res), slot.msg.msg_flags)) ++delivered;
+      } else if (c.res != -ECANCELED) {
+        receive_errors_.fetch_add(1, std::memory_order_relaxed);
+      }
+      idle_receive_slots_.push_back(index);
+    }
+  }
+  if (returned > 0) io_uring_buf_ring_advance(buf_ring_, returned);
+  if (fall_back) multishot_ = false;
+  // Re-arm: a multishot that ended (ENOBUFS, cancelled by an exiting submitter thread), fallback slots consumed.
+  if ((multishot_ && !multishot_armed_) || (!multishot_ && outstanding_receives_ == 0)) {
+    if (int r = ArmReceives(); r < 0 && delivered == 0) return r;
+  }
+  return delivered;
+}
+
+int UringTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
+  if (!armed_) {
+    if (int r = ArmReceives(); r < 0) return r;
+  }
+  {
+    // Opportunistically account finished sends (errors included) without making senders wait.
+    std::unique_lock lock(send_mu_, std::try_to_lock);
+    if (lock.owns_lock()) ReapSendsLocked();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
+  while (true) {
+    const int n = ReapReceives(handler);
+    if (n != 0) return n;
+    if (io_uring_cq_ready(receive_ring_.get()) > 0) continue;  // completions without data (re-arm, errors)
+    uint64_t v;
+    if (read(wake_fd_, &v, sizeof v) == sizeof v) return 0;
+    if (timeout_ns == 0) return 0;
+    // Clear the ring's eventfd before the last look at the CQ: a completion after that look signals it again.
+    DrainEventFd(ring_event_fd_);
+    if (io_uring_cq_ready(receive_ring_.get()) > 0) continue;
+    timespec ts{};
+    timespec* tsp = nullptr;
+    if (timeout_ns > 0) {
+      const int64_t left =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return ReapReceives(handler);
+      ts.tv_sec = left / 1'000'000'000;
+      ts.tv_nsec = left % 1'000'000'000;
+      tsp = &ts;
+    }
+    pollfd fds[2] = {{ring_event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const int r = ppoll(fds, 2, tsp, nullptr);
+    if (r < 0 && errno != EINTR) return -errno;
+  }
+}
+
+void UringTransport::Wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
+}
+
+UringCounters UringTransport::counters() const {
+  {
+    std::lock_guard lock(send_mu_);
+    const_cast<UringTransport*>(this)->ReapSendsLocked();
+  }
+  UringCounters c;
+  c.packets_sent = packets_sent_.load();
+  c.bytes_sent = bytes_sent_.load();
+  c.send_errors = send_errors_.load();
+  c.last_send_error = last_send_error_.load();
+  c.packets_received = packets_received_.load();
+  c.bytes_received = bytes_received_.load();
+  c.receive_truncations = receive_truncations_.load();
+  c.receive_errors = receive_errors_.load();
+  return c;
+}
+
+}  // namespace uroce::wire
+

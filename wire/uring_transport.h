@@ -1,0 +1,146 @@
+// UringTransport: RoCEv2 datagrams over a UDP socket driven by io_uring (liburing 2.3).
+//
+// Two rings, so that no lock sits between the senders and the receiver:
+//  - the send ring takes batched IORING_OP_SENDMSG SQEs from any thread (guarded by one mutex: liburing's SQ and CQ
+//    are not thread-safe); payloads are copied into transport-owned slots, so the caller may reuse its memory, and
+//    each Send submits once. Send completions are reaped by later Sends, by Poll and by counters(); errors are
+//    counted (send_errors, last_send_error), not lost.
+//  - the receive ring belongs to the polling thread: a multishot IORING_OP_RECVMSG with a provided-buffer ring
+//    (Linux 6.0+) or, when the kernel lacks it or Options::force_fallback_receive is set, a chain of N linked
+//    single-shot recvmsg SQEs (linked so that completions keep the socket's arrival order). Poll sleeps in ppoll(2) on an eventfd registered with the ring (io_uring_register_eventfd(3))
+//    plus a wake-up eventfd, so an idle Poll blocks in the kernel, and dispatches the handler holding no lock (the
+//    handler may Send). Receives are armed by the first Poll, on the polling thread: io_uring cancels a request when
+//    the thread that submitted it exits, so they are re-armed on -ECANCELED too.
+//
+// Socket options: IP_MTU_DISCOVER = IP_PMTUDISC_DO (ip(7)) makes IPv4 datagrams DF, which Linux sends from an
+// unconnected socket with IP ID 0, the value the sender's ICRC assumed (DESIGN.md, wire facts); IP_PKTINFO /
+// IPV6_RECVPKTINFO (ip(7), ipv6(7)) tell which local address a datagram was sent to; SO_RCVBUFFORCE / SO_SNDBUFFORCE
+// (socket(7), needs CAP_NET_ADMIN) with a silent fall-back to SO_RCVBUF / SO_SNDBUF.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "wire/address.h"
+#include "wire/transport.h"
+
+struct io_uring;
+struct io_uring_buf_ring;
+
+namespace uroce::wire {
+
+struct UringTransportOptions {
+  unsigned ring_entries = 256;        // SQ entries of each ring
+  unsigned receive_buffers = 256;     // provided buffers (rounded up to a power of two, max 32768)
+  unsigned fallback_receives = 64;    // linked single-shot recvmsg SQEs per chain in fallback mode (<= ring_entries)
+  unsigned send_slots = 256;          // transport-owned send buffers; Send waits for a free one when all are in flight
+  size_t max_datagram = 9216;         // larger received datagrams are truncated: counted and not delivered
+  int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
+  bool force_fallback_receive = false;
+};
+
+struct UringCounters {
+  uint64_t packets_sent = 0;  // send completions with success
+  uint64_t bytes_sent = 0;
+  uint64_t send_errors = 0;   // send completions with an error
+  int last_send_error = 0;    // -errno of the latest failed send completion
+  uint64_t packets_received = 0;
+  uint64_t bytes_received = 0;
+  uint64_t receive_truncations = 0;  // datagrams longer than max_datagram (dropped)
+  uint64_t receive_errors = 0;       // receive completions with an unexpected error
+};
+
+class UringTransport final : public Transport {
+ public:
+  using Options = UringTransportOptions;
+
+  // Binds a UDP socket to `bind` (port 0: an ephemeral port; local() tells which) and sets up the rings. Returns 0
+  // and fills *out, or -errno: -EADDRINUSE, -EADDRNOTAVAIL, -EAFNOSUPPORT, io_uring_queue_init's errors
+  // (-ENOSYS / -EPERM when io_uring is unavailable or disabled), -EINVAL for bad options.
+  static int Create(const UdpEndpoint& bind, const Options& options, std::unique_ptr<UringTransport>* out);
+  static int Create(const UdpEndpoint& bind, std::unique_ptr<UringTransport>* out) {
+    return Create(bind, Options{}, out);
+  }
+
+  ~UringTransport() override;
+  UringTransport(const UringTransport&) = delete;
+  UringTransport& operator=(const UringTransport&) = delete;
+
+  UdpEndpoint local() const override { return local_; }
+  // A UDP socket sends from its bound port whatever src_port says; IPv4 DF datagrams leave with ID 0.
+  Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override { return Flow{local_, dst, 0}; }
+  // Returns the number queued and submitted; -EMSGSIZE for a payload above max_datagram, -EAFNOSUPPORT for an IPv6
+  // destination from an IPv4 socket (both only when it is the first of the batch; otherwise the count before it).
+  int Send(std::span<const OutDatagram> batch) override;
+  int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
+  void Wake() override;
+
+  // True when receives use multishot recvmsg with a provided-buffer ring. Decided at Create (kernel probe, buffer
+  // ring registration, options) and may turn false at the first Poll if the kernel rejects multishot recvmsg.
+  bool multishot_active() const { return multishot_.load(std::memory_order_relaxed); }
+  UringCounters counters() const;  // reaps pending send completions first
+  int fd() const { return fd_; }
+
+ private:
+  struct SendSlot;
+  struct ReceiveSlot;
+  struct Completion {
+    uint64_t user_data;
+    int32_t res;
+    uint32_t flags;
+  };
+
+  UringTransport() = default;
+  int Init(const UdpEndpoint& bind, const Options& options);
+  int SetUpMultishot();
+  void ReapSendsLocked();
+  int ArmReceives();
+  int ReapReceives(const DatagramHandler& handler);
+  bool Deliver(const DatagramHandler& handler, const msghdr& msg, const void* payload, size_t len, int msg_flags);
+  void CancelReceives();
+
+  Options options_;
+  UdpEndpoint local_;
+  int fd_ = -1;
+  int family_ = 0;
+  int ring_event_fd_ = -1;
+  int wake_fd_ = -1;
+
+  // Send side, guarded by send_mu_.
+  mutable std::mutex send_mu_;
+  std::unique_ptr<io_uring> send_ring_;
+  bool send_ring_ready_ = false;
+  std::vector<SendSlot> send_slots_;
+  std::vector<uint32_t> free_send_slots_;
+  uint8_t* send_buffers_ = nullptr;
+  size_t send_buffers_bytes_ = 0;
+  mutable std::atomic<uint64_t> packets_sent_{0}, bytes_sent_{0}, send_errors_{0};
+  mutable std::atomic<int> last_send_error_{0};
+
+  // Receive side: the polling thread only (and Create / the destructor).
+  std::unique_ptr<io_uring> receive_ring_;
+  bool receive_ring_ready_ = false;
+  std::atomic<bool> multishot_{false};
+  bool armed_ = false;
+  bool multishot_armed_ = false;
+  bool multishot_delivered_ = false;  // a multishot completion has delivered data (so -EINVAL is not "unsupported")
+  unsigned outstanding_receives_ = 0;
+  io_uring_buf_ring* buf_ring_ = nullptr;
+  size_t buf_ring_bytes_ = 0;
+  unsigned buf_count_ = 0;
+  size_t buf_size_ = 0;
+  uint8_t* receive_buffers_ = nullptr;
+  size_t receive_buffers_bytes_ = 0;
+  bool buf_ring_registered_ = false;
+  std::unique_ptr<msghdr> multishot_msg_;
+  std::vector<ReceiveSlot> receive_slots_;
+  std::vector<uint32_t> idle_receive_slots_;
+  std::atomic<uint64_t> packets_received_{0}, bytes_received_{0}, receive_truncations_{0}, receive_errors_{0};
+};
+
+}  // namespace uroce::wire
