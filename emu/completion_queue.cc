@@ -1,0 +1,89 @@
+#include "emu/completion_queue.h"
+
+#include <cerrno>
+
+namespace uroce::emu {
+
+uint32_t CompletionQueue::capacity() const {
+  std::lock_guard lock(mu_);
+  return static_cast<uint32_t>(ring_.size() - 1);
+}
+
+uint32_t CompletionQueue::depth() const {
+  std::lock_guard lock(mu_);
+  return static_cast<uint32_t>((tail_ + ring_.size() - head_) % ring_.size());
+}
+
+bool CompletionQueue::Push(const Completion& c) {
+  Notifier fire;
+  {
+    std::lock_guard lock(mu_);
+    const size_t next = (tail_ + 1) % ring_.size();
+    if (next == head_) {
+      overflowed_ = true;
+      return false;
+    }
+    ring_[tail_] = c;
+    tail_ = next;
+    const bool qualifies =
+        arm_ == Arm::kNext || (arm_ == Arm::kSolicited && (c.solicited || c.status != WcStatus::kSuccess));
+    if (qualifies && notifier_) {
+      arm_ = Arm::kNone;
+      fire = notifier_;
+    }
+  }
+  if (fire) fire(*this);
+  return true;
+}
+
+int CompletionQueue::Poll(Completion* out, int max) {
+  std::lock_guard lock(mu_);
+  int n = 0;
+  while (n < max && head_ != tail_) {
+    out[n++] = ring_[head_];
+    head_ = (head_ + 1) % ring_.size();
+  }
+  return n;
+}
+
+bool CompletionQueue::Peek(Completion* out) const {
+  std::lock_guard lock(mu_);
+  if (head_ == tail_) return false;
+  *out = ring_[head_];
+  return true;
+}
+
+int CompletionQueue::RequestNotify(bool solicited_only) {
+  std::lock_guard lock(mu_);
+  // Arming for "next" overrides an earlier solicited-only arm, never the reverse (IBTA 11.4.2.2).
+  if (solicited_only) {
+    if (arm_ == Arm::kNone) arm_ = Arm::kSolicited;
+  } else {
+    arm_ = Arm::kNext;
+  }
+  return 0;
+}
+
+int CompletionQueue::Resize(uint32_t capacity) {
+  std::lock_guard lock(mu_);
+  const size_t used = (tail_ + ring_.size() - head_) % ring_.size();
+  if (capacity < used || capacity == 0) return EINVAL;
+  std::vector<Completion> ring(capacity + 1);
+  for (size_t i = 0; i < used; ++i) ring[i] = ring_[(head_ + i) % ring_.size()];
+  ring_ = std::move(ring);
+  head_ = 0;
+  tail_ = used;
+  return 0;
+}
+
+void CompletionQueue::set_notifier(Notifier n) {
+  std::lock_guard lock(mu_);
+  notifier_ = std::move(n);
+}
+
+bool CompletionQueue::overflowed() const {
+  std::lock_guard lock(mu_);
+  return overflowed_;
+}
+
+}  // namespace uroce::emu

@@ -1,0 +1,58 @@
+// A completion queue: a bounded ring of completions, polled by the application, with the notification ("arm")
+// semantics of ibv_req_notify_cq (IBTA 11.4.2.2): once armed, the next completion — or, armed solicited-only, the next
+// solicited or error completion — fires the notifier exactly once.
+//
+// The CQ has its own lock (the application's poll loop must not contend with packet processing). Lock order: the
+// device's lock, then a CQ's lock; the notifier runs with neither held.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "emu/work_request.h"
+
+namespace uroce::emu {
+
+class CompletionQueue {
+ public:
+  // Called when an armed CQ gets a qualifying completion (verbs_api posts it to the completion channel).
+  using Notifier = std::function<void(CompletionQueue&)>;
+
+  CompletionQueue(uint32_t handle, uint32_t capacity) : handle_(handle), ring_(capacity + 1) {}
+
+  uint32_t handle() const { return handle_; }
+  // Opaque back-pointer for the layer above (verbs_api's ibv_cq).
+  void* owner = nullptr;
+  uint32_t capacity() const;
+
+  // Adds a completion. Returns false, and drops it, when the ring is full: the caller raises IBV_EVENT_CQ_ERR
+  // (IBTA 11.6.3: CQ overrun is an affiliated asynchronous error).
+  bool Push(const Completion& c);
+  // Takes up to `max` completions in order. Returns how many.
+  int Poll(Completion* out, int max);
+  // Looks at the oldest completion without taking it.
+  bool Peek(Completion* out) const;
+  uint32_t depth() const;
+
+  // Arms the CQ; 0 or EINVAL.
+  int RequestNotify(bool solicited_only);
+  // New capacity >= current depth, else EINVAL (resize_cq, IBTA 11.2.9.3).
+  int Resize(uint32_t capacity);
+  void set_notifier(Notifier n);
+  bool overflowed() const;
+
+ private:
+  enum class Arm : uint8_t { kNone, kNext, kSolicited };
+  const uint32_t handle_;
+  mutable std::mutex mu_;
+  std::vector<Completion> ring_;  // one slot kept empty
+  size_t head_ = 0;  // next to poll
+  size_t tail_ = 0;  // next to fill
+  Arm arm_ = Arm::kNone;
+  bool overflowed_ = false;
+  Notifier notifier_;
+};
+
+}  // namespace uroce::emu

@@ -1,0 +1,746 @@
+#include "emu/device.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "emu/qp_state_machine.h"
+#include "wire/bytes.h"
+#include "wire/frame.h"
+#include "wire/headers.h"
+#include "wire/icrc.h"
+#include "wire/opcode.h"
+#include "wire/packet.h"
+
+namespace uroce::emu {
+namespace {
+
+// Low 5 bits of the opcodes shared by RC, UC and XRC (IBTA table 38).
+namespace op5 {
+constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSendLastImm = 0x03, kSendOnly = 0x04,
+                  kSendOnlyImm = 0x05, kWriteFirst = 0x06, kWriteMiddle = 0x07, kWriteLast = 0x08,
+                  kWriteLastImm = 0x09, kWriteOnly = 0x0A, kWriteOnlyImm = 0x0B;
+}
+constexpr uint8_t kUcBase = 0x20;
+constexpr uint8_t kUdSendOnly = 0x64, kUdSendOnlyImm = 0x65;
+
+// RoCEv2 places the IP header of a received UD datagram in the 40-byte GRH slot at the head of the receive buffer;
+// for IPv4 the 20-byte header fills the slot's last 20 bytes (rdma-core's ibv_init_ah_from_wc reads it there).
+constexpr size_t kGrhSize = 40;
+
+void BuildGrh(const wire::InDatagram& d, size_t payload_len, uint8_t grh[kGrhSize]) {
+  std::memset(grh, 0, kGrhSize);
+  wire::Flow flow{d.src, d.dst, d.ip_id.value_or(0)};
+  const bool v6 = !d.src.addr.is_v4();
+  // An IP header of the right length, addresses and (for IPv4) a valid checksum; the UDP header that
+  // BuildIpUdpFrame appends after it is not copied.
+  std::vector<uint8_t> frame(wire::IpUdpFrameLength(v6, 0));
+  wire::BuildIpUdpFrame(flow, {}, frame);
+  if (v6) {
+    std::memcpy(grh, frame.data(), 40);
+    wire::StoreBe16(grh + 4, static_cast<uint16_t>(payload_len));
+  } else {
+    std::memcpy(grh + 20, frame.data(), 20);
+  }
+}
+
+bool PkeyMatches(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }  // only the default partition exists
+
+}  // namespace
+
+struct Device::OutBatch {
+  struct Packet {
+    wire::UdpEndpoint dst;
+    uint16_t src_port;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Packet> packets;
+
+  void Add(wire::Transport& t, const wire::PacketSpec& spec, std::span<const uint8_t> payload,
+           const wire::UdpEndpoint& dst, uint16_t src_port) {
+    Packet p{dst, src_port, std::vector<uint8_t>(wire::EncodedLength(spec, payload.size()))};
+    auto n = wire::EncodePacket(spec, payload, p.bytes);
+    if (!n) return;  // a spec the engine builds is always complete; nothing to send otherwise
+    wire::SealIcrc(t.OutgoingFlow(dst, src_port), p.bytes);
+    packets.push_back(std::move(p));
+  }
+};
+
+Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
+    : config_(std::move(config)), transport_(transport), clock_(clock) {}
+
+Device::~Device() = default;
+
+DeviceCounters Device::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+
+void Device::set_async_handler(std::function<void(const AsyncEvent&)> handler) {
+  std::lock_guard lock(mu_);
+  async_handler_ = std::move(handler);
+}
+
+// --- objects ----------------------------------------------------------------------------------------------------
+
+ProtectionDomain* Device::AllocPd() {
+  std::lock_guard lock(mu_);
+  if (pds_.size() >= config_.limits.max_pd) return nullptr;
+  const uint32_t handle = next_pd_++;
+  auto& pd = pds_[handle];
+  pd = std::make_unique<ProtectionDomain>(handle);
+  return pd.get();
+}
+
+int Device::DeallocPd(ProtectionDomain* pd) {
+  std::lock_guard lock(mu_);
+  auto it = pds_.find(pd->handle());
+  if (it == pds_.end() || it->second.get() != pd) return EINVAL;
+  for (auto& [_, qp] : qps_)
+    if (qp->init().pd == pd) return EBUSY;
+  for (auto& [_, ah] : ahs_)
+    if (ah->pd() == pd) return EBUSY;
+  if (keys_.AnyInPd(pd)) return EBUSY;
+  pds_.erase(it);
+  return 0;
+}
+
+int Device::RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova, uint32_t access,
+                       MemoryRegion* out) {
+  // IBTA 10.6.3.1 (C10-??): remote write or remote atomic access requires local write access.
+  if ((access & (access::kRemoteWrite | access::kRemoteAtomic)) && !(access & access::kLocalWrite)) return EINVAL;
+  constexpr uint32_t kKnown = access::kLocalWrite | access::kRemoteWrite | access::kRemoteRead |
+                              access::kRemoteAtomic | access::kMwBind | access::kZeroBased | access::kOnDemand |
+                              access::kHugetlb | access::kRelaxedOrdering;
+  if (access & ~kKnown & 0xfffff) return EINVAL;  // optional bits (>= 1 << 20) may be ignored, per verbs.h
+  if (pd == nullptr || (host == nullptr && length != 0)) return EINVAL;
+  std::lock_guard lock(mu_);
+  if (keys_.size() >= config_.limits.max_mr) return ENOMEM;
+  MemoryRegion mr{pd, static_cast<uint8_t*>(host), iova, length, access, 0, 0};
+  *out = keys_.Register(mr);
+  return 0;
+}
+
+int Device::ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova,
+                         uint32_t access, MemoryRegion* out) {
+  if ((access & (access::kRemoteWrite | access::kRemoteAtomic)) && !(access & access::kLocalWrite)) return EINVAL;
+  std::lock_guard lock(mu_);
+  const MemoryRegion* cur = keys_.Find(lkey);
+  if (cur == nullptr) return EINVAL;
+  MemoryRegion mr{pd, static_cast<uint8_t*>(host), iova, length, access, 0, 0};
+  if (!keys_.Update(lkey, mr)) return EINVAL;
+  *out = *keys_.Find(lkey);
+  return 0;
+}
+
+int Device::DeregisterMr(uint32_t lkey) {
+  std::lock_guard lock(mu_);
+  return keys_.Deregister(lkey) ? 0 : EINVAL;
+}
+
+int Device::QueryMr(uint32_t lkey, MemoryRegion* out) const {
+  std::lock_guard lock(mu_);
+  const MemoryRegion* mr = keys_.Find(lkey);
+  if (mr == nullptr) return EINVAL;
+  *out = *mr;
+  return 0;
+}
+
+int Device::CreateCq(uint32_t capacity, CompletionQueue** out) {
+  if (capacity == 0 || capacity > config_.limits.max_cqe) return EINVAL;
+  std::lock_guard lock(mu_);
+  if (cqs_.size() >= config_.limits.max_cq) return ENOMEM;
+  const uint32_t handle = next_cq_++;
+  auto& cq = cqs_[handle];
+  cq = std::make_unique<CompletionQueue>(handle, capacity);
+  *out = cq.get();
+  return 0;
+}
+
+int Device::ResizeCq(CompletionQueue* cq, uint32_t capacity) {
+  if (capacity == 0 || capacity > config_.limits.max_cqe) return EINVAL;
+  return cq->Resize(capacity);
+}
+
+int Device::DestroyCq(CompletionQueue* cq) {
+  std::lock_guard lock(mu_);
+  for (auto& [_, qp] : qps_)
+    if (qp->init().send_cq == cq || qp->init().recv_cq == cq) return EBUSY;
+  auto it = cqs_.find(cq->handle());
+  if (it == cqs_.end() || it->second.get() != cq) return EINVAL;
+  cqs_.erase(it);
+  return 0;
+}
+
+int Device::CreateAh(ProtectionDomain* pd, const AddressVector& av, AddressHandle** out) {
+  if (pd == nullptr) return EINVAL;
+  // RoCE carries a GRH in every packet: an AH without one, or naming a GID we don't have, is invalid.
+  if (!av.is_global || av.sgid_index >= config_.limits.gid_table_len || av.port_num != 1) return EINVAL;
+  std::lock_guard lock(mu_);
+  if (ahs_.size() >= config_.limits.max_ah) return ENOMEM;
+  auto ah = std::make_unique<AddressHandle>(pd, av);
+  *out = ah.get();
+  ahs_[ah.get()] = std::move(ah);
+  return 0;
+}
+
+int Device::DestroyAh(AddressHandle* ah) {
+  std::lock_guard lock(mu_);
+  return ahs_.erase(ah) ? 0 : EINVAL;
+}
+
+int Device::CreateQp(QpInitAttributes& init, QueuePair** out) {
+  const DeviceLimits& lim = config_.limits;
+  switch (init.type) {
+    case QpType::kRc:
+    case QpType::kUc:
+    case QpType::kUd:
+      break;
+    default:
+      return EOPNOTSUPP;  // XRC and raw packet QPs: see README's support table
+  }
+  if (init.pd == nullptr || init.send_cq == nullptr || init.recv_cq == nullptr) return EINVAL;
+  QpCapabilities& cap = init.cap;
+  if (cap.max_send_wr > lim.max_qp_wr || cap.max_recv_wr > lim.max_qp_wr || cap.max_send_sge > lim.max_sge ||
+      cap.max_recv_sge > lim.max_sge || cap.max_inline_data > lim.max_inline_data)
+    return EINVAL;
+  // Report at least what was asked (ibv_create_qp(3): "the actual values ... may be greater than or equal").
+  cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
+  cap.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
+  cap.max_inline_data = lim.max_inline_data;
+  std::lock_guard lock(mu_);
+  if (qps_.size() >= lim.max_qp) return ENOMEM;
+  uint32_t qpn = next_qpn_;
+  while (qps_.count(qpn)) qpn = (qpn + 1) & 0xffffff;
+  next_qpn_ = std::max<uint32_t>((qpn + 1) & 0xffffff, 0x11);
+  auto qp = std::make_unique<QueuePair>(qpn, init);
+  qp->mutable_attributes().path_mtu = config_.active_mtu;
+  *out = qp.get();
+  qps_[qpn] = std::move(qp);
+  return 0;
+}
+
+int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
+  std::lock_guard lock(mu_);
+  const QpState cur = qp->state();
+  const QpState next = (mask & attr::kState) ? attr.qp_state : cur;
+  if (int err = CheckTransition(cur, next, qp->type(), mask)) return err;
+  if (int err = ValidateAttributes(attr, mask, cur, qp->type(), config_.limits, config_.active_mtu)) return err;
+  ApplyAttributes(qp->mutable_attributes(), attr, mask);
+  QpAttributes& a = qp->mutable_attributes();
+  a.qp_state = next;
+  a.cur_qp_state = next;
+  if (next == QpState::kReset && cur != QpState::kReset) {
+    // IBTA 10.3.1: a QP moved to RESET loses its queued work without completions.
+    qp->receive_queue().clear();
+    qp->inbound() = InboundMessage{};
+  }
+  if (next == QpState::kErr && cur != QpState::kErr) FlushLocked(qp);
+  return 0;
+}
+
+int Device::QueryQp(QueuePair* qp, QpAttributes* attr) {
+  std::lock_guard lock(mu_);
+  *attr = qp->attributes();
+  return 0;
+}
+
+int Device::DestroyQp(QueuePair* qp) {
+  std::lock_guard lock(mu_);
+  auto it = qps_.find(qp->qpn());
+  if (it == qps_.end() || it->second.get() != qp) return EINVAL;
+  qps_.erase(it);
+  return 0;
+}
+
+QueuePair* Device::FindQpLocked(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second.get();
+}
+
+// --- completions and events ---------------------------------------------------------------------------------------
+
+void Device::RaiseLocked(const AsyncEvent& e) {
+  if (async_handler_) async_handler_(e);
+}
+
+void Device::CompleteLocked(CompletionQueue* cq, const Completion& c) {
+  Completion stamped = c;
+  stamped.timestamp_ns = clock_.NowNs();
+  if (!cq->Push(stamped)) {
+    ++counters_.cq_overflows;
+    RaiseLocked({AsyncEventType::kCqErr, nullptr, cq});
+  }
+}
+
+Completion Device::SendCompletion(const QueuePair& qp, const SendWr& wr, WcStatus status) const {
+  Completion c;
+  c.wr_id = wr.wr_id;
+  c.status = status;
+  c.qp_num = qp.qpn();
+  switch (wr.opcode) {
+    case SendOpcode::kRdmaWrite:
+    case SendOpcode::kRdmaWriteWithImm:
+      c.opcode = WcOpcode::kRdmaWrite;
+      break;
+    case SendOpcode::kRdmaRead:
+      c.opcode = WcOpcode::kRdmaRead;
+      break;
+    case SendOpcode::kAtomicCmpAndSwp:
+      c.opcode = WcOpcode::kCompSwap;
+      break;
+    case SendOpcode::kAtomicFetchAndAdd:
+      c.opcode = WcOpcode::kFetchAdd;
+      break;
+    case SendOpcode::kLocalInv:
+      c.opcode = WcOpcode::kLocalInv;
+      break;
+    case SendOpcode::kBindMw:
+      c.opcode = WcOpcode::kBindMw;
+      break;
+    default:
+      c.opcode = WcOpcode::kSend;
+  }
+  return c;
+}
+
+void Device::CompleteSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status) {
+  // Unsignaled WRs complete silently unless they fail (IBTA 10.7.2.1; ibv_post_send(3): "sq_sig_all").
+  const bool signaled = qp->init().sq_sig_all || (wr.flags & send_flags::kSignaled);
+  if (status == WcStatus::kSuccess && !signaled) return;
+  CompleteLocked(qp->init().send_cq, SendCompletion(*qp, wr, status));
+}
+
+void Device::FlushLocked(QueuePair* qp) {
+  // IBTA 10.3.1 / ibv_modify_qp(3): in the error state outstanding WRs complete with IBV_WC_WR_FLUSH_ERR.
+  auto& rq = qp->receive_queue();
+  for (const RecvWr& r : rq) {
+    Completion c;
+    c.wr_id = r.wr_id;
+    c.status = WcStatus::kWrFlushErr;
+    c.opcode = WcOpcode::kRecv;
+    c.qp_num = qp->qpn();
+    CompleteLocked(qp->init().recv_cq, c);
+  }
+  rq.clear();
+  if (qp->inbound().rqe) {
+    Completion c;
+    c.wr_id = qp->inbound().rqe->wr_id;
+    c.status = WcStatus::kWrFlushErr;
+    c.opcode = WcOpcode::kRecv;
+    c.qp_num = qp->qpn();
+    CompleteLocked(qp->init().recv_cq, c);
+  }
+  qp->inbound() = InboundMessage{};
+}
+
+void Device::EnterErrorLocked(QueuePair* qp) {
+  QpAttributes& a = qp->mutable_attributes();
+  if (a.qp_state == QpState::kErr) return;
+  a.qp_state = a.cur_qp_state = QpState::kErr;
+  FlushLocked(qp);
+}
+
+// --- data path: requester ------------------------------------------------------------------------------------
+
+WcStatus Device::GatherLocked(const QueuePair& qp, const SendWr& wr, std::vector<uint8_t>& out) {
+  out.clear();
+  if (wr.flags & send_flags::kInline) {
+    out = wr.inline_data;
+    return WcStatus::kSuccess;
+  }
+  out.reserve(wr.TotalLength());
+  for (const Sge& sge : wr.sg_list) {
+    if (sge.length == 0) continue;
+    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr, sge.length, 0);
+    if (!r.ok()) return WcStatus::kLocProtErr;
+    out.insert(out.end(), r.host, r.host + sge.length);
+  }
+  return WcStatus::kSuccess;
+}
+
+int Device::PostSend(QueuePair* qp, SendWr&& wr) {
+  OutBatch out;
+  int err = 0;
+  {
+    std::lock_guard lock(mu_);
+    const QpState s = qp->state();
+    if (s == QpState::kReset || s == QpState::kInit || s == QpState::kRtr) return EINVAL;
+    if (wr.sg_list.size() > qp->attributes().cap.max_send_sge) return EINVAL;
+    if ((wr.flags & send_flags::kInline) && wr.inline_data.size() > qp->attributes().cap.max_inline_data)
+      return EINVAL;
+    if (s == QpState::kErr || s == QpState::kSqe) {
+      // Accepted and flushed (IBTA 10.8.3.3, 10.3.1.5).
+      CompleteLocked(qp->init().send_cq, SendCompletion(*qp, wr, WcStatus::kWrFlushErr));
+      return 0;
+    }
+    switch (qp->type()) {
+      case QpType::kUd:
+        err = PostSendUdLocked(qp, wr, out);
+        break;
+      case QpType::kUc:
+        err = PostSendUcLocked(qp, wr, out);
+        break;
+      default:
+        err = EOPNOTSUPP;  // RC lands with its own issue
+    }
+  }
+  Transmit(out);
+  return err;
+}
+
+int Device::PostSendUdLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
+  if (wr.opcode != SendOpcode::kSend && wr.opcode != SendOpcode::kSendWithImm) return EINVAL;
+  if (wr.ah == nullptr || wr.ah->pd() != qp->init().pd) return EINVAL;
+  std::vector<uint8_t> payload;
+  WcStatus st = GatherLocked(*qp, wr, payload);
+  if (st == WcStatus::kSuccess && payload.size() > MtuBytes(config_.active_mtu)) st = WcStatus::kLocLenErr;
+  if (st != WcStatus::kSuccess) {
+    // A failed UD/UC send moves the send queue to SQE (IBTA 10.3.1.5); receives go on.
+    CompleteSendLocked(qp, wr, st);
+    QpAttributes& a = qp->mutable_attributes();
+    a.qp_state = a.cur_qp_state = QpState::kSqe;
+    return 0;
+  }
+  wire::PacketSpec spec;
+  spec.bth.opcode = wr.opcode == SendOpcode::kSendWithImm ? kUdSendOnlyImm : kUdSendOnly;
+  spec.bth.solicited = wr.flags & send_flags::kSolicited;
+  spec.bth.dest_qp = wr.remote_qpn;
+  spec.bth.psn = qp->NextSendPsn();
+  // IBTA 10.2.4: a Q_Key with the high-order bit set means "use the QP's own Q_Key".
+  const uint32_t qkey = (wr.remote_qkey & 0x80000000u) ? qp->attributes().qkey : wr.remote_qkey;
+  spec.deth = wire::Deth{qkey, 0, qp->qpn()};
+  spec.imm = wire::ImmDt{wr.imm_data};
+  const wire::UdpEndpoint dst{wr.ah->destination(), wire::kRoceV2UdpPort};
+  out.Add(transport_, spec, payload, dst, wire::RoceSourcePort(qp->qpn(), wr.remote_qpn));
+  CompleteSendLocked(qp, wr, WcStatus::kSuccess);
+  return 0;
+}
+
+int Device::PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
+  const bool is_write = wr.opcode == SendOpcode::kRdmaWrite || wr.opcode == SendOpcode::kRdmaWriteWithImm;
+  const bool is_send = wr.opcode == SendOpcode::kSend || wr.opcode == SendOpcode::kSendWithImm;
+  if (!is_write && !is_send) return EINVAL;  // UC has no READ, atomics or invalidate (IBTA table 39)
+  std::vector<uint8_t> payload;
+  WcStatus st = GatherLocked(*qp, wr, payload);
+  if (st == WcStatus::kSuccess && payload.size() > config_.limits.max_msg_sz) st = WcStatus::kLocLenErr;
+  if (st != WcStatus::kSuccess) {
+    CompleteSendLocked(qp, wr, st);
+    QpAttributes& a = qp->mutable_attributes();
+    a.qp_state = a.cur_qp_state = QpState::kSqe;
+    return 0;
+  }
+  const QpAttributes& a = qp->attributes();
+  const size_t mtu = MtuBytes(a.path_mtu);
+  const bool imm = wr.opcode == SendOpcode::kSendWithImm || wr.opcode == SendOpcode::kRdmaWriteWithImm;
+  const wire::UdpEndpoint dst{wire::IpAddress::FromBytes(a.ah_attr.dgid.data()), wire::kRoceV2UdpPort};
+  const uint16_t sport = wire::RoceSourcePort(qp->qpn(), a.dest_qp_num);
+  const size_t total = payload.size();
+  const size_t packets = total == 0 ? 1 : (total + mtu - 1) / mtu;
+  for (size_t i = 0; i < packets; ++i) {
+    const bool first = i == 0, last = i + 1 == packets;
+    uint8_t low;
+    if (is_send) {
+      low = first && last ? (imm ? op5::kSendOnlyImm : op5::kSendOnly)
+            : first       ? op5::kSendFirst
+            : last        ? (imm ? op5::kSendLastImm : op5::kSendLast)
+                          : op5::kSendMiddle;
+    } else {
+      low = first && last ? (imm ? op5::kWriteOnlyImm : op5::kWriteOnly)
+            : first       ? op5::kWriteFirst
+            : last        ? (imm ? op5::kWriteLastImm : op5::kWriteLast)
+                          : op5::kWriteMiddle;
+    }
+    wire::PacketSpec spec;
+    spec.bth.opcode = kUcBase | low;
+    spec.bth.solicited = last && (wr.flags & send_flags::kSolicited);
+    spec.bth.dest_qp = a.dest_qp_num;
+    spec.bth.psn = qp->NextSendPsn();
+    if (is_write && first) spec.reth = wire::Reth{wr.remote_addr, wr.rkey, static_cast<uint32_t>(total)};
+    if (imm && last) spec.imm = wire::ImmDt{wr.imm_data};
+    const size_t off = i * mtu;
+    const size_t len = std::min(mtu, total - std::min(total, off));
+    out.Add(transport_, spec, std::span<const uint8_t>(payload).subspan(std::min(off, total), len), dst, sport);
+  }
+  CompleteSendLocked(qp, wr, WcStatus::kSuccess);
+  return 0;
+}
+
+int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
+  std::lock_guard lock(mu_);
+  if (qp->state() == QpState::kReset) return EINVAL;
+  if (wr.sg_list.size() > qp->attributes().cap.max_recv_sge) return EINVAL;
+  if (qp->state() == QpState::kErr) {
+    Completion c;
+    c.wr_id = wr.wr_id;
+    c.status = WcStatus::kWrFlushErr;
+    c.opcode = WcOpcode::kRecv;
+    c.qp_num = qp->qpn();
+    CompleteLocked(qp->init().recv_cq, c);
+    return 0;
+  }
+  if (qp->receive_queue().size() >= qp->attributes().cap.max_recv_wr) return ENOMEM;
+  qp->receive_queue().push_back(std::move(wr));
+  return 0;
+}
+
+void Device::Transmit(OutBatch& out) {
+  if (out.packets.empty()) return;
+  std::vector<wire::OutDatagram> batch;
+  batch.reserve(out.packets.size());
+  uint64_t bytes = 0;
+  for (auto& p : out.packets) {
+    batch.push_back({p.dst, p.src_port, p.bytes});
+    bytes += p.bytes.size();
+  }
+  size_t sent = 0;
+  int attempts = 0;
+  while (sent < batch.size() && attempts++ < 1000) {
+    const int n = transport_.Send(std::span(batch).subspan(sent));
+    if (n < 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::lock_guard lock(mu_);
+  counters_.tx_packets += sent;
+  counters_.tx_bytes += bytes;
+  counters_.tx_errors += batch.size() - sent;
+}
+
+// --- data path: responder ------------------------------------------------------------------------------------
+
+WcStatus Device::ScatterLocked(const QueuePair& qp, const RecvWr& rqe, uint64_t offset,
+                               std::span<const uint8_t> data) {
+  size_t done = 0;
+  uint64_t skip = offset;
+  for (const Sge& sge : rqe.sg_list) {
+    if (done == data.size()) break;
+    if (skip >= sge.length) {
+      skip -= sge.length;
+      continue;
+    }
+    const size_t n = std::min<uint64_t>(sge.length - skip, data.size() - done);
+    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, access::kLocalWrite);
+    if (!r.ok()) return WcStatus::kLocProtErr;
+    std::memcpy(r.host, data.data() + done, n);
+    done += n;
+    skip = 0;
+  }
+  return done == data.size() ? WcStatus::kSuccess : WcStatus::kLocLenErr;
+}
+
+void Device::OnDatagram(const wire::InDatagram& d) {
+  std::lock_guard lock(mu_);
+  ++counters_.rx_packets;
+  counters_.rx_bytes += d.payload.size();
+  auto parsed = wire::ParsePacket(d.payload);
+  if (!parsed) {
+    ++counters_.rx_malformed;
+    return;
+  }
+  const wire::PacketView& p = *parsed;
+  // IBTA A17.3.3: a packet whose ICRC does not verify is silently dropped. A UDP socket cannot see the IPv4 ID; peers
+  // that send DF datagrams from unconnected sockets (as we do) use ID 0, which is what ip_id defaults to.
+  const wire::Flow flow{d.src, d.dst, d.ip_id.value_or(0)};
+  if (!wire::VerifyIcrc(flow, d.payload).ok) {
+    ++counters_.rx_icrc_errors;
+    return;
+  }
+  if (p.info->transport == wire::TransportKind::kCnp) {
+    ++counters_.rx_cnp;  // congestion control is not modelled; the notification is counted
+    return;
+  }
+  QueuePair* qp = FindQpLocked(p.bth.dest_qp);
+  if (qp == nullptr) {
+    ++counters_.rx_unknown_qp;
+    return;
+  }
+  const wire::TransportKind want = qp->type() == QpType::kUd   ? wire::TransportKind::kUd
+                                   : qp->type() == QpType::kUc ? wire::TransportKind::kUc
+                                                               : wire::TransportKind::kRc;
+  if (p.info->transport != want) {
+    ++counters_.rx_wrong_transport;
+    return;
+  }
+  const QpState s = qp->state();
+  if (s != QpState::kRtr && s != QpState::kRts && s != QpState::kSqd && s != QpState::kSqe) {
+    ++counters_.rx_bad_state;  // IBTA 10.3.1: a QP in RESET/INIT/ERR drops what arrives
+    return;
+  }
+  if (!PkeyMatches(p.bth.pkey)) {
+    ++counters_.rx_bad_pkey;
+    return;
+  }
+  switch (qp->type()) {
+    case QpType::kUd:
+      ReceiveUdLocked(qp, d, p);
+      break;
+    case QpType::kUc:
+      ReceiveUcLocked(qp, p);
+      break;
+    default:
+      break;
+  }
+}
+
+void Device::ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wire::PacketView& p) {
+  if (!p.deth || p.deth->qkey != qp->attributes().qkey) {
+    ++counters_.rx_bad_qkey;  // IBTA 10.2.4 (C10-15): Q_Key mismatch, silently dropped
+    return;
+  }
+  auto& rq = qp->receive_queue();
+  if (rq.empty()) {
+    ++counters_.rx_no_receive_wqe;  // UD has no RNR: the datagram is lost (IBTA 9.7.8)
+    return;
+  }
+  RecvWr rqe = std::move(rq.front());
+  rq.pop_front();
+  Completion c;
+  c.wr_id = rqe.wr_id;
+  c.opcode = WcOpcode::kRecv;
+  c.qp_num = qp->qpn();
+  c.src_qp = p.deth->src_qp;
+  c.byte_len = static_cast<uint32_t>(kGrhSize + p.payload.size());
+  c.wc_flags = wc_flags::kGrh;
+  c.solicited = p.bth.solicited;
+  if (p.imm) {
+    c.imm_data = p.imm->imm;
+    c.wc_flags |= wc_flags::kWithImm;
+  }
+  uint8_t grh[kGrhSize];
+  BuildGrh(d, p.payload.size(), grh);
+  c.status = ScatterLocked(*qp, rqe, 0, grh);
+  if (c.status == WcStatus::kSuccess) c.status = ScatterLocked(*qp, rqe, kGrhSize, p.payload);
+  CompleteLocked(qp->init().recv_cq, c);
+  if (c.status != WcStatus::kSuccess) EnterErrorLocked(qp);
+}
+
+void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
+  QpAttributes& a = qp->mutable_attributes();
+  InboundMessage& m = qp->inbound();
+  const wire::MsgPosition pos = p.info->position;
+  const bool starts = pos == wire::MsgPosition::kFirst || pos == wire::MsgPosition::kOnly;
+  // IBTA 9.7.6.1.3 (UC): a PSN other than the expected one means packets were lost; the message in progress is
+  // abandoned and the receiver resynchronises on the next FIRST or ONLY packet, whatever its PSN.
+  if (p.bth.psn != a.rq_psn) {
+    if (m.kind != InboundMessage::Kind::kNone || !starts) ++counters_.rx_out_of_sequence;
+    if (m.rqe) qp->receive_queue().push_front(std::move(*m.rqe));  // the WQE is reused for a later message
+    m = InboundMessage{};
+    if (!starts) {
+      m.dropping = true;
+      a.rq_psn = (p.bth.psn + 1) & 0xffffff;
+      return;
+    }
+  }
+  a.rq_psn = (p.bth.psn + 1) & 0xffffff;
+  if (!starts && (m.dropping || m.kind == InboundMessage::Kind::kNone)) {
+    return;  // rest of a message we are not assembling
+  }
+  const bool is_send = p.info->op == wire::Operation::kSend;
+  if (starts) {
+    if (m.rqe) qp->receive_queue().push_front(std::move(*m.rqe));
+    m = InboundMessage{};
+    if (is_send) {
+      if (qp->receive_queue().empty()) {
+        ++counters_.rx_no_receive_wqe;  // UC has no RNR NAK: the message is dropped (IBTA 9.7.6.1.5)
+        m.dropping = true;
+        return;
+      }
+      m.kind = InboundMessage::Kind::kSend;
+      m.rqe = std::move(qp->receive_queue().front());
+      qp->receive_queue().pop_front();
+    } else {
+      const wire::Reth& reth = *p.reth;
+      const bool allowed = a.qp_access_flags & access::kRemoteWrite;
+      AccessResult r = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteWrite);
+      if (!allowed || !r.ok()) {
+        ++counters_.rx_remote_access_denied;  // UC cannot NAK: the message is dropped (IBTA 9.7.6.1.5)
+        m.dropping = true;
+        return;
+      }
+      m.kind = InboundMessage::Kind::kWrite;
+      m.write_host = r.host;
+      m.write_length = reth.dma_length;
+    }
+  } else if ((m.kind == InboundMessage::Kind::kSend) != is_send) {
+    // A WRITE packet inside a SEND (or the reverse): out of sequence opcodes, drop the message.
+    ++counters_.rx_out_of_sequence;
+    if (m.rqe) qp->receive_queue().push_front(std::move(*m.rqe));
+    m = InboundMessage{};
+    m.dropping = true;
+    return;
+  }
+  const bool ends = pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly;
+  if (m.kind == InboundMessage::Kind::kSend) {
+    WcStatus st = ScatterLocked(*qp, *m.rqe, m.offset, p.payload);
+    m.offset += p.payload.size();
+    if (st != WcStatus::kSuccess) {
+      Completion c;
+      c.wr_id = m.rqe->wr_id;
+      c.status = st;
+      c.opcode = WcOpcode::kRecv;
+      c.qp_num = qp->qpn();
+      m.rqe.reset();
+      CompleteLocked(qp->init().recv_cq, c);
+      m = InboundMessage{};
+      EnterErrorLocked(qp);
+      return;
+    }
+  } else {
+    if (m.offset + p.payload.size() > m.write_length) {
+      ++counters_.rx_remote_access_denied;  // more data than the RETH announced
+      m = InboundMessage{};
+      m.dropping = true;
+      return;
+    }
+    if (!p.payload.empty()) std::memcpy(m.write_host + m.offset, p.payload.data(), p.payload.size());
+    m.offset += p.payload.size();
+  }
+  if (!ends) return;
+  const bool imm = p.imm.has_value();
+  if (m.kind == InboundMessage::Kind::kWrite && !imm) {
+    m = InboundMessage{};
+    return;
+  }
+  Completion c;
+  c.qp_num = qp->qpn();
+  c.src_qp = a.dest_qp_num;
+  c.byte_len = static_cast<uint32_t>(m.offset);
+  c.solicited = p.bth.solicited;
+  if (imm) {
+    c.imm_data = p.imm->imm;
+    c.wc_flags |= wc_flags::kWithImm;
+  }
+  if (m.kind == InboundMessage::Kind::kSend) {
+    c.wr_id = m.rqe->wr_id;
+    c.opcode = WcOpcode::kRecv;
+  } else {
+    // RDMA WRITE with immediate consumes a receive WQE (IBTA 9.4.3.1); without one the message is lost.
+    if (qp->receive_queue().empty()) {
+      ++counters_.rx_no_receive_wqe;
+      m = InboundMessage{};
+      return;
+    }
+    c.wr_id = qp->receive_queue().front().wr_id;
+    qp->receive_queue().pop_front();
+    c.opcode = WcOpcode::kRecvRdmaWithImm;
+  }
+  m = InboundMessage{};
+  CompleteLocked(qp->init().recv_cq, c);
+}
+
+uint64_t Device::RunTimers() { return 0; }
+
+uint64_t SendWr::TotalLength() const {
+  if (flags & send_flags::kInline) return inline_data.size();
+  uint64_t n = 0;
+  for (const Sge& s : sg_list) n += s.length;
+  return n;
+}
+
+uint64_t RecvWr::TotalLength() const {
+  uint64_t n = 0;
+  for (const Sge& s : sg_list) n += s.length;
+  return n;
+}
+
+}  // namespace uroce::emu

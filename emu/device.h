@@ -1,0 +1,179 @@
+// The emulated HCA. One Device is one RoCEv2 port with one GID (its IP address): it owns every verbs object (PDs,
+// MRs, CQs, QPs, AHs), runs the transport protocols — requester for work requests going out, responder for requests
+// coming in — and reports through completions and asynchronous events.
+//
+// Pure C++: packets go out through a wire::Transport and come in through OnDatagram(); time comes from a wire::Clock.
+// It does not know sockets, threads or libibverbs structs, so tests drive it on a SimNetwork with a ManualClock.
+//
+// Thread-safety: every public method may be called from any thread. One mutex guards the protocol state; CQs have
+// their own (completion_queue.h). Callbacks (async events, CQ notifiers) run with the device lock held and must not
+// call back into the Device.
+//
+// Errors follow the verbs convention: 0 or a positive errno value (EINVAL, ENOMEM, EBUSY, EOPNOTSUPP, ...).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "emu/completion_queue.h"
+#include "emu/memory.h"
+#include "emu/queue_pair.h"
+#include "emu/types.h"
+#include "emu/work_request.h"
+#include "wire/address.h"
+#include "wire/clock.h"
+#include "wire/packet.h"
+#include "wire/transport.h"
+
+namespace uroce::emu {
+
+struct DeviceConfig {
+  std::string name = "uroce0";
+  wire::IpAddress address;  // the port's GID 0 (IPv4-mapped for IPv4)
+  Mtu active_mtu = Mtu::k4096;
+  uint64_t node_guid = 0;
+  DeviceLimits limits;
+};
+
+// Values of enum ibv_event_type.
+enum class AsyncEventType : uint8_t {
+  kCqErr = 0,
+  kQpFatal = 1,
+  kQpReqErr = 2,
+  kQpAccessErr = 3,
+  kCommEst = 4,
+  kSqDrained = 5,
+  kPathMig = 6,
+  kPathMigErr = 7,
+  kDeviceFatal = 8,
+  kPortActive = 9,
+  kPortErr = 10,
+  kLidChange = 11,
+  kPkeyChange = 12,
+  kSmChange = 13,
+  kSrqErr = 14,
+  kSrqLimitReached = 15,
+  kQpLastWqeReached = 16,
+  kClientReregister = 17,
+  kGidChange = 18,
+};
+
+struct AsyncEvent {
+  AsyncEventType type;
+  QueuePair* qp = nullptr;
+  CompletionQueue* cq = nullptr;
+  uint8_t port = 0;
+};
+
+// Why the device dropped or refused packets; `uroce stats` prints these.
+struct DeviceCounters {
+  uint64_t tx_packets = 0, tx_bytes = 0;
+  uint64_t rx_packets = 0, rx_bytes = 0;
+  uint64_t rx_malformed = 0;
+  uint64_t rx_icrc_errors = 0;
+  uint64_t rx_unknown_qp = 0;
+  uint64_t rx_wrong_transport = 0;  // opcode's transport differs from the QP type
+  uint64_t rx_bad_state = 0;        // QP not able to receive (RESET, INIT, ERR)
+  uint64_t rx_bad_pkey = 0;
+  uint64_t rx_bad_qkey = 0;
+  uint64_t rx_no_receive_wqe = 0;   // UD/UC: dropped for want of a posted receive
+  uint64_t rx_out_of_sequence = 0;  // UC: PSN gap, message dropped (IBTA 9.7.6.1.3)
+  uint64_t rx_remote_access_denied = 0;
+  uint64_t rx_cnp = 0;
+  uint64_t tx_errors = 0;
+  uint64_t cq_overflows = 0;
+};
+
+class Device {
+ public:
+  Device(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const DeviceConfig& config() const { return config_; }
+  DeviceCounters counters() const;
+  void set_async_handler(std::function<void(const AsyncEvent&)> handler);
+
+  // --- objects ------------------------------------------------------------------------------------------------
+  ProtectionDomain* AllocPd();
+  int DeallocPd(ProtectionDomain* pd);  // EBUSY while MRs, QPs or AHs use it
+
+  // Registers [host, host+length) visible at `iova`. Fills `out` (keys included). EINVAL on bad flags (remote write or
+  // atomic without local write, IBTA 10.6.3.1 C10-??), ENOMEM past max_mr.
+  int RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova, uint32_t access,
+                 MemoryRegion* out);
+  int ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova, uint32_t access,
+                   MemoryRegion* out);
+  int DeregisterMr(uint32_t lkey);
+  int QueryMr(uint32_t lkey, MemoryRegion* out) const;  // EINVAL for an unknown key
+
+  int CreateCq(uint32_t capacity, CompletionQueue** out);
+  int ResizeCq(CompletionQueue* cq, uint32_t capacity);
+  int DestroyCq(CompletionQueue* cq);  // EBUSY while a QP uses it
+
+  int CreateAh(ProtectionDomain* pd, const AddressVector& av, AddressHandle** out);
+  int DestroyAh(AddressHandle* ah);
+
+  // Creates a QP in RESET. `init.cap` is updated to what the QP really has (at least what was asked).
+  int CreateQp(QpInitAttributes& init, QueuePair** out);
+  int ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
+  int QueryQp(QueuePair* qp, QpAttributes* attr);
+  int DestroyQp(QueuePair* qp);
+
+  // --- data path ----------------------------------------------------------------------------------------------
+  // Posts one work request; a post-time error (bad state, too many SGEs, queue full) is returned and nothing is
+  // queued. Errors found while executing (bad lkey, message too long) complete the WR with an error status.
+  int PostSend(QueuePair* qp, SendWr&& wr);
+  int PostRecv(QueuePair* qp, RecvWr&& wr);
+
+  // --- network ------------------------------------------------------------------------------------------------
+  // Processes one received datagram.
+  void OnDatagram(const wire::InDatagram& datagram);
+  // Runs expired timers; returns the next deadline, or 0 when none is pending.
+  uint64_t RunTimers();
+
+ private:
+  struct OutBatch;
+  QueuePair* FindQpLocked(uint32_t qpn);
+  void CompleteLocked(CompletionQueue* cq, const Completion& c);
+  void RaiseLocked(const AsyncEvent& e);
+  void EnterErrorLocked(QueuePair* qp);
+  void FlushLocked(QueuePair* qp);
+  Completion SendCompletion(const QueuePair& qp, const SendWr& wr, WcStatus status) const;
+  void CompleteSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status);
+  // Gathers a send WR's bytes; returns a status other than kSuccess when an SGE is refused.
+  WcStatus GatherLocked(const QueuePair& qp, const SendWr& wr, std::vector<uint8_t>& out);
+  // Places `data` at `offset` into the receive WQE's scatter list. Returns kSuccess, kLocLenErr or kLocProtErr.
+  WcStatus ScatterLocked(const QueuePair& qp, const RecvWr& rqe, uint64_t offset, std::span<const uint8_t> data);
+  int PostSendUdLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
+  int PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
+  void ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wire::PacketView& p);
+  void ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p);
+  void Transmit(OutBatch& out);
+
+  DeviceConfig config_;
+  wire::Transport& transport_;
+  const wire::Clock& clock_;
+
+  mutable std::mutex mu_;
+  DeviceCounters counters_;
+  std::function<void(const AsyncEvent&)> async_handler_;
+  KeyTable keys_;
+  std::map<uint32_t, std::unique_ptr<ProtectionDomain>> pds_;
+  std::map<uint32_t, std::unique_ptr<CompletionQueue>> cqs_;
+  std::map<uint32_t, std::unique_ptr<QueuePair>> qps_;
+  std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
+  uint32_t next_pd_ = 1;
+  uint32_t next_cq_ = 1;
+  uint32_t next_qpn_ = 0x11;  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
+};
+
+}  // namespace uroce::emu

@@ -1,0 +1,74 @@
+// Protection domains, memory regions and the key table: every byte the HCA touches on behalf of a work request or a
+// remote peer passes one of the checks here first (IBTA vol1 10.6: memory protection; 9.7.5.1.x: remote access
+// validation — R_Key, PD, bounds, access rights).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "emu/work_request.h"
+
+namespace uroce::emu {
+
+class ProtectionDomain {
+ public:
+  explicit ProtectionDomain(uint32_t handle) : handle_(handle) {}
+  uint32_t handle() const { return handle_; }
+
+ private:
+  uint32_t handle_;
+};
+
+struct MemoryRegion {
+  const ProtectionDomain* pd = nullptr;
+  uint8_t* host = nullptr;  // where the region's first byte lives in this process
+  uint64_t iova = 0;        // the address work requests and peers use for that first byte
+  uint64_t length = 0;
+  uint32_t access = 0;      // emu::access flags
+  uint32_t lkey = 0;
+  uint32_t rkey = 0;
+
+  // The host pointer for [va, va+len) if it lies within the region, else nullptr. len 0 is within any region.
+  uint8_t* Translate(uint64_t va, uint64_t len) const;
+};
+
+// Why an access was refused; each maps to a completion status or a NAK at the caller.
+enum class AccessError : uint8_t { kNone, kBadKey, kWrongPd, kOutOfBounds, kNoPermission, kMisaligned };
+
+struct AccessResult {
+  AccessError error = AccessError::kNone;
+  uint8_t* host = nullptr;
+  bool ok() const { return error == AccessError::kNone; }
+};
+
+// lkey/rkey -> region. Keys are (slot index << 8) | generation, so a stale key of a deregistered region does not
+// alias its successor (the low byte is the "key" part of an L_Key/R_Key, IBTA 10.6.3.3).
+class KeyTable {
+ public:
+  // Registers a region; returns it with lkey/rkey filled in.
+  MemoryRegion Register(MemoryRegion mr);
+  bool AnyInPd(const ProtectionDomain* pd) const;
+  // Updates a registered region in place (rereg_mr); false if the key is unknown.
+  bool Update(uint32_t lkey, const MemoryRegion& mr);
+  bool Deregister(uint32_t lkey);
+  const MemoryRegion* Find(uint32_t key) const;
+
+  // Validates a local access: lkey names a region of `pd` holding [va, va+len) and allowing `needed` (access flags;
+  // local read is always allowed, IBTA 10.6.3.1).
+  AccessResult CheckLocal(uint32_t lkey, const ProtectionDomain* pd, uint64_t va, uint64_t len, uint32_t needed) const;
+  // Validates a remote access by an incoming request (RDMA WRITE/READ/atomic): rkey, PD, bounds, rights.
+  AccessResult CheckRemote(uint32_t rkey, const ProtectionDomain* pd, uint64_t va, uint64_t len,
+                           uint32_t needed) const;
+
+  size_t size() const { return regions_.size(); }
+
+ private:
+  std::unordered_map<uint32_t, MemoryRegion> regions_;  // by index (key >> 8)
+  uint32_t next_index_ = 1;
+  uint8_t generation_ = 0x17;
+};
+
+}  // namespace uroce::emu

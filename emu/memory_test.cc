@@ -1,0 +1,42 @@
+#include "emu/memory.h"
+
+#include <gtest/gtest.h>
+
+#include "emu/types.h"
+
+namespace uroce::emu {
+namespace {
+
+TEST(KeyTable, ChecksKeyPdBoundsAndRights) {
+  ProtectionDomain pd(1), other(2);
+  uint8_t buf[100];
+  KeyTable keys;
+  MemoryRegion mr = keys.Register({&pd, buf, 0x1000, sizeof buf, access::kLocalWrite | access::kRemoteRead});
+  EXPECT_NE(mr.lkey, 0u);
+  auto ok = keys.CheckRemote(mr.rkey, &pd, 0x1000 + 10, 90, access::kRemoteRead);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok.host, buf + 10);
+  EXPECT_EQ(keys.CheckRemote(mr.rkey, &pd, 0x1000 + 10, 91, access::kRemoteRead).error, AccessError::kOutOfBounds);
+  EXPECT_EQ(keys.CheckRemote(mr.rkey, &pd, 0xfff, 1, access::kRemoteRead).error, AccessError::kOutOfBounds);
+  EXPECT_EQ(keys.CheckRemote(mr.rkey, &pd, 0x1000, 8, access::kRemoteWrite).error, AccessError::kNoPermission);
+  EXPECT_EQ(keys.CheckRemote(mr.rkey, &other, 0x1000, 8, access::kRemoteRead).error, AccessError::kWrongPd);
+  EXPECT_EQ(keys.CheckRemote(mr.rkey + 1, &pd, 0x1000, 8, access::kRemoteRead).error, AccessError::kBadKey);
+  // Overflowing va + len must not wrap into the region.
+  EXPECT_EQ(keys.CheckLocal(mr.lkey, &pd, 0x1000 + 50, ~uint64_t{0} - 10, 0).error, AccessError::kOutOfBounds);
+}
+
+TEST(KeyTable, StaleKeyOfDeregisteredRegionDoesNotAliasItsSuccessor) {
+  ProtectionDomain pd(1);
+  uint8_t buf[16];
+  KeyTable keys;
+  MemoryRegion a = keys.Register({&pd, buf, 0, sizeof buf, 0});
+  ASSERT_TRUE(keys.Deregister(a.lkey));
+  EXPECT_FALSE(keys.Deregister(a.lkey));
+  MemoryRegion b = keys.Register({&pd, buf, 0, sizeof buf, 0});
+  EXPECT_NE(a.lkey, b.lkey);
+  EXPECT_EQ(keys.Find(a.lkey), nullptr);
+  EXPECT_NE(keys.Find(b.lkey), nullptr);
+}
+
+}  // namespace
+}  // namespace uroce::emu

@@ -1,0 +1,303 @@
+// UD and UC data paths end to end on the simulated network: bytes delivered, completions and their status, and the
+// drops the spec prescribes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "emu/test_fabric.h"
+#include "wire/bytes.h"
+#include "wire/packet.h"
+
+namespace uroce::emu {
+namespace {
+
+using testing::Buffer;
+using testing::Drain;
+using testing::Fabric;
+using testing::Node;
+
+constexpr uint32_t kQkey = 0x11111111;
+constexpr uint32_t kLocalAll = access::kLocalWrite | access::kRemoteWrite | access::kRemoteRead;
+
+void Fill(Buffer& b, uint8_t seed) {
+  for (size_t i = 0; i < b.bytes.size(); ++i) b.bytes[i] = static_cast<uint8_t>(seed + i * 7);
+}
+
+struct UdPair {
+  Fabric fabric;
+  Node* a;
+  Node* b;
+  ProtectionDomain *pa, *pb;
+  CompletionQueue *ca, *cb;
+  QueuePair *qa, *qb;
+  AddressHandle* ah_b;
+
+  UdPair() {
+    a = &fabric.AddNode();
+    b = &fabric.AddNode();
+    pa = a->device->AllocPd();
+    pb = b->device->AllocPd();
+    EXPECT_EQ(a->device->CreateCq(64, &ca), 0);
+    EXPECT_EQ(b->device->CreateCq(64, &cb), 0);
+    qa = testing::CreateUdQp(*a->device, pa, ca, kQkey);
+    qb = testing::CreateUdQp(*b->device, pb, cb, kQkey);
+    AddressVector av;
+    av.dgid = b->device->config().address.bytes();
+    EXPECT_EQ(a->device->CreateAh(pa, av, &ah_b), 0);
+  }
+
+  SendWr Send(const Buffer& buf, uint32_t len, uint32_t qkey = kQkey) {
+    SendWr wr;
+    wr.wr_id = 7;
+    wr.opcode = SendOpcode::kSend;
+    wr.flags = send_flags::kSignaled;
+    wr.sg_list = {buf.At(0, len)};
+    wr.ah = ah_b;
+    wr.remote_qpn = qb->qpn();
+    wr.remote_qkey = qkey;
+    return wr;
+  }
+};
+
+TEST(Ud, DeliversPayloadAfterGrhWithSourceQpAndImmediate) {
+  UdPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 1000, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 40 + 1000, kLocalAll);
+  Fill(src, 3);
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{99, {dst.At(0, 1040)}}), 0);
+  SendWr wr = t.Send(src, 1000);
+  wr.opcode = SendOpcode::kSendWithImm;
+  wr.imm_data = 0x0d0c0b0a;
+  wr.flags |= send_flags::kSolicited;
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  t.fabric.Pump();
+
+  auto sent = Drain(t.ca);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(sent[0].opcode, WcOpcode::kSend);
+  auto got = Drain(t.cb);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(got[0].wr_id, 99u);
+  EXPECT_EQ(got[0].opcode, WcOpcode::kRecv);
+  EXPECT_EQ(got[0].byte_len, 1040u);
+  EXPECT_EQ(got[0].src_qp, t.qa->qpn());
+  EXPECT_EQ(got[0].qp_num, t.qb->qpn());
+  EXPECT_EQ(got[0].imm_data, 0x0d0c0b0au);
+  EXPECT_TRUE(got[0].solicited);
+  EXPECT_EQ(got[0].wc_flags, wc_flags::kGrh | wc_flags::kWithImm);
+  EXPECT_EQ(0, std::memcmp(dst.bytes.data() + 40, src.bytes.data(), 1000));
+  // IPv4 header in the last 20 bytes of the GRH slot: version 4, source = sender's address.
+  EXPECT_EQ(dst.bytes[20] >> 4, 4);
+  EXPECT_EQ(wire::LoadBe32(dst.bytes.data() + 20 + 12), t.a->device->config().address.v4());
+}
+
+TEST(Ud, WrongQkeyAndMissingReceiveAreDroppedSilently) {
+  UdPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 200, kLocalAll);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, t.Send(src, 64)), 0);  // no receive posted yet
+  t.fabric.Pump();
+  EXPECT_EQ(t.b->device->counters().rx_no_receive_wqe, 1u);
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 200)}}), 0);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, t.Send(src, 64, kQkey + 1)), 0);
+  t.fabric.Pump();
+  EXPECT_EQ(t.b->device->counters().rx_bad_qkey, 1u);
+  EXPECT_TRUE(Drain(t.cb).empty());
+  // A Q_Key with the high bit set means "the sending QP's own Q_Key" (IBTA 10.2.4), which matches.
+  ASSERT_EQ(t.a->device->PostSend(t.qa, t.Send(src, 64, 0x80000000)), 0);
+  t.fabric.Pump();
+  EXPECT_EQ(Drain(t.cb).size(), 1u);
+}
+
+TEST(Ud, MessageLongerThanMtuFailsWithLocalLengthErrorAndSqe) {
+  UdPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 8192, kLocalAll);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, t.Send(src, 4097)), 0);
+  auto c = Drain(t.ca);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocLenErr);
+  EXPECT_EQ(t.qa->state(), QpState::kSqe);
+  // Later sends are flushed.
+  ASSERT_EQ(t.a->device->PostSend(t.qa, t.Send(src, 10)), 0);
+  c = Drain(t.ca);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kWrFlushErr);
+}
+
+TEST(Ud, BadLkeyIsLocalProtectionError) {
+  UdPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kLocalAll);
+  SendWr wr = t.Send(src, 64);
+  wr.sg_list[0].lkey ^= 0xff00;
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  auto c = Drain(t.ca);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocProtErr);
+}
+
+TEST(Ud, ReceiveTooSmallCompletesWithLocalLengthError) {
+  UdPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 512, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 100, kLocalAll);
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{5, {dst.At(0, 100)}}), 0);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, t.Send(src, 512)), 0);
+  t.fabric.Pump();
+  auto c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kLocLenErr);
+}
+
+struct UcPair {
+  Fabric fabric;
+  Node *a, *b;
+  ProtectionDomain *pa, *pb;
+  CompletionQueue *ca, *cb;
+  QueuePair *qa, *qb;
+
+  explicit UcPair(Mtu mtu = Mtu::k1024) {
+    a = &fabric.AddNode(mtu);
+    b = &fabric.AddNode(mtu);
+    pa = a->device->AllocPd();
+    pb = b->device->AllocPd();
+    EXPECT_EQ(a->device->CreateCq(256, &ca), 0);
+    EXPECT_EQ(b->device->CreateCq(256, &cb), 0);
+    qa = testing::CreateConnectedQp(*a->device, QpType::kUc, pa, ca, nullptr, 0);
+    qb = testing::CreateConnectedQp(*b->device, QpType::kUc, pb, cb, nullptr, 0);
+    testing::Connect(*a->device, qa, *b->device, qb->qpn(), access::kRemoteWrite);
+    testing::Connect(*b->device, qb, *a->device, qa->qpn(), access::kRemoteWrite);
+  }
+};
+
+TEST(Uc, SendSegmentsByPathMtuAndReassembles) {
+  UcPair t(Mtu::k1024);
+  Buffer src = testing::Register(*t.a->device, t.pa, 65536, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 65536, kLocalAll);
+  Fill(src, 11);
+  // Two SGEs on the receive side, to check scatter across them.
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 30000), dst.At(30000, 35536)}}), 0);
+  SendWr wr;
+  wr.wr_id = 2;
+  wr.opcode = SendOpcode::kSend;
+  wr.flags = send_flags::kSignaled;
+  wr.sg_list = {src.At(0, 65536)};
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  EXPECT_EQ(t.a->transport->sent(), 64u);  // 65536 / 1024
+  t.fabric.Pump();
+  auto c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].byte_len, 65536u);
+  EXPECT_EQ(src.bytes, dst.bytes);
+}
+
+TEST(Uc, RdmaWriteWithImmediateConsumesReceiveAndWritesTarget) {
+  UcPair t(Mtu::k4096);
+  Buffer src = testing::Register(*t.a->device, t.pa, 10000, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 10000, kLocalAll);
+  Fill(src, 5);
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{42, {}}), 0);
+  SendWr wr;
+  wr.opcode = SendOpcode::kRdmaWriteWithImm;
+  wr.flags = send_flags::kSignaled;
+  wr.sg_list = {src.At(0, 10000)};
+  wr.remote_addr = dst.mr.iova;
+  wr.rkey = dst.mr.rkey;
+  wr.imm_data = 0x78563412;
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  t.fabric.Pump();
+  auto c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 42u);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kRecvRdmaWithImm);
+  EXPECT_EQ(c[0].byte_len, 10000u);
+  EXPECT_EQ(c[0].imm_data, 0x78563412u);
+  EXPECT_EQ(src.bytes, dst.bytes);
+}
+
+TEST(Uc, LostMiddlePacketDropsThatMessageOnlyAndReusesTheReceive) {
+  UcPair t(Mtu::k1024);
+  Buffer src = testing::Register(*t.a->device, t.pa, 8192, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 8192, kLocalAll);
+  Fill(src, 1);
+  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 2; };  // 3rd packet of message 1
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 8192)}}), 0);
+  for (int m = 0; m < 2; ++m) {
+    SendWr wr;
+    wr.wr_id = 10 + m;
+    wr.opcode = SendOpcode::kSend;
+    wr.sg_list = {src.At(m * 4096, 4096)};
+    ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  }
+  t.fabric.Pump();
+  auto c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 1u);  // only message 2, into the receive WQE message 1 had started to fill
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(dst.bytes.data(), src.bytes.data() + 4096, 4096));
+  EXPECT_GE(t.b->device->counters().rx_out_of_sequence, 1u);
+}
+
+TEST(Uc, WriteWithoutRemoteWriteRightIsDroppedNotApplied) {
+  UcPair t(Mtu::k1024);
+  Buffer src = testing::Register(*t.a->device, t.pa, 100, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 100, access::kLocalWrite);  // no remote write
+  Fill(src, 9);
+  SendWr wr;
+  wr.opcode = SendOpcode::kRdmaWrite;
+  wr.sg_list = {src.At(0, 100)};
+  wr.remote_addr = dst.mr.iova;
+  wr.rkey = dst.mr.rkey;
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  t.fabric.Pump();
+  EXPECT_EQ(dst.bytes, std::vector<uint8_t>(100, 0));
+  EXPECT_EQ(t.b->device->counters().rx_remote_access_denied, 1u);
+}
+
+TEST(Uc, ReadAndAtomicsAreRejectedAtPost) {
+  UcPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kLocalAll);
+  SendWr wr;
+  wr.opcode = SendOpcode::kRdmaRead;
+  wr.sg_list = {src.At(0, 8)};
+  EXPECT_EQ(t.a->device->PostSend(t.qa, SendWr(wr)), EINVAL);
+  wr.opcode = SendOpcode::kAtomicFetchAndAdd;
+  EXPECT_EQ(t.a->device->PostSend(t.qa, SendWr(wr)), EINVAL);
+}
+
+TEST(Qp, ErrorStateFlushesReceivesAndPostsCompleteFlushed) {
+  UcPair t;
+  Buffer dst = testing::Register(*t.b->device, t.pb, 64, kLocalAll);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{i, {dst.At(0, 64)}}), 0);
+  QpAttributes a;
+  a.qp_state = QpState::kErr;
+  ASSERT_EQ(t.b->device->ModifyQp(t.qb, a, attr::kState), 0);
+  auto c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(c[i].wr_id, i);
+    EXPECT_EQ(c[i].status, WcStatus::kWrFlushErr);
+  }
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{9, {dst.At(0, 64)}}), 0);
+  c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kWrFlushErr);
+}
+
+TEST(Qp, PostSendBeforeRtsIsEinval) {
+  Fabric f;
+  Node& n = f.AddNode();
+  ProtectionDomain* pd = n.device->AllocPd();
+  CompletionQueue* cq;
+  ASSERT_EQ(n.device->CreateCq(8, &cq), 0);
+  QueuePair* qp = testing::CreateConnectedQp(*n.device, QpType::kUc, pd, cq, nullptr, 0);
+  SendWr wr;
+  EXPECT_EQ(n.device->PostSend(qp, std::move(wr)), EINVAL);
+  RecvWr rwr;
+  EXPECT_EQ(n.device->PostRecv(qp, std::move(rwr)), EINVAL);  // RESET
+}
+
+}  // namespace
+}  // namespace uroce::emu
