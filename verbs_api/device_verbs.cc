@@ -1,0 +1,344 @@
+// Device discovery, contexts and queries: ibv_get_device_list ... ibv_query_gid_type.
+#include <infiniband/verbs.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "verbs_api/internal.h"
+#include "verbs_api/verbs_table.h"
+
+using namespace uroce;
+using namespace uroce::verbs;
+
+namespace uroce::verbs {
+
+// --- EventQueue -------------------------------------------------------------------------------------------------
+
+template <typename T>
+int EventQueue<T>::Open() {
+  // EFD_SEMAPHORE: each read takes one event, so the fd stays readable while events remain.
+  fd_ = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+  return fd_ < 0 ? errno : 0;
+}
+
+template <typename T>
+void EventQueue<T>::Close() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+template <typename T>
+void EventQueue<T>::Push(const T& item) {
+  {
+    std::lock_guard lock(mu_);
+    items_.push_back(item);
+  }
+  const uint64_t one = 1;
+  (void)!write(fd_, &one, sizeof one);
+}
+
+template <typename T>
+int EventQueue<T>::Pop(T* item) {
+  uint64_t v;
+  for (;;) {
+    const ssize_t n = read(fd_, &v, sizeof v);
+    if (n == sizeof v) break;
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 ? errno : EIO;
+  }
+  std::lock_guard lock(mu_);
+  if (items_.empty()) return EAGAIN;
+  *item = items_.front();
+  items_.pop_front();
+  return 0;
+}
+
+template class EventQueue<ibv_async_event>;
+template class EventQueue<ibv_cq*>;
+
+namespace {
+std::mutex g_contexts_mu;
+std::set<Context*> g_contexts;
+}  // namespace
+
+void DeliverAsyncEvent(Context* ctx, const emu::AsyncEvent& e) {
+  ibv_async_event ev{};
+  ev.event_type = static_cast<ibv_event_type>(e.type);
+  if (e.qp) {
+    ev.element.qp = static_cast<ibv_qp*>(e.qp->owner);
+  } else if (e.cq) {
+    ev.element.cq = static_cast<ibv_cq*>(e.cq->owner);
+  } else {
+    ev.element.port_num = e.port;
+  }
+  ctx->async_events.Push(ev);
+}
+
+}  // namespace uroce::verbs
+
+namespace {
+
+// The single device. ibv_device's layout is public; rdma-core wraps it in a private verbs_device we do not need.
+ibv_device* TheDevice() {
+  static ibv_device dev = [] {
+    ibv_device d{};
+    d.node_type = IBV_NODE_CA;
+    d.transport_type = IBV_TRANSPORT_IB;  // RoCE devices report IB transport with an Ethernet link layer
+    std::strcpy(d.name, "uroce0");
+    std::strcpy(d.dev_name, "uverbs0");
+    std::strcpy(d.dev_path, "/sys/class/infiniband_verbs/uverbs0");
+    std::strcpy(d.ibdev_path, "/sys/class/infiniband/uroce0");
+    return d;
+  }();
+  return &dev;
+}
+
+Context* Ctx(ibv_context* c) { return ToContext(c); }
+
+constexpr uint32_t kVendorId = 0x1bad;  // not Mellanox (0x02c9) nor Amazon (0x1d0f): clients take no vendor path
+constexpr uint32_t kVendorPartId = 0x0001;
+constexpr uint64_t kHcaCoreClockKhz = 1'000'000;  // completion timestamps count nanoseconds
+
+}  // namespace
+
+extern "C" {
+
+#undef ibv_get_device_list
+ibv_device** ibv_get_device_list(int* num_devices) {
+  auto** list = static_cast<ibv_device**>(calloc(2, sizeof(ibv_device*)));
+  if (list == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  list[0] = TheDevice();
+  if (num_devices) *num_devices = 1;
+  return list;
+}
+
+void ibv_free_device_list(ibv_device** list) { free(list); }
+
+const char* ibv_get_device_name(ibv_device* device) { return device ? device->name : nullptr; }
+
+__be64 ibv_get_device_guid(ibv_device* device) { return htobe64(NodeGuid()); }
+
+int ibv_get_device_index(ibv_device* device) { return device == TheDevice() ? 0 : -1; }
+
+ibv_context* ibv_open_device(ibv_device* device) {
+  if (device != TheDevice()) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  auto engine = Engine::Acquire();
+  if (!engine) return nullptr;  // errno set
+  auto* ctx = static_cast<Context*>(calloc(1, sizeof(Context)));
+  if (ctx == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  new (&ctx->engine) std::shared_ptr<Engine>(std::move(engine));
+  new (&ctx->async_events) EventQueue<ibv_async_event>();
+  if (int err = ctx->async_events.Open()) {
+    ctx->async_events.~EventQueue();
+    ctx->engine.~shared_ptr();
+    free(ctx);
+    errno = err;
+    return nullptr;
+  }
+  verbs_context& v = ctx->vctx;
+  FillContextOps(&v);
+  v.sz = sizeof(verbs_context);
+  ibv_context& c = v.context;
+  c.device = device;
+  c.cmd_fd = -1;
+  c.async_fd = ctx->async_events.fd();
+  c.num_comp_vectors = 1;
+  pthread_mutex_init(&c.mutex, nullptr);
+  c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  {
+    std::lock_guard lock(g_contexts_mu);
+    g_contexts.insert(ctx);
+    // Every context of the process shares the device; events go to the context owning the object.
+    ctx->dev().set_async_handler([](const emu::AsyncEvent& e) {
+      std::lock_guard lock(g_contexts_mu);
+      for (Context* each : g_contexts) {
+        void* owner = e.qp ? e.qp->owner : e.cq ? e.cq->owner : nullptr;
+        ibv_context* oc = nullptr;
+        if (e.qp && owner) oc = static_cast<ibv_qp*>(owner)->context;
+        if (e.cq && owner) oc = static_cast<ibv_cq*>(owner)->context;
+        if (oc == nullptr || oc == &each->vctx.context) DeliverAsyncEvent(each, e);
+      }
+    });
+  }
+  return &c;
+}
+
+int ibv_close_device(ibv_context* context) {
+  Context* ctx = Ctx(context);
+  {
+    std::lock_guard lock(g_contexts_mu);
+    g_contexts.erase(ctx);
+  }
+  ctx->async_events.Close();
+  ctx->async_events.~EventQueue();
+  pthread_mutex_destroy(&context->mutex);
+  ctx->engine.~shared_ptr();
+  free(ctx);
+  return 0;
+}
+
+int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
+  const emu::DeviceConfig& cfg = Ctx(context)->dev().config();
+  const emu::DeviceLimits& l = cfg.limits;
+  std::memset(a, 0, sizeof *a);
+  std::snprintf(a->fw_ver, sizeof a->fw_ver, "uroce 0.1");
+  a->node_guid = htobe64(cfg.node_guid);
+  a->sys_image_guid = htobe64(cfg.node_guid);
+  a->max_mr_size = l.max_mr_size;
+  a->page_size_cap = 0xfffff000;  // any 4 KiB multiple
+  a->vendor_id = kVendorId;
+  a->vendor_part_id = kVendorPartId;
+  a->hw_ver = 1;
+  a->max_qp = static_cast<int>(l.max_qp);
+  a->max_qp_wr = static_cast<int>(l.max_qp_wr);
+  a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
+                        IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_RESIZE_MAX_WR;
+  a->max_sge = static_cast<int>(l.max_sge);
+  a->max_sge_rd = static_cast<int>(l.max_sge_rd);
+  a->max_cq = static_cast<int>(l.max_cq);
+  a->max_cqe = static_cast<int>(l.max_cqe);
+  a->max_mr = static_cast<int>(l.max_mr);
+  a->max_pd = static_cast<int>(l.max_pd);
+  a->max_qp_rd_atom = static_cast<int>(l.max_qp_rd_atom);
+  a->max_ee_rd_atom = 0;
+  a->max_res_rd_atom = static_cast<int>(l.max_qp_rd_atom * l.max_qp);
+  a->max_qp_init_rd_atom = static_cast<int>(l.max_qp_init_rd_atom);
+  a->atomic_cap = IBV_ATOMIC_HCA;
+  a->max_ah = static_cast<int>(l.max_ah);
+  a->max_srq = static_cast<int>(l.max_srq);
+  a->max_srq_wr = static_cast<int>(l.max_srq_wr);
+  a->max_srq_sge = static_cast<int>(l.max_srq_sge);
+  a->max_mw = static_cast<int>(l.max_mw);
+  a->max_pkeys = l.max_pkeys;
+  a->local_ca_ack_delay = l.local_ca_ack_delay;
+  a->phys_port_cnt = 1;
+  return 0;
+}
+
+}  // extern "C"
+
+namespace uroce::verbs {
+
+int QueryPort(ibv_context* context, uint8_t port_num, ibv_port_attr* a, size_t len) {
+  if (port_num != 1) return EINVAL;
+  const emu::DeviceConfig& cfg = Ctx(context)->dev().config();
+  ibv_port_attr p{};
+  p.state = IBV_PORT_ACTIVE;
+  p.max_mtu = IBV_MTU_4096;
+  p.active_mtu = static_cast<ibv_mtu>(cfg.active_mtu);
+  p.gid_tbl_len = static_cast<int>(cfg.limits.gid_table_len);
+  p.port_cap_flags = 0;
+  p.max_msg_sz = cfg.limits.max_msg_sz;
+  p.pkey_tbl_len = cfg.limits.max_pkeys;
+  p.lid = 0;  // RoCE has no LIDs
+  p.max_vl_num = 1;
+  p.active_width = 2;   // 4x
+  p.active_speed = 32;  // 25 Gb/s class (EDR); a software device has no real rate
+  p.phys_state = 5;     // LinkUp
+  p.link_layer = IBV_LINK_LAYER_ETHERNET;
+  p.flags = 0;
+  std::memcpy(a, &p, std::min(len, sizeof p));
+  return 0;
+}
+
+int QueryDeviceEx(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
+                  size_t attr_size) {
+  if (input && input->comp_mask) return EINVAL;
+  if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
+  ibv_device_attr_ex x{};
+  ibv_query_device(context, &x.orig_attr);
+  x.completion_timestamp_mask = ~uint64_t{0};
+  x.hca_core_clock = kHcaCoreClockKhz;
+  x.device_cap_flags_ex = x.orig_attr.device_cap_flags;
+  x.max_dm_size = 0;
+  std::memcpy(attr, &x, std::min(attr_size, sizeof x));
+  return 0;
+}
+
+}  // namespace uroce::verbs
+
+extern "C" {
+
+int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
+  if (port_num != 1 || index != 0) {
+    errno = EINVAL;
+    return -1;  // ibv_query_gid(3): returns -1 on error
+  }
+  std::memcpy(gid->raw, Ctx(context)->dev().config().address.bytes().data(), 16);
+  return 0;
+}
+
+int ibv_query_pkey(ibv_context* context, uint8_t port_num, int index, __be16* pkey) {
+  if (port_num != 1 || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *pkey = htobe16(0xffff);
+  return 0;
+}
+
+int ibv_get_pkey_index(ibv_context* context, uint8_t port_num, __be16 pkey) {
+  if (port_num != 1 || (be16toh(pkey) & 0x7fff) != 0x7fff) {
+    errno = ENOENT;
+    return -1;
+  }
+  return 0;
+}
+
+// IBVERBS_PRIVATE_34: ibv_devinfo and pyverbs ask whether GID entries are RoCE v1 or v2.
+// enum ibv_gid_type_sysfs lives in rdma-core's private driver.h: 0 = IB/RoCE v1, 1 = RoCE v2.
+int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, int* type) {
+  if (port_num != 1 || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *type = 1;  // IBV_GID_TYPE_SYSFS_ROCE_V2
+  return 0;
+}
+
+int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
+                      uint32_t flags, size_t entry_size) {
+  if (flags) return EINVAL;
+  if (port_num != 1 || gid_index != 0) return ENODATA;
+  if (entry_size < sizeof(ibv_gid_entry)) return EINVAL;
+  std::memset(entry, 0, sizeof *entry);
+  std::memcpy(entry->gid.raw, Ctx(context)->dev().config().address.bytes().data(), 16);
+  entry->gid_index = 0;
+  entry->port_num = 1;
+  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  entry->ndev_ifindex = 1;  // lo
+  return 0;
+}
+
+ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t max_entries, uint32_t flags,
+                             size_t entry_size) {
+  if (flags) return -EINVAL;
+  if (max_entries < 1) return -EINVAL;
+  int rc = _ibv_query_gid_ex(context, 1, 0, entries, 0, entry_size);
+  return rc ? -rc : 1;
+}
+
+// The exported ibv_query_port (IBVERBS_1.1) for binaries built before verbs.h made it an inline that calls
+// verbs_context.query_port.
+#undef ibv_query_port
+int ibv_query_port(ibv_context* context, uint8_t port_num, struct _compat_ibv_port_attr* port_attr) {
+  return QueryPort(context, port_num, reinterpret_cast<ibv_port_attr*>(port_attr), offsetof(ibv_port_attr, flags));  // the legacy struct ends at link_layer
+}
+
+int ibv_fork_init(void) { return 0; }  // nothing is pinned: fork is always safe
+
+enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+
+}  // extern "C"

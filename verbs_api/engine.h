@@ -1,0 +1,60 @@
+// The per-process engine behind the device "uroce0": configuration, the io_uring UDP transport bound to this
+// process's address, the emulated HCA, and the progress thread that feeds it packets and timers — so delivery never
+// waits for the application to call a verb (ib_write_bw's server sits in a blocking TCP read while the client writes
+// into its memory).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "emu/device.h"
+#include "wire/address.h"
+#include "wire/pcap.h"
+#include "wire/transport.h"
+
+namespace uroce::verbs {
+
+struct EngineConfig {
+  std::optional<wire::IpAddress> address;  // pinned address; default: first free 127.0.0.N
+  uint16_t port = wire::kRoceV2UdpPort;
+  emu::Mtu mtu = emu::Mtu::k4096;
+  std::string pcap_path;  // capture every packet sent and received (UROCE_PCAP)
+  std::string faults;     // fault-injection spec (UROCE_FAULTS), see wire/fault_model.h
+};
+
+// Reads UROCE_ADDR, UROCE_PORT, UROCE_MTU, UROCE_PCAP, UROCE_FAULTS, and the config file named by UROCE_CONFIG
+// (default /etc/uroce.conf, if present): "key = value" lines with the same keys in lower case without the prefix
+// (address, port, mtu, pcap, faults); the environment wins. Returns 0 or EINVAL with *error set.
+int LoadEngineConfig(EngineConfig* config, std::string* error);
+
+// Node GUID of this host's uroce0 (stable for a host, never 0; the device exists before its address is bound).
+uint64_t NodeGuid();
+
+class Engine {
+ public:
+  // The process's engine, created on first use; nullptr with errno set when it cannot start (bad configuration,
+  // no free address, io_uring unavailable).
+  static std::shared_ptr<Engine> Acquire();
+
+  ~Engine();
+  emu::Device& device() { return *device_; }
+  const wire::IpAddress& address() const { return device_->config().address; }
+
+ private:
+  Engine() = default;
+  int Start(const EngineConfig& config);
+  void ProgressLoop();
+
+  std::unique_ptr<wire::PcapWriter> pcap_;  // outlives transport_, which writes to it
+  std::unique_ptr<wire::Transport> transport_;
+  std::unique_ptr<emu::Device> device_;
+  std::thread progress_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace uroce::verbs

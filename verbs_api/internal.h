@@ -1,0 +1,89 @@
+// The objects behind the libibverbs structs we hand out. Each public struct (ibv_context, ibv_cq_ex, ibv_qp_ex, ...)
+// is the FIRST member of our wrapper, so a pointer the application gives back converts with a static cast of its
+// address (the same trick rdma-core's providers use with container_of).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "emu/device.h"
+#include "verbs_api/engine.h"
+
+namespace uroce::verbs {
+
+// An eventfd-backed queue that a file descriptor reports readable while non-empty: completion channels and the
+// context's async event fd. The application may make the fd non-blocking and poll(2) it.
+template <typename T>
+class EventQueue {
+ public:
+  int Open();  // 0 or errno
+  void Close();
+  int fd() const { return fd_; }
+  void Push(const T& item);
+  // Blocks (unless the fd is O_NONBLOCK) until an item is available. 0 or errno (EAGAIN when non-blocking and empty).
+  int Pop(T* item);
+
+ private:
+  int fd_ = -1;
+  std::mutex mu_;
+  std::deque<T> items_;
+};
+
+struct Context {
+  verbs_context vctx;  // must be first: ibv_context is its last member, and &vctx.context is what we return
+  std::shared_ptr<Engine> engine;
+  EventQueue<ibv_async_event> async_events;
+  emu::Device& dev() { return engine->device(); }
+};
+inline Context* ToContext(ibv_context* c) {
+  return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+}
+
+struct Pd {
+  ibv_pd pd;
+  emu::ProtectionDomain* emu;
+};
+inline Pd* ToPd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+
+struct Mr {
+  ibv_mr mr;
+};
+
+struct CompChannel {
+  ibv_comp_channel channel;
+  EventQueue<ibv_cq*> events;
+};
+inline CompChannel* ToChannel(ibv_comp_channel* c) { return reinterpret_cast<CompChannel*>(c); }
+
+struct Cq {
+  ibv_cq_ex cqx;  // ibv_cq's fields are its first members (ibv_cq_ex_to_cq is a cast)
+  emu::CompletionQueue* emu;
+  uint64_t wc_flags;          // IBV_WC_EX_WITH_* requested at create_cq_ex
+  emu::Completion current{};  // the entry start_poll/next_poll made current
+};
+inline Cq* ToCq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
+inline Cq* ToCq(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }
+
+struct Qp {
+  ibv_qp_ex qpx;  // qp_base first
+  emu::QueuePair* emu;
+};
+inline Qp* ToQp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+
+struct Ah {
+  ibv_ah ah;
+  emu::AddressHandle* emu;
+};
+inline Ah* ToAh(ibv_ah* a) { return reinterpret_cast<Ah*>(a); }
+
+// Posts an asynchronous event to the context's async fd (called from the device with its lock held).
+void DeliverAsyncEvent(Context* ctx, const emu::AsyncEvent& e);
+
+// Conversions between the verbs structs and emu's.
+emu::AddressVector ToAddressVector(const ibv_ah_attr& a);
+ibv_ah_attr FromAddressVector(const emu::AddressVector& av);
+
+}  // namespace uroce::verbs

@@ -1,0 +1,288 @@
+// Queue pairs: create/modify/query/destroy, posting work requests, and the context's function tables.
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "verbs_api/internal.h"
+#include "verbs_api/verbs_table.h"
+
+using namespace uroce;
+using namespace uroce::verbs;
+
+// Our enums carry the verbs values so conversions are casts; pin every value we rely on.
+static_assert(int(emu::QpState::kErr) == IBV_QPS_ERR && int(emu::QpState::kSqe) == IBV_QPS_SQE);
+static_assert(int(emu::QpType::kUd) == IBV_QPT_UD && int(emu::QpType::kXrcRecv) == IBV_QPT_XRC_RECV);
+static_assert(emu::attr::kDestQpn == IBV_QP_DEST_QPN && emu::attr::kRateLimit == IBV_QP_RATE_LIMIT);
+static_assert(int(emu::SendOpcode::kSendWithInv) == IBV_WR_SEND_WITH_INV);
+static_assert(int(emu::WcStatus::kGeneralErr) == IBV_WC_GENERAL_ERR);
+static_assert(int(emu::WcOpcode::kRecvRdmaWithImm) == IBV_WC_RECV_RDMA_WITH_IMM);
+static_assert(emu::send_flags::kInline == IBV_SEND_INLINE && emu::wc_flags::kWithInv == IBV_WC_WITH_INV);
+static_assert(emu::access::kRemoteAtomic == IBV_ACCESS_REMOTE_ATOMIC && emu::access::kOnDemand == IBV_ACCESS_ON_DEMAND);
+static_assert(int(emu::AsyncEventType::kGidChange) == IBV_EVENT_GID_CHANGE);
+
+namespace {
+
+Context* Ctx(ibv_context* c) { return ToContext(c); }
+
+template <typename T>
+T* Fail(int err) {
+  errno = err;
+  return nullptr;
+}
+
+emu::QpAttributes ToEmu(const ibv_qp_attr& a) {
+  emu::QpAttributes e;
+  e.qp_state = static_cast<emu::QpState>(a.qp_state);
+  e.cur_qp_state = static_cast<emu::QpState>(a.cur_qp_state);
+  e.path_mtu = static_cast<emu::Mtu>(a.path_mtu);
+  e.path_mig_state = static_cast<emu::MigState>(a.path_mig_state);
+  e.qkey = a.qkey;
+  e.rq_psn = a.rq_psn;
+  e.sq_psn = a.sq_psn;
+  e.dest_qp_num = a.dest_qp_num;
+  e.qp_access_flags = a.qp_access_flags;
+  e.cap = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge, a.cap.max_inline_data};
+  e.ah_attr = ToAddressVector(a.ah_attr);
+  e.alt_ah_attr = ToAddressVector(a.alt_ah_attr);
+  e.pkey_index = a.pkey_index;
+  e.alt_pkey_index = a.alt_pkey_index;
+  e.en_sqd_async_notify = a.en_sqd_async_notify;
+  e.sq_draining = a.sq_draining;
+  e.max_rd_atomic = a.max_rd_atomic;
+  e.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  e.min_rnr_timer = a.min_rnr_timer;
+  e.port_num = a.port_num;
+  e.timeout = a.timeout;
+  e.retry_cnt = a.retry_cnt;
+  e.rnr_retry = a.rnr_retry;
+  e.alt_port_num = a.alt_port_num;
+  e.alt_timeout = a.alt_timeout;
+  e.rate_limit = a.rate_limit;
+  return e;
+}
+
+void FromEmu(const emu::QpAttributes& e, ibv_qp_attr* a) {
+  std::memset(a, 0, sizeof *a);
+  a->qp_state = static_cast<ibv_qp_state>(e.qp_state);
+  a->cur_qp_state = static_cast<ibv_qp_state>(e.cur_qp_state);
+  a->path_mtu = static_cast<ibv_mtu>(e.path_mtu);
+  a->path_mig_state = static_cast<ibv_mig_state>(e.path_mig_state);
+  a->qkey = e.qkey;
+  a->rq_psn = e.rq_psn;
+  a->sq_psn = e.sq_psn;
+  a->dest_qp_num = e.dest_qp_num;
+  a->qp_access_flags = e.qp_access_flags;
+  a->cap = {e.cap.max_send_wr, e.cap.max_recv_wr, e.cap.max_send_sge, e.cap.max_recv_sge, e.cap.max_inline_data};
+  a->ah_attr = FromAddressVector(e.ah_attr);
+  a->alt_ah_attr = FromAddressVector(e.alt_ah_attr);
+  a->pkey_index = e.pkey_index;
+  a->alt_pkey_index = e.alt_pkey_index;
+  a->en_sqd_async_notify = e.en_sqd_async_notify;
+  a->sq_draining = e.sq_draining;
+  a->max_rd_atomic = e.max_rd_atomic;
+  a->max_dest_rd_atomic = e.max_dest_rd_atomic;
+  a->min_rnr_timer = e.min_rnr_timer;
+  a->port_num = e.port_num;
+  a->timeout = e.timeout;
+  a->retry_cnt = e.retry_cnt;
+  a->rnr_retry = e.rnr_retry;
+  a->alt_port_num = e.alt_port_num;
+  a->alt_timeout = e.alt_timeout;
+  a->rate_limit = e.rate_limit;
+}
+
+ibv_qp* NewQp(ibv_context* context, ibv_pd* pd, const ibv_qp_init_attr_ex& a, ibv_qp_cap* cap_out) {
+  if (pd == nullptr || a.send_cq == nullptr || a.recv_cq == nullptr) return Fail<ibv_qp>(EINVAL);
+  if (a.srq != nullptr) return Fail<ibv_qp>(EOPNOTSUPP);  // SRQ lands with its own issue (README)
+  emu::QpInitAttributes init;
+  init.type = static_cast<emu::QpType>(a.qp_type);
+  init.pd = ToPd(pd)->emu;
+  init.send_cq = ToCq(a.send_cq)->emu;
+  init.recv_cq = ToCq(a.recv_cq)->emu;
+  init.cap = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge, a.cap.max_inline_data};
+  init.sq_sig_all = a.sq_sig_all != 0;
+  emu::QueuePair* eqp = nullptr;
+  if (int err = Ctx(context)->dev().CreateQp(init, &eqp)) return Fail<ibv_qp>(err);
+  auto* qp = static_cast<Qp*>(calloc(1, sizeof(Qp)));
+  qp->emu = eqp;
+  ibv_qp& q = qp->qpx.qp_base;
+  q.context = context;
+  q.qp_context = a.qp_context;
+  q.pd = pd;
+  q.send_cq = a.send_cq;
+  q.recv_cq = a.recv_cq;
+  q.srq = a.srq;
+  q.handle = eqp->qpn();
+  q.qp_num = eqp->qpn();
+  q.state = IBV_QPS_RESET;
+  q.qp_type = a.qp_type;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  eqp->owner = &q;
+  if (cap_out) {
+    cap_out->max_send_wr = init.cap.max_send_wr;
+    cap_out->max_recv_wr = init.cap.max_recv_wr;
+    cap_out->max_send_sge = init.cap.max_send_sge;
+    cap_out->max_recv_sge = init.cap.max_recv_sge;
+    cap_out->max_inline_data = init.cap.max_inline_data;
+  }
+  return &q;
+}
+
+int ToEmuSend(const ibv_send_wr& w, ibv_qp_type qp_type, emu::SendWr* out) {
+  out->wr_id = w.wr_id;
+  out->opcode = static_cast<emu::SendOpcode>(w.opcode);
+  out->flags = w.send_flags;
+  out->imm_data = w.imm_data;
+  if (w.num_sge < 0) return EINVAL;
+  if (w.send_flags & IBV_SEND_INLINE) {
+    // Inline data is copied now: the caller may reuse its buffers as soon as ibv_post_send returns.
+    for (int i = 0; i < w.num_sge; ++i) {
+      const auto* p = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(w.sg_list[i].addr));
+      out->inline_data.insert(out->inline_data.end(), p, p + w.sg_list[i].length);
+    }
+  } else {
+    out->sg_list.reserve(w.num_sge);
+    for (int i = 0; i < w.num_sge; ++i)
+      out->sg_list.push_back({w.sg_list[i].addr, w.sg_list[i].length, w.sg_list[i].lkey});
+  }
+  switch (w.opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+      out->remote_addr = w.wr.rdma.remote_addr;
+      out->rkey = w.wr.rdma.rkey;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      out->remote_addr = w.wr.atomic.remote_addr;
+      out->rkey = w.wr.atomic.rkey;
+      out->compare_add = w.wr.atomic.compare_add;
+      out->swap = w.wr.atomic.swap;
+      break;
+    case IBV_WR_SEND_WITH_INV:
+    case IBV_WR_LOCAL_INV:
+      out->invalidate_rkey = w.invalidate_rkey;
+      break;
+    default:
+      break;
+  }
+  if (qp_type == IBV_QPT_UD) {
+    // wr.ud overlays wr.rdma and wr.atomic: only a UD QP's requests carry an address handle.
+    out->ah = w.wr.ud.ah ? ToAh(w.wr.ud.ah)->emu : nullptr;
+    out->remote_qpn = w.wr.ud.remote_qpn;
+    out->remote_qkey = w.wr.ud.remote_qkey;
+  }
+  out->remote_srqn = w.qp_type.xrc.remote_srqn;
+  return 0;
+}
+
+}  // namespace
+
+namespace uroce::verbs {
+
+int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  emu::Device& dev = Ctx(qp->context)->dev();
+  for (; wr != nullptr; wr = wr->next) {
+    emu::SendWr e;
+    int err = ToEmuSend(*wr, qp->qp_type, &e);
+    if (err == 0) err = dev.PostSend(ToQp(qp)->emu, std::move(e));
+    if (err) {
+      if (bad_wr) *bad_wr = wr;
+      return err;
+    }
+  }
+  return 0;
+}
+
+int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  emu::Device& dev = Ctx(qp->context)->dev();
+  for (; wr != nullptr; wr = wr->next) {
+    int err = wr->num_sge < 0 ? EINVAL : 0;
+    if (err == 0) {
+      emu::RecvWr e;
+      e.wr_id = wr->wr_id;
+      e.sg_list.reserve(wr->num_sge);
+      for (int i = 0; i < wr->num_sge; ++i) e.sg_list.push_back({wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey});
+      err = dev.PostRecv(ToQp(qp)->emu, std::move(e));
+    }
+    if (err) {
+      if (bad_wr) *bad_wr = wr;
+      return err;
+    }
+  }
+  return 0;
+}
+
+ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* a) {
+  constexpr uint32_t kSupported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  if (a->comp_mask & ~kSupported) return Fail<ibv_qp>(EOPNOTSUPP);  // send ops API, XRC, RSS: README table
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) return Fail<ibv_qp>(EOPNOTSUPP);
+  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD)) return Fail<ibv_qp>(EINVAL);
+  return NewQp(context, a->pd, *a, &a->cap);
+}
+
+void FillContextOps(verbs_context* v) {
+  v->context.ops.poll_cq = PollCq;
+  v->context.ops.req_notify_cq = ReqNotifyCq;
+  v->context.ops.post_send = PostSend;
+  v->context.ops.post_recv = PostRecv;
+  v->query_port = QueryPort;
+  v->query_device_ex = QueryDeviceEx;
+  v->create_cq_ex = CreateCqEx;
+  v->create_qp_ex = CreateQpEx;
+}
+
+}  // namespace uroce::verbs
+
+extern "C" {
+
+ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  ibv_qp_init_attr_ex ex{};
+  ex.qp_context = attr->qp_context;
+  ex.send_cq = attr->send_cq;
+  ex.recv_cq = attr->recv_cq;
+  ex.srq = attr->srq;
+  ex.cap = attr->cap;
+  ex.qp_type = attr->qp_type;
+  ex.sq_sig_all = attr->sq_sig_all;
+  ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+  ex.pd = pd;
+  return NewQp(pd->context, pd, ex, &attr->cap);
+}
+
+int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
+  emu::Device& dev = Ctx(qp->context)->dev();
+  if (int err = dev.ModifyQp(ToQp(qp)->emu, ToEmu(*attr), static_cast<uint32_t>(attr_mask))) return err;
+  if (attr_mask & IBV_QP_STATE) qp->state = attr->qp_state;
+  return 0;
+}
+
+int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr) {
+  emu::QpAttributes e;
+  if (int err = Ctx(qp->context)->dev().QueryQp(ToQp(qp)->emu, &e)) return err;
+  FromEmu(e, attr);
+  qp->state = attr->qp_state;
+  if (init_attr) {
+    std::memset(init_attr, 0, sizeof *init_attr);
+    init_attr->qp_context = qp->qp_context;
+    init_attr->send_cq = qp->send_cq;
+    init_attr->recv_cq = qp->recv_cq;
+    init_attr->srq = qp->srq;
+    init_attr->cap = attr->cap;
+    init_attr->qp_type = qp->qp_type;
+    init_attr->sq_sig_all = ToQp(qp)->emu->init().sq_sig_all;
+  }
+  return 0;
+}
+
+int ibv_destroy_qp(ibv_qp* qp) {
+  if (int err = Ctx(qp->context)->dev().DestroyQp(ToQp(qp)->emu)) return err;
+  pthread_cond_destroy(&qp->cond);
+  pthread_mutex_destroy(&qp->mutex);
+  free(ToQp(qp));
+  return 0;
+}
+
+}  // extern "C"

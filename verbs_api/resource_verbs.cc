@@ -1,0 +1,426 @@
+// Protection domains, memory regions, completion queues and channels, address handles, async events.
+#include <infiniband/verbs.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include "verbs_api/internal.h"
+#include "verbs_api/verbs_table.h"
+
+using namespace uroce;
+using namespace uroce::verbs;
+
+namespace {
+
+Context* Ctx(ibv_context* c) { return ToContext(c); }
+
+// Verbs return errno values; functions returning pointers set errno and return NULL.
+template <typename T>
+T* Fail(int err) {
+  errno = err;
+  return nullptr;
+}
+
+constexpr uint64_t kSupportedWcFlags =
+    IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
+    IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+
+void ToWc(const emu::Completion& c, ibv_wc* wc) {
+  wc->wr_id = c.wr_id;
+  wc->status = static_cast<ibv_wc_status>(c.status);
+  wc->opcode = static_cast<ibv_wc_opcode>(c.opcode);
+  wc->vendor_err = c.vendor_err;
+  wc->byte_len = c.byte_len;
+  wc->imm_data = c.imm_data;
+  wc->qp_num = c.qp_num;
+  wc->src_qp = c.src_qp;
+  wc->wc_flags = c.wc_flags;
+  wc->pkey_index = c.pkey_index;
+  wc->slid = c.slid;
+  wc->sl = c.sl;
+  wc->dlid_path_bits = c.dlid_path_bits;
+}
+
+// --- ibv_cq_ex polling: one current entry at a time ---
+int CqStartPoll(ibv_cq_ex* cqx, ibv_poll_cq_attr* attr) {
+  if (attr && attr->comp_mask) return EINVAL;
+  Cq* cq = ToCq(cqx);
+  if (cq->emu->Poll(&cq->current, 1) == 0) return ENOENT;
+  cqx->wr_id = cq->current.wr_id;
+  cqx->status = static_cast<ibv_wc_status>(cq->current.status);
+  return 0;
+}
+int CqNextPoll(ibv_cq_ex* cqx) {
+  Cq* cq = ToCq(cqx);
+  if (cq->emu->Poll(&cq->current, 1) == 0) return ENOENT;
+  cqx->wr_id = cq->current.wr_id;
+  cqx->status = static_cast<ibv_wc_status>(cq->current.status);
+  return 0;
+}
+void CqEndPoll(ibv_cq_ex*) {}
+ibv_wc_opcode CqReadOpcode(ibv_cq_ex* c) { return static_cast<ibv_wc_opcode>(ToCq(c)->current.opcode); }
+uint32_t CqReadVendorErr(ibv_cq_ex* c) { return ToCq(c)->current.vendor_err; }
+uint32_t CqReadByteLen(ibv_cq_ex* c) { return ToCq(c)->current.byte_len; }
+__be32 CqReadImmData(ibv_cq_ex* c) { return ToCq(c)->current.imm_data; }
+uint32_t CqReadQpNum(ibv_cq_ex* c) { return ToCq(c)->current.qp_num; }
+uint32_t CqReadSrcQp(ibv_cq_ex* c) { return ToCq(c)->current.src_qp; }
+unsigned int CqReadWcFlags(ibv_cq_ex* c) { return ToCq(c)->current.wc_flags; }
+uint32_t CqReadSlid(ibv_cq_ex* c) { return ToCq(c)->current.slid; }
+uint8_t CqReadSl(ibv_cq_ex* c) { return ToCq(c)->current.sl; }
+uint8_t CqReadDlidPathBits(ibv_cq_ex* c) { return ToCq(c)->current.dlid_path_bits; }
+// The HCA clock counts nanoseconds (query_device_ex reports hca_core_clock = 1 GHz).
+uint64_t CqReadCompletionTs(ibv_cq_ex* c) { return ToCq(c)->current.timestamp_ns; }
+uint64_t CqReadCompletionWallclockNs(ibv_cq_ex* c) {
+  timespec mono{}, real{};
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  clock_gettime(CLOCK_REALTIME, &real);
+  const uint64_t mono_ns = uint64_t(mono.tv_sec) * 1'000'000'000 + mono.tv_nsec;
+  const uint64_t real_ns = uint64_t(real.tv_sec) * 1'000'000'000 + real.tv_nsec;
+  return real_ns - (mono_ns - ToCq(c)->current.timestamp_ns);
+}
+
+ibv_cq_ex* NewCq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel, uint64_t wc_flags) {
+  if (cqe <= 0) return Fail<ibv_cq_ex>(EINVAL);
+  if (wc_flags & ~kSupportedWcFlags) return Fail<ibv_cq_ex>(EOPNOTSUPP);
+  emu::CompletionQueue* ecq = nullptr;
+  if (int err = Ctx(context)->dev().CreateCq(static_cast<uint32_t>(cqe), &ecq)) return Fail<ibv_cq_ex>(err);
+  auto* cq = static_cast<Cq*>(calloc(1, sizeof(Cq)));
+  cq->emu = ecq;
+  cq->wc_flags = wc_flags;
+  ibv_cq_ex& x = cq->cqx;
+  x.context = context;
+  x.channel = channel;
+  x.cq_context = cq_context;
+  x.handle = ecq->handle();
+  x.cqe = cqe;
+  pthread_mutex_init(&x.mutex, nullptr);
+  pthread_cond_init(&x.cond, nullptr);
+  x.start_poll = CqStartPoll;
+  x.next_poll = CqNextPoll;
+  x.end_poll = CqEndPoll;
+  x.read_opcode = CqReadOpcode;
+  x.read_vendor_err = CqReadVendorErr;
+  x.read_byte_len = CqReadByteLen;
+  x.read_imm_data = CqReadImmData;
+  x.read_qp_num = CqReadQpNum;
+  x.read_src_qp = CqReadSrcQp;
+  x.read_wc_flags = CqReadWcFlags;
+  x.read_slid = CqReadSlid;
+  x.read_sl = CqReadSl;
+  x.read_dlid_path_bits = CqReadDlidPathBits;
+  x.read_completion_ts = CqReadCompletionTs;
+  x.read_completion_wallclock_ns = CqReadCompletionWallclockNs;
+  ibv_cq* base = ibv_cq_ex_to_cq(&x);
+  ecq->owner = base;
+  if (channel) {
+    CompChannel* ch = ToChannel(channel);
+    __atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_RELAXED);
+    ecq->set_notifier([ch, base](emu::CompletionQueue&) { ch->events.Push(base); });
+  }
+  return &x;
+}
+
+}  // namespace
+
+namespace uroce::verbs {
+
+int PollCq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
+  if (num_entries < 0) return -EINVAL;
+  emu::Completion batch[32];
+  int done = 0;
+  while (done < num_entries) {
+    const int want = std::min<int>(num_entries - done, 32);
+    const int n = ToCq(cq)->emu->Poll(batch, want);
+    for (int i = 0; i < n; ++i) ToWc(batch[i], &wc[done + i]);
+    done += n;
+    if (n < want) break;
+  }
+  if (done == 0) {
+    // An application spinning on an empty CQ competes for the CPU with the progress thread that would fill it; on a
+    // machine with few cores that costs a scheduler tick per packet. Give the CPU away once per empty poll.
+    sched_yield();
+  }
+  return done;
+}
+
+int ReqNotifyCq(ibv_cq* cq, int solicited_only) { return ToCq(cq)->emu->RequestNotify(solicited_only != 0); }
+
+ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* a) {
+  if (a->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
+    return Fail<ibv_cq_ex>(EINVAL);
+  if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+      (a->flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN)))
+    return Fail<ibv_cq_ex>(EOPNOTSUPP);
+  if (a->comp_vector != 0) return Fail<ibv_cq_ex>(EINVAL);  // num_comp_vectors is 1
+  return NewCq(context, static_cast<int>(a->cqe), a->cq_context, a->channel, a->wc_flags);
+}
+
+}  // namespace uroce::verbs
+
+extern "C" {
+
+// --- PD ---
+ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  emu::ProtectionDomain* epd = Ctx(context)->dev().AllocPd();
+  if (epd == nullptr) return Fail<ibv_pd>(ENOMEM);
+  auto* pd = new Pd{{context, epd->handle()}, epd};
+  return &pd->pd;
+}
+
+int ibv_dealloc_pd(ibv_pd* pd) {
+  if (int err = Ctx(pd->context)->dev().DeallocPd(ToPd(pd)->emu)) return err;
+  delete ToPd(pd);
+  return 0;
+}
+
+// --- MR ---
+ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
+  if (pd == nullptr) return Fail<ibv_mr>(EINVAL);
+  emu::MemoryRegion m;
+  if (int err = Ctx(pd->context)->dev().RegisterMr(ToPd(pd)->emu, addr, length, iova, access, &m))
+    return Fail<ibv_mr>(err);
+  auto* mr = new Mr{};
+  mr->mr.context = pd->context;
+  mr->mr.pd = pd;
+  mr->mr.addr = addr;
+  mr->mr.length = length;
+  mr->mr.handle = m.lkey >> 8;
+  mr->mr.lkey = m.lkey;
+  mr->mr.rkey = m.rkey;
+  return &mr->mr;
+}
+
+#undef ibv_reg_mr
+ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, reinterpret_cast<uintptr_t>(addr), static_cast<unsigned>(access));
+}
+
+#undef ibv_reg_mr_iova
+ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  // ibv_rereg_mr(3): flags name what changes; the rest stays as it was.
+  if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS))
+    return IBV_REREG_MR_ERR_INPUT;
+  if (flags == 0) return IBV_REREG_MR_ERR_INPUT;
+  emu::Device& dev = Ctx(mr->context)->dev();
+  emu::MemoryRegion cur;
+  if (dev.QueryMr(mr->lkey, &cur) != 0) return IBV_REREG_MR_ERR_INPUT;
+  ibv_pd* new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
+  void* new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
+  size_t new_len = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
+  const unsigned new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? static_cast<unsigned>(access) : cur.access;
+  if (new_pd == nullptr) return IBV_REREG_MR_ERR_INPUT;
+  emu::MemoryRegion m;
+  if (dev.ReregisterMr(mr->lkey, ToPd(new_pd)->emu, new_addr, new_len, reinterpret_cast<uintptr_t>(new_addr),
+                       new_access, &m) != 0)
+    return IBV_REREG_MR_ERR_INPUT;
+  mr->pd = new_pd;
+  mr->addr = new_addr;
+  mr->length = new_len;
+  return 0;
+}
+
+int ibv_dereg_mr(ibv_mr* mr) {
+  if (int err = Ctx(mr->context)->dev().DeregisterMr(mr->lkey)) return err;
+  delete reinterpret_cast<Mr*>(mr);
+  return 0;
+}
+
+// --- completion channels and CQs ---
+ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
+  auto* ch = new CompChannel{};
+  if (int err = ch->events.Open()) {
+    delete ch;
+    return Fail<ibv_comp_channel>(err);
+  }
+  ch->channel.context = context;
+  ch->channel.fd = ch->events.fd();
+  ch->channel.refcnt = 0;
+  return &ch->channel;
+}
+
+int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  if (__atomic_load_n(&channel->refcnt, __ATOMIC_RELAXED) != 0) return EBUSY;  // CQs still use it
+  CompChannel* ch = ToChannel(channel);
+  ch->events.Close();
+  delete ch;
+  return 0;
+}
+
+ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
+  if (comp_vector != 0) return Fail<ibv_cq>(EINVAL);
+  ibv_cq_ex* x = NewCq(context, cqe, cq_context, channel, IBV_WC_STANDARD_FLAGS);
+  return x ? ibv_cq_ex_to_cq(x) : nullptr;
+}
+
+int ibv_resize_cq(ibv_cq* cq, int cqe) {
+  if (cqe <= 0) return EINVAL;
+  if (int err = Ctx(cq->context)->dev().ResizeCq(ToCq(cq)->emu, static_cast<uint32_t>(cqe))) return err;
+  cq->cqe = cqe;
+  return 0;
+}
+
+int ibv_destroy_cq(ibv_cq* cq) {
+  Cq* c = ToCq(cq);
+  if (int err = Ctx(cq->context)->dev().DestroyCq(c->emu)) return err;
+  if (cq->channel) __atomic_sub_fetch(&cq->channel->refcnt, 1, __ATOMIC_RELAXED);
+  pthread_cond_destroy(&cq->cond);
+  pthread_mutex_destroy(&cq->mutex);
+  free(c);
+  return 0;
+}
+
+int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  ibv_cq* got = nullptr;
+  if (int err = ToChannel(channel)->events.Pop(&got)) {
+    errno = err;
+    return -1;
+  }
+  *cq = got;
+  *cq_context = got->cq_context;
+  return 0;
+}
+
+void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_signal(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+// --- async events ---
+int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
+  if (int err = Ctx(context)->async_events.Pop(event)) {
+    errno = err;
+    return -1;
+  }
+  return 0;
+}
+
+void ibv_ack_async_event(ibv_async_event* event) {
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR: {
+      ibv_cq* cq = event->element.cq;
+      pthread_mutex_lock(&cq->mutex);
+      ++cq->async_events_completed;
+      pthread_cond_signal(&cq->cond);
+      pthread_mutex_unlock(&cq->mutex);
+      break;
+    }
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+      ibv_qp* qp = event->element.qp;
+      pthread_mutex_lock(&qp->mutex);
+      ++qp->events_completed;
+      pthread_cond_signal(&qp->cond);
+      pthread_mutex_unlock(&qp->mutex);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// --- address handles ---
+ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+  emu::AddressHandle* eah = nullptr;
+  if (int err = Ctx(pd->context)->dev().CreateAh(ToPd(pd)->emu, ToAddressVector(*attr), &eah))
+    return Fail<ibv_ah>(err);
+  auto* ah = new Ah{{pd->context, pd, 0}, eah};
+  return &ah->ah;
+}
+
+int ibv_destroy_ah(ibv_ah* ah) {
+  if (int err = Ctx(ah->context)->dev().DestroyAh(ToAh(ah)->emu)) return err;
+  delete ToAh(ah);
+  return 0;
+}
+
+// The GRH slot of a UD receive holds, for RoCEv2 over IPv4, the IPv4 header in its last 20 bytes; over IPv6, the
+// IPv6 header. Build the reply's address from it (ibv_init_ah_from_wc(3)).
+int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_grh* grh, ibv_ah_attr* ah_attr) {
+  if (port_num != 1 || !(wc->wc_flags & IBV_WC_GRH) || grh == nullptr) return EINVAL;
+  std::memset(ah_attr, 0, sizeof *ah_attr);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(grh);
+  uint8_t src[16] = {};
+  const uint8_t* v4 = bytes + 20;
+  if ((v4[0] >> 4) == 4) {
+    src[10] = src[11] = 0xff;
+    std::memcpy(src + 12, v4 + 12, 4);
+    ah_attr->grh.traffic_class = v4[1];
+    ah_attr->grh.hop_limit = 0xff;
+  } else if ((bytes[0] >> 4) == 6) {
+    std::memcpy(src, bytes + 8, 16);
+    ah_attr->grh.hop_limit = 0xff;
+  } else {
+    return EINVAL;
+  }
+  std::memcpy(ah_attr->grh.dgid.raw, src, 16);
+  ah_attr->grh.sgid_index = 0;
+  ah_attr->is_global = 1;
+  ah_attr->port_num = port_num;
+  ah_attr->sl = wc->sl;
+  ah_attr->dlid = wc->slid;
+  return 0;
+}
+
+ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port_num) {
+  ibv_ah_attr attr;
+  if (int err = ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr)) return Fail<ibv_ah>(err);
+  return ibv_create_ah(pd, &attr);
+}
+
+// Multicast needs a group membership service; not modelled yet (README support table).
+int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+
+}  // extern "C"
+
+namespace uroce::verbs {
+
+emu::AddressVector ToAddressVector(const ibv_ah_attr& a) {
+  emu::AddressVector av;
+  std::memcpy(av.dgid.data(), a.grh.dgid.raw, 16);
+  av.flow_label = a.grh.flow_label;
+  av.sgid_index = a.grh.sgid_index;
+  av.hop_limit = a.grh.hop_limit;
+  av.traffic_class = a.grh.traffic_class;
+  av.sl = a.sl;
+  av.static_rate = a.static_rate;
+  av.port_num = a.port_num;
+  av.dlid = a.dlid;
+  av.src_path_bits = a.src_path_bits;
+  av.is_global = a.is_global != 0;
+  return av;
+}
+
+ibv_ah_attr FromAddressVector(const emu::AddressVector& av) {
+  ibv_ah_attr a{};
+  std::memcpy(a.grh.dgid.raw, av.dgid.data(), 16);
+  a.grh.flow_label = av.flow_label;
+  a.grh.sgid_index = av.sgid_index;
+  a.grh.hop_limit = av.hop_limit;
+  a.grh.traffic_class = av.traffic_class;
+  a.sl = av.sl;
+  a.static_rate = av.static_rate;
+  a.port_num = av.port_num;
+  a.dlid = av.dlid;
+  a.src_path_bits = av.src_path_bits;
+  a.is_global = av.is_global;
+  return a;
+}
+
+}  // namespace uroce::verbs
