@@ -40,11 +40,13 @@ if [ "${UROCE_SKIP_SANITIZERS:-0}" != 1 ]; then
   run_bazel_tests asan //wire/... --config=asan
 fi
 
-# Fuzzing: a bounded libFuzzer run of the packet parser; a crash or sanitizer report fails it.
+# Fuzzing: a bounded libFuzzer run of the packet parser; a crash or sanitizer report fails it. The clang build lives in
+# its own output base: switching the C++ compiler in the main one would discard the gcc build (see .bazelrc).
+FUZZ_BAZEL=(bazel --output_base="${HOME}/.cache/uroce-fuzz-output")
 if bazel query //wire/fuzz:packet_fuzzer >/dev/null 2>&1; then
   echo "[fuzz] packet_fuzzer for ${FUZZ_SECONDS}s" >&2
-  if bazel build --config=fuzz //wire/fuzz:packet_fuzzer >&2; then
-    fuzzer="$(bazel info --config=fuzz bazel-bin 2>/dev/null)/wire/fuzz/packet_fuzzer"
+  if "${FUZZ_BAZEL[@]}" build --config=fuzz --symlink_prefix=/ //wire/fuzz:packet_fuzzer >&2; then
+    fuzzer="$("${FUZZ_BAZEL[@]}" info --config=fuzz bazel-bin 2>/dev/null)/wire/fuzz/packet_fuzzer"
     corpus=$(mktemp -d)
     if [ -d wire/fuzz/corpus ]; then cp wire/fuzz/corpus/* "$corpus"/ 2>/dev/null || true; fi
     if "$fuzzer" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$corpus" >"$corpus.log" 2>&1; then
@@ -56,6 +58,7 @@ if bazel query //wire/fuzz:packet_fuzzer >/dev/null 2>&1; then
       total_fail=$((total_fail + 1))
     fi
     rm -rf "$corpus" "$corpus.log"
+    "${FUZZ_BAZEL[@]}" shutdown >/dev/null 2>&1 || true
   else
     echo "[fuzz] FAIL: packet_fuzzer did not build" >&2
     total_fail=$((total_fail + 1))
