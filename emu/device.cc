@@ -224,8 +224,7 @@ int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
   std::lock_guard lock(mu_);
   const QpState cur = qp->state();
   const QpState next = (mask & attr::kState) ? attr.qp_state : cur;
-  if (int err = CheckTransition(cur, next, qp->type(), mask)) return err;
-  if (int err = ValidateAttributes(attr, mask, cur, qp->type(), config_.limits, config_.active_mtu)) return err;
+  if (int err = CheckModify(qp->attributes(), attr, mask, qp->type(), config_.limits, config_.active_mtu)) return err;
   ApplyAttributes(qp->mutable_attributes(), attr, mask);
   QpAttributes& a = qp->mutable_attributes();
   a.qp_state = next;

@@ -298,8 +298,8 @@ int ValidateAttributes(const QpAttributes& attr, uint32_t mask, QpState cur_stat
   if ((mask & kMaxDestRdAtomic) && attr.max_dest_rd_atomic > limits.max_qp_rd_atom) return EINVAL;
 
   // 24-bit fields. The kernel silently masks over-wide PSNs to 24 bits; we refuse them, so a caller's mistake shows.
-  if ((mask & kRqPsn) && attr.rq_psn >= k24BitLimit) return EINVAL;
-  if ((mask & kSqPsn) && attr.sq_psn >= k24BitLimit) return EINVAL;
+  // PSNs are 24-bit; like the kernel's rxe and real HCAs we keep the low 24 bits of a wider value (ApplyAttributes)
+  // rather than refuse it: programs seed PSNs with lrand48() and some forget the mask.
   if ((mask & kDestQpn) && attr.dest_qp_num >= k24BitLimit) return EINVAL;
 
   // Path migration state: one of enum ibv_mig_state. Without alternate paths only MIGRATED has an effect, but the
@@ -357,7 +357,7 @@ void ApplyAttributes(QpAttributes& current, const QpAttributes& attr, uint32_t m
   if (mask & kTimeout) current.timeout = attr.timeout;
   if (mask & kRetryCnt) current.retry_cnt = attr.retry_cnt;
   if (mask & kRnrRetry) current.rnr_retry = attr.rnr_retry;
-  if (mask & kRqPsn) current.rq_psn = attr.rq_psn;
+  if (mask & kRqPsn) current.rq_psn = attr.rq_psn & (k24BitLimit - 1);
   if (mask & kMaxQpRdAtomic) current.max_rd_atomic = attr.max_rd_atomic;
   if (mask & kAltPath) {
     current.alt_ah_attr = attr.alt_ah_attr;
@@ -366,7 +366,7 @@ void ApplyAttributes(QpAttributes& current, const QpAttributes& attr, uint32_t m
     current.alt_timeout = attr.alt_timeout;
   }
   if (mask & kMinRnrTimer) current.min_rnr_timer = attr.min_rnr_timer;
-  if (mask & kSqPsn) current.sq_psn = attr.sq_psn;
+  if (mask & kSqPsn) current.sq_psn = attr.sq_psn & (k24BitLimit - 1);
   if (mask & kMaxDestRdAtomic) current.max_dest_rd_atomic = attr.max_dest_rd_atomic;
   if (mask & kPathMigState) current.path_mig_state = attr.path_mig_state;
   if (mask & kCap) current.cap = attr.cap;

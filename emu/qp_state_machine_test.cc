@@ -506,9 +506,9 @@ const ValueCase kValueCases[] = {
     {"max_dest_rd_atomic 17", attr::kMaxDestRdAtomic, [](QpAttributes& a) { a.max_dest_rd_atomic = 17; }, EINVAL},
     // 24-bit PSNs and QPN.
     {"rq_psn 0xffffff", attr::kRqPsn, [](QpAttributes& a) { a.rq_psn = 0xffffff; }, 0},
-    {"rq_psn 2^24", attr::kRqPsn, [](QpAttributes& a) { a.rq_psn = 1u << 24; }, EINVAL},
+    {"rq_psn 2^24 (masked to 24 bits, as real HCAs do)", attr::kRqPsn, [](QpAttributes& a) { a.rq_psn = 1u << 24; }, 0},
     {"sq_psn 0xffffff", attr::kSqPsn, [](QpAttributes& a) { a.sq_psn = 0xffffff; }, 0},
-    {"sq_psn 0xffffffff", attr::kSqPsn, [](QpAttributes& a) { a.sq_psn = 0xffffffff; }, EINVAL},
+    {"sq_psn 0xffffffff (masked)", attr::kSqPsn, [](QpAttributes& a) { a.sq_psn = 0xffffffff; }, 0},
     {"dest_qp_num 0xffffff", attr::kDestQpn, [](QpAttributes& a) { a.dest_qp_num = 0xffffff; }, 0},
     {"dest_qp_num 2^24", attr::kDestQpn, [](QpAttributes& a) { a.dest_qp_num = 1u << 24; }, EINVAL},
     // cur_qp_state (the QP is in RTS): its own state only.
