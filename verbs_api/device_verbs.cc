@@ -160,18 +160,19 @@ ibv_context* ibv_open_device(ibv_device* device) {
   {
     std::lock_guard lock(g_contexts_mu);
     g_contexts.insert(ctx);
-    // Every context of the process shares the device; events go to the context owning the object.
-    ctx->dev().set_async_handler([](const emu::AsyncEvent& e) {
-      std::lock_guard lock(g_contexts_mu);
-      for (Context* each : g_contexts) {
-        void* owner = e.qp ? e.qp->owner : e.cq ? e.cq->owner : nullptr;
-        ibv_context* oc = nullptr;
-        if (e.qp && owner) oc = static_cast<ibv_qp*>(owner)->context;
-        if (e.cq && owner) oc = static_cast<ibv_cq*>(owner)->context;
-        if (oc == nullptr || oc == &each->vctx.context) DeliverAsyncEvent(each, e);
-      }
-    });
   }
+  // Every context of the process shares the device; an event goes to the context owning its object, a port event to
+  // all. Installed outside g_contexts_mu: the handler runs under the device lock and takes g_contexts_mu.
+  ctx->dev().set_async_handler([](const emu::AsyncEvent& e) {
+    std::lock_guard lock(g_contexts_mu);
+    for (Context* each : g_contexts) {
+      void* owner = e.qp ? e.qp->owner : e.cq ? e.cq->owner : nullptr;
+      ibv_context* oc = nullptr;
+      if (e.qp && owner) oc = static_cast<ibv_qp*>(owner)->context;
+      if (e.cq && owner) oc = static_cast<ibv_cq*>(owner)->context;
+      if (oc == nullptr || oc == &each->vctx.context) DeliverAsyncEvent(each, e);
+    }
+  });
   return &c;
 }
 

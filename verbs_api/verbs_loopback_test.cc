@@ -198,6 +198,9 @@ TEST(VerbsLoopback, DestroyingABusyCqOrPdIsEbusy) {
 }
 
 TEST(VerbsLoopback, ForkedChildOpensItsOwnDevice) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded fork";
+#endif
   Env parent;
   int pipefd[2];
   ASSERT_EQ(pipe(pipefd), 0);
