@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "emu/out_batch.h"
 #include "emu/qp_state_machine.h"
 #include "wire/bytes.h"
 #include "wire/frame.h"
@@ -47,24 +48,6 @@ void BuildGrh(const wire::InDatagram& d, size_t payload_len, uint8_t grh[kGrhSiz
 bool PkeyMatches(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }  // only the default partition exists
 
 }  // namespace
-
-struct Device::OutBatch {
-  struct Packet {
-    wire::UdpEndpoint dst;
-    uint16_t src_port;
-    std::vector<uint8_t> bytes;
-  };
-  std::vector<Packet> packets;
-
-  void Add(wire::Transport& t, const wire::PacketSpec& spec, std::span<const uint8_t> payload,
-           const wire::UdpEndpoint& dst, uint16_t src_port) {
-    Packet p{dst, src_port, std::vector<uint8_t>(wire::EncodedLength(spec, payload.size()))};
-    auto n = wire::EncodePacket(spec, payload, p.bytes);
-    if (!n) return;  // a spec the engine builds is always complete; nothing to send otherwise
-    wire::SealIcrc(t.OutgoingFlow(dst, src_port), p.bytes);
-    packets.push_back(std::move(p));
-  }
-};
 
 Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
     : config_(std::move(config)), transport_(transport), clock_(clock) {}
@@ -221,7 +204,19 @@ int Device::CreateQp(QpInitAttributes& init, QueuePair** out) {
 }
 
 int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
-  std::lock_guard lock(mu_);
+  OutBatch out;
+  int err;
+  {
+    std::lock_guard lock(mu_);
+    err = ModifyQpLocked(qp, attr, mask);
+    // Work posted while the QP could not send (SQD) goes out once it can.
+    if (err == 0 && qp->type() == QpType::kRc && qp->state() == QpState::kRts) RcProgressLocked(qp, out);
+  }
+  Transmit(out);
+  return err;
+}
+
+int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
   const QpState cur = qp->state();
   const QpState next = (mask & attr::kState) ? attr.qp_state : cur;
   if (int err = CheckModify(qp->attributes(), attr, mask, qp->type(), config_.limits, config_.active_mtu)) return err;
@@ -233,7 +228,23 @@ int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
     // IBTA 10.3.1: a QP moved to RESET loses its queued work without completions.
     qp->receive_queue().clear();
     qp->inbound() = InboundMessage{};
+    qp->requester() = RcRequester{};
+    qp->responder() = RcResponder{};
   }
+  if (next == QpState::kRts && cur != QpState::kRts) {
+    RcRequester& r = qp->requester();
+    r.retries_left = a.retry_cnt;
+    r.rnr_retries_left = a.rnr_retry;
+    if (cur != QpState::kSqd) r.acked_psn_next = a.sq_psn;
+  }
+  if (next == QpState::kSqd && cur == QpState::kRts) {
+    // IBTA 11.2.4.2: SQD stops starting new WQEs; IBV_EVENT_SQ_DRAINED once those in flight are done (at once when
+    // none are).
+    qp->requester().drained_event_pending = a.en_sqd_async_notify;
+    a.sq_draining = true;
+    RcCompleteInOrderLocked(qp);
+  }
+  if (cur == QpState::kSqd && next == QpState::kRts) a.sq_draining = false;
   if (next == QpState::kErr && cur != QpState::kErr) FlushLocked(qp);
   return 0;
 }
@@ -331,6 +342,16 @@ void Device::FlushLocked(QueuePair* qp) {
     CompleteLocked(qp->init().recv_cq, c);
   }
   qp->inbound() = InboundMessage{};
+  // Send WQEs not yet completed (RC) complete flushed, in order (IBTA 10.3.1, 11.4.4).
+  RcRequester& rq_state = qp->requester();
+  for (SendWqe& w : rq_state.sq) {
+    Completion c = SendCompletion(*qp, w.wr, w.status == WcStatus::kSuccess ? WcStatus::kWrFlushErr : w.status);
+    CompleteLocked(qp->init().send_cq, c);
+  }
+  rq_state.sq.clear();
+  rq_state.cursor_wqe = 0;
+  rq_state.cursor_pkt = 0;
+  rq_state.retransmit_deadline_ns = rq_state.rnr_deadline_ns = 0;
 }
 
 void Device::EnterErrorLocked(QueuePair* qp) {
@@ -380,8 +401,11 @@ int Device::PostSend(QueuePair* qp, SendWr&& wr) {
       case QpType::kUc:
         err = PostSendUcLocked(qp, wr, out);
         break;
+      case QpType::kRc:
+        err = PostSendRcLocked(qp, wr, out);
+        break;
       default:
-        err = EOPNOTSUPP;  // RC lands with its own issue
+        err = EOPNOTSUPP;
     }
   }
   Transmit(out);
@@ -507,11 +531,11 @@ void Device::Transmit(OutBatch& out) {
 
 // --- data path: responder ------------------------------------------------------------------------------------
 
-WcStatus Device::ScatterLocked(const QueuePair& qp, const RecvWr& rqe, uint64_t offset,
+WcStatus Device::ScatterLocked(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset,
                                std::span<const uint8_t> data) {
   size_t done = 0;
   uint64_t skip = offset;
-  for (const Sge& sge : rqe.sg_list) {
+  for (const Sge& sge : sg_list) {
     if (done == data.size()) break;
     if (skip >= sge.length) {
       skip -= sge.length;
@@ -528,7 +552,15 @@ WcStatus Device::ScatterLocked(const QueuePair& qp, const RecvWr& rqe, uint64_t 
 }
 
 void Device::OnDatagram(const wire::InDatagram& d) {
-  std::lock_guard lock(mu_);
+  OutBatch out;
+  {
+    std::lock_guard lock(mu_);
+    OnDatagramLocked(d, out);
+  }
+  Transmit(out);
+}
+
+void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out) {
   ++counters_.rx_packets;
   counters_.rx_bytes += d.payload.size();
   auto parsed = wire::ParsePacket(d.payload);
@@ -576,6 +608,9 @@ void Device::OnDatagram(const wire::InDatagram& d) {
     case QpType::kUc:
       ReceiveUcLocked(qp, p);
       break;
+    case QpType::kRc:
+      ReceiveRcLocked(qp, p, out);
+      break;
     default:
       break;
   }
@@ -607,8 +642,8 @@ void Device::ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wir
   }
   uint8_t grh[kGrhSize];
   BuildGrh(d, p.payload.size(), grh);
-  c.status = ScatterLocked(*qp, rqe, 0, grh);
-  if (c.status == WcStatus::kSuccess) c.status = ScatterLocked(*qp, rqe, kGrhSize, p.payload);
+  c.status = ScatterLocked(*qp, rqe.sg_list, 0, grh);
+  if (c.status == WcStatus::kSuccess) c.status = ScatterLocked(*qp, rqe.sg_list, kGrhSize, p.payload);
   CompleteLocked(qp->init().recv_cq, c);
   if (c.status != WcStatus::kSuccess) EnterErrorLocked(qp);
 }
@@ -670,7 +705,7 @@ void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
   }
   const bool ends = pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly;
   if (m.kind == InboundMessage::Kind::kSend) {
-    WcStatus st = ScatterLocked(*qp, *m.rqe, m.offset, p.payload);
+    WcStatus st = ScatterLocked(*qp, m.rqe->sg_list, m.offset, p.payload);
     m.offset += p.payload.size();
     if (st != WcStatus::kSuccess) {
       Completion c;
@@ -727,7 +762,31 @@ void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
   CompleteLocked(qp->init().recv_cq, c);
 }
 
-uint64_t Device::RunTimers() { return 0; }
+uint64_t Device::RunTimers() {
+  OutBatch out;
+  uint64_t next = 0;
+  {
+    std::lock_guard lock(mu_);
+    const uint64_t now = clock_.NowNs();
+    for (auto& [_, qp] : qps_) {
+      if (qp->type() != QpType::kRc) continue;
+      RcTimersLocked(qp.get(), now, out);
+      const uint64_t d = RcNextDeadline(qp.get());
+      if (d != 0 && (next == 0 || d < next)) next = d;
+    }
+    poller_deadline_ = next;
+  }
+  Transmit(out);
+  return next;
+}
+
+void Device::WakeForTimer(uint64_t deadline) {
+  // Called with the lock held when a timer is armed: the progress thread may be blocked until a later deadline.
+  if (poller_deadline_ == 0 || deadline < poller_deadline_) {
+    poller_deadline_ = deadline;
+    transport_.Wake();
+  }
+}
 
 uint64_t SendWr::TotalLength() const {
   if (flags & send_flags::kInline) return inline_data.size();

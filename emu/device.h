@@ -89,7 +89,12 @@ struct DeviceCounters {
   uint64_t rx_cnp = 0;
   uint64_t tx_errors = 0;
   uint64_t cq_overflows = 0;
+  uint64_t rc_retransmit_timeouts = 0;  // local ACK timeouts that resent
+  uint64_t rc_duplicates = 0;           // duplicate requests answered again (or dropped)
+  uint64_t rc_rnr_naks_sent = 0;
 };
+
+struct OutBatch;
 
 class Device {
  public:
@@ -141,7 +146,6 @@ class Device {
   uint64_t RunTimers();
 
  private:
-  struct OutBatch;
   QueuePair* FindQpLocked(uint32_t qpn);
   void CompleteLocked(CompletionQueue* cq, const Completion& c);
   void RaiseLocked(const AsyncEvent& e);
@@ -151,13 +155,37 @@ class Device {
   void CompleteSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status);
   // Gathers a send WR's bytes; returns a status other than kSuccess when an SGE is refused.
   WcStatus GatherLocked(const QueuePair& qp, const SendWr& wr, std::vector<uint8_t>& out);
-  // Places `data` at `offset` into the receive WQE's scatter list. Returns kSuccess, kLocLenErr or kLocProtErr.
-  WcStatus ScatterLocked(const QueuePair& qp, const RecvWr& rqe, uint64_t offset, std::span<const uint8_t> data);
+  // Places `data` at byte `offset` of the scatter list (local write access needed). Returns kSuccess, kLocLenErr or
+  // kLocProtErr.
+  WcStatus ScatterLocked(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset,
+                         std::span<const uint8_t> data);
   int PostSendUdLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
   int PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
+  int ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
+  void OnDatagramLocked(const wire::InDatagram& d, OutBatch& out);
   void ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wire::PacketView& p);
   void ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p);
   void Transmit(OutBatch& out);
+
+  // --- Reliable Connection (rc.cc): requester, responder, completer, timers ---
+  int PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
+  void RcProgressLocked(QueuePair* qp, OutBatch& out);
+  void ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
+  void RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
+  void RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
+  void RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out);
+  uint64_t RcNextDeadline(QueuePair* qp) const;
+  void RcCompleteInOrderLocked(QueuePair* qp);
+  void RcFailLocked(QueuePair* qp, size_t wqe_index, WcStatus status);
+  void RcSendAck(QueuePair* qp, uint32_t psn, const wire::Aeth& aeth, OutBatch& out);
+  void RcSendReadResponses(QueuePair* qp, const ResponderResource& r, uint32_t from_psn, OutBatch& out);
+  void RcArmRetransmitLocked(QueuePair* qp);
+  wire::UdpEndpoint PeerOf(const QueuePair& qp) const;
+  uint16_t SourcePortOf(const QueuePair& qp) const;
+  // Copies message bytes [offset, offset+len) of a send WR into out; false if an SGE is refused.
+  bool GatherRangeLocked(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
+                         std::vector<uint8_t>& out);
+  void WakeForTimer(uint64_t deadline);
 
   DeviceConfig config_;
   wire::Transport& transport_;
@@ -173,7 +201,8 @@ class Device {
   std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
   uint32_t next_pd_ = 1;
   uint32_t next_cq_ = 1;
-  uint32_t next_qpn_ = 0x11;  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
+  uint32_t next_qpn_ = 0x11;
+  uint64_t poller_deadline_ = 0;  // the deadline RunTimers last reported (0: none); earlier timers wake the poller  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
 };
 
 }  // namespace uroce::emu

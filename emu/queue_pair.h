@@ -8,6 +8,7 @@
 
 #include "emu/completion_queue.h"
 #include "emu/memory.h"
+#include "emu/rc_state.h"
 #include "emu/types.h"
 #include "emu/work_request.h"
 #include "wire/address.h"
@@ -61,6 +62,8 @@ class QueuePair {
 
   std::deque<RecvWr>& receive_queue() { return rq_; }
   InboundMessage& inbound() { return inbound_; }
+  RcRequester& requester() { return requester_; }
+  RcResponder& responder() { return responder_; }
 
   // Opaque back-pointer for the layer above (verbs_api's ibv_qp), so an async event finds its owner.
   void* owner = nullptr;
@@ -77,6 +80,8 @@ class QueuePair {
   QpAttributes attrs_;
   std::deque<RecvWr> rq_;
   InboundMessage inbound_;
+  RcRequester requester_;
+  RcResponder responder_;
 };
 
 }  // namespace uroce::emu

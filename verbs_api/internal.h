@@ -70,6 +70,7 @@ inline Cq* ToCq(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }
 struct Qp {
   ibv_qp_ex qpx;  // qp_base first
   emu::QueuePair* emu;
+  void* send_ops = nullptr;  // ibv_wr_* batch state (qp_ex_ops.cc); non-null iff created with send ops
 };
 inline Qp* ToQp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
 

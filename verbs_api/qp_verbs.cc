@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "verbs_api/internal.h"
+#include "verbs_api/qp_ex_ops.h"
 #include "verbs_api/verbs_table.h"
 
 using namespace uroce;
@@ -216,11 +217,21 @@ int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* a) {
-  constexpr uint32_t kSupported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
-  if (a->comp_mask & ~kSupported) return Fail<ibv_qp>(EOPNOTSUPP);  // send ops API, XRC, RSS: README table
+  constexpr uint32_t kSupported =
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (a->comp_mask & ~kSupported) return Fail<ibv_qp>(EOPNOTSUPP);  // XRC, RSS: README table
   if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) return Fail<ibv_qp>(EOPNOTSUPP);
   if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD)) return Fail<ibv_qp>(EINVAL);
-  return NewQp(context, a->pd, *a, &a->cap);
+  ibv_qp* q = NewQp(context, a->pd, *a, &a->cap);
+  // --- send ops API (ibv_wr_*, qp_ex_ops.cc) ---
+  if (q != nullptr && (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+    if (int err = InstallSendOps(ToQp(q), a->send_ops_flags, a->qp_type)) {
+      ibv_destroy_qp(q);
+      return Fail<ibv_qp>(err);
+    }
+  }
+  // --- end send ops API ---
+  return q;
 }
 
 void FillContextOps(verbs_context* v) {
@@ -279,6 +290,7 @@ int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr*
 
 int ibv_destroy_qp(ibv_qp* qp) {
   if (int err = Ctx(qp->context)->dev().DestroyQp(ToQp(qp)->emu)) return err;
+  ReleaseSendOps(ToQp(qp));  // send ops API (qp_ex_ops.cc)
   pthread_cond_destroy(&qp->cond);
   pthread_mutex_destroy(&qp->mutex);
   free(ToQp(qp));

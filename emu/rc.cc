@@ -1,0 +1,737 @@
+// Reliable Connection (IBTA vol1 9.7): the requester turns send WQEs into packets and retransmits them (go-back-N
+// from the oldest unacknowledged WQE) on a local ACK timeout, a PSN sequence error NAK or after an RNR NAK's delay;
+// the completer consumes ACKs, NAKs, READ responses and atomic ACKs and completes WQEs strictly in order; the
+// responder executes requests exactly once, NAKs what it must refuse, and answers duplicates — SEND and WRITE are
+// acknowledged again, READ and atomics are answered again from saved state, never executed twice.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "emu/device.h"
+#include "emu/out_batch.h"
+#include "wire/frame.h"
+#include "wire/headers.h"
+#include "wire/opcode.h"
+
+namespace uroce::emu {
+namespace {
+
+// RC opcodes (IBTA table 38).
+namespace rcop {
+constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSendLastImm = 0x03, kSendOnly = 0x04,
+                  kSendOnlyImm = 0x05, kWriteFirst = 0x06, kWriteMiddle = 0x07, kWriteLast = 0x08,
+                  kWriteLastImm = 0x09, kWriteOnly = 0x0A, kWriteOnlyImm = 0x0B, kReadRequest = 0x0C,
+                  kReadResponseFirst = 0x0D, kReadResponseMiddle = 0x0E, kReadResponseLast = 0x0F,
+                  kReadResponseOnly = 0x10, kAcknowledge = 0x11, kAtomicAcknowledge = 0x12, kCompareSwap = 0x13,
+                  kFetchAdd = 0x14, kSendLastInv = 0x16, kSendOnlyInv = 0x17;
+}
+
+// Packets in flight per QP beyond the oldest unacknowledged PSN. Bounds what one QP pushes into the peer's socket
+// buffer; IBTA leaves the window to the implementation (the PSN space allows 2^23).
+constexpr int32_t kWindowPackets = 512;
+// AckReq on the last packet of each message and on every 64th packet of a long one (IBTA 9.7.4.1.2).
+constexpr uint32_t kAckReqEvery = 64;
+// Infinite retry counts (IBTA 9.7.5.2.8 / ibv_modify_qp(3): 7 means "retry forever").
+constexpr int kInfiniteRetries = 7;
+// Saved READ/atomic responses kept for duplicates beyond max_dest_rd_atomic.
+constexpr size_t kSavedResponses = 64;
+
+uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096} << timeout; }
+
+uint32_t PacketsFor(uint64_t length, uint32_t mtu) {
+  return length == 0 ? 1 : static_cast<uint32_t>((length + mtu - 1) / mtu);
+}
+
+}  // namespace
+
+wire::UdpEndpoint Device::PeerOf(const QueuePair& qp) const {
+  return {wire::IpAddress::FromBytes(qp.attributes().ah_attr.dgid.data()), wire::kRoceV2UdpPort};
+}
+
+uint16_t Device::SourcePortOf(const QueuePair& qp) const {
+  return wire::RoceSourcePort(qp.qpn(), qp.attributes().dest_qp_num);
+}
+
+bool Device::GatherRangeLocked(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
+                               std::vector<uint8_t>& out) {
+  out.clear();
+  if (wr.flags & send_flags::kInline) {
+    out.assign(wr.inline_data.begin() + offset, wr.inline_data.begin() + offset + len);
+    return true;
+  }
+  out.reserve(len);
+  uint64_t skip = offset;
+  for (const Sge& sge : wr.sg_list) {
+    if (out.size() == len) break;
+    if (skip >= sge.length) {
+      skip -= sge.length;
+      continue;
+    }
+    const uint64_t n = std::min<uint64_t>(sge.length - skip, len - out.size());
+    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, 0);
+    if (!r.ok()) return false;
+    out.insert(out.end(), r.host, r.host + n);
+    skip = 0;
+  }
+  return out.size() == len;
+}
+
+// --- requester ---------------------------------------------------------------------------------------------------
+
+int Device::PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
+  switch (wr.opcode) {
+    case SendOpcode::kSend:
+    case SendOpcode::kSendWithImm:
+    case SendOpcode::kSendWithInv:
+    case SendOpcode::kRdmaWrite:
+    case SendOpcode::kRdmaWriteWithImm:
+      break;
+    case SendOpcode::kRdmaRead:
+      if (wr.flags & send_flags::kInline) return EINVAL;  // nothing to send inline: the data comes back
+      break;
+    case SendOpcode::kAtomicCmpAndSwp:
+    case SendOpcode::kAtomicFetchAndAdd:
+      // IBTA 9.4.5: atomics are 8 bytes on an 8-byte aligned address; the local buffer receives the original value.
+      if ((wr.flags & send_flags::kInline) || wr.TotalLength() != 8 || (wr.remote_addr & 7)) return EINVAL;
+      break;
+    case SendOpcode::kLocalInv:
+    case SendOpcode::kBindMw:
+      return EOPNOTSUPP;  // memory windows: README support table
+    default:
+      return EINVAL;
+  }
+  RcRequester& r = qp->requester();
+  if (r.sq.size() >= qp->attributes().cap.max_send_wr) return ENOMEM;
+  SendWqe w;
+  w.wr = std::move(wr);
+  r.sq.push_back(std::move(w));
+  RcProgressLocked(qp, out);
+  return 0;
+}
+
+void Device::RcArmRetransmitLocked(QueuePair* qp) {
+  const uint64_t t = AckTimeoutNs(qp->attributes().timeout);
+  RcRequester& r = qp->requester();
+  if (t == 0) {
+    r.retransmit_deadline_ns = 0;  // timeout 0: wait forever (IBTA 11.2.4.2)
+    return;
+  }
+  r.retransmit_deadline_ns = clock_.NowNs() + t;
+  WakeForTimer(r.retransmit_deadline_ns);
+}
+
+void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
+  RcRequester& r = qp->requester();
+  QpAttributes& a = qp->mutable_attributes();
+  if (a.qp_state != QpState::kRts && a.qp_state != QpState::kSqd) return;
+  if (r.rnr_deadline_ns != 0) return;  // waiting out an RNR NAK
+  const uint32_t mtu = MtuBytes(a.path_mtu);
+  const wire::UdpEndpoint dst = PeerOf(*qp);
+  const uint16_t sport = SourcePortOf(*qp);
+
+  auto outstanding_rd_atomic = [&]() {
+    uint32_t n = 0;
+    for (const SendWqe& w : r.sq)
+      if (w.started && !w.acked && (w.is_read() || w.is_atomic())) ++n;
+    return n;
+  };
+
+  bool sent = false;
+  std::vector<uint8_t> payload;
+  while (r.cursor_wqe < r.sq.size()) {
+    SendWqe& w = r.sq[r.cursor_wqe];
+    if (!w.started) {
+      if (a.qp_state == QpState::kSqd) break;  // SQD: nothing new starts
+      if ((w.is_read() || w.is_atomic()) && outstanding_rd_atomic() >= std::max<uint32_t>(a.max_rd_atomic, 1)) break;
+      w.length = w.wr.TotalLength();
+      if (w.length > config_.limits.max_msg_sz) {
+        RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocLenErr);
+        return;
+      }
+      // Validate every local buffer now: a bad lkey is a local protection error (IBTA 10.6.3.1), and a READ or
+      // atomic needs local write access to land its data.
+      const uint32_t needed = (w.is_read() || w.is_atomic()) ? access::kLocalWrite : 0;
+      if (!(w.wr.flags & send_flags::kInline)) {
+        for (const Sge& sge : w.wr.sg_list) {
+          if (sge.length == 0) continue;
+          if (!keys_.CheckLocal(sge.lkey, qp->init().pd, sge.addr, sge.length, needed).ok()) {
+            RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocProtErr);
+            return;
+          }
+        }
+      }
+      w.npsn = w.is_atomic() ? 1 : PacketsFor(w.length, mtu);
+      w.first_psn = a.sq_psn;
+      a.sq_psn = PsnAdd(a.sq_psn, w.npsn);
+      w.started = true;
+      r.cursor_pkt = 0;
+    }
+    const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
+    if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) break;  // the window is full
+
+    wire::PacketSpec spec;
+    spec.bth.dest_qp = a.dest_qp_num;
+    spec.bth.psn = psn;
+    if (w.is_read()) {
+      const uint64_t off = uint64_t{r.cursor_pkt} * mtu;
+      spec.bth.opcode = rcop::kReadRequest;
+      spec.bth.ack_req = true;
+      // A re-issued READ asks only for what has not arrived yet (IBTA 9.7.4.1.4).
+      spec.reth = wire::Reth{w.wr.remote_addr + off, w.wr.rkey, static_cast<uint32_t>(w.length - std::min(off, w.length))};
+      out.Add(transport_, spec, {}, dst, sport);
+      ++r.cursor_wqe;
+      r.cursor_pkt = 0;
+    } else if (w.is_atomic()) {
+      const bool cas = w.wr.opcode == SendOpcode::kAtomicCmpAndSwp;
+      spec.bth.opcode = cas ? rcop::kCompareSwap : rcop::kFetchAdd;
+      spec.bth.ack_req = true;
+      spec.atomic = wire::AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
+                                    cas ? w.wr.compare_add : 0};
+      out.Add(transport_, spec, {}, dst, sport);
+      ++r.cursor_wqe;
+      r.cursor_pkt = 0;
+    } else {
+      const uint32_t k = r.cursor_pkt;
+      const bool first = k == 0, last = k + 1 == w.npsn;
+      const bool is_send = w.wr.opcode == SendOpcode::kSend || w.wr.opcode == SendOpcode::kSendWithImm ||
+                           w.wr.opcode == SendOpcode::kSendWithInv;
+      const bool imm = w.wr.opcode == SendOpcode::kSendWithImm || w.wr.opcode == SendOpcode::kRdmaWriteWithImm;
+      const bool inv = w.wr.opcode == SendOpcode::kSendWithInv;
+      if (is_send) {
+        spec.bth.opcode = first && last ? (imm ? rcop::kSendOnlyImm : inv ? rcop::kSendOnlyInv : rcop::kSendOnly)
+                          : first       ? rcop::kSendFirst
+                          : last        ? (imm ? rcop::kSendLastImm : inv ? rcop::kSendLastInv : rcop::kSendLast)
+                                        : rcop::kSendMiddle;
+      } else {
+        spec.bth.opcode = first && last ? (imm ? rcop::kWriteOnlyImm : rcop::kWriteOnly)
+                          : first       ? rcop::kWriteFirst
+                          : last        ? (imm ? rcop::kWriteLastImm : rcop::kWriteLast)
+                                        : rcop::kWriteMiddle;
+        if (first) spec.reth = wire::Reth{w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
+      }
+      spec.bth.solicited = last && (w.wr.flags & send_flags::kSolicited);
+      spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1);
+      if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
+      if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
+      const uint64_t off = uint64_t{k} * mtu;
+      const uint64_t len = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
+      if (!GatherRangeLocked(*qp, w.wr, off, len, payload)) {
+        // The memory was deregistered after the WQE started.
+        RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocProtErr);
+        return;
+      }
+      out.Add(transport_, spec, payload, dst, sport);
+      if (++r.cursor_pkt == w.npsn) {
+        ++r.cursor_wqe;
+        r.cursor_pkt = 0;
+      }
+    }
+    sent = true;
+  }
+  if (sent && r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+}
+
+void Device::RcFailLocked(QueuePair* qp, size_t index, WcStatus status) {
+  RcRequester& r = qp->requester();
+  for (size_t i = 0; i < index && i < r.sq.size(); ++i) r.sq[i].acked = true;
+  if (index < r.sq.size()) {
+    r.sq[index].acked = true;
+    r.sq[index].status = status;
+  }
+  RcCompleteInOrderLocked(qp);
+  // A requester error moves the QP to the error state; what is left is flushed (IBTA 10.8.3.3 / 11.6.2).
+  EnterErrorLocked(qp);
+}
+
+void Device::RcCompleteInOrderLocked(QueuePair* qp) {
+  RcRequester& r = qp->requester();
+  while (!r.sq.empty() && r.sq.front().started && r.sq.front().acked) {
+    SendWqe w = std::move(r.sq.front());
+    r.sq.pop_front();
+    if (r.cursor_wqe > 0) --r.cursor_wqe;
+    CompleteSendLocked(qp, w.wr, w.status);
+  }
+  QpAttributes& a = qp->mutable_attributes();
+  const bool idle = r.sq.empty() || !r.sq.front().started;
+  if (idle) r.retransmit_deadline_ns = 0;
+  if (idle && a.qp_state == QpState::kSqd && a.sq_draining) {
+    a.sq_draining = false;
+    if (r.drained_event_pending) {
+      r.drained_event_pending = false;
+      RaiseLocked({AsyncEventType::kSqDrained, qp});
+    }
+  }
+}
+
+// --- completer ---------------------------------------------------------------------------------------------------
+
+void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
+  RcRequester& r = qp->requester();
+  const QpAttributes& a = qp->attributes();
+  const uint32_t psn = p.bth.psn;
+  const uint32_t mtu = MtuBytes(a.path_mtu);
+  bool progressed = false;
+
+  // Every WQE wholly before `limit` that needs nothing more than an ACK is acknowledged (IBTA 9.7.5.1.2: an ACK, a
+  // READ response or an atomic ACK acknowledges all earlier requests). A READ or atomic before it that got no
+  // response has lost it: go back and ask again ("implied NAK", 9.7.5.2.2).
+  auto ack_before = [&](uint32_t limit, bool inclusive) {
+    for (size_t i = 0; i < r.sq.size(); ++i) {
+      SendWqe& w = r.sq[i];
+      if (!w.started) break;
+      const int32_t d = PsnDiff(w.last_psn(), limit);
+      if (inclusive ? d > 0 : d >= 0) break;
+      if (w.acked) continue;
+      if (w.is_read() || w.is_atomic()) {
+        r.cursor_wqe = i;
+        r.cursor_pkt = w.is_read() ? w.read_next : 0;
+        break;
+      }
+      w.acked = true;
+      progressed = true;
+    }
+  };
+  auto advance_acked = [&](uint32_t next) {
+    if (PsnDiff(next, r.acked_psn_next) > 0) {
+      r.acked_psn_next = next;
+      progressed = true;
+    }
+  };
+  auto find_containing = [&](uint32_t q) -> size_t {
+    for (size_t i = 0; i < r.sq.size(); ++i) {
+      const SendWqe& w = r.sq[i];
+      if (!w.started) break;
+      if (PsnDiff(q, w.first_psn) >= 0 && PsnDiff(q, w.last_psn()) <= 0) return i;
+    }
+    return r.sq.size();
+  };
+
+  if (p.info->op == wire::Operation::kAcknowledge && p.aeth) {
+    const wire::Aeth& aeth = *p.aeth;
+    switch (aeth.kind()) {
+      case wire::AethKind::kAck:
+        ack_before(psn, /*inclusive=*/true);
+        advance_acked(PsnAdd(psn, 1));
+        break;
+      case wire::AethKind::kRnrNak: {
+        ack_before(psn, false);
+        advance_acked(psn);
+        const size_t i = find_containing(psn);
+        if (i == r.sq.size()) break;  // stale
+        if (r.rnr_retries_left == 0) {
+          RcFailLocked(qp, i, WcStatus::kRnrRetryExcErr);
+          return;
+        }
+        if (a.rnr_retry != kInfiniteRetries) --r.rnr_retries_left;
+        r.cursor_wqe = i;
+        r.cursor_pkt = static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn));
+        r.retransmit_deadline_ns = 0;
+        r.rnr_deadline_ns = clock_.NowNs() + uint64_t{wire::RnrTimerMicros(aeth.rnr_timer())} * 1000;
+        WakeForTimer(r.rnr_deadline_ns);
+        RcCompleteInOrderLocked(qp);
+        return;
+      }
+      case wire::AethKind::kNak: {
+        ack_before(psn, false);
+        const size_t i = find_containing(psn);
+        if (aeth.nak_code() == wire::NakCode::kPsnSeqError) {
+          // The responder expects `psn`: resend from there at once (9.7.5.2.1), without spending a retry.
+          advance_acked(psn);
+          if (i < r.sq.size()) {
+            r.cursor_wqe = i;
+            r.cursor_pkt = static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn));
+            if (r.sq[i].is_read()) r.sq[i].read_next = r.cursor_pkt;
+          }
+          progressed = true;
+          break;
+        }
+        if (i == r.sq.size()) break;
+        WcStatus st = WcStatus::kRemOpErr;
+        switch (aeth.nak_code()) {
+          case wire::NakCode::kInvalidRequest: st = WcStatus::kRemInvReqErr; break;
+          case wire::NakCode::kRemoteAccessError: st = WcStatus::kRemAccessErr; break;
+          case wire::NakCode::kRemoteOperationalError: st = WcStatus::kRemOpErr; break;
+          case wire::NakCode::kInvalidRdRequest: st = WcStatus::kRemInvRdReqErr; break;
+          default: st = WcStatus::kBadRespErr; break;
+        }
+        RcFailLocked(qp, i, st);
+        return;
+      }
+      default:
+        return;  // reserved syndrome: ignored
+    }
+  } else if (p.info->op == wire::Operation::kReadResponse) {
+    const size_t i = find_containing(psn);
+    if (i == r.sq.size() || !r.sq[i].is_read() || r.sq[i].acked) return;  // duplicate or stale
+    SendWqe& w = r.sq[i];
+    const uint32_t expected = PsnAdd(w.first_psn, w.read_next);
+    if (psn != expected) {
+      if (PsnDiff(psn, expected) > 0) {
+        // A response was lost: ask again for the rest (9.7.5.2.2).
+        r.cursor_wqe = i;
+        r.cursor_pkt = w.read_next;
+        RcProgressLocked(qp, out);
+      }
+      return;
+    }
+    if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return;
+    ack_before(w.first_psn, false);
+    const bool last_expected = w.read_next + 1 == w.npsn;
+    const bool is_last = p.info->position == wire::MsgPosition::kLast || p.info->position == wire::MsgPosition::kOnly;
+    const uint64_t off = uint64_t{w.read_next} * mtu;
+    const uint64_t want = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
+    if (is_last != last_expected || p.payload.size() != want) {
+      RcFailLocked(qp, i, WcStatus::kBadRespErr);
+      return;
+    }
+    WcStatus st = ScatterLocked(*qp, w.wr.sg_list, off, p.payload);
+    if (st != WcStatus::kSuccess) {
+      RcFailLocked(qp, i, st);
+      return;
+    }
+    ++w.read_next;
+    if (w.read_next == w.npsn) w.acked = true;
+    advance_acked(PsnAdd(psn, 1));
+    if (r.cursor_wqe == i && r.cursor_pkt < w.read_next) r.cursor_pkt = w.read_next;
+    progressed = true;
+  } else if (p.info->op == wire::Operation::kAtomicAcknowledge) {
+    const size_t i = find_containing(psn);
+    if (i == r.sq.size() || !r.sq[i].is_atomic() || r.sq[i].acked) return;
+    if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return;
+    ack_before(psn, false);
+    SendWqe& w = r.sq[i];
+    uint8_t orig[8];
+    std::memcpy(orig, &p.atomic_ack->original, 8);  // host order, as the local buffer holds a uint64_t
+    WcStatus st = ScatterLocked(*qp, w.wr.sg_list, 0, orig);
+    if (st != WcStatus::kSuccess) {
+      RcFailLocked(qp, i, st);
+      return;
+    }
+    w.acked = true;
+    advance_acked(PsnAdd(psn, 1));
+  } else {
+    return;
+  }
+  if (progressed) {
+    r.retries_left = a.retry_cnt;  // forward progress restores the retry budget
+    r.retransmit_deadline_ns = 0;
+  }
+  RcCompleteInOrderLocked(qp);
+  if (qp->state() == QpState::kErr) return;
+  RcProgressLocked(qp, out);
+  // Still waiting for something: keep the timer running.
+  for (const SendWqe& w : r.sq) {
+    if (w.started && !w.acked) {
+      if (r.retransmit_deadline_ns == 0 && r.rnr_deadline_ns == 0) RcArmRetransmitLocked(qp);
+      break;
+    }
+  }
+}
+
+// --- timers ------------------------------------------------------------------------------------------------------
+
+uint64_t Device::RcNextDeadline(QueuePair* qp) const {
+  const RcRequester& r = qp->requester();
+  uint64_t d = r.retransmit_deadline_ns;
+  if (r.rnr_deadline_ns != 0 && (d == 0 || r.rnr_deadline_ns < d)) d = r.rnr_deadline_ns;
+  return d;
+}
+
+void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
+  RcRequester& r = qp->requester();
+  if (qp->state() != QpState::kRts && qp->state() != QpState::kSqd) {
+    r.retransmit_deadline_ns = r.rnr_deadline_ns = 0;
+    return;
+  }
+  if (r.rnr_deadline_ns != 0 && now >= r.rnr_deadline_ns) {
+    r.rnr_deadline_ns = 0;
+    RcProgressLocked(qp, out);
+    if (r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+  }
+  if (r.retransmit_deadline_ns == 0 || now < r.retransmit_deadline_ns) return;
+  r.retransmit_deadline_ns = 0;
+  size_t i = 0;
+  while (i < r.sq.size() && r.sq[i].started && r.sq[i].acked) ++i;
+  if (i == r.sq.size() || !r.sq[i].started) return;  // nothing outstanding
+  // Local ACK timeout (IBTA 9.7.6.1.3 / C9-140): spend a retry, then go back to the oldest unacknowledged WQE.
+  if (r.retries_left == 0) {
+    RcFailLocked(qp, i, WcStatus::kRetryExcErr);
+    return;
+  }
+  if (qp->attributes().retry_cnt != kInfiniteRetries) --r.retries_left;
+  ++counters_.rc_retransmit_timeouts;
+  r.cursor_wqe = i;
+  // Resume at the first unacknowledged PSN within the WQE (a coalesced ACK may have covered its beginning).
+  const int32_t into = PsnDiff(r.acked_psn_next, r.sq[i].first_psn);
+  r.cursor_pkt = r.sq[i].is_read() ? r.sq[i].read_next
+                 : (into > 0 && into < static_cast<int32_t>(r.sq[i].npsn)) ? static_cast<uint32_t>(into)
+                                                                            : 0;
+  RcProgressLocked(qp, out);
+  if (r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+}
+
+// --- responder ---------------------------------------------------------------------------------------------------
+
+void Device::RcSendAck(QueuePair* qp, uint32_t psn, const wire::Aeth& aeth, OutBatch& out) {
+  wire::PacketSpec spec;
+  spec.bth.opcode = rcop::kAcknowledge;
+  spec.bth.dest_qp = qp->attributes().dest_qp_num;
+  spec.bth.psn = psn;
+  spec.aeth = aeth;
+  out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+}
+
+void Device::RcSendReadResponses(QueuePair* qp, const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
+  const uint32_t mtu = MtuBytes(qp->attributes().path_mtu);
+  AccessResult acc = keys_.CheckRemote(res.rkey, qp->init().pd, res.va, res.length, access::kRemoteRead);
+  if (!acc.ok()) return;  // deregistered since: a duplicate gets no answer; the requester's retries decide
+  const auto first = static_cast<uint32_t>(PsnDiff(from_psn, res.psn));
+  for (uint32_t k = first; k < res.npsn; ++k) {
+    const uint64_t off = uint64_t{k} * mtu;
+    const uint64_t len = std::min<uint64_t>(mtu, res.length - std::min<uint64_t>(off, res.length));
+    wire::PacketSpec spec;
+    const bool f = k == 0, l = k + 1 == res.npsn;
+    spec.bth.opcode = f && l ? rcop::kReadResponseOnly
+                      : f    ? rcop::kReadResponseFirst
+                      : l    ? rcop::kReadResponseLast
+                             : rcop::kReadResponseMiddle;
+    spec.bth.dest_qp = qp->attributes().dest_qp_num;
+    spec.bth.psn = PsnAdd(res.psn, k);
+    if (f || l) spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
+    out.Add(transport_, spec, std::span<const uint8_t>(acc.host ? acc.host + off : nullptr, len), PeerOf(*qp),
+            SourcePortOf(*qp));
+  }
+}
+
+void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
+  QpAttributes& a = qp->mutable_attributes();
+  RcResponder& R = qp->responder();
+  if (!R.comm_established) {
+    // The first packet on a QP in RTR establishes communication (IBTA 11.6.2: IBV_EVENT_COMM_EST).
+    R.comm_established = true;
+    if (a.qp_state == QpState::kRtr) RaiseLocked({AsyncEventType::kCommEst, qp});
+  }
+  const uint32_t psn = p.bth.psn;
+  const int32_t d = PsnDiff(psn, a.rq_psn);
+  const wire::Operation op = p.info->op;
+  const uint32_t mtu = MtuBytes(a.path_mtu);
+  auto nak = [&](wire::NakCode code) { RcSendAck(qp, a.rq_psn, wire::Aeth::Nak(code, R.msn), out); };
+  // Errors that end the connection: NAK, then the responder's QP enters the error state (IBTA 9.7.5.2.x).
+  auto fatal_nak = [&](wire::NakCode code) {
+    nak(code);
+    EnterErrorLocked(qp);
+  };
+
+  if (d > 0) {
+    // A gap: packets were lost. One PSN sequence error NAK per gap (9.7.5.1.1); drop until the expected PSN comes.
+    ++counters_.rx_out_of_sequence;
+    if (!R.nak_outstanding) {
+      R.nak_outstanding = true;
+      nak(wire::NakCode::kPsnSeqError);
+    }
+    return;
+  }
+  if (d < 0) {
+    ++counters_.rc_duplicates;
+    if (op == wire::Operation::kReadRequest) {
+      for (const ResponderResource& res : R.resources)
+        if (!res.atomic && PsnDiff(psn, res.psn) >= 0 && PsnDiff(psn, res.psn) < static_cast<int32_t>(res.npsn)) {
+          RcSendReadResponses(qp, res, psn, out);
+          return;
+        }
+    } else if (op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd) {
+      for (const ResponderResource& res : R.resources)
+        if (res.atomic && res.psn == psn) {
+          wire::PacketSpec spec;
+          spec.bth.opcode = rcop::kAtomicAcknowledge;
+          spec.bth.dest_qp = a.dest_qp_num;
+          spec.bth.psn = psn;
+          spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
+          spec.atomic_ack = wire::AtomicAckEth{res.original};
+          out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+          return;
+        }
+    } else if (p.bth.ack_req) {
+      // SEND/WRITE already executed: acknowledge again, with the newest PSN (9.7.5.1.3).
+      RcSendAck(qp, PsnAdd(a.rq_psn, -1), wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
+    }
+    return;
+  }
+  R.nak_outstanding = false;
+  InboundMessage& m = qp->inbound();
+  const wire::MsgPosition pos = p.info->position;
+  const bool starts = pos == wire::MsgPosition::kFirst || pos == wire::MsgPosition::kOnly;
+  const bool ends = pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly;
+
+  if (op == wire::Operation::kSend || op == wire::Operation::kRdmaWrite) {
+    const bool is_send = op == wire::Operation::kSend;
+    // Opcode sequence (9.7.5.1.2): a FIRST/ONLY while a message is open, or a MIDDLE/LAST of another kind, is an
+    // invalid request.
+    const auto kind = is_send ? InboundMessage::Kind::kSend : InboundMessage::Kind::kWrite;
+    if (starts ? m.kind != InboundMessage::Kind::kNone : m.kind != kind) {
+      fatal_nak(wire::NakCode::kInvalidRequest);
+      return;
+    }
+    const bool needs_rqe = is_send || (ends && p.imm.has_value());
+    if (needs_rqe && !m.rqe && qp->receive_queue().empty()) {
+      // Receiver not ready (9.7.5.2.8): the requester waits min_rnr_timer and resends this packet.
+      ++counters_.rc_rnr_naks_sent;
+      RcSendAck(qp, psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
+      return;
+    }
+    if (starts) {
+      m = InboundMessage{};
+      m.kind = kind;
+      if (!is_send) {
+        const wire::Reth& reth = *p.reth;
+        AccessResult acc = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteWrite);
+        if (!(a.qp_access_flags & access::kRemoteWrite) || !acc.ok()) {
+          ++counters_.rx_remote_access_denied;
+          m = InboundMessage{};
+          fatal_nak(wire::NakCode::kRemoteAccessError);
+          return;
+        }
+        m.write_host = acc.host;
+        m.write_length = reth.dma_length;
+      }
+    }
+    if (is_send && !m.rqe) {
+      m.rqe = std::move(qp->receive_queue().front());
+      qp->receive_queue().pop_front();
+    }
+    if (is_send) {
+      WcStatus st = ScatterLocked(*qp, m.rqe->sg_list, m.offset, p.payload);
+      if (st != WcStatus::kSuccess) {
+        Completion c;
+        c.wr_id = m.rqe->wr_id;
+        c.status = st;
+        c.opcode = WcOpcode::kRecv;
+        c.qp_num = qp->qpn();
+        m = InboundMessage{};
+        CompleteLocked(qp->init().recv_cq, c);
+        // Too long for the receive buffer is the sender's invalid request; a bad local key our operational error.
+        fatal_nak(st == WcStatus::kLocLenErr ? wire::NakCode::kInvalidRequest
+                                             : wire::NakCode::kRemoteOperationalError);
+        return;
+      }
+    } else {
+      if (m.offset + p.payload.size() > m.write_length || (ends && m.offset + p.payload.size() != m.write_length)) {
+        m = InboundMessage{};
+        fatal_nak(wire::NakCode::kInvalidRequest);  // more (or less) data than the RETH announced
+        return;
+      }
+      if (!p.payload.empty()) std::memcpy(m.write_host + m.offset, p.payload.data(), p.payload.size());
+    }
+    m.offset += p.payload.size();
+    a.rq_psn = PsnAdd(a.rq_psn, 1);
+    if (ends) {
+      R.msn = PsnAdd(R.msn, 1);
+      const bool has_imm = p.imm.has_value();
+      if (is_send || has_imm) {
+        Completion c;
+        c.qp_num = qp->qpn();
+        c.src_qp = a.dest_qp_num;
+        c.byte_len = static_cast<uint32_t>(m.offset);
+        c.solicited = p.bth.solicited;
+        if (has_imm) {
+          c.imm_data = p.imm->imm;
+          c.wc_flags |= wc_flags::kWithImm;
+        }
+        if (p.ieth) {
+          c.imm_data = p.ieth->rkey;  // ibv_wc.invalidated_rkey
+          c.wc_flags |= wc_flags::kWithInv;
+        }
+        if (is_send) {
+          c.wr_id = m.rqe->wr_id;
+          c.opcode = WcOpcode::kRecv;
+        } else {
+          c.wr_id = qp->receive_queue().front().wr_id;
+          qp->receive_queue().pop_front();
+          c.opcode = WcOpcode::kRecvRdmaWithImm;
+        }
+        CompleteLocked(qp->init().recv_cq, c);
+      }
+      m = InboundMessage{};
+    }
+    if (p.bth.ack_req) RcSendAck(qp, psn, wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
+    return;
+  }
+
+  if (m.kind != InboundMessage::Kind::kNone) {
+    fatal_nak(wire::NakCode::kInvalidRequest);  // a READ or atomic inside an open SEND/WRITE
+    return;
+  }
+  if (op == wire::Operation::kReadRequest) {
+    const wire::Reth& reth = *p.reth;
+    AccessResult acc = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteRead);
+    if (!(a.qp_access_flags & access::kRemoteRead) || !acc.ok()) {
+      ++counters_.rx_remote_access_denied;
+      fatal_nak(wire::NakCode::kRemoteAccessError);
+      return;
+    }
+    ResponderResource res;
+    res.psn = psn;
+    res.npsn = PacketsFor(reth.dma_length, mtu);
+    res.va = reth.va;
+    res.rkey = reth.rkey;
+    res.length = reth.dma_length;
+    R.msn = PsnAdd(R.msn, 1);
+    res.msn = R.msn;
+    R.resources.push_back(res);
+    if (R.resources.size() > kSavedResponses) R.resources.pop_front();
+    a.rq_psn = PsnAdd(psn, res.npsn);  // a READ consumes one PSN per response packet (9.7.4.1.4)
+    RcSendReadResponses(qp, res, psn, out);
+    return;
+  }
+  if (op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd) {
+    const wire::AtomicEth& ae = *p.atomic;
+    if (ae.va & 7) {
+      fatal_nak(wire::NakCode::kInvalidRequest);  // misaligned atomic (9.4.5)
+      return;
+    }
+    AccessResult acc = keys_.CheckRemote(ae.rkey, qp->init().pd, ae.va, 8, access::kRemoteAtomic);
+    if (!(a.qp_access_flags & access::kRemoteAtomic) || !acc.ok()) {
+      ++counters_.rx_remote_access_denied;
+      fatal_nak(wire::NakCode::kRemoteAccessError);
+      return;
+    }
+    auto* target = reinterpret_cast<uint64_t*>(acc.host);
+    uint64_t original;
+    if (op == wire::Operation::kCompareSwap) {
+      original = ae.compare;
+      // The application's CPU may touch the word concurrently: use a real atomic (IBV_ATOMIC_HCA semantics).
+      __atomic_compare_exchange_n(target, &original, ae.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    } else {
+      original = __atomic_fetch_add(target, ae.swap_add, __ATOMIC_SEQ_CST);
+    }
+    ResponderResource res;
+    res.atomic = true;
+    res.psn = psn;
+    res.original = original;
+    R.msn = PsnAdd(R.msn, 1);
+    res.msn = R.msn;
+    R.resources.push_back(res);
+    if (R.resources.size() > kSavedResponses) R.resources.pop_front();
+    a.rq_psn = PsnAdd(psn, 1);
+    wire::PacketSpec spec;
+    spec.bth.opcode = rcop::kAtomicAcknowledge;
+    spec.bth.dest_qp = a.dest_qp_num;
+    spec.bth.psn = psn;
+    spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, R.msn);
+    spec.atomic_ack = wire::AtomicAckEth{original};
+    out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+    return;
+  }
+  fatal_nak(wire::NakCode::kInvalidRequest);  // an opcode RC does not carry
+}
+
+void Device::ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
+  if (p.info->is_request) {
+    RcResponderLocked(qp, p, out);
+  } else {
+    if (qp->state() != QpState::kRts && qp->state() != QpState::kSqd) return;  // responses only matter when sending
+    RcCompleterLocked(qp, p, out);
+  }
+}
+
+}  // namespace uroce::emu

@@ -1,0 +1,70 @@
+// Per-QP state of the Reliable Connection protocol (IBTA vol1 9.7): the requester's send queue and retransmission
+// state, and the responder's expected PSN, MSN and saved READ/atomic responses.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+
+#include "emu/work_request.h"
+
+namespace uroce::emu {
+
+// 24-bit PSN arithmetic (IBTA 9.7.1: PSNs wrap modulo 2^24; "earlier" is within half the space).
+inline uint32_t PsnAdd(uint32_t psn, int64_t n) { return static_cast<uint32_t>(psn + n) & 0xffffff; }
+// Signed distance a - b in the 24-bit PSN space.
+inline int32_t PsnDiff(uint32_t a, uint32_t b) { return static_cast<int32_t>((a - b) << 8) >> 8; }
+
+// A send WQE of an RC QP from post to completion.
+struct SendWqe {
+  SendWr wr;
+  bool started = false;      // has a PSN range (first packet sent)
+  uint32_t first_psn = 0;
+  uint32_t npsn = 0;         // PSNs it occupies: packets, or for a READ the response packets
+  uint64_t length = 0;       // message bytes
+  bool acked = false;        // the responder has acknowledged it (or, READ/atomic, answered it fully)
+  uint32_t read_next = 0;    // READ: index of the next response packet expected
+  WcStatus status = WcStatus::kSuccess;
+  bool is_read() const { return wr.opcode == SendOpcode::kRdmaRead; }
+  bool is_atomic() const {
+    return wr.opcode == SendOpcode::kAtomicCmpAndSwp || wr.opcode == SendOpcode::kAtomicFetchAndAdd;
+  }
+  uint32_t last_psn() const { return (first_psn + npsn - 1) & 0xffffff; }
+};
+
+struct RcRequester {
+  std::deque<SendWqe> sq;  // posted and not yet completed, in order
+  // Transmission cursor: the WQE (index into sq) and packet within it to send next. Go-back-N resets it.
+  size_t cursor_wqe = 0;
+  uint32_t cursor_pkt = 0;
+  // Every PSN before this one is acknowledged (a coalesced ACK may cover part of a long message). Bounds the window
+  // and is where go-back-N restarts.
+  uint32_t acked_psn_next = 0;
+  uint64_t retransmit_deadline_ns = 0;  // local ACK timeout (0: not armed)
+  uint64_t rnr_deadline_ns = 0;         // waiting out an RNR NAK (0: not waiting)
+  int retries_left = 0;
+  int rnr_retries_left = 0;
+  bool drained_event_pending = false;   // SQD entered with en_sqd_async_notify
+};
+
+// A READ or atomic the responder executed, kept to answer a duplicate request again without executing it twice
+// (IBTA 9.7.5.1.6 / 9.7.5.2.3 and C9-??: duplicate atomics return the saved result).
+struct ResponderResource {
+  bool atomic = false;
+  uint32_t psn = 0;
+  uint32_t npsn = 1;
+  uint64_t va = 0;
+  uint32_t rkey = 0;
+  uint32_t length = 0;
+  uint64_t original = 0;  // atomic: the value before the operation
+  uint32_t msn = 0;
+};
+
+struct RcResponder {
+  uint32_t msn = 0;
+  bool nak_outstanding = false;  // a PSN sequence error NAK was sent for the current expected PSN
+  bool comm_established = false;
+  std::deque<ResponderResource> resources;  // most recent last
+};
+
+}  // namespace uroce::emu
