@@ -96,10 +96,13 @@ int Device::RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64
                               access::kRemoteAtomic | access::kMwBind | access::kZeroBased | access::kOnDemand |
                               access::kHugetlb | access::kRelaxedOrdering;
   if (access & ~kKnown & 0xfffff) return EINVAL;  // optional bits (>= 1 << 20) may be ignored, per verbs.h
-  if (pd == nullptr || (host == nullptr && length != 0)) return EINVAL;
+  // Implicit ODP (ibv_reg_mr(3)): addr NULL and length SIZE_MAX with IBV_ACCESS_ON_DEMAND covers the address space.
+  const bool implicit = host == nullptr && length == SIZE_MAX && (access & access::kOnDemand);
+  if (pd == nullptr || (host == nullptr && length != 0 && !implicit)) return EINVAL;
   std::lock_guard lock(mu_);
   if (keys_.size() >= config_.limits.max_mr) return ENOMEM;
-  MemoryRegion mr{pd, static_cast<uint8_t*>(host), iova, length, access, 0, 0};
+  MemoryRegion mr{pd, static_cast<uint8_t*>(host), implicit ? 0 : iova, length, access, 0, 0};
+  mr.implicit = implicit;
   *out = keys_.Register(mr);
   return 0;
 }

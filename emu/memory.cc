@@ -1,8 +1,32 @@
 #include "emu/memory.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
 namespace uroce::emu {
 
+namespace {
+
+// Whether every page of [va, va+len) is mapped in this process: mincore(2) fails with ENOMEM on an unmapped page.
+// (Used for implicit ODP regions, where a real HCA would take a page fault; a mapped read-only page written through
+// such a region is not detected.)
+bool IsMapped(uint64_t va, uint64_t len) {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (len == 0) return true;
+  if (va + len < va) return false;
+  const uint64_t first = va & ~(page - 1);
+  const uint64_t end = (va + len + page - 1) & ~(page - 1);
+  std::vector<unsigned char> vec((end - first) / page);
+  return mincore(reinterpret_cast<void*>(first), end - first, vec.data()) == 0;
+}
+
+}  // namespace
+
 uint8_t* MemoryRegion::Translate(uint64_t va, uint64_t len) const {
+  if (implicit) return IsMapped(va, len) ? reinterpret_cast<uint8_t*>(va) : nullptr;
   if (va < iova) return nullptr;
   const uint64_t offset = va - iova;
   if (offset > length || len > length - offset) return nullptr;

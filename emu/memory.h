@@ -30,6 +30,9 @@ struct MemoryRegion {
   uint32_t access = 0;      // emu::access flags
   uint32_t lkey = 0;
   uint32_t rkey = 0;
+  // Implicit on-demand paging (IBV_ACCESS_ON_DEMAND over the whole address space, ibv_reg_mr(pd, NULL, SIZE_MAX)):
+  // every address is its own host address, and is checked to be mapped when used instead of at registration.
+  bool implicit = false;
 
   // The host pointer for [va, va+len) if it lies within the region, else nullptr. len 0 is within any region.
   uint8_t* Translate(uint64_t va, uint64_t len) const;

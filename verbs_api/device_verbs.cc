@@ -263,7 +263,16 @@ int QueryDeviceEx(ibv_context* context, const ibv_query_device_ex_input* input, 
   x.completion_timestamp_mask = ~uint64_t{0};
   x.hca_core_clock = kHcaCoreClockKhz;
   x.device_cap_flags_ex = x.orig_attr.device_cap_flags;
-  x.max_dm_size = 0;
+  // Every region is already on demand (nothing is pinned), implicit regions included (README).
+  constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                               IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  x.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  x.odp_caps.per_transport_caps.rc_odp_caps = kOdpAll;
+  x.odp_caps.per_transport_caps.uc_odp_caps = kOdpAll;
+  x.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+  x.xrc_odp_caps = kOdpAll;
+  x.max_dm_size = kMaxDmBytes;
+  x.phys_port_cnt_ex = 1;
   std::memcpy(attr, &x, std::min(attr_size, sizeof x));
   return 0;
 }

@@ -243,6 +243,7 @@ void FillContextOps(verbs_context* v) {
   v->query_device_ex = QueryDeviceEx;
   v->create_cq_ex = CreateCqEx;
   v->create_qp_ex = CreateQpEx;
+  FillMemoryOps(v);
 }
 
 }  // namespace uroce::verbs

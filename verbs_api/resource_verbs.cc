@@ -179,6 +179,14 @@ int ibv_dealloc_pd(ibv_pd* pd) {
 
 // --- MR ---
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
+  return RegisterMemory(pd, addr, length, iova, access);
+}
+
+}  // extern "C"
+
+namespace uroce::verbs {
+
+ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
   if (pd == nullptr) return Fail<ibv_mr>(EINVAL);
   emu::MemoryRegion m;
   if (int err = Ctx(pd->context)->dev().RegisterMr(ToPd(pd)->emu, addr, length, iova, access, &m))
@@ -193,6 +201,10 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, u
   mr->mr.rkey = m.rkey;
   return &mr->mr;
 }
+
+}  // namespace uroce::verbs
+
+extern "C" {
 
 #undef ibv_reg_mr
 ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {

@@ -7,6 +7,13 @@
 namespace uroce::verbs {
 
 void FillContextOps(verbs_context* v);
+void FillMemoryOps(verbs_context* v);
+
+// Device memory one ibv_alloc_dm may take (query_device_ex's max_dm_size).
+inline constexpr size_t kMaxDmBytes = size_t{64} << 20;
+
+// Registers [addr, addr+length) at `iova` in `pd` and wraps it in an ibv_mr; NULL with errno on failure.
+ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access);
 
 int QueryPort(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, size_t attr_len);
 int QueryDeviceEx(ibv_context* context, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
