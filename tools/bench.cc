@@ -1,6 +1,15 @@
 // `uroce bench wire`: the wire layer's speed as ratios against baselines measured in the same run — ICRC against
 // memcpy of the same 4 KiB packets, and the io_uring UDP transport against raw sendmmsg/recvmmsg on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -28,6 +37,57 @@ int BenchWire(double seconds) {
   return 0;
 }
 
+// Half the round trip of a 2-byte UDP datagram bounced between two threads on loopback: the floor under any
+// RoCE-over-UDP latency on this machine (the baseline `uroce bench rc` prints beside ib_send_lat).
+int BenchUdpLatency(double seconds) {
+  int a = socket(AF_INET, SOCK_DGRAM, 0), b = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  sockaddr_in aa = addr, ba = addr;
+  if (bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) || bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba)) {
+    std::perror("bind");
+    return 1;
+  }
+  getsockname(a, reinterpret_cast<sockaddr*>(&aa), &len);
+  getsockname(b, reinterpret_cast<sockaddr*>(&ba), &len);
+  connect(a, reinterpret_cast<sockaddr*>(&ba), sizeof ba);
+  connect(b, reinterpret_cast<sockaddr*>(&aa), sizeof aa);
+  std::atomic<bool> stop{false};
+  std::thread echo([&] {
+    char buf[16];
+    while (!stop.load()) {
+      pollfd p{b, POLLIN, 0};
+      if (poll(&p, 1, 100) == 1 && recv(b, buf, sizeof buf, 0) > 0) send(b, buf, 2, 0);
+    }
+  });
+  char buf[16] = {1, 2};
+  uint64_t n = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  while (elapsed() < seconds) {
+    send(a, buf, 2, 0);
+    if (recv(a, buf, sizeof buf, 0) != 2) break;
+    ++n;
+  }
+  const double t = elapsed();
+  stop = true;
+  echo.join();
+  close(a);
+  close(b);
+  std::printf("%.2f\n", n ? t / n / 2 * 1e6 : 0.0);
+  return 0;
+}
+
+// Raw UDP throughput with 4 KiB datagrams (sendmmsg/recvmmsg), the baseline beside ib_write_bw.
+int BenchUdpThroughput(double seconds) {
+  const auto t = uroce::wire::RunTransportBench(4096, seconds);
+  if (t.error != 0) return 1;
+  std::printf("%.3f\n", t.raw_gbps / 8);  // GB/s
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -41,6 +101,8 @@ int main(int argc, char** argv) {
     }
   }
   if (what == "wire") return BenchWire(seconds);
-  std::fprintf(stderr, "usage: uroce bench wire [--seconds S]\n");
+  if (what == "udp-lat") return BenchUdpLatency(seconds);
+  if (what == "udp-gbps") return BenchUdpThroughput(seconds);
+  std::fprintf(stderr, "usage: uroce_bench wire|udp-lat|udp-gbps [--seconds S]\n");
   return 2;
 }
