@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole suite, as `tools/uroce test` and CI run it:
 #   1. every Bazel test target (unit tests beside the code, integration tests in tests/);
-#   2. the wire tests again under ASan+UBSan;
+#   2. the wire, emu and verbs_api tests again under ASan+UBSan, and the threaded ones under TSan;
 #   3. the libFuzzer packet parser for a bounded time (UROCE_FUZZ_SECONDS, default 60).
 # Counts individual test cases from each target's JUnit XML and ends with the line "N passed, N failed".
 set -uo pipefail
@@ -37,7 +37,9 @@ run_bazel_tests() {
 
 run_bazel_tests unit+integration //...
 if [ "${UROCE_SKIP_SANITIZERS:-0}" != 1 ]; then
-  run_bazel_tests asan //wire/... --config=asan
+  # The engine's own tests (no Debian client processes) under ASan+UBSan and under TSan.
+  run_bazel_tests asan "//wire/... + //emu/... + //verbs_api/..." --config=asan
+  run_bazel_tests tsan "//emu/... + //verbs_api/... + //wire:uring_transport_test + //wire:sim_network_test + //wire:fault_transport_test + //wire:capture_transport_test" --config=tsan
 fi
 
 # Fuzzing: a bounded libFuzzer run of the packet parser; a crash or sanitizer report fails it. The clang build lives in
