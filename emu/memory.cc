@@ -33,11 +33,16 @@ uint8_t* MemoryRegion::Translate(uint64_t va, uint64_t len) const {
   return host + offset;
 }
 
-MemoryRegion KeyTable::Register(MemoryRegion mr) {
+uint32_t KeyTable::NewIndex() {
   uint32_t index = next_index_ & 0xffffff;
-  while (index == 0 || regions_.count(index)) index = (index + 1) & 0xffffff;
+  while (index == 0 || regions_.count(index) || windows_.count(index)) index = (index + 1) & 0xffffff;
   next_index_ = index + 1;
   generation_ = static_cast<uint8_t>(generation_ * 5 + 1);
+  return index;
+}
+
+MemoryRegion KeyTable::Register(MemoryRegion mr) {
+  const uint32_t index = NewIndex();
   mr.lkey = mr.rkey = (index << 8) | generation_;
   regions_[index] = mr;
   return mr;
@@ -84,10 +89,21 @@ AccessResult KeyTable::CheckLocal(uint32_t lkey, const ProtectionDomain* pd, uin
 }
 
 AccessResult KeyTable::CheckRemote(uint32_t rkey, const ProtectionDomain* pd, uint64_t va, uint64_t len,
-                                   uint32_t needed) const {
+                                   uint32_t needed, uint32_t qpn) const {
   // A zero-length RDMA operation carries no R_Key check (IBTA 9.4.3 / 9.4.4: "if the DMA length is zero... the R_Key
   // is not validated").
   if (len == 0) return {AccessError::kNone, nullptr};
+  if (const MemoryWindow* w = FindWindow(rkey)) {
+    if (!w->bound) return {AccessError::kBadKey};
+    if (w->pd != pd) return {AccessError::kWrongPd};
+    if (w->type == 2 && w->qpn != qpn) return {AccessError::kBadKey};  // IBTA 10.6.7.2.2: only the bound QP
+    if ((w->access & needed) != needed) return {AccessError::kNoPermission};
+    if (va < w->va || va - w->va > w->length || len > w->length - (va - w->va)) return {AccessError::kOutOfBounds};
+    const MemoryRegion* under = Find(w->mr_lkey);
+    uint8_t* host = under ? under->Translate(va, len) : nullptr;
+    if (host == nullptr) return {AccessError::kOutOfBounds};
+    return {AccessError::kNone, host};
+  }
   const MemoryRegion* mr = Find(rkey);
   if (mr == nullptr) return {AccessError::kBadKey};
   if (mr->pd != pd) return {AccessError::kWrongPd};
@@ -95,6 +111,68 @@ AccessResult KeyTable::CheckRemote(uint32_t rkey, const ProtectionDomain* pd, ui
   uint8_t* host = mr->Translate(va, len);
   if (host == nullptr) return {AccessError::kOutOfBounds};
   return {AccessError::kNone, host};
+}
+
+uint32_t KeyTable::AllocateWindow(const ProtectionDomain* pd, uint8_t type) {
+  const uint32_t index = NewIndex();
+  MemoryWindow w;
+  w.pd = pd;
+  w.type = type;
+  w.rkey = (index << 8) | generation_;
+  windows_[index] = w;
+  return w.rkey;
+}
+
+const MemoryWindow* KeyTable::FindWindow(uint32_t rkey) const {
+  auto it = windows_.find(rkey >> 8);
+  if (it == windows_.end() || it->second.rkey != rkey) return nullptr;
+  return &it->second;
+}
+
+int KeyTable::DeallocateWindow(uint32_t rkey) {
+  auto it = windows_.find(rkey >> 8);
+  if (it == windows_.end()) return EINVAL;
+  windows_.erase(it);
+  return 0;
+}
+
+int KeyTable::BindWindow(uint32_t rkey, uint32_t new_rkey, const ProtectionDomain* pd, uint32_t mr_lkey, uint64_t va,
+                         uint64_t length, uint32_t rights, uint32_t qpn) {
+  auto it = windows_.find(rkey >> 8);
+  if (it == windows_.end() || it->second.rkey != rkey || (new_rkey >> 8) != (rkey >> 8)) return EINVAL;
+  MemoryWindow& w = it->second;
+  if (w.pd != pd) return EINVAL;
+  if (w.type == 2 && w.bound) return EINVAL;  // a bound type 2 window must be invalidated first (10.6.7.2.2)
+  if (length == 0) {
+    if (w.type == 2) return EINVAL;
+    w.bound = false;
+    w.rkey = new_rkey;
+    return 0;
+  }
+  const MemoryRegion* mr = Find(mr_lkey);
+  if (mr == nullptr || mr->pd != pd || !(mr->access & access::kMwBind)) return EINVAL;
+  if (!mr->implicit && (va < mr->iova || va - mr->iova > mr->length || length > mr->length - (va - mr->iova)))
+    return EINVAL;
+  constexpr uint32_t kRemote = access::kRemoteRead | access::kRemoteWrite | access::kRemoteAtomic;
+  if (rights & ~(kRemote | access::kZeroBased)) return EINVAL;
+  if ((rights & (access::kRemoteWrite | access::kRemoteAtomic)) && !(mr->access & access::kLocalWrite)) return EINVAL;
+  w.bound = true;
+  w.rkey = new_rkey;
+  w.mr_lkey = mr_lkey;
+  w.va = va;
+  w.length = length;
+  w.access = rights & kRemote;
+  w.qpn = qpn;
+  return 0;
+}
+
+int KeyTable::InvalidateWindow(uint32_t rkey, uint32_t qpn) {
+  auto it = windows_.find(rkey >> 8);
+  if (it == windows_.end() || it->second.rkey != rkey) return EINVAL;
+  MemoryWindow& w = it->second;
+  if (w.type != 2 || !w.bound || (qpn != 0 && w.qpn != qpn)) return EINVAL;
+  w.bound = false;
+  return 0;
 }
 
 }  // namespace uroce::emu

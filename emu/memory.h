@@ -9,6 +9,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "emu/types.h"
 #include "emu/work_request.h"
 
 namespace uroce::emu {
@@ -38,6 +39,21 @@ struct MemoryRegion {
   uint8_t* Translate(uint64_t va, uint64_t len) const;
 };
 
+// A memory window (IBTA 10.6.7): a remote-access window onto part of a registered region, bound and unbound at run
+// time. Type 1 is bound by ibv_bind_mw and usable through any QP of its PD; type 2 is bound by a BIND_MW work request
+// to one QP, and only that QP's peer may use it; both are named by an R_Key whose low byte changes with each bind.
+struct MemoryWindow {
+  const ProtectionDomain* pd = nullptr;
+  uint8_t type = 1;
+  uint32_t rkey = 0;
+  bool bound = false;
+  uint32_t mr_lkey = 0;
+  uint64_t va = 0;
+  uint64_t length = 0;
+  uint32_t access = 0;
+  uint32_t qpn = 0;  // type 2: the QP it is bound to
+};
+
 // Why an access was refused; each maps to a completion status or a NAK at the caller.
 enum class AccessError : uint8_t { kNone, kBadKey, kWrongPd, kOutOfBounds, kNoPermission, kMisaligned };
 
@@ -62,14 +78,31 @@ class KeyTable {
   // Validates a local access: lkey names a region of `pd` holding [va, va+len) and allowing `needed` (access flags;
   // local read is always allowed, IBTA 10.6.3.1).
   AccessResult CheckLocal(uint32_t lkey, const ProtectionDomain* pd, uint64_t va, uint64_t len, uint32_t needed) const;
-  // Validates a remote access by an incoming request (RDMA WRITE/READ/atomic): rkey, PD, bounds, rights.
-  AccessResult CheckRemote(uint32_t rkey, const ProtectionDomain* pd, uint64_t va, uint64_t len,
-                           uint32_t needed) const;
+  // Validates a remote access by an incoming request (RDMA WRITE/READ/atomic): rkey, PD, bounds, rights. `qpn` is
+  // the QP the request arrived on (a type 2 window answers only its own QP).
+  AccessResult CheckRemote(uint32_t rkey, const ProtectionDomain* pd, uint64_t va, uint64_t len, uint32_t needed,
+                           uint32_t qpn = 0) const;
+
+  // Memory windows. Allocation returns the window's first R_Key.
+  uint32_t AllocateWindow(const ProtectionDomain* pd, uint8_t type);
+  // EBUSY for a bound type 2 window (it must be invalidated first), EINVAL for an unknown key.
+  int DeallocateWindow(uint32_t rkey);
+  const MemoryWindow* FindWindow(uint32_t rkey) const;
+  // Binds (length > 0) or unbinds (length 0, type 1) a window (IBTA 10.6.7.2): the region must be of the window's PD,
+  // allow MW_BIND, contain [va, va+length); the window's rights must be remote rights the region has (remote write
+  // or atomic only with local write); `new_rkey` differs from the current key only in its low byte. 0 or EINVAL.
+  int BindWindow(uint32_t rkey, uint32_t new_rkey, const ProtectionDomain* pd, uint32_t mr_lkey, uint64_t va,
+                 uint64_t length, uint32_t access, uint32_t qpn);
+  // Invalidates a bound type 2 window (LOCAL_INV, or SEND with invalidate arriving on QP `qpn`; 0 = local). 0 or
+  // EINVAL.
+  int InvalidateWindow(uint32_t rkey, uint32_t qpn);
 
   size_t size() const { return regions_.size(); }
 
  private:
+  uint32_t NewIndex();
   std::unordered_map<uint32_t, MemoryRegion> regions_;  // by index (key >> 8)
+  std::unordered_map<uint32_t, MemoryWindow> windows_;  // by index, disjoint from regions_'
   uint32_t next_index_ = 1;
   uint8_t generation_ = 0x17;
 };

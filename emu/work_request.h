@@ -59,6 +59,15 @@ struct SendWr {
   uint32_t remote_qkey = 0;
   // XRC
   uint32_t remote_srqn = 0;
+  // BIND_MW (a type 1 bind from ibv_bind_mw, or a type 2 bind work request): window, its next R_Key, what it opens.
+  struct Bind {
+    uint32_t mw_rkey = 0;
+    uint32_t new_rkey = 0;
+    uint32_t mr_lkey = 0;
+    uint64_t addr = 0;
+    uint64_t length = 0;
+    uint32_t access = 0;
+  } bind;
 
   uint64_t TotalLength() const;
 };
