@@ -83,6 +83,8 @@ int Device::DeallocPd(ProtectionDomain* pd) {
     if (qp->init().pd == pd) return EBUSY;
   for (auto& [_, ah] : ahs_)
     if (ah->pd() == pd) return EBUSY;
+  for (auto& [_, srq] : srqs_)
+    if (srq->pd() == pd) return EBUSY;
   if (keys_.AnyInPd(pd)) return EBUSY;
   pds_.erase(it);
   return 0;
@@ -132,6 +134,33 @@ int Device::QueryMr(uint32_t lkey, MemoryRegion* out) const {
   return 0;
 }
 
+int Device::AllocMw(ProtectionDomain* pd, uint8_t type, uint32_t* rkey) {
+  if (pd == nullptr || (type != 1 && type != 2)) return EINVAL;
+  std::lock_guard lock(mu_);
+  *rkey = keys_.AllocateWindow(pd, type);
+  return 0;
+}
+
+int Device::DeallocMw(uint32_t rkey) {
+  std::lock_guard lock(mu_);
+  return keys_.DeallocateWindow(rkey);
+}
+
+WcStatus Device::ExecuteLocalOpLocked(QueuePair* qp, const SendWr& wr) {
+  if (wr.opcode == SendOpcode::kLocalInv) {
+    // LOCAL_INV invalidates a type 2 window (regions are not invalidatable here: no fast-register MRs).
+    return keys_.InvalidateWindow(wr.invalidate_rkey, 0) == 0 ? WcStatus::kSuccess : WcStatus::kLocQpOpErr;
+  }
+  const SendWr::Bind& b = wr.bind;
+  const MemoryWindow* w = keys_.FindWindow(b.mw_rkey);
+  if (w == nullptr) return WcStatus::kMwBindErr;
+  // A type 2 window binds to the QP that executes the bind (IBTA 10.6.7.2.2).
+  const uint32_t qpn = w->type == 2 ? qp->qpn() : 0;
+  return keys_.BindWindow(b.mw_rkey, b.new_rkey, qp->init().pd, b.mr_lkey, b.addr, b.length, b.access, qpn) == 0
+             ? WcStatus::kSuccess
+             : WcStatus::kMwBindErr;
+}
+
 int Device::CreateCq(uint32_t capacity, CompletionQueue** out) {
   if (capacity == 0 || capacity > config_.limits.max_cqe) return EINVAL;
   std::lock_guard lock(mu_);
@@ -152,6 +181,8 @@ int Device::DestroyCq(CompletionQueue* cq) {
   std::lock_guard lock(mu_);
   for (auto& [_, qp] : qps_)
     if (qp->init().send_cq == cq || qp->init().recv_cq == cq) return EBUSY;
+  for (auto& [_, srq] : srqs_)
+    if (srq->cq() == cq) return EBUSY;  // an XRC SRQ completes there
   auto it = cqs_.find(cq->handle());
   if (it == cqs_.end() || it->second.get() != cq) return EINVAL;
   cqs_.erase(it);
@@ -181,11 +212,15 @@ int Device::CreateQp(QpInitAttributes& init, QueuePair** out) {
     case QpType::kRc:
     case QpType::kUc:
     case QpType::kUd:
+    case QpType::kXrcSend:
+    case QpType::kXrcRecv:
       break;
     default:
-      return EOPNOTSUPP;  // XRC and raw packet QPs: see README's support table
+      return EOPNOTSUPP;  // raw packet QPs: see README's support table
   }
-  if (init.pd == nullptr || init.send_cq == nullptr || init.recv_cq == nullptr) return EINVAL;
+  if (int err = CheckSharedReceiveInit(init)) return err;  // SRQ and XRC rules (xrc.cc)
+  const bool xrc = init.type == QpType::kXrcSend || init.type == QpType::kXrcRecv;
+  if (!xrc && (init.pd == nullptr || init.send_cq == nullptr || init.recv_cq == nullptr)) return EINVAL;
   QpCapabilities& cap = init.cap;
   if (cap.max_send_wr > lim.max_qp_wr || cap.max_recv_wr > lim.max_qp_wr || cap.max_send_sge > lim.max_sge ||
       cap.max_recv_sge > lim.max_sge || cap.max_inline_data > lim.max_inline_data)
@@ -194,8 +229,11 @@ int Device::CreateQp(QpInitAttributes& init, QueuePair** out) {
   cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
   cap.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
   cap.max_inline_data = lim.max_inline_data;
+  if (init.srq != nullptr || xrc) cap.max_recv_wr = cap.max_recv_sge = 0;  // no receive queue of its own
+  if (init.type == QpType::kXrcRecv) cap = QpCapabilities{};              // nor a send queue
   std::lock_guard lock(mu_);
   if (qps_.size() >= lim.max_qp) return ENOMEM;
+  if (int err = AttachSharedReceiveLocked(init)) return err;
   uint32_t qpn = next_qpn_;
   while (qps_.count(qpn)) qpn = (qpn + 1) & 0xffffff;
   next_qpn_ = std::max<uint32_t>((qpn + 1) & 0xffffff, 0x11);
@@ -213,7 +251,8 @@ int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
     std::lock_guard lock(mu_);
     err = ModifyQpLocked(qp, attr, mask);
     // Work posted while the QP could not send (SQD) goes out once it can.
-    if (err == 0 && qp->type() == QpType::kRc && qp->state() == QpState::kRts) RcProgressLocked(qp, out);
+    if (err == 0 && (qp->type() == QpType::kRc || qp->type() == QpType::kXrcSend) && qp->state() == QpState::kRts)
+      RcProgressLocked(qp, out);
   }
   Transmit(out);
   return err;
@@ -262,6 +301,8 @@ int Device::DestroyQp(QueuePair* qp) {
   std::lock_guard lock(mu_);
   auto it = qps_.find(qp->qpn());
   if (it == qps_.end() || it->second.get() != qp) return EINVAL;
+  if (--qp->references > 0) return 0;  // an opened XRC target lives on (ibv_open_qp(3))
+  DetachSharedReceiveLocked(qp->init());
   qps_.erase(it);
   return 0;
 }
@@ -278,6 +319,7 @@ void Device::RaiseLocked(const AsyncEvent& e) {
 }
 
 void Device::CompleteLocked(CompletionQueue* cq, const Completion& c) {
+  if (cq == nullptr) return;  // an XRC QP has no CQ for the direction it does not have
   Completion stamped = c;
   stamped.timestamp_ns = clock_.NowNs();
   if (!cq->Push(stamped)) {
@@ -291,6 +333,8 @@ Completion Device::SendCompletion(const QueuePair& qp, const SendWr& wr, WcStatu
   c.wr_id = wr.wr_id;
   c.status = status;
   c.qp_num = qp.qpn();
+  // The message length, as rxe reports for every send-queue completion (mlx5 for READ and atomics, which need it).
+  c.byte_len = static_cast<uint32_t>(wr.TotalLength());
   switch (wr.opcode) {
     case SendOpcode::kRdmaWrite:
     case SendOpcode::kRdmaWriteWithImm:
@@ -325,6 +369,10 @@ void Device::CompleteSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status
 }
 
 void Device::FlushLocked(QueuePair* qp) {
+  // A QP that takes its WQEs from an SRQ consumes no more of them once in the error state: the consumer learns it may
+  // detach with IBV_EVENT_QP_LAST_WQE_REACHED (IBTA 10.3.1 / 11.6.3.1; the SRQ's own WQEs are not flushed).
+  if (qp->init().srq != nullptr || qp->type() == QpType::kXrcRecv)
+    RaiseLocked({AsyncEventType::kQpLastWqeReached, qp});
   // IBTA 10.3.1 / ibv_modify_qp(3): in the error state outstanding WRs complete with IBV_WC_WR_FLUSH_ERR.
   auto& rq = qp->receive_queue();
   for (const RecvWr& r : rq) {
@@ -389,6 +437,7 @@ int Device::PostSend(QueuePair* qp, SendWr&& wr) {
     std::lock_guard lock(mu_);
     const QpState s = qp->state();
     if (s == QpState::kReset || s == QpState::kInit || s == QpState::kRtr) return EINVAL;
+    if (qp->type() == QpType::kXrcRecv) return EINVAL;  // an XRC target has no send queue (Annex A14)
     if (wr.sg_list.size() > qp->attributes().cap.max_send_sge) return EINVAL;
     if ((wr.flags & send_flags::kInline) && wr.inline_data.size() > qp->attributes().cap.max_inline_data)
       return EINVAL;
@@ -405,6 +454,7 @@ int Device::PostSend(QueuePair* qp, SendWr&& wr) {
         err = PostSendUcLocked(qp, wr, out);
         break;
       case QpType::kRc:
+      case QpType::kXrcSend:  // an XRC initiator is an RC requester whose packets name the target SRQ
         err = PostSendRcLocked(qp, wr, out);
         break;
       default:
@@ -444,6 +494,15 @@ int Device::PostSendUdLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
 }
 
 int Device::PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
+  if (wr.opcode == SendOpcode::kBindMw || wr.opcode == SendOpcode::kLocalInv) {
+    const WcStatus st = ExecuteLocalOpLocked(qp, wr);
+    CompleteSendLocked(qp, wr, st);
+    if (st != WcStatus::kSuccess) {
+      QpAttributes& a = qp->mutable_attributes();
+      a.qp_state = a.cur_qp_state = QpState::kSqe;
+    }
+    return 0;
+  }
   const bool is_write = wr.opcode == SendOpcode::kRdmaWrite || wr.opcode == SendOpcode::kRdmaWriteWithImm;
   const bool is_send = wr.opcode == SendOpcode::kSend || wr.opcode == SendOpcode::kSendWithImm;
   if (!is_write && !is_send) return EINVAL;  // UC has no READ, atomics or invalidate (IBTA table 39)
@@ -495,6 +554,8 @@ int Device::PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
 int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
   std::lock_guard lock(mu_);
   if (qp->state() == QpState::kReset) return EINVAL;
+  // Receives of a QP on an SRQ are posted to the SRQ; XRC QPs have no receive queue (ibv_post_recv(3), Annex A14).
+  if (qp->init().srq != nullptr || qp->type() == QpType::kXrcSend || qp->type() == QpType::kXrcRecv) return EINVAL;
   if (wr.sg_list.size() > qp->attributes().cap.max_recv_sge) return EINVAL;
   if (qp->state() == QpState::kErr) {
     Completion c;
@@ -588,8 +649,10 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out) {
     ++counters_.rx_unknown_qp;
     return;
   }
+  const bool xrc = qp->type() == QpType::kXrcSend || qp->type() == QpType::kXrcRecv;
   const wire::TransportKind want = qp->type() == QpType::kUd   ? wire::TransportKind::kUd
                                    : qp->type() == QpType::kUc ? wire::TransportKind::kUc
+                                   : xrc                       ? wire::TransportKind::kXrc
                                                                : wire::TransportKind::kRc;
   if (p.info->transport != want) {
     ++counters_.rx_wrong_transport;
@@ -614,6 +677,17 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out) {
     case QpType::kRc:
       ReceiveRcLocked(qp, p, out);
       break;
+    case QpType::kXrcSend:
+      // An initiator only requests: what it receives are responses (Annex A14).
+      if (p.info->is_request) {
+        ++counters_.rx_wrong_transport;
+        break;
+      }
+      ReceiveRcLocked(qp, p, out);
+      break;
+    case QpType::kXrcRecv:
+      ReceiveXrcTargetLocked(qp, p, out);  // xrc.cc
+      break;
     default:
       break;
   }
@@ -624,13 +698,12 @@ void Device::ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wir
     ++counters_.rx_bad_qkey;  // IBTA 10.2.4 (C10-15): Q_Key mismatch, silently dropped
     return;
   }
-  auto& rq = qp->receive_queue();
-  if (rq.empty()) {
+  std::optional<RecvWr> taken = TakeReceiveWqeLocked(qp);  // the QP's own queue or its SRQ
+  if (!taken) {
     ++counters_.rx_no_receive_wqe;  // UD has no RNR: the datagram is lost (IBTA 9.7.8)
     return;
   }
-  RecvWr rqe = std::move(rq.front());
-  rq.pop_front();
+  RecvWr rqe = std::move(*taken);
   Completion c;
   c.wr_id = rqe.wr_id;
   c.opcode = WcOpcode::kRecv;
@@ -688,7 +761,8 @@ void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
     } else {
       const wire::Reth& reth = *p.reth;
       const bool allowed = a.qp_access_flags & access::kRemoteWrite;
-      AccessResult r = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteWrite);
+      AccessResult r = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteWrite,
+                                         qp->qpn());
       if (!allowed || !r.ok()) {
         ++counters_.rx_remote_access_denied;  // UC cannot NAK: the message is dropped (IBTA 9.7.6.1.5)
         m.dropping = true;
@@ -772,7 +846,7 @@ uint64_t Device::RunTimers() {
     std::lock_guard lock(mu_);
     const uint64_t now = clock_.NowNs();
     for (auto& [_, qp] : qps_) {
-      if (qp->type() != QpType::kRc) continue;
+      if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) continue;  // the RC requesters
       RcTimersLocked(qp.get(), now, out);
       const uint64_t d = RcNextDeadline(qp.get());
       if (d != 0 && (next == 0 || d < next)) next = d;

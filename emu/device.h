@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "emu/completion_queue.h"
 #include "emu/memory.h"
 #include "emu/queue_pair.h"
+#include "emu/srq.h"
 #include "emu/types.h"
 #include "emu/work_request.h"
 #include "wire/address.h"
@@ -70,6 +72,7 @@ struct AsyncEvent {
   QueuePair* qp = nullptr;
   CompletionQueue* cq = nullptr;
   uint8_t port = 0;
+  SharedReceiveQueue* srq = nullptr;  // kSrqLimitReached, kSrqErr
 };
 
 // Why the device dropped or refused packets; `uroce stats` prints these.
@@ -120,6 +123,10 @@ class Device {
   int DeregisterMr(uint32_t lkey);
   int QueryMr(uint32_t lkey, MemoryRegion* out) const;  // EINVAL for an unknown key
 
+  // Memory windows (IBTA 10.6.7): type 1 or 2. Fills *rkey. Binding goes through PostSend (SendOpcode::kBindMw).
+  int AllocMw(ProtectionDomain* pd, uint8_t type, uint32_t* rkey);
+  int DeallocMw(uint32_t rkey);
+
   int CreateCq(uint32_t capacity, CompletionQueue** out);
   int ResizeCq(CompletionQueue* cq, uint32_t capacity);
   int DestroyCq(CompletionQueue* cq);  // EBUSY while a QP uses it
@@ -131,7 +138,25 @@ class Device {
   int CreateQp(QpInitAttributes& init, QueuePair** out);
   int ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
   int QueryQp(QueuePair* qp, QpAttributes* attr);
+  // Drops one handle on the QP (an XRC target opened by OpenQp has several); the QP goes with the last.
   int DestroyQp(QueuePair* qp);
+
+  // --- shared receive queues and XRC (srq.h; IBTA Annex A14) ---------------------------------------------------
+  // Creates an SRQ: basic (pd required) or XRC (pd, xrcd and cq required). `attr` is updated to what it really has.
+  // EINVAL for a missing object or max_wr/max_sge of 0 or above the device limits, ENOMEM past max_srq.
+  int CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, CompletionQueue* cq, SrqAttributes& attr,
+                SharedReceiveQueue** out);
+  int ModifySrq(SharedReceiveQueue* srq, const SrqAttributes& attr, uint32_t mask);
+  int QuerySrq(SharedReceiveQueue* srq, SrqAttributes* attr);
+  int DestroySrq(SharedReceiveQueue* srq);  // EBUSY while a QP uses it
+  int PostSrqRecv(SharedReceiveQueue* srq, RecvWr&& wr);
+  // Opens the domain of `inode` (a new one when none exists and `create`; EAGAIN when none exists without it; EINVAL
+  // when one exists and `exclusive`), or a new private domain when `inode` is nullopt (ibv_open_xrcd(3)).
+  int OpenXrcd(std::optional<uint64_t> inode, bool create, bool exclusive, XrcDomain** out);
+  int CloseXrcd(XrcDomain* xrcd);  // EBUSY while SRQs or target QPs of this open use it and it is the last
+  // ibv_open_qp(3): another handle on the XRC target QP `qpn` of `xrcd`; EINVAL when there is none of that type.
+  int OpenQp(XrcDomain* xrcd, uint32_t qpn, QpType type, QueuePair** out);
+  void SetQpOwner(QueuePair* qp, void* owner);
 
   // --- data path ----------------------------------------------------------------------------------------------
   // Posts one work request; a post-time error (bad state, too many SGEs, queue full) is returned and nothing is
@@ -166,6 +191,22 @@ class Device {
   void ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wire::PacketView& p);
   void ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p);
   void Transmit(OutBatch& out);
+  // The receive side of a QP with or without an SRQ (srq.h): whether a receive WQE is available, the next one (the
+  // SRQ's limit event is raised here), and the CQ its completion goes to.
+  // CreateQp's SRQ/XRC rules (ibv_create_qp(3) NOTES, Annex A14): 0 or EINVAL; clears what such a QP ignores.
+  static int CheckSharedReceiveInit(QpInitAttributes& init);
+  // With the lock: the SRQ and domain named by `init` exist; takes a use of each (released by DestroyQp).
+  int AttachSharedReceiveLocked(const QpInitAttributes& init);
+  void DetachSharedReceiveLocked(const QpInitAttributes& init);
+  bool HasReceiveWqeLocked(QueuePair* qp);
+  std::optional<RecvWr> TakeReceiveWqeLocked(QueuePair* qp);
+  // XRC target: checks the XRCETH's SRQ and runs the RC responder with that SRQ's PD, CQ and WQEs.
+  void ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
+  // RC opcode -> the same operation on the QP's transport (XRC QPs use 0xA0 | the RC low 5 bits, Annex A14); an XRC
+  // initiator's requests also carry the XRCETH naming the target SRQ.
+  static void ToQpTransport(const QueuePair& qp, const SendWr* wr, wire::PacketSpec& spec);
+  // Executes a local operation of the send queue (BIND_MW, LOCAL_INV): kSuccess or kMwBindErr / kLocQpOpErr.
+  WcStatus ExecuteLocalOpLocked(QueuePair* qp, const SendWr& wr);
 
   // --- Reliable Connection (rc.cc): requester, responder, completer, timers ---
   int PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
@@ -199,6 +240,10 @@ class Device {
   std::map<uint32_t, std::unique_ptr<CompletionQueue>> cqs_;
   std::map<uint32_t, std::unique_ptr<QueuePair>> qps_;
   std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
+  std::map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;  // by SRQ number
+  std::map<XrcDomain*, std::unique_ptr<XrcDomain>> xrcds_;
+  uint32_t next_srqn_ = 1;
+  uint32_t next_xrcd_ = 1;
   uint32_t next_pd_ = 1;
   uint32_t next_cq_ = 1;
   uint32_t next_qpn_ = 0x11;

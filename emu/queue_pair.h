@@ -9,6 +9,7 @@
 #include "emu/completion_queue.h"
 #include "emu/memory.h"
 #include "emu/rc_state.h"
+#include "emu/srq.h"
 #include "emu/types.h"
 #include "emu/work_request.h"
 #include "wire/address.h"
@@ -34,6 +35,10 @@ struct QpInitAttributes {
   CompletionQueue* recv_cq = nullptr;
   QpCapabilities cap;
   bool sq_sig_all = false;
+  // RC/UD: receive WQEs come from this SRQ instead of the QP's own receive queue (ibv_create_qp(3) NOTES).
+  SharedReceiveQueue* srq = nullptr;
+  // XRC_RECV: the domain whose SRQs the target may deliver into (Annex A14); it has no PD, CQs or queues of its own.
+  XrcDomain* xrcd = nullptr;
 };
 
 // Receiver-side state of the message being assembled (UC and RC responder; IBTA 9.7.6 / 9.7.7).
@@ -67,6 +72,11 @@ class QueuePair {
 
   // Opaque back-pointer for the layer above (verbs_api's ibv_qp), so an async event finds its owner.
   void* owner = nullptr;
+  // XRC_RECV: handles on the QP (its creation and each ibv_open_qp); destroyed with the last (ibv_open_qp(3)).
+  int references = 1;
+  // XRC_RECV: the PD and receive CQ borrowed from the SRQ named by the request being processed, and that SRQ.
+  SharedReceiveQueue* packet_srq = nullptr;
+  QpInitAttributes& mutable_init() { return init_; }
 
   uint32_t NextSendPsn() {
     const uint32_t psn = attrs_.sq_psn;

@@ -96,7 +96,7 @@ int Device::PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
       break;
     case SendOpcode::kLocalInv:
     case SendOpcode::kBindMw:
-      return EOPNOTSUPP;  // memory windows: README support table
+      break;  // local operations, executed in order when the send queue reaches them
     default:
       return EINVAL;
   }
@@ -140,9 +140,28 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
   std::vector<uint8_t> payload;
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
+    if (!w.started && (w.wr.opcode == SendOpcode::kBindMw || w.wr.opcode == SendOpcode::kLocalInv)) {
+      if (a.qp_state == QpState::kSqd) break;
+      // A local operation takes no PSN: it happens when the queue reaches it and completes in order.
+      const WcStatus st = ExecuteLocalOpLocked(qp, w.wr);
+      if (st != WcStatus::kSuccess) {
+        RcFailLocked(qp, r.cursor_wqe, st);
+        return;
+      }
+      w.started = true;
+      w.acked = true;
+      w.first_psn = a.sq_psn;
+      w.npsn = 0;
+      ++r.cursor_wqe;
+      r.cursor_pkt = 0;
+      RcCompleteInOrderLocked(qp);
+      continue;
+    }
     if (!w.started) {
       if (a.qp_state == QpState::kSqd) break;  // SQD: nothing new starts
       if ((w.is_read() || w.is_atomic()) && outstanding_rd_atomic() >= std::max<uint32_t>(a.max_rd_atomic, 1)) break;
+      // IBV_SEND_FENCE (IBTA 10.8.3.3): wait until every earlier READ and atomic has completed.
+      if ((w.wr.flags & send_flags::kFence) && outstanding_rd_atomic() > 0) break;
       w.length = w.wr.TotalLength();
       if (w.length > config_.limits.max_msg_sz) {
         RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocLenErr);
@@ -178,6 +197,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       spec.bth.ack_req = true;
       // A re-issued READ asks only for what has not arrived yet (IBTA 9.7.4.1.4).
       spec.reth = wire::Reth{w.wr.remote_addr + off, w.wr.rkey, static_cast<uint32_t>(w.length - std::min(off, w.length))};
+      ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(transport_, spec, {}, dst, sport);
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
@@ -187,6 +207,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       spec.bth.ack_req = true;
       spec.atomic = wire::AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
                                     cas ? w.wr.compare_add : 0};
+      ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(transport_, spec, {}, dst, sport);
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
@@ -220,6 +241,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
         RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocProtErr);
         return;
       }
+      ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(transport_, spec, payload, dst, sport);
       if (++r.cursor_pkt == w.npsn) {
         ++r.cursor_wqe;
@@ -342,7 +364,9 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
             r.cursor_pkt = static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn));
             if (r.sq[i].is_read()) r.sq[i].read_next = r.cursor_pkt;
           }
-          progressed = true;
+          // The resend re-arms the ACK timer. Only a PSN that advanced (advance_acked) is progress that restores
+          // the retry budgets: a NAK repeating the PSN of an RNR-NAKed request must not refill rnr_retry.
+          r.retransmit_deadline_ns = 0;
           break;
         }
         if (i == r.sq.size()) break;
@@ -413,7 +437,9 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     return;
   }
   if (progressed) {
-    r.retries_left = a.retry_cnt;  // forward progress restores the retry budget
+    // Forward progress restores both retry budgets: they bound the retries of one request, not the connection's.
+    r.retries_left = a.retry_cnt;
+    r.rnr_retries_left = a.rnr_retry;
     r.retransmit_deadline_ns = 0;
   }
   RcCompleteInOrderLocked(qp);
@@ -478,12 +504,13 @@ void Device::RcSendAck(QueuePair* qp, uint32_t psn, const wire::Aeth& aeth, OutB
   spec.bth.dest_qp = qp->attributes().dest_qp_num;
   spec.bth.psn = psn;
   spec.aeth = aeth;
+  ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
   out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
 }
 
 void Device::RcSendReadResponses(QueuePair* qp, const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
   const uint32_t mtu = MtuBytes(qp->attributes().path_mtu);
-  AccessResult acc = keys_.CheckRemote(res.rkey, qp->init().pd, res.va, res.length, access::kRemoteRead);
+  AccessResult acc = keys_.CheckRemote(res.rkey, qp->init().pd, res.va, res.length, access::kRemoteRead, qp->qpn());
   if (!acc.ok()) return;  // deregistered since: a duplicate gets no answer; the requester's retries decide
   const auto first = static_cast<uint32_t>(PsnDiff(from_psn, res.psn));
   for (uint32_t k = first; k < res.npsn; ++k) {
@@ -498,6 +525,7 @@ void Device::RcSendReadResponses(QueuePair* qp, const ResponderResource& res, ui
     spec.bth.dest_qp = qp->attributes().dest_qp_num;
     spec.bth.psn = PsnAdd(res.psn, k);
     if (f || l) spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
+    ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
     out.Add(transport_, spec, std::span<const uint8_t>(acc.host ? acc.host + off : nullptr, len), PeerOf(*qp),
             SourcePortOf(*qp));
   }
@@ -548,6 +576,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
           spec.bth.psn = psn;
           spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
           spec.atomic_ack = wire::AtomicAckEth{res.original};
+          ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
           out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
           return;
         }
@@ -573,7 +602,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       return;
     }
     const bool needs_rqe = is_send || (ends && p.imm.has_value());
-    if (needs_rqe && !m.rqe && qp->receive_queue().empty()) {
+    if (needs_rqe && !m.rqe && !HasReceiveWqeLocked(qp)) {  // the QP's receive queue or its SRQ
       // Receiver not ready (9.7.5.2.8): the requester waits min_rnr_timer and resends this packet.
       ++counters_.rc_rnr_naks_sent;
       RcSendAck(qp, psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
@@ -584,7 +613,8 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       m.kind = kind;
       if (!is_send) {
         const wire::Reth& reth = *p.reth;
-        AccessResult acc = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteWrite);
+        AccessResult acc = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteWrite,
+                                         qp->qpn());
         if (!(a.qp_access_flags & access::kRemoteWrite) || !acc.ok()) {
           ++counters_.rx_remote_access_denied;
           m = InboundMessage{};
@@ -596,8 +626,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       }
     }
     if (is_send && !m.rqe) {
-      m.rqe = std::move(qp->receive_queue().front());
-      qp->receive_queue().pop_front();
+      m.rqe = TakeReceiveWqeLocked(qp);
     }
     if (is_send) {
       WcStatus st = ScatterLocked(*qp, m.rqe->sg_list, m.offset, p.payload);
@@ -623,6 +652,12 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       if (!p.payload.empty()) std::memcpy(m.write_host + m.offset, p.payload.data(), p.payload.size());
     }
     m.offset += p.payload.size();
+    if (ends && p.ieth && keys_.InvalidateWindow(p.ieth->rkey, qp->qpn()) != 0) {
+      // SEND with invalidate names an R_Key we cannot invalidate (not a type 2 window bound to this QP): the
+      // responder refuses the request (IBTA 9.4.6 / 10.6.7.2.3).
+      fatal_nak(wire::NakCode::kInvalidRequest);
+      return;
+    }
     a.rq_psn = PsnAdd(a.rq_psn, 1);
     if (ends) {
       R.msn = PsnAdd(R.msn, 1);
@@ -645,8 +680,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
           c.wr_id = m.rqe->wr_id;
           c.opcode = WcOpcode::kRecv;
         } else {
-          c.wr_id = qp->receive_queue().front().wr_id;
-          qp->receive_queue().pop_front();
+          c.wr_id = TakeReceiveWqeLocked(qp)->wr_id;
           c.opcode = WcOpcode::kRecvRdmaWithImm;
         }
         CompleteLocked(qp->init().recv_cq, c);
@@ -663,7 +697,8 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
   }
   if (op == wire::Operation::kReadRequest) {
     const wire::Reth& reth = *p.reth;
-    AccessResult acc = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteRead);
+    AccessResult acc = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteRead,
+                                         qp->qpn());
     if (!(a.qp_access_flags & access::kRemoteRead) || !acc.ok()) {
       ++counters_.rx_remote_access_denied;
       fatal_nak(wire::NakCode::kRemoteAccessError);
@@ -689,7 +724,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       fatal_nak(wire::NakCode::kInvalidRequest);  // misaligned atomic (9.4.5)
       return;
     }
-    AccessResult acc = keys_.CheckRemote(ae.rkey, qp->init().pd, ae.va, 8, access::kRemoteAtomic);
+    AccessResult acc = keys_.CheckRemote(ae.rkey, qp->init().pd, ae.va, 8, access::kRemoteAtomic, qp->qpn());
     if (!(a.qp_access_flags & access::kRemoteAtomic) || !acc.ok()) {
       ++counters_.rx_remote_access_denied;
       fatal_nak(wire::NakCode::kRemoteAccessError);
@@ -719,6 +754,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     spec.bth.psn = psn;
     spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, R.msn);
     spec.atomic_ack = wire::AtomicAckEth{original};
+    ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
     out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
     return;
   }

@@ -2,13 +2,27 @@
 
 #include <gtest/gtest.h>
 
+#include "wire/frame.h"
+#include "wire/icrc.h"
+
 namespace uroce::emu::testing {
+
+std::optional<wire::PacketView> ScriptedTransport::Sent::Parse() const {
+  auto p = wire::ParsePacket(bytes);
+  if (!p) return std::nullopt;
+  return *p;
+}
 
 int ScriptedTransport::Send(std::span<const wire::OutDatagram> batch) {
   std::vector<wire::OutDatagram> kept;
   for (const auto& d : batch) {
     const uint64_t i = index_++;
-    if (drop_if && drop_if(i, d.payload)) continue;
+    const bool drop = drop_if && drop_if(i, d.payload);
+    if (record) {
+      log_.push_back(Sent{i, clock ? clock->NowNs() : 0, drop, d.dst,
+                          std::vector<uint8_t>(d.payload.begin(), d.payload.end())});
+    }
+    if (drop) continue;
     kept.push_back(d);
   }
   if (!kept.empty()) {
@@ -23,6 +37,7 @@ Node& Fabric::AddNode(Mtu mtu) {
   const wire::UdpEndpoint ep{wire::IpAddress::V4(0x0a000001 + static_cast<uint32_t>(nodes_.size())),
                              wire::kRoceV2UdpPort};
   node->transport = std::make_unique<ScriptedTransport>(network_.Attach(ep));
+  node->transport->clock = &clock_;
   DeviceConfig cfg;
   cfg.address = ep.addr;
   cfg.active_mtu = mtu;
@@ -34,29 +49,63 @@ Node& Fabric::AddNode(Mtu mtu) {
   return *raw;
 }
 
+bool Fabric::Step() { return StepUntil(0); }
+
+// One round of Pump; `deadline_ns` (0: none) bounds how far the clock may move. False when quiet or blocked by the
+// deadline.
+bool Fabric::StepUntil(uint64_t deadline_ns) {
+  int n = 0;
+  for (auto& node : nodes_) {
+    Device* dev = node->device.get();
+    n += node->transport->Poll([dev](const wire::InDatagram& d) { dev->OnDatagram(d); }, 0);
+  }
+  uint64_t next_timer = 0;
+  for (auto& node : nodes_) {
+    const uint64_t t = node->device->RunTimers();
+    if (t != 0 && (next_timer == 0 || t < next_timer)) next_timer = t;
+  }
+  last_delivered_ = n;
+  if (n > 0) return true;
+  auto next = network_.NextDeliveryNs();
+  uint64_t target = next ? *next : 0;
+  if (next_timer != 0 && (target == 0 || next_timer < target)) target = next_timer;
+  if (target == 0) return false;
+  if (deadline_ns != 0 && target > deadline_ns) return false;
+  if (target > clock_.NowNs()) clock_.Set(target);
+  return true;
+}
+
 int Fabric::Pump(int max_rounds) {
   int delivered = 0;
   for (int round = 0; round < max_rounds; ++round) {
-    int n = 0;
-    for (auto& node : nodes_) {
-      Device* dev = node->device.get();
-      n += node->transport->Poll([dev](const wire::InDatagram& d) { dev->OnDatagram(d); }, 0);
-    }
-    uint64_t next_timer = 0;
-    for (auto& node : nodes_) {
-      const uint64_t t = node->device->RunTimers();
-      if (t != 0 && (next_timer == 0 || t < next_timer)) next_timer = t;
-    }
-    delivered += n;
-    if (n > 0) continue;
-    auto next = network_.NextDeliveryNs();
-    uint64_t target = next ? *next : 0;
-    if (next_timer != 0 && (target == 0 || next_timer < target)) target = next_timer;
-    if (target == 0) return delivered;
-    if (target > clock_.NowNs()) clock_.Set(target);
+    const bool more = StepUntil(0);
+    delivered += last_delivered_;
+    if (!more) return delivered;
   }
   ADD_FAILURE() << "network did not go quiet in " << max_rounds << " rounds";
   return delivered;
+}
+
+int Fabric::PumpUntil(uint64_t deadline_ns, int max_rounds) {
+  int delivered = 0;
+  for (int round = 0; round < max_rounds; ++round) {
+    const bool more = StepUntil(deadline_ns);
+    delivered += last_delivered_;
+    if (!more) return delivered;
+  }
+  ADD_FAILURE() << "network did not go quiet in " << max_rounds << " rounds";
+  return delivered;
+}
+
+void Fabric::Inject(Node& from, const Node& to, const wire::PacketSpec& spec, std::span<const uint8_t> payload) {
+  const wire::UdpEndpoint dst{to.device->config().address, wire::kRoceV2UdpPort};
+  const uint16_t sport = wire::kRoceSourcePortMin;
+  std::vector<uint8_t> bytes(wire::EncodedLength(spec, payload.size()));
+  auto n = wire::EncodePacket(spec, payload, bytes);
+  ASSERT_TRUE(n.has_value());
+  wire::SealIcrc(from.transport->OutgoingFlow(dst, sport), bytes);
+  const wire::OutDatagram d{dst, sport, bytes};
+  ASSERT_EQ(from.transport->Send(std::span(&d, 1)), 1);
 }
 
 Buffer Register(Device& dev, ProtectionDomain* pd, size_t size, uint32_t access) {
@@ -79,12 +128,13 @@ QueuePair* CreateReset(Device& dev, QpType type, ProtectionDomain* pd, Completio
 }
 }  // namespace
 
-void Connect(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, uint32_t access) {
+namespace {
+void ConnectWith(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, const RcAttributes& rc) {
   QpAttributes a;
   a.qp_state = QpState::kInit;
   a.port_num = 1;
   a.pkey_index = 0;
-  a.qp_access_flags = access;
+  a.qp_access_flags = rc.access;
   ASSERT_EQ(dev.ModifyQp(qp, a, attr::kState | attr::kPkeyIndex | attr::kPort | attr::kAccessFlags), 0);
   a.qp_state = QpState::kRtr;
   a.path_mtu = dev.config().active_mtu;
@@ -95,8 +145,8 @@ void Connect(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, 
   a.ah_attr.port_num = 1;
   uint32_t mask = attr::kState | attr::kAv | attr::kPathMtu | attr::kDestQpn | attr::kRqPsn;
   if (qp->type() == QpType::kRc) {
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
+    a.max_dest_rd_atomic = rc.max_dest_rd_atomic;
+    a.min_rnr_timer = rc.min_rnr_timer;
     mask |= attr::kMaxDestRdAtomic | attr::kMinRnrTimer;
   }
   ASSERT_EQ(dev.ModifyQp(qp, a, mask), 0);
@@ -104,14 +154,61 @@ void Connect(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, 
   a.sq_psn = 0;
   mask = attr::kState | attr::kSqPsn;
   if (qp->type() == QpType::kRc) {
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
+    a.timeout = rc.timeout;
+    a.retry_cnt = rc.retry_cnt;
+    a.rnr_retry = rc.rnr_retry;
+    a.max_rd_atomic = rc.max_rd_atomic;
     mask |= attr::kTimeout | attr::kRetryCnt | attr::kRnrRetry | attr::kMaxQpRdAtomic;
   }
   ASSERT_EQ(dev.ModifyQp(qp, a, mask), 0);
 }
+}  // namespace
+
+void Connect(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, uint32_t access) {
+  RcAttributes rc;
+  rc.access = access;
+  ConnectWith(dev, qp, peer, peer_qpn, rc);
+}
+
+void ConnectRc(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, const RcAttributes& rc) {
+  ConnectWith(dev, qp, peer, peer_qpn, rc);
+}
+
+RcPair::RcPair(Mtu mtu, const RcAttributes& rc_a, const RcAttributes& rc_b, QpCapabilities cap,
+               uint32_t cq_capacity) {
+  a = &fabric.AddNode(mtu);
+  b = &fabric.AddNode(mtu);
+  pa = a->device->AllocPd();
+  pb = b->device->AllocPd();
+  EXPECT_EQ(a->device->CreateCq(cq_capacity, &sa), 0);
+  EXPECT_EQ(a->device->CreateCq(cq_capacity, &ra), 0);
+  EXPECT_EQ(b->device->CreateCq(cq_capacity, &sb), 0);
+  EXPECT_EQ(b->device->CreateCq(cq_capacity, &rb), 0);
+  QpInitAttributes init;
+  init.type = QpType::kRc;
+  init.cap = cap;
+  init.pd = pa;
+  init.send_cq = sa;
+  init.recv_cq = ra;
+  EXPECT_EQ(a->device->CreateQp(init, &qa), 0);
+  init.cap = cap;
+  init.pd = pb;
+  init.send_cq = sb;
+  init.recv_cq = rb;
+  EXPECT_EQ(b->device->CreateQp(init, &qb), 0);
+  ConnectRc(*a->device, qa, *b->device, qb->qpn(), rc_a);
+  ConnectRc(*b->device, qb, *a->device, qa->qpn(), rc_b);
+}
+
+namespace {
+RcAttributes WithAccess(uint32_t access) {
+  RcAttributes rc;
+  rc.access = access;
+  return rc;
+}
+}  // namespace
+
+RcPair::RcPair(Mtu mtu, uint32_t access) : RcPair(mtu, WithAccess(access), WithAccess(access)) {}
 
 QueuePair* CreateConnectedQp(Device& dev, QpType type, ProtectionDomain* pd, CompletionQueue* cq,
                              const Device* peer_device, uint32_t peer_qpn, uint32_t access) {

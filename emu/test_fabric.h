@@ -5,10 +5,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "emu/device.h"
 #include "wire/clock.h"
+#include "wire/packet.h"
 #include "wire/sim_network.h"
 
 namespace uroce::emu::testing {
@@ -29,9 +31,25 @@ class ScriptedTransport final : public wire::Transport {
   void Wake() override { inner_->Wake(); }
   uint64_t sent() const { return index_; }
 
+  // What the node offered to the network, for tests that inspect packets on the wire (off unless `record`).
+  struct Sent {
+    uint64_t index = 0;
+    uint64_t time_ns = 0;  // the clock when sent (0 without a clock)
+    bool dropped = false;  // removed by drop_if
+    wire::UdpEndpoint dst;
+    std::vector<uint8_t> bytes;
+    // The parsed packet (views into `bytes`); nullopt if it does not parse.
+    std::optional<wire::PacketView> Parse() const;
+  };
+  bool record = false;
+  const wire::Clock* clock = nullptr;  // stamps Sent::time_ns (Fabric::AddNode sets it)
+  const std::vector<Sent>& log() const { return log_; }
+  void ClearLog() { log_.clear(); }
+
  private:
   std::unique_ptr<wire::Transport> inner_;
   uint64_t index_ = 0;
+  std::vector<Sent> log_;
 };
 
 struct Node {
@@ -49,9 +67,20 @@ class Fabric {
   wire::ManualClock& clock() { return clock_; }
   // Delivers datagrams and runs timers until nothing is in flight; returns the number of datagrams delivered.
   int Pump(int max_rounds = 100000);
+  // Like Pump, but never moves the clock past `deadline_ns`: returns when quiet or when the next event lies beyond
+  // it (for protocols that retry forever). Returns the number of datagrams delivered.
+  int PumpUntil(uint64_t deadline_ns, int max_rounds = 100000);
+  // One round: delivers what is due, runs timers, and when nothing was delivered moves the clock to the next event.
+  // Returns false when nothing is in flight and no timer is pending (quiet).
+  bool Step();
+  // Sends a crafted packet from `from` to `to` (ICRC sealed for the real flow), bypassing its device.
+  void Inject(Node& from, const Node& to, const wire::PacketSpec& spec, std::span<const uint8_t> payload = {});
 
  private:
+  bool StepUntil(uint64_t deadline_ns);
+
   wire::ManualClock clock_{1'000'000};
+  int last_delivered_ = 0;
   wire::SimNetwork network_;
   std::vector<std::unique_ptr<Node>> nodes_;
 };
@@ -72,6 +101,33 @@ QueuePair* CreateUdQp(Device& dev, ProtectionDomain* pd, CompletionQueue* cq, ui
 // Second half of connecting: tell `qp` (already RTS-capable) which remote QPN it talks to, for pairs created before
 // the peer's number was known.
 void Connect(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, uint32_t access = 0);
+
+// The RC attributes Connect() sets (ibv_modify_qp(3) meanings); ConnectRc takes others.
+struct RcAttributes {
+  uint8_t timeout = 14;        // local ACK timeout 4.096 us << timeout (0: none)
+  uint8_t retry_cnt = 7;       // 7: infinite
+  uint8_t rnr_retry = 7;       // 7: infinite
+  uint8_t min_rnr_timer = 12;  // 0.64 ms (IBTA table 45)
+  uint8_t max_rd_atomic = 1;
+  uint8_t max_dest_rd_atomic = 1;
+  uint32_t access = 0;         // qp_access_flags
+};
+void ConnectRc(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, const RcAttributes& rc);
+
+// Two nodes, each with a PD, a send CQ, a receive CQ and an RC QP connected to the other's.
+struct RcPair {
+  Fabric fabric;
+  Node *a, *b;
+  ProtectionDomain *pa, *pb;
+  CompletionQueue *sa, *ra, *sb, *rb;  // send / receive CQ of a and b
+  QueuePair *qa, *qb;
+
+  // `rc_a` are qa's attributes, `rc_b` qb's (access flags included).
+  RcPair(Mtu mtu, const RcAttributes& rc_a, const RcAttributes& rc_b, QpCapabilities cap = {64, 64, 4, 4, 0},
+         uint32_t cq_capacity = 1024);
+  explicit RcPair(Mtu mtu = Mtu::k1024, uint32_t access = access::kRemoteWrite | access::kRemoteRead |
+                                                           access::kRemoteAtomic);
+};
 
 std::vector<Completion> Drain(CompletionQueue* cq);
 

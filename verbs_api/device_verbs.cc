@@ -71,6 +71,8 @@ void DeliverAsyncEvent(Context* ctx, const emu::AsyncEvent& e) {
     ev.element.qp = static_cast<ibv_qp*>(e.qp->owner);
   } else if (e.cq) {
     ev.element.cq = static_cast<ibv_cq*>(e.cq->owner);
+  } else if (e.srq) {
+    ev.element.srq = static_cast<ibv_srq*>(e.srq->owner);  // SRQ limit reached (srq_verbs.cc)
   } else {
     ev.element.port_num = e.port;
   }
@@ -166,10 +168,11 @@ ibv_context* ibv_open_device(ibv_device* device) {
   ctx->dev().set_async_handler([](const emu::AsyncEvent& e) {
     std::lock_guard lock(g_contexts_mu);
     for (Context* each : g_contexts) {
-      void* owner = e.qp ? e.qp->owner : e.cq ? e.cq->owner : nullptr;
+      void* owner = e.qp ? e.qp->owner : e.cq ? e.cq->owner : e.srq ? e.srq->owner : nullptr;
       ibv_context* oc = nullptr;
       if (e.qp && owner) oc = static_cast<ibv_qp*>(owner)->context;
       if (e.cq && owner) oc = static_cast<ibv_cq*>(owner)->context;
+      if (e.srq && owner) oc = static_cast<ibv_srq*>(owner)->context;
       if (oc == nullptr || oc == &each->vctx.context) DeliverAsyncEvent(each, e);
     }
   });
@@ -205,7 +208,7 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   a->max_qp = static_cast<int>(l.max_qp);
   a->max_qp_wr = static_cast<int>(l.max_qp_wr);
   a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
-                        IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_RESIZE_MAX_WR;
+                        IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_RESIZE_MAX_WR | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
   a->max_sge = static_cast<int>(l.max_sge);
   a->max_sge_rd = static_cast<int>(l.max_sge_rd);
   a->max_cq = static_cast<int>(l.max_cq);

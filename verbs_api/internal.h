@@ -80,6 +80,25 @@ struct Ah {
 };
 inline Ah* ToAh(ibv_ah* a) { return reinterpret_cast<Ah*>(a); }
 
+// Shared receive queues and XRC domains (srq_verbs.cc).
+struct Srq {
+  ibv_srq srq;
+  emu::SharedReceiveQueue* emu;
+};
+inline Srq* ToSrq(ibv_srq* s) { return reinterpret_cast<Srq*>(s); }
+
+struct Xrcd {
+  ibv_xrcd xrcd;
+  emu::XrcDomain* emu;
+};
+inline Xrcd* ToXrcd(ibv_xrcd* x) { return reinterpret_cast<Xrcd*>(x); }
+
+// XRC targets may have several ibv_qp handles (ibv_open_qp): each is tracked so that async events of the QP keep a
+// live owner when the handle that created it is destroyed first. Call Track for every handle on an XRC_RECV QP and
+// Untrack before destroying one.
+void TrackXrcTarget(Qp* qp);
+void UntrackXrcTarget(Qp* qp);
+
 // Posts an asynchronous event to the context's async fd (called from the device with its lock held).
 void DeliverAsyncEvent(Context* ctx, const emu::AsyncEvent& e);
 

@@ -94,13 +94,15 @@ void FromEmu(const emu::QpAttributes& e, ibv_qp_attr* a) {
 }
 
 ibv_qp* NewQp(ibv_context* context, ibv_pd* pd, const ibv_qp_init_attr_ex& a, ibv_qp_cap* cap_out) {
-  if (pd == nullptr || a.send_cq == nullptr || a.recv_cq == nullptr) return Fail<ibv_qp>(EINVAL);
-  if (a.srq != nullptr) return Fail<ibv_qp>(EOPNOTSUPP);  // SRQ lands with its own issue (README)
+  // An XRC target has no PD or CQs, an XRC initiator no receive CQ (Annex A14); emu checks what each type needs.
+  if (pd == nullptr && a.qp_type != IBV_QPT_XRC_RECV) return Fail<ibv_qp>(EINVAL);
   emu::QpInitAttributes init;
   init.type = static_cast<emu::QpType>(a.qp_type);
-  init.pd = ToPd(pd)->emu;
-  init.send_cq = ToCq(a.send_cq)->emu;
-  init.recv_cq = ToCq(a.recv_cq)->emu;
+  init.pd = pd ? ToPd(pd)->emu : nullptr;
+  init.send_cq = a.send_cq ? ToCq(a.send_cq)->emu : nullptr;
+  init.recv_cq = a.recv_cq ? ToCq(a.recv_cq)->emu : nullptr;
+  init.srq = a.srq ? ToSrq(a.srq)->emu : nullptr;  // srq_verbs.cc
+  init.xrcd = (a.comp_mask & IBV_QP_INIT_ATTR_XRCD) && a.xrcd ? ToXrcd(a.xrcd)->emu : nullptr;
   init.cap = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge, a.cap.max_inline_data};
   init.sq_sig_all = a.sq_sig_all != 0;
   emu::QueuePair* eqp = nullptr;
@@ -121,6 +123,7 @@ ibv_qp* NewQp(ibv_context* context, ibv_pd* pd, const ibv_qp_init_attr_ex& a, ib
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
   eqp->owner = &q;
+  if (a.qp_type == IBV_QPT_XRC_RECV) TrackXrcTarget(qp);  // shareable through ibv_open_qp (srq_verbs.cc)
   if (cap_out) {
     cap_out->max_send_wr = init.cap.max_send_wr;
     cap_out->max_recv_wr = init.cap.max_recv_wr;
@@ -165,6 +168,15 @@ int ToEmuSend(const ibv_send_wr& w, ibv_qp_type qp_type, emu::SendWr* out) {
     case IBV_WR_SEND_WITH_INV:
     case IBV_WR_LOCAL_INV:
       out->invalidate_rkey = w.invalidate_rkey;
+      break;
+    case IBV_WR_BIND_MW:
+      if (w.bind_mw.mw == nullptr) return EINVAL;
+      out->bind.mw_rkey = w.bind_mw.mw->rkey;
+      out->bind.new_rkey = w.bind_mw.rkey;
+      out->bind.mr_lkey = w.bind_mw.bind_info.mr ? w.bind_mw.bind_info.mr->lkey : 0;
+      out->bind.addr = w.bind_mw.bind_info.addr;
+      out->bind.length = w.bind_mw.bind_info.length;
+      out->bind.access = w.bind_mw.bind_info.mw_access_flags;
       break;
     default:
       break;
@@ -217,11 +229,14 @@ int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* a) {
-  constexpr uint32_t kSupported =
-      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  if (a->comp_mask & ~kSupported) return Fail<ibv_qp>(EOPNOTSUPP);  // XRC, RSS: README table
+  constexpr uint32_t kSupported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+                                  IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (a->comp_mask & ~kSupported) return Fail<ibv_qp>(EOPNOTSUPP);  // RSS and others: README table
   if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) return Fail<ibv_qp>(EOPNOTSUPP);
-  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD)) return Fail<ibv_qp>(EINVAL);
+  // ibv_create_qp_ex(3): an XRC target names its domain instead of a PD.
+  if (a->qp_type == IBV_QPT_XRC_RECV ? !(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) : !(a->comp_mask & IBV_QP_INIT_ATTR_PD))
+    return Fail<ibv_qp>(EINVAL);
+  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD)) a->pd = nullptr;
   ibv_qp* q = NewQp(context, a->pd, *a, &a->cap);
   // --- send ops API (ibv_wr_*, qp_ex_ops.cc) ---
   if (q != nullptr && (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
@@ -239,11 +254,15 @@ void FillContextOps(verbs_context* v) {
   v->context.ops.req_notify_cq = ReqNotifyCq;
   v->context.ops.post_send = PostSend;
   v->context.ops.post_recv = PostRecv;
+  v->context.ops.alloc_mw = AllocMw;
+  v->context.ops.bind_mw = BindMw;
+  v->context.ops.dealloc_mw = DeallocMw;
   v->query_port = QueryPort;
   v->query_device_ex = QueryDeviceEx;
   v->create_cq_ex = CreateCqEx;
   v->create_qp_ex = CreateQpEx;
   FillMemoryOps(v);
+  FillSrqOps(v);  // SRQ and XRC (srq_verbs.cc)
 }
 
 }  // namespace uroce::verbs
@@ -266,7 +285,13 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 
 int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
   emu::Device& dev = Ctx(qp->context)->dev();
-  if (int err = dev.ModifyQp(ToQp(qp)->emu, ToEmu(*attr), static_cast<uint32_t>(attr_mask))) return err;
+  uint32_t mask = static_cast<uint32_t>(attr_mask);
+  // The kernel's uverbs drops the attributes an XRC QP does not have before the driver checks the mask
+  // (modify_qp_mask in drivers/infiniband/core/uverbs_cmd.c); perftest relies on it.
+  if (qp->qp_type == IBV_QPT_XRC_SEND) mask &= ~uint32_t{IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER};
+  if (qp->qp_type == IBV_QPT_XRC_RECV)
+    mask &= ~uint32_t{IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY};
+  if (int err = dev.ModifyQp(ToQp(qp)->emu, ToEmu(*attr), mask)) return err;
   if (attr_mask & IBV_QP_STATE) qp->state = attr->qp_state;
   return 0;
 }
@@ -290,6 +315,7 @@ int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr*
 }
 
 int ibv_destroy_qp(ibv_qp* qp) {
+  if (qp->qp_type == IBV_QPT_XRC_RECV) UntrackXrcTarget(ToQp(qp));  // opened handles (srq_verbs.cc)
   if (int err = Ctx(qp->context)->dev().DestroyQp(ToQp(qp)->emu)) return err;
   ReleaseSendOps(ToQp(qp));  // send ops API (qp_ex_ops.cc)
   pthread_cond_destroy(&qp->cond);

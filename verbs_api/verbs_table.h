@@ -8,6 +8,7 @@ namespace uroce::verbs {
 
 void FillContextOps(verbs_context* v);
 void FillMemoryOps(verbs_context* v);
+void FillSrqOps(verbs_context* v);  // SRQ and XRC (srq_verbs.cc)
 
 // Device memory one ibv_alloc_dm may take (query_device_ex's max_dm_size).
 inline constexpr size_t kMaxDmBytes = size_t{64} << 20;
@@ -24,5 +25,8 @@ ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* attr);
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr);
+ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
+int DeallocMw(ibv_mw* mw);
+int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mw_bind);
 
 }  // namespace uroce::verbs

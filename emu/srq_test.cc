@@ -1,0 +1,430 @@
+// Shared receive queues and XRC on the emulated HCA: devices on a SimNetwork with a ManualClock.
+//
+// What is checked: the SRQ limit event fires exactly once per arming; RC and UD QPs on one SRQ share its WQEs;
+// an empty SRQ makes an RC sender see RNR NAKs and recover once receives are posted; a QP on an SRQ entering the
+// error state raises LAST_WQE_REACHED; destroy is refused while a QP uses the SRQ; one XRC SRQ shared by several
+// target QPs receives from several initiator QPs, completions carrying each target's number, packets carrying XRC
+// opcodes and the XRCETH; a request naming a foreign SRQ is NAKed; XRC domains by inode; ibv_open_qp's references.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "emu/test_fabric.h"
+#include "wire/opcode.h"
+
+namespace uroce::emu {
+namespace {
+
+using testing::Buffer;
+using testing::Drain;
+using testing::Fabric;
+using testing::Node;
+using testing::Register;
+
+constexpr uint32_t kAll = access::kLocalWrite | access::kRemoteWrite | access::kRemoteRead;
+
+int CountEvents(const Node& n, AsyncEventType t) {
+  return static_cast<int>(std::count_if(n.events.begin(), n.events.end(),
+                                        [t](const AsyncEvent& e) { return e.type == t; }));
+}
+
+RecvWr Recv(uint64_t id, const Buffer& b, uint64_t off, uint32_t len) {
+  RecvWr r;
+  r.wr_id = id;
+  r.sg_list.push_back(b.At(off, len));
+  return r;
+}
+
+SendWr Send(uint64_t id, const Buffer& b, uint64_t off, uint32_t len, uint32_t remote_srqn = 0) {
+  SendWr w;
+  w.wr_id = id;
+  w.opcode = SendOpcode::kSend;
+  w.flags = send_flags::kSignaled;
+  w.sg_list.push_back(b.At(off, len));
+  w.remote_srqn = remote_srqn;
+  return w;
+}
+
+// Moves a QP of any connected type (RC, XRC_SEND, XRC_RECV) to RTS towards `peer_qpn` with the masks the transition
+// table asks of its type (ibv_modify_qp(3); the kernel's qp_state_table).
+void Connect(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn) {
+  QpAttributes a;
+  a.qp_state = QpState::kInit;
+  a.port_num = 1;
+  a.qp_access_flags = qp->type() == QpType::kXrcSend ? 0 : kAll;
+  ASSERT_EQ(dev.ModifyQp(qp, a, attr::kState | attr::kPkeyIndex | attr::kPort | attr::kAccessFlags), 0);
+  a.qp_state = QpState::kRtr;
+  a.path_mtu = Mtu::k1024;
+  a.dest_qp_num = peer_qpn;
+  a.rq_psn = 100;
+  a.ah_attr.dgid = peer.config().address.bytes();
+  uint32_t mask = attr::kState | attr::kAv | attr::kPathMtu | attr::kDestQpn | attr::kRqPsn;
+  if (qp->type() != QpType::kXrcSend) {
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 1;
+    mask |= attr::kMaxDestRdAtomic | attr::kMinRnrTimer;
+  }
+  ASSERT_EQ(dev.ModifyQp(qp, a, mask), 0);
+  a.qp_state = QpState::kRts;
+  a.sq_psn = 100;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  mask = attr::kState | attr::kSqPsn | attr::kTimeout;
+  if (qp->type() != QpType::kXrcRecv) mask |= attr::kRetryCnt | attr::kRnrRetry | attr::kMaxQpRdAtomic;
+  ASSERT_EQ(dev.ModifyQp(qp, a, mask), 0);
+}
+
+struct SrqBench {
+  Fabric fabric;
+  Node* a = nullptr;  // senders
+  Node* b = nullptr;  // receivers on the SRQ
+  ProtectionDomain *pa = nullptr, *pb = nullptr;
+  CompletionQueue *ca = nullptr, *cb = nullptr;
+  SharedReceiveQueue* srq = nullptr;
+
+  explicit SrqBench(uint32_t srq_wr = 64) {
+    a = &fabric.AddNode(Mtu::k1024);
+    b = &fabric.AddNode(Mtu::k1024);
+    pa = a->device->AllocPd();
+    pb = b->device->AllocPd();
+    EXPECT_EQ(a->device->CreateCq(256, &ca), 0);
+    EXPECT_EQ(b->device->CreateCq(256, &cb), 0);
+    SrqAttributes sa{srq_wr, 2, 0};
+    EXPECT_EQ(b->device->CreateSrq(SrqType::kBasic, pb, nullptr, nullptr, sa, &srq), 0);
+  }
+  // An RC pair: the sender on a, the receiver on b attached to the SRQ.
+  std::pair<QueuePair*, QueuePair*> RcPairOnSrq() {
+    QpInitAttributes init;
+    init.type = QpType::kRc;
+    init.cap = {16, 16, 2, 2, 0};
+    init.pd = pa;
+    init.send_cq = init.recv_cq = ca;
+    QueuePair *qa = nullptr, *qb = nullptr;
+    EXPECT_EQ(a->device->CreateQp(init, &qa), 0);
+    init.pd = pb;
+    init.send_cq = init.recv_cq = cb;
+    init.srq = srq;
+    EXPECT_EQ(b->device->CreateQp(init, &qb), 0);
+    EXPECT_EQ(init.cap.max_recv_wr, 0u);  // ignored on an SRQ
+    Connect(*a->device, qa, *b->device, qb->qpn());
+    Connect(*b->device, qb, *a->device, qa->qpn());
+    return {qa, qb};
+  }
+};
+
+TEST(Srq, LimitEventFiresOncePerArming) {
+  SrqBench t;
+  auto [qa, qb] = t.RcPairOnSrq();
+  Buffer src = Register(*t.a->device, t.pa, 4096, kAll);
+  Buffer dst = Register(*t.b->device, t.pb, 64 * 64, kAll);
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(t.b->device->PostSrqRecv(t.srq, Recv(i, dst, i * 64, 64)), 0);
+  ASSERT_EQ(t.b->device->ModifySrq(t.srq, {0, 0, 8}, srq_attr::kLimit), 0);
+  SrqAttributes q;
+  ASSERT_EQ(t.b->device->QuerySrq(t.srq, &q), 0);
+  EXPECT_EQ(q.srq_limit, 8u);
+  // 10 -> 9 -> 8 WQEs: not below the limit yet.
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(t.a->device->PostSend(qa, Send(i, src, 0, 32)), 0);
+  t.fabric.Pump();
+  EXPECT_EQ(CountEvents(*t.b, AsyncEventType::kSrqLimitReached), 0);
+  // 8 -> 7: fires, once; the SRQ disarms (srq_limit reads 0) and further takes stay silent.
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(t.a->device->PostSend(qa, Send(i, src, 0, 32)), 0);
+  t.fabric.Pump();
+  EXPECT_EQ(CountEvents(*t.b, AsyncEventType::kSrqLimitReached), 1);
+  ASSERT_EQ(t.b->device->QuerySrq(t.srq, &q), 0);
+  EXPECT_EQ(q.srq_limit, 0u);
+  const auto& ev = t.b->events;
+  auto it = std::find_if(ev.begin(), ev.end(), [](auto& e) { return e.type == AsyncEventType::kSrqLimitReached; });
+  ASSERT_NE(it, ev.end());
+  EXPECT_EQ(it->srq, t.srq);
+  // Re-arming below the current depth (4 left, limit 5): fires at the next take, once.
+  ASSERT_EQ(t.b->device->ModifySrq(t.srq, {0, 0, 5}, srq_attr::kLimit), 0);
+  ASSERT_EQ(t.a->device->PostSend(qa, Send(9, src, 0, 32)), 0);
+  ASSERT_EQ(t.a->device->PostSend(qa, Send(9, src, 0, 32)), 0);
+  t.fabric.Pump();
+  EXPECT_EQ(CountEvents(*t.b, AsyncEventType::kSrqLimitReached), 2);
+  // Every message arrived, completions on the QP's receive CQ with its number.
+  auto wcs = Drain(t.cb);
+  ASSERT_EQ(wcs.size(), 8u);
+  for (const Completion& c : wcs) {
+    EXPECT_EQ(c.status, WcStatus::kSuccess);
+    EXPECT_EQ(c.qp_num, qb->qpn());
+    EXPECT_EQ(c.byte_len, 32u);
+  }
+}
+
+TEST(Srq, ModifyAndPostFollowTheManPages) {
+  SrqBench t(4);
+  Buffer dst = Register(*t.b->device, t.pb, 4096, kAll);
+  Device& d = *t.b->device;
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(d.PostSrqRecv(t.srq, Recv(i, dst, 0, 64)), 0);
+  EXPECT_EQ(d.PostSrqRecv(t.srq, Recv(5, dst, 0, 64)), ENOMEM);  // full
+  RecvWr three = Recv(6, dst, 0, 8);
+  three.sg_list.push_back(dst.At(8, 8));
+  three.sg_list.push_back(dst.At(16, 8));
+  EXPECT_EQ(d.PostSrqRecv(t.srq, std::move(three)), EINVAL);  // more SGEs than max_sge (2)
+  EXPECT_EQ(d.ModifySrq(t.srq, {3, 0, 0}, srq_attr::kMaxWr), EINVAL);  // below the 4 queued
+  // Invalid limit with a valid resize: nothing changes (ibv_modify_srq(3) NOTES).
+  EXPECT_EQ(d.ModifySrq(t.srq, {8, 0, 9}, srq_attr::kMaxWr | srq_attr::kLimit), EINVAL);
+  SrqAttributes q;
+  ASSERT_EQ(d.QuerySrq(t.srq, &q), 0);
+  EXPECT_EQ(q.max_wr, 4u);
+  EXPECT_EQ(q.max_sge, 2u);
+  EXPECT_EQ(d.ModifySrq(t.srq, {8, 0, 0}, srq_attr::kMaxWr), 0);
+  EXPECT_EQ(d.PostSrqRecv(t.srq, Recv(7, dst, 0, 64)), 0);
+  ASSERT_EQ(d.QuerySrq(t.srq, &q), 0);
+  EXPECT_EQ(q.max_wr, 8u);
+  EXPECT_EQ(d.ModifySrq(t.srq, {0, 0, 0}, 1u << 5), EINVAL);
+  SrqAttributes too_big{d.config().limits.max_srq_wr + 1, 1, 0};
+  SharedReceiveQueue* other = nullptr;
+  EXPECT_EQ(d.CreateSrq(SrqType::kBasic, t.pb, nullptr, nullptr, too_big, &other), EINVAL);
+  SrqAttributes ok{16, 1, 0};
+  EXPECT_EQ(d.CreateSrq(SrqType::kBasic, nullptr, nullptr, nullptr, ok, &other), EINVAL);
+  EXPECT_EQ(d.CreateSrq(SrqType::kXrc, t.pb, nullptr, t.cb, ok, &other), EINVAL);  // XRC needs a domain
+}
+
+TEST(Srq, QpRulesDestroyBusyAndLastWqeReached) {
+  SrqBench t;
+  Device& d = *t.b->device;
+  QpInitAttributes init;
+  init.type = QpType::kUc;
+  init.cap = {4, 4, 1, 1, 0};
+  init.pd = t.pb;
+  init.send_cq = init.recv_cq = t.cb;
+  init.srq = t.srq;
+  QueuePair* qp = nullptr;
+  EXPECT_EQ(d.CreateQp(init, &qp), EINVAL);  // ibv_create_qp(3) NOTES: only RC and UD on an SRQ
+  init.type = QpType::kUd;
+  ASSERT_EQ(d.CreateQp(init, &qp), 0);
+  Buffer dst = Register(d, t.pb, 4096, kAll);
+  EXPECT_EQ(d.PostRecv(qp, Recv(1, dst, 0, 64)), EINVAL);  // INIT or not: its receives go to the SRQ
+  EXPECT_EQ(d.DestroySrq(t.srq), EBUSY);
+  EXPECT_EQ(d.DeallocPd(t.pb), EBUSY);
+  QpAttributes a;
+  a.qp_state = QpState::kInit;
+  a.qkey = 7;
+  ASSERT_EQ(d.ModifyQp(qp, a, attr::kState | attr::kPkeyIndex | attr::kPort | attr::kQkey), 0);
+  a.qp_state = QpState::kErr;
+  ASSERT_EQ(d.ModifyQp(qp, a, attr::kState), 0);
+  EXPECT_EQ(CountEvents(*t.b, AsyncEventType::kQpLastWqeReached), 1);
+  ASSERT_FALSE(t.b->events.empty());
+  EXPECT_EQ(t.b->events.back().qp, qp);
+  ASSERT_EQ(d.DestroyQp(qp), 0);
+  EXPECT_EQ(d.DestroySrq(t.srq), 0);
+}
+
+TEST(Srq, EmptySrqMakesRcSenderRetryAfterRnrNak) {
+  SrqBench t;
+  auto [qa, qb] = t.RcPairOnSrq();
+  Buffer src = Register(*t.a->device, t.pa, 4096, kAll);
+  Buffer dst = Register(*t.b->device, t.pb, 4096, kAll);
+  std::memset(src.bytes.data(), 0x3c, 100);
+  ASSERT_EQ(t.a->device->PostSend(qa, Send(1, src, 0, 100)), 0);
+  t.fabric.PumpUntil(t.fabric.clock().NowNs() + 5'000'000);  // a few RNR rounds
+  EXPECT_GE(t.b->device->counters().rc_rnr_naks_sent, 1u);
+  EXPECT_TRUE(Drain(t.ca).empty());
+  ASSERT_EQ(t.b->device->PostSrqRecv(t.srq, Recv(42, dst, 0, 256)), 0);
+  t.fabric.Pump();
+  auto sent = Drain(t.ca);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kSuccess);
+  auto got = Drain(t.cb);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 42u);
+  EXPECT_EQ(got[0].qp_num, qb->qpn());
+  EXPECT_EQ(dst.bytes[99], 0x3c);
+}
+
+// One XRC SRQ on node t, three target QPs (one per initiator); three initiators on two other nodes.
+TEST(Xrc, OneSrqServesSeveralTargetsFromSeveralInitiators) {
+  Fabric f;
+  Node& t = f.AddNode(Mtu::k1024);
+  Node& i1 = f.AddNode(Mtu::k1024);
+  Node& i2 = f.AddNode(Mtu::k1024);
+  for (Node* n : {&t, &i1, &i2}) n->transport->record = true;
+  Device& td = *t.device;
+  XrcDomain* xrcd = nullptr;
+  ASSERT_EQ(td.OpenXrcd(std::nullopt, true, false, &xrcd), 0);
+  ProtectionDomain* tpd = td.AllocPd();
+  CompletionQueue* tcq = nullptr;
+  ASSERT_EQ(td.CreateCq(64, &tcq), 0);
+  SrqAttributes sa{32, 1, 0};
+  SharedReceiveQueue* srq = nullptr;
+  ASSERT_EQ(td.CreateSrq(SrqType::kXrc, tpd, xrcd, tcq, sa, &srq), 0);
+  Buffer dst = Register(td, tpd, 16 * 256, kAll);
+  for (int i = 0; i < 16; ++i) ASSERT_EQ(td.PostSrqRecv(srq, Recv(100 + i, dst, i * 256, 256)), 0);
+
+  struct Initiator {
+    Node* node;
+    QueuePair* ini;
+    QueuePair* tgt;
+    CompletionQueue* cq;
+    Buffer buf;
+  };
+  std::vector<Initiator> inis;
+  for (Node* n : {&i1, &i2, &i2}) {
+    Initiator x{n, nullptr, nullptr, nullptr, {}};
+    ProtectionDomain* pd = n->device->AllocPd();
+    ASSERT_EQ(n->device->CreateCq(64, &x.cq), 0);
+    QpInitAttributes ini;
+    ini.type = QpType::kXrcSend;
+    ini.pd = pd;
+    ini.send_cq = x.cq;
+    ini.cap = {16, 0, 1, 0, 0};
+    ASSERT_EQ(n->device->CreateQp(ini, &x.ini), 0);
+    QpInitAttributes tgt;
+    tgt.type = QpType::kXrcRecv;
+    tgt.xrcd = xrcd;
+    ASSERT_EQ(td.CreateQp(tgt, &x.tgt), 0);
+    EXPECT_EQ(tgt.send_cq, nullptr);  // a target has no CQs
+    Connect(*n->device, x.ini, td, x.tgt->qpn());
+    Connect(td, x.tgt, *n->device, x.ini->qpn());
+    x.buf = Register(*n->device, pd, 256, kAll);
+    inis.push_back(std::move(x));
+  }
+  for (size_t k = 0; k < inis.size(); ++k) {
+    Initiator& x = inis[k];
+    for (int m = 0; m < 2; ++m) {
+      std::memset(x.buf.bytes.data(), static_cast<int>(0x10 * (k + 1)), 200);
+      ASSERT_EQ(x.node->device->PostSend(x.ini, Send(k * 10 + m, x.buf, 0, 200, srq->srqn())), 0);
+      f.Pump();
+    }
+  }
+  for (Initiator& x : inis) {
+    auto wcs = Drain(x.cq);
+    ASSERT_EQ(wcs.size(), 2u);
+    for (const Completion& c : wcs) EXPECT_EQ(c.status, WcStatus::kSuccess);
+  }
+  // Every message landed in the shared SRQ's WQEs, in order, completed on the SRQ's CQ with the target's number.
+  auto got = Drain(tcq);
+  ASSERT_EQ(got.size(), 6u);
+  for (size_t j = 0; j < got.size(); ++j) {
+    EXPECT_EQ(got[j].status, WcStatus::kSuccess);
+    EXPECT_EQ(got[j].wr_id, 100 + j);
+    EXPECT_EQ(got[j].qp_num, inis[j / 2].tgt->qpn());
+    EXPECT_EQ(got[j].byte_len, 200u);
+    EXPECT_EQ(dst.bytes[j * 256 + 199], 0x10 * (j / 2 + 1));
+  }
+  // On the wire: XRC_SEND_ONLY with the XRCETH from the initiators, XRC_ACKNOWLEDGE from the target.
+  std::set<uint8_t> from_initiators, from_target;
+  for (Node* n : {&i1, &i2})
+    for (const auto& s : n->transport->log())
+      if (auto p = s.Parse()) {
+        from_initiators.insert(p->bth.opcode);
+        ASSERT_TRUE(p->xrc.has_value());
+        EXPECT_EQ(p->xrc->srqn, srq->srqn());
+      }
+  for (const auto& s : t.transport->log())
+    if (auto p = s.Parse()) from_target.insert(p->bth.opcode);
+  EXPECT_EQ(from_initiators, (std::set<uint8_t>{0xA4}));
+  EXPECT_EQ(from_target, (std::set<uint8_t>{0xB1}));
+  // The SRQ is busy neither through the targets nor the CQ once they are gone; the domain is.
+  EXPECT_EQ(td.DestroyCq(tcq), EBUSY);
+  EXPECT_EQ(td.CloseXrcd(xrcd), EBUSY);
+  for (Initiator& x : inis) ASSERT_EQ(td.DestroyQp(x.tgt), 0);
+  ASSERT_EQ(td.DestroySrq(srq), 0);
+  EXPECT_EQ(td.CloseXrcd(xrcd), 0);
+}
+
+TEST(Xrc, RequestNamingAnotherDomainsSrqIsNaked) {
+  Fabric f;
+  Node& t = f.AddNode(Mtu::k1024);
+  Node& i = f.AddNode(Mtu::k1024);
+  Device& td = *t.device;
+  XrcDomain *mine = nullptr, *other = nullptr;
+  ASSERT_EQ(td.OpenXrcd(std::nullopt, true, false, &mine), 0);
+  ASSERT_EQ(td.OpenXrcd(std::nullopt, true, false, &other), 0);
+  EXPECT_NE(mine, other);  // fd -1: a private domain each time
+  ProtectionDomain* tpd = td.AllocPd();
+  CompletionQueue* tcq = nullptr;
+  ASSERT_EQ(td.CreateCq(16, &tcq), 0);
+  SrqAttributes sa{8, 1, 0};
+  SharedReceiveQueue* foreign = nullptr;
+  ASSERT_EQ(td.CreateSrq(SrqType::kXrc, tpd, other, tcq, sa, &foreign), 0);
+  Buffer dst = Register(td, tpd, 256, kAll);
+  ASSERT_EQ(td.PostSrqRecv(foreign, Recv(1, dst, 0, 256)), 0);
+  QpInitAttributes tgt;
+  tgt.type = QpType::kXrcRecv;
+  tgt.xrcd = mine;
+  QueuePair* tq = nullptr;
+  ASSERT_EQ(td.CreateQp(tgt, &tq), 0);
+  ProtectionDomain* ipd = i.device->AllocPd();
+  CompletionQueue* icq = nullptr;
+  ASSERT_EQ(i.device->CreateCq(16, &icq), 0);
+  QpInitAttributes ini;
+  ini.type = QpType::kXrcSend;
+  ini.pd = ipd;
+  ini.send_cq = icq;
+  ini.cap = {4, 0, 1, 0, 0};
+  QueuePair* iq = nullptr;
+  ASSERT_EQ(i.device->CreateQp(ini, &iq), 0);
+  Connect(*i.device, iq, td, tq->qpn());
+  Connect(td, tq, *i.device, iq->qpn());
+  Buffer src = Register(*i.device, ipd, 256, kAll);
+  ASSERT_EQ(i.device->PostSend(iq, Send(5, src, 0, 10, foreign->srqn())), 0);
+  f.Pump();
+  auto wcs = Drain(icq);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, WcStatus::kRemInvReqErr);
+  EXPECT_TRUE(Drain(tcq).empty());
+  EXPECT_EQ(tq->state(), QpState::kErr);
+}
+
+TEST(Xrc, DomainsByInodeFollowOpenFlags) {
+  Fabric f;
+  Device& d = *f.AddNode().device;
+  XrcDomain *x = nullptr, *y = nullptr;
+  EXPECT_EQ(d.OpenXrcd(uint64_t{77}, false, false, &x), EAGAIN);  // none yet and no O_CREAT
+  ASSERT_EQ(d.OpenXrcd(uint64_t{77}, true, false, &x), 0);
+  ASSERT_EQ(d.OpenXrcd(uint64_t{77}, false, false, &y), 0);
+  EXPECT_EQ(x, y);  // the same inode gives the same domain
+  EXPECT_EQ(d.OpenXrcd(uint64_t{77}, true, true, &y), EINVAL);  // O_CREAT | O_EXCL and it exists
+  ASSERT_EQ(d.OpenXrcd(uint64_t{78}, true, true, &y), 0);
+  EXPECT_NE(x, y);
+  EXPECT_EQ(d.CloseXrcd(x), 0);
+  EXPECT_EQ(d.CloseXrcd(x), 0);  // the second reference destroys it
+  EXPECT_EQ(d.CloseXrcd(x), EINVAL);
+  EXPECT_EQ(d.OpenXrcd(uint64_t{77}, false, false, &x), EAGAIN);
+  EXPECT_EQ(d.CloseXrcd(y), 0);
+}
+
+TEST(Xrc, OpenQpCountsReferences) {
+  Fabric f;
+  Device& d = *f.AddNode().device;
+  XrcDomain *x = nullptr, *other = nullptr;
+  ASSERT_EQ(d.OpenXrcd(std::nullopt, true, false, &x), 0);
+  ASSERT_EQ(d.OpenXrcd(std::nullopt, true, false, &other), 0);
+  QpInitAttributes tgt;
+  tgt.type = QpType::kXrcRecv;
+  QueuePair* q = nullptr;
+  EXPECT_EQ(d.CreateQp(tgt, &q), EINVAL);  // a target needs its domain
+  tgt.xrcd = x;
+  ASSERT_EQ(d.CreateQp(tgt, &q), 0);
+  const uint32_t qpn = q->qpn();
+  QueuePair *o1 = nullptr, *o2 = nullptr;
+  EXPECT_EQ(d.OpenQp(x, qpn + 1, QpType::kXrcRecv, &o1), EINVAL);  // no such QP
+  EXPECT_EQ(d.OpenQp(x, qpn, QpType::kRc, &o1), EINVAL);           // wrong type
+  EXPECT_EQ(d.OpenQp(other, qpn, QpType::kXrcRecv, &o1), EINVAL);  // not within that xrcd
+  ASSERT_EQ(d.OpenQp(x, qpn, QpType::kXrcRecv, &o1), 0);
+  ASSERT_EQ(d.OpenQp(x, qpn, QpType::kXrcRecv, &o2), 0);
+  EXPECT_EQ(o1, q);
+  EXPECT_EQ(q->references, 3);
+  // The creator's destroy and the first opener's close leave the QP; the last reference destroys it.
+  ASSERT_EQ(d.DestroyQp(q), 0);
+  ASSERT_EQ(d.DestroyQp(o1), 0);
+  QueuePair* again = nullptr;
+  ASSERT_EQ(d.OpenQp(x, qpn, QpType::kXrcRecv, &again), 0);
+  ASSERT_EQ(d.DestroyQp(again), 0);
+  EXPECT_EQ(d.CloseXrcd(x), EBUSY);  // o2 still holds the target
+  ASSERT_EQ(d.DestroyQp(o2), 0);
+  EXPECT_EQ(d.OpenQp(x, qpn, QpType::kXrcRecv, &again), EINVAL);  // gone with the last reference
+  EXPECT_EQ(d.CloseXrcd(x), 0);
+  EXPECT_EQ(d.CloseXrcd(other), 0);
+}
+
+}  // namespace
+}  // namespace uroce::emu

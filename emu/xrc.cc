@@ -1,0 +1,231 @@
+// The Device's shared receive queues and XRC (IBTA Annex A14): SRQ and XRC domain objects, which receive queue a QP
+// takes its WQEs from, and the XRC target, which is an RC responder whose PD, CQ and WQEs come per request from the
+// SRQ the XRCETH names.
+#include <algorithm>
+#include <cerrno>
+
+#include "emu/device.h"
+#include "emu/out_batch.h"
+#include "wire/headers.h"
+#include "wire/opcode.h"
+
+namespace uroce::emu {
+
+// --- QPs on SRQs ------------------------------------------------------------------------------------------------
+
+int Device::CheckSharedReceiveInit(QpInitAttributes& init) {
+  // ibv_create_qp(3) NOTES: only RC and UD QPs may be created on an SRQ (an XRC target names its SRQ per message).
+  if (init.srq != nullptr && init.type != QpType::kRc && init.type != QpType::kUd) return EINVAL;
+  // ... and such a QP ignores max_recv_wr and max_recv_sge, as does every XRC QP (it has no receive queue).
+  if (init.srq != nullptr || init.type == QpType::kXrcSend || init.type == QpType::kXrcRecv)
+    init.cap.max_recv_wr = init.cap.max_recv_sge = 0;
+  switch (init.type) {
+    case QpType::kXrcRecv:
+      // ibv_create_qp_ex(3): a target QP belongs to an XRC domain and has no PD, CQs or work queues of its own.
+      if (init.xrcd == nullptr) return EINVAL;
+      init.pd = nullptr;
+      init.send_cq = init.recv_cq = nullptr;
+      init.cap = QpCapabilities{};
+      break;
+    case QpType::kXrcSend:
+      // An initiator has a send queue only (Annex A14).
+      if (init.pd == nullptr || init.send_cq == nullptr) return EINVAL;
+      init.recv_cq = nullptr;
+      init.xrcd = nullptr;
+      break;
+    default:
+      init.xrcd = nullptr;
+  }
+  return 0;
+}
+
+int Device::AttachSharedReceiveLocked(const QpInitAttributes& init) {
+  if (init.xrcd != nullptr && xrcds_.count(init.xrcd) == 0) return EINVAL;
+  if (init.srq != nullptr) {
+    SharedReceiveQueue* found = nullptr;
+    for (auto& [_, srq] : srqs_)
+      if (srq.get() == init.srq) found = srq.get();
+    if (found == nullptr || found->type() != SrqType::kBasic) return EINVAL;  // an XRC SRQ serves XRC targets only
+    ++found->users;
+  }
+  return 0;
+}
+
+void Device::DetachSharedReceiveLocked(const QpInitAttributes& init) {
+  if (init.srq != nullptr) --init.srq->users;
+}
+
+bool Device::HasReceiveWqeLocked(QueuePair* qp) {
+  SharedReceiveQueue* srq = qp->type() == QpType::kXrcRecv ? qp->packet_srq : qp->init().srq;
+  if (qp->type() == QpType::kXrcRecv && srq == nullptr) return false;
+  return srq != nullptr ? !srq->empty() : !qp->receive_queue().empty();
+}
+
+std::optional<RecvWr> Device::TakeReceiveWqeLocked(QueuePair* qp) {
+  SharedReceiveQueue* srq = qp->type() == QpType::kXrcRecv ? qp->packet_srq : qp->init().srq;
+  if (srq != nullptr) {
+    bool limit_reached = false;
+    std::optional<RecvWr> wr = srq->Take(&limit_reached);
+    if (limit_reached) RaiseLocked({AsyncEventType::kSrqLimitReached, nullptr, nullptr, 0, srq});
+    return wr;
+  }
+  if (qp->type() == QpType::kXrcRecv) return std::nullopt;
+  auto& rq = qp->receive_queue();
+  if (rq.empty()) return std::nullopt;
+  RecvWr wr = std::move(rq.front());
+  rq.pop_front();
+  return wr;
+}
+
+// --- XRC on the wire ----------------------------------------------------------------------------------------------
+
+void Device::ToQpTransport(const QueuePair& qp, const SendWr* wr, wire::PacketSpec& spec) {
+  if (qp.type() != QpType::kXrcSend && qp.type() != QpType::kXrcRecv) return;
+  // Annex A14: XRC has RC's operations under transport code 101 (0xA0 | the RC opcode's low 5 bits), responses
+  // included; every request carries the XRCETH naming the SRQ at the target.
+  spec.bth.opcode = wire::opcode::kXrcBase | (spec.bth.opcode & 0x1f);
+  if (wr != nullptr) spec.xrc = wire::XrcEth{0, wr->remote_srqn & 0xffffff};
+}
+
+void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
+  if (!p.info->is_request || !p.xrc) {
+    ++counters_.rx_wrong_transport;  // a target only responds; responses to it make no sense
+    return;
+  }
+  SharedReceiveQueue* srq = nullptr;
+  if (auto it = srqs_.find(p.xrc->srqn); it != srqs_.end()) srq = it->second.get();
+  if (srq == nullptr || srq->type() != SrqType::kXrc || srq->xrcd() != qp->init().xrcd) {
+    // Annex A14: a request naming an SRQ that is not an XRC SRQ of the target's domain is an invalid request: NAK it,
+    // and the target QP enters the error state as for any invalid request (IBTA 9.7.5.2.4).
+    ++counters_.rx_remote_access_denied;
+    RcSendAck(qp, qp->attributes().rq_psn, wire::Aeth::Nak(wire::NakCode::kInvalidRequest, qp->responder().msn),
+              out);
+    EnterErrorLocked(qp);
+    return;
+  }
+  // The target executes the request as an RC responder would, with the PD (memory checks), CQ (completions, with the
+  // target QP's number) and WQEs of that SRQ.
+  QpInitAttributes& init = qp->mutable_init();
+  init.pd = srq->pd();
+  init.recv_cq = srq->cq();
+  qp->packet_srq = srq;
+  RcResponderLocked(qp, p, out);
+  init.pd = nullptr;
+  init.recv_cq = nullptr;
+  qp->packet_srq = nullptr;
+}
+
+// --- SRQ objects ------------------------------------------------------------------------------------------------
+
+int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, CompletionQueue* cq, SrqAttributes& attr,
+                      SharedReceiveQueue** out) {
+  const DeviceLimits& lim = config_.limits;
+  if (pd == nullptr) return EINVAL;
+  if (type == SrqType::kXrc && (xrcd == nullptr || cq == nullptr)) return EINVAL;
+  if (attr.max_wr == 0 || attr.max_wr > lim.max_srq_wr || attr.max_sge > lim.max_srq_sge) return EINVAL;
+  attr.max_sge = std::max<uint32_t>(attr.max_sge, 1);
+  attr.srq_limit = 0;  // ibv_create_srq(3): the limit is irrelevant at creation; ibv_modify_srq arms it
+  std::lock_guard lock(mu_);
+  if (pds_.count(pd->handle()) == 0 || pds_.at(pd->handle()).get() != pd) return EINVAL;
+  if (type == SrqType::kXrc) {
+    if (xrcds_.count(xrcd) == 0) return EINVAL;
+    auto it = cqs_.find(cq->handle());
+    if (it == cqs_.end() || it->second.get() != cq) return EINVAL;
+  } else {
+    xrcd = nullptr;
+    cq = nullptr;
+  }
+  if (srqs_.size() >= lim.max_srq) return ENOMEM;
+  // SRQ numbers are 24 bits (the XRCETH field). Each device numbers from 1, so every process's first XRC SRQ has the
+  // same number: see README (XRC between processes).
+  uint32_t srqn = next_srqn_;
+  while (srqs_.count(srqn) || srqn == 0) srqn = (srqn + 1) & 0xffffff;
+  next_srqn_ = (srqn + 1) & 0xffffff;
+  auto srq = std::make_unique<SharedReceiveQueue>(srqn, type, pd, attr, xrcd, cq);
+  *out = srq.get();
+  srqs_[srqn] = std::move(srq);
+  return 0;
+}
+
+int Device::ModifySrq(SharedReceiveQueue* srq, const SrqAttributes& attr, uint32_t mask) {
+  std::lock_guard lock(mu_);
+  return srq->Modify(attr, mask, config_.limits.max_srq_wr);
+}
+
+int Device::QuerySrq(SharedReceiveQueue* srq, SrqAttributes* attr) {
+  std::lock_guard lock(mu_);
+  *attr = srq->Query();
+  return 0;
+}
+
+int Device::DestroySrq(SharedReceiveQueue* srq) {
+  std::lock_guard lock(mu_);
+  auto it = srqs_.find(srq->srqn());
+  if (it == srqs_.end() || it->second.get() != srq) return EINVAL;
+  if (srq->users > 0) return EBUSY;  // ibv_destroy_srq(3) NOTES: fails while a QP is associated with it
+  srqs_.erase(it);
+  return 0;
+}
+
+int Device::PostSrqRecv(SharedReceiveQueue* srq, RecvWr&& wr) {
+  std::lock_guard lock(mu_);
+  return srq->Post(std::move(wr));
+}
+
+// --- XRC domains and shared target QPs ------------------------------------------------------------------------------
+
+int Device::OpenXrcd(std::optional<uint64_t> inode, bool create, bool exclusive, XrcDomain** out) {
+  std::lock_guard lock(mu_);
+  if (inode) {
+    for (auto& [ptr, d] : xrcds_) {
+      if (d->inode() != inode) continue;
+      // ibv_open_xrcd(3): with O_EXCL (and O_CREAT) opening fails when a domain exists for the inode (EINVAL, as the
+      // kernel's uverbs answers).
+      if (exclusive) return EINVAL;
+      ++d->references;
+      *out = d.get();
+      return 0;
+    }
+    if (!create) return EAGAIN;  // no domain for this inode and no O_CREAT (the kernel's uverbs errno)
+  }
+  auto d = std::make_unique<XrcDomain>(next_xrcd_++, inode);
+  *out = d.get();
+  xrcds_[d.get()] = std::move(d);
+  return 0;
+}
+
+int Device::CloseXrcd(XrcDomain* xrcd) {
+  std::lock_guard lock(mu_);
+  auto it = xrcds_.find(xrcd);
+  if (it == xrcds_.end()) return EINVAL;
+  if (xrcd->references > 1) {
+    --xrcd->references;
+    return 0;
+  }
+  // The last close destroys the domain, which it may not while SRQs or target QPs belong to it (ibv_open_xrcd(3)).
+  for (auto& [_, srq] : srqs_)
+    if (srq->xrcd() == xrcd) return EBUSY;
+  for (auto& [_, qp] : qps_)
+    if (qp->init().xrcd == xrcd) return EBUSY;
+  xrcds_.erase(it);
+  return 0;
+}
+
+int Device::OpenQp(XrcDomain* xrcd, uint32_t qpn, QpType type, QueuePair** out) {
+  std::lock_guard lock(mu_);
+  if (xrcd == nullptr || xrcds_.count(xrcd) == 0) return EINVAL;
+  // ibv_open_qp(3) NOTES: fails unless a QP of that number and type exists within the xrcd; only XRC targets are
+  // shareable.
+  QueuePair* qp = FindQpLocked(qpn);
+  if (qp == nullptr || type != QpType::kXrcRecv || qp->type() != type || qp->init().xrcd != xrcd) return EINVAL;
+  ++qp->references;
+  *out = qp;
+  return 0;
+}
+
+void Device::SetQpOwner(QueuePair* qp, void* owner) {
+  std::lock_guard lock(mu_);
+  qp->owner = owner;
+}
+
+}  // namespace uroce::emu
