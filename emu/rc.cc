@@ -270,7 +270,11 @@ void Device::RcCompleteInOrderLocked(QueuePair* qp) {
   while (!r.sq.empty() && r.sq.front().started && r.sq.front().acked) {
     SendWqe w = std::move(r.sq.front());
     r.sq.pop_front();
-    if (r.cursor_wqe > 0) --r.cursor_wqe;
+    if (r.cursor_wqe > 0) {
+      --r.cursor_wqe;
+    } else {
+      r.cursor_pkt = 0;  // the cursor was inside the WQE just completed (a late ACK after go-back-N): next one
+    }
     CompleteSendLocked(qp, w.wr, w.status);
   }
   QpAttributes& a = qp->mutable_attributes();
