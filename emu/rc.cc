@@ -33,8 +33,10 @@ constexpr int32_t kWindowPackets = 512;
 constexpr uint32_t kAckReqEvery = 64;
 // Infinite retry counts (IBTA 9.7.5.2.8 / ibv_modify_qp(3): 7 means "retry forever").
 constexpr int kInfiniteRetries = 7;
-// Saved READ/atomic responses kept for duplicates beyond max_dest_rd_atomic.
-constexpr size_t kSavedResponses = 64;
+// Saved READ/atomic responses kept for duplicates: at least the device's max_qp_rd_atom (128) outstanding requests
+// must be answerable again (IBTA 9.7.5.1.6: responder resources = max_dest_rd_atomic), with room to spare.
+constexpr size_t kSavedResponses = 256;
+static_assert(kSavedResponses >= DeviceLimits{}.max_qp_rd_atom, "a duplicate of any outstanding request is answered");
 
 uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096} << timeout; }
 

@@ -4,6 +4,7 @@ usage: junit_count.py RUN_NAME TESTLOGS_DIR //pkg:target...
 Prints one line per failing or missing case, then a last line "PASSED FAILED SKIPPED".
 A target without test.xml (it did not build, or crashed before writing it) counts as one failure.
 """
+import glob
 import os
 import sys
 import xml.etree.ElementTree as ET
@@ -14,14 +15,21 @@ def main() -> int:
     passed = failed = skipped = 0
     for label in targets:
         pkg, name = label[2:].split(":", 1)
-        xml_path = os.path.join(testlogs, pkg, name, "test.xml")
-        try:
-            root = ET.parse(xml_path).getroot()
-        except (OSError, ET.ParseError) as e:
-            print(f"[{run}] FAILED {label}: no test results ({e.__class__.__name__})")
+        # One test.xml per target, or one per shard (shard_K_of_N/) / run (run_K_of_N/).
+        base = os.path.join(testlogs, pkg, name)
+        xml_paths = [os.path.join(base, "test.xml")] if os.path.exists(os.path.join(base, "test.xml")) else sorted(
+            glob.glob(os.path.join(base, "*", "test.xml")))
+        cases = []
+        broken = None
+        for xml_path in xml_paths:
+            try:
+                cases += list(ET.parse(xml_path).getroot().iter("testcase"))
+            except (OSError, ET.ParseError) as e:
+                broken = f"{xml_path}: {e.__class__.__name__}"
+        if not xml_paths or broken:
+            print(f"[{run}] FAILED {label}: no test results ({broken or 'no test.xml'})")
             failed += 1
             continue
-        cases = list(root.iter("testcase"))
         if not cases:
             print(f"[{run}] FAILED {label}: ran no test case")
             failed += 1

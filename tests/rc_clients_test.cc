@@ -61,11 +61,12 @@ bool HasLine(const std::string& text, const std::string& pattern) {
 }
 
 // RunPair with a separate environment per side, so that server and client get different fault seeds (RunPair gives
-// both the same environment). Same protocol: the client starts once the server listens on `tcp_port`; a failed client
-// leaves the server a short grace period, a successful one `server_grace` (default: until the overall deadline).
+// both the same environment). Same protocol: the client starts once the server listens on `tcp_port`. Both are
+// watched together: once one side has exited, the other gets `grace` more if that side succeeded (its last SEND may
+// still be waiting for an ACK the exited peer will never send again), 3 s if it failed, never beyond the deadline.
 PairResult RunPairWithEnvs(const std::vector<std::string>& server_argv, const EnvOverrides& server_env,
                            const std::vector<std::string>& client_argv, const EnvOverrides& client_env, int tcp_port,
-                           milliseconds timeout, milliseconds server_grace = milliseconds::max()) {
+                           milliseconds timeout, milliseconds grace = milliseconds::max()) {
   using Clock = std::chrono::steady_clock;
   PairResult result;
   const Clock::time_point deadline = Clock::now() + timeout;
@@ -86,10 +87,14 @@ PairResult RunPairWithEnvs(const std::vector<std::string>& server_argv, const En
     return result;
   }
   Process client = Process::Start(client_argv, client_env);
-  result.client = client.Wait(left());
-  const milliseconds server_budget =
-      result.client.Succeeded() ? std::min(left(), server_grace) : std::min(left(), milliseconds(3000));
-  result.server = server.Wait(server_budget);
+  while (!server.Exited() && !client.Exited() && left().count() > 0) std::this_thread::sleep_for(milliseconds(5));
+  // Whichever ended first is collected at once; the other gets its budget.
+  const bool client_first = client.Exited();
+  ProcessResult& first = client_first ? result.client : result.server;
+  ProcessResult& second = client_first ? result.server : result.client;
+  first = (client_first ? client : server).Wait(milliseconds(0));
+  const milliseconds budget = first.Succeeded() ? std::min(left(), grace) : std::min(left(), milliseconds(3000));
+  second = (client_first ? server : client).Wait(budget);
   return result;
 }
 
@@ -193,7 +198,10 @@ TEST_P(RcPingpongTest, RoundTripsWithValidatedData) {
   std::vector<std::string> server_args = args;
   const std::string stdbuf = FindProgram("stdbuf");
   const bool line_buffered = faults && !stdbuf.empty() && !HasPreload(env_);
-  if (line_buffered) server_args.insert(server_args.begin(), {stdbuf, "-oL"});
+  if (line_buffered) {
+    server_args.insert(server_args.begin(), {stdbuf, "-oL"});
+    client_args.insert(client_args.begin(), {stdbuf, "-oL"});
+  }
   const PairResult r = RunPairWithEnvs(server_args, EnvWithFaults(c.server_fault_seed), client_args,
                                        EnvWithFaults(c.client_fault_seed), port, kPairTimeout,
                                        faults ? milliseconds(seconds(15)) : milliseconds::max());
@@ -201,14 +209,16 @@ TEST_P(RcPingpongTest, RoundTripsWithValidatedData) {
       !r.server.timed_out && !r.client.timed_out) {
     GTEST_SKIP() << "the device does not support this option yet:\n" << r.Describe();
   }
-  // Only the server's last SEND can still be waiting once the client has succeeded: the client can only finish after
-  // receiving every one of the server's messages, and the server posts its last SEND only after it received all of the
-  // client's. Everything else about the server is still checked.
-  const bool lost_final_ack = faults && r.server_listened && r.client.Succeeded() && r.server.timed_out;
+  // Either side's last SEND can still be waiting once its peer has succeeded and exited: the peer received that
+  // message (it could not have finished otherwise) and acknowledged it once, and that ACK was dropped. Only that
+  // side may be unfinished, and only by timing out; everything it printed is still checked.
+  const bool server_waits = r.client.Succeeded() && r.server.timed_out;
+  const bool client_waits = r.server.Succeeded() && r.client.timed_out;
+  const bool lost_final_ack = faults && r.server_listened && (server_waits || client_waits);
   if (lost_final_ack) {
-    std::cerr << "NOTE: the client succeeded and the server's last SEND was never acknowledged (the client's final ACK "
-                 "was dropped and the client exited): ibv_rc_pingpong's missing closing handshake.\n";
-    ::testing::Test::RecordProperty("server_final_ack_lost", 1);
+    std::cerr << "NOTE: the " << (server_waits ? "server" : "client") << "'s last SEND was never acknowledged (the "
+              << "peer's final ACK was dropped and the peer exited): ibv_rc_pingpong's missing closing handshake.\n";
+    ::testing::Test::RecordProperty("final_ack_lost", 1);
   } else {
     ASSERT_TRUE(r.Succeeded()) << r.Describe();
   }
@@ -217,7 +227,7 @@ TEST_P(RcPingpongTest, RoundTripsWithValidatedData) {
   const std::regex bytes_line(std::to_string(static_cast<long long>(c.iters) * c.size * 2) +
                               R"( bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec\s*)");
   for (const ProcessResult* side : {&r.server, &r.client}) {
-    const bool complete = !(lost_final_ack && side == &r.server);
+    const bool complete = !(lost_final_ack && side == (server_waits ? &r.server : &r.client));
     if (!complete && !line_buffered) continue;  // its buffered output died with it
     if (complete) {
       EXPECT_FALSE(MatchLine(side->output, iters_line).empty()) << r.Describe();
@@ -329,7 +339,10 @@ TEST_P(RcPerftestTest, PrintsResultRow) {
     EXPECT_GT(std::stod(m[1]), 0.0) << "t_min: " << m[0];
     EXPECT_GE(std::stod(m[2]), std::stod(m[1])) << "t_max >= t_min: " << m[0];
   } else {
-    EXPECT_GT(std::stod(m[2]), 0.0) << "average bandwidth: " << m[0];
+    // Under faults 500 8-byte atomics average well under 0.005 MB/s, which perftest prints as 0.00.
+    if (c.server_fault_seed == 0 && c.client_fault_seed == 0) {
+      EXPECT_GT(std::stod(m[2]), 0.0) << "average bandwidth: " << m[0];
+    }
     EXPECT_GT(std::stod(m[3]), 0.0) << "message rate: " << m[0];
   }
   for (const ProcessResult* side : {&r.server, &r.client}) {
