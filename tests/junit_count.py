@@ -18,7 +18,10 @@ def main() -> int:
         # One test.xml per target, or one per shard (shard_K_of_N/) / run (run_K_of_N/).
         base = os.path.join(testlogs, pkg, name)
         xml_paths = [os.path.join(base, "test.xml")] if os.path.exists(os.path.join(base, "test.xml")) else sorted(
-            glob.glob(os.path.join(base, "*", "test.xml")))
+            glob.glob(os.path.join(base, "shard_*_of_*", "test.xml")))
+        # Left-overs of an earlier --runs_per_test run sit beside the shard folders: count only the plain ones.
+        plain = [p for p in xml_paths if "_run_" not in p]
+        xml_paths = plain or xml_paths
         cases = []
         broken = None
         for xml_path in xml_paths:
