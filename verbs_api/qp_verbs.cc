@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
 
 #include "verbs_api/internal.h"
 #include "verbs_api/qp_ex_ops.h"
@@ -32,12 +33,22 @@ T* Fail(int err) {
   return nullptr;
 }
 
+// The value stored in an enum field of the caller's struct, read as bytes: fields the mask does not name may be
+// uninitialized (ibv_xsrq_pingpong passes a stack ibv_qp_attr it never cleared), and loading such an enum lvalue is
+// undefined behaviour (UBSan's -fsanitize=enum).
+template <typename E>
+uint32_t RawEnum(const E& field) {
+  std::underlying_type_t<E> v;
+  std::memcpy(&v, &field, sizeof v);
+  return static_cast<uint32_t>(v);
+}
+
 emu::QpAttributes ToEmu(const ibv_qp_attr& a) {
   emu::QpAttributes e;
-  e.qp_state = static_cast<emu::QpState>(a.qp_state);
-  e.cur_qp_state = static_cast<emu::QpState>(a.cur_qp_state);
-  e.path_mtu = static_cast<emu::Mtu>(a.path_mtu);
-  e.path_mig_state = static_cast<emu::MigState>(a.path_mig_state);
+  e.qp_state = static_cast<emu::QpState>(RawEnum(a.qp_state));
+  e.cur_qp_state = static_cast<emu::QpState>(RawEnum(a.cur_qp_state));
+  e.path_mtu = static_cast<emu::Mtu>(RawEnum(a.path_mtu));
+  e.path_mig_state = static_cast<emu::MigState>(RawEnum(a.path_mig_state));
   e.qkey = a.qkey;
   e.rq_psn = a.rq_psn;
   e.sq_psn = a.sq_psn;
