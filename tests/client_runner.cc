@@ -396,12 +396,18 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, const EnvOverride
 
 PairResult RunPair(const std::vector<std::string>& server_argv, const std::vector<std::string>& client_argv,
                    const EnvOverrides& env, int tcp_port, milliseconds timeout) {
+  return RunPair(server_argv, env, client_argv, env, tcp_port, timeout);
+}
+
+PairResult RunPair(const std::vector<std::string>& server_argv, const EnvOverrides& server_env,
+                   const std::vector<std::string>& client_argv, const EnvOverrides& client_env, int tcp_port,
+                   milliseconds timeout, milliseconds grace) {
   PairResult result;
   const Clock::time_point deadline = Clock::now() + timeout;
   const auto left = [&] {
     return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
   };
-  Process server = Process::Start(server_argv, env);
+  Process server = Process::Start(server_argv, server_env);
   if (!server.started()) {
     result.server = server.Wait(milliseconds(0));
     return result;
@@ -415,12 +421,41 @@ PairResult RunPair(const std::vector<std::string>& server_argv, const std::vecto
     result.server = server.Kill();
     return result;
   }
-  Process client = Process::Start(client_argv, env);
-  result.client = client.Wait(left());
-  // After a failed client the server may wait forever for a peer that is gone: give it a short grace period only.
-  const milliseconds server_budget = result.client.Succeeded() ? left() : std::min(left(), milliseconds(3000));
-  result.server = server.Wait(server_budget);
+  Process client = Process::Start(client_argv, client_env);
+  while (!server.Exited() && !client.Exited() && left().count() > 0) std::this_thread::sleep_for(milliseconds(5));
+  // Whichever ended first is collected at once; the other gets its budget (after a failure, the survivor may wait
+  // forever for a peer that is gone: a short grace period only).
+  const bool client_first = client.Exited();
+  ProcessResult& first = client_first ? result.client : result.server;
+  ProcessResult& second = client_first ? result.server : result.client;
+  first = (client_first ? client : server).Wait(milliseconds(0));
+  const milliseconds budget = first.Succeeded() ? std::min(left(), grace) : std::min(left(), milliseconds(3000));
+  second = (client_first ? server : client).Wait(budget);
   return result;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+std::vector<std::string> MatchLine(const std::string& text, const std::regex& pattern) {
+  for (const std::string& line : Lines(text)) {
+    std::smatch m;
+    if (std::regex_match(line, m, pattern)) {
+      std::vector<std::string> groups;
+      for (const auto& g : m) groups.push_back(g.str());
+      return groups;
+    }
+  }
+  return {};
+}
+
+bool HasLine(const std::string& text, const std::string& pattern) {
+  return !MatchLine(text, std::regex(pattern)).empty();
 }
 
 }  // namespace uroce::tests

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,6 +109,21 @@ struct PairResult {
 // a short grace period and then killed, so a stuck server never outlives the test.
 PairResult RunPair(const std::vector<std::string>& server_argv, const std::vector<std::string>& client_argv,
                    const EnvOverrides& env, int tcp_port, std::chrono::milliseconds timeout);
+
+// The lines of a program's output.
+std::vector<std::string> Lines(const std::string& text);
+// The capture groups ([0] = the whole line) of the first line of `text` that `pattern` matches entirely; empty when
+// no line does.
+std::vector<std::string> MatchLine(const std::string& text, const std::regex& pattern);
+bool HasLine(const std::string& text, const std::string& pattern);
+
+// RunPair with a separate environment per side (e.g. different fault seeds). Both are watched together: once one
+// side has exited, the other gets `grace` more if that side succeeded (its last SEND may still wait for an ACK the
+// exited peer will never repeat), 3 s if it failed, never beyond the overall deadline.
+PairResult RunPair(const std::vector<std::string>& server_argv, const EnvOverrides& server_env,
+                   const std::vector<std::string>& client_argv, const EnvOverrides& client_env, int tcp_port,
+                   std::chrono::milliseconds timeout,
+                   std::chrono::milliseconds grace = std::chrono::milliseconds::max());
 
 }  // namespace uroce::tests
 

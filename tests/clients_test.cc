@@ -29,32 +29,6 @@ using std::chrono::seconds;
 constexpr milliseconds kPairTimeout = seconds(120);
 constexpr milliseconds kToolTimeout = seconds(30);
 
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(line);
-  return out;
-}
-
-// The capture groups ([0] = the whole line) of the first line of `text` that `pattern` matches entirely; empty when
-// no line does.
-std::vector<std::string> MatchLine(const std::string& text, const std::regex& pattern) {
-  for (const std::string& line : Lines(text)) {
-    std::smatch m;
-    if (std::regex_match(line, m, pattern)) {
-      std::vector<std::string> groups;
-      for (const auto& g : m) groups.push_back(g.str());
-      return groups;
-    }
-  }
-  return {};
-}
-
-bool HasLine(const std::string& text, const std::string& pattern) {
-  return !MatchLine(text, std::regex(pattern)).empty();
-}
-
 class ClientsTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -35,69 +35,6 @@ constexpr milliseconds kPairTimeout = seconds(180);
 // The fault mix of the issue: 2% loss, 2% reordering, 1% duplication, on each process's own packets.
 std::string Faults(int seed) { return "loss=0.02,reorder=0.02,dup=0.01,seed=" + std::to_string(seed); }
 
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(line);
-  return out;
-}
-
-// The capture groups ([0] = the whole line) of the first line of `text` that `pattern` matches entirely.
-std::vector<std::string> MatchLine(const std::string& text, const std::regex& pattern) {
-  for (const std::string& line : Lines(text)) {
-    std::smatch m;
-    if (std::regex_match(line, m, pattern)) {
-      std::vector<std::string> groups;
-      for (const auto& g : m) groups.push_back(g.str());
-      return groups;
-    }
-  }
-  return {};
-}
-
-bool HasLine(const std::string& text, const std::string& pattern) {
-  return !MatchLine(text, std::regex(pattern)).empty();
-}
-
-// RunPair with a separate environment per side, so that server and client get different fault seeds (RunPair gives
-// both the same environment). Same protocol: the client starts once the server listens on `tcp_port`. Both are
-// watched together: once one side has exited, the other gets `grace` more if that side succeeded (its last SEND may
-// still be waiting for an ACK the exited peer will never send again), 3 s if it failed, never beyond the deadline.
-PairResult RunPairWithEnvs(const std::vector<std::string>& server_argv, const EnvOverrides& server_env,
-                           const std::vector<std::string>& client_argv, const EnvOverrides& client_env, int tcp_port,
-                           milliseconds timeout, milliseconds grace = milliseconds::max()) {
-  using Clock = std::chrono::steady_clock;
-  PairResult result;
-  const Clock::time_point deadline = Clock::now() + timeout;
-  const auto left = [&] {
-    return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
-  };
-  Process server = Process::Start(server_argv, server_env);
-  if (!server.started()) {
-    result.server = server.Wait(milliseconds(0));
-    return result;
-  }
-  while (!(result.server_listened = TcpPortListening(tcp_port))) {
-    if (server.Exited() || left().count() == 0) break;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  if (!result.server_listened) {
-    result.server = server.Kill();
-    return result;
-  }
-  Process client = Process::Start(client_argv, client_env);
-  while (!server.Exited() && !client.Exited() && left().count() > 0) std::this_thread::sleep_for(milliseconds(5));
-  // Whichever ended first is collected at once; the other gets its budget.
-  const bool client_first = client.Exited();
-  ProcessResult& first = client_first ? result.client : result.server;
-  ProcessResult& second = client_first ? result.server : result.client;
-  first = (client_first ? client : server).Wait(milliseconds(0));
-  const milliseconds budget = first.Succeeded() ? std::min(left(), grace) : std::min(left(), milliseconds(3000));
-  second = (client_first ? server : client).Wait(budget);
-  return result;
-}
-
 class RcClientsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -202,7 +139,7 @@ TEST_P(RcPingpongTest, RoundTripsWithValidatedData) {
     server_args.insert(server_args.begin(), {stdbuf, "-oL"});
     client_args.insert(client_args.begin(), {stdbuf, "-oL"});
   }
-  const PairResult r = RunPairWithEnvs(server_args, EnvWithFaults(c.server_fault_seed), client_args,
+  const PairResult r = RunPair(server_args, EnvWithFaults(c.server_fault_seed), client_args,
                                        EnvWithFaults(c.client_fault_seed), port, kPairTimeout,
                                        faults ? milliseconds(seconds(15)) : milliseconds::max());
   if (!r.Succeeded() && r.server_listened && SaysUnsupported(r.server.output + r.client.output) &&
@@ -323,7 +260,7 @@ TEST_P(RcPerftestTest, PrintsResultRow) {
   std::vector<std::string> client_args = args;
   client_args.push_back("127.0.0.1");
 
-  const PairResult r = RunPairWithEnvs(args, EnvWithFaults(c.server_fault_seed), client_args,
+  const PairResult r = RunPair(args, EnvWithFaults(c.server_fault_seed), client_args,
                                        EnvWithFaults(c.client_fault_seed), port, kPairTimeout);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
 
@@ -429,7 +366,7 @@ TEST_P(RdmaVerifyTest, EveryByteMatchesTheModel) {
                                           "--ops=" + std::to_string(c.ops)};
   client_args.insert(client_args.end(), c.client_extra.begin(), c.client_extra.end());
 
-  const PairResult r = RunPairWithEnvs(server_args, EnvWithFaults(c.server_fault_seed), client_args,
+  const PairResult r = RunPair(server_args, EnvWithFaults(c.server_fault_seed), client_args,
                                        EnvWithFaults(c.client_fault_seed), port, kPairTimeout);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   const auto summary = MatchLine(

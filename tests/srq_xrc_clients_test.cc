@@ -25,18 +25,6 @@ using std::chrono::seconds;
 // Generous for a 2-core machine running parallel builds and sanitizers (see clients_test.cc).
 constexpr milliseconds kPairTimeout = seconds(180);
 
-bool HasLine(const std::string& text, const std::string& pattern) {
-  const std::regex re(pattern);
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    if (std::regex_match(text.substr(start, end - start), re)) return true;
-    start = end + 1;
-  }
-  return false;
-}
-
 class SrqXrcClientsTest : public ::testing::Test {
  protected:
   void SetUp() override {
