@@ -812,15 +812,7 @@ void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
     m = InboundMessage{};
     return;
   }
-  Completion c;
-  c.qp_num = qp->qpn();
-  c.src_qp = a.dest_qp_num;
-  c.byte_len = static_cast<uint32_t>(m.offset);
-  c.solicited = p.bth.solicited;
-  if (imm) {
-    c.imm_data = p.imm->imm;
-    c.wc_flags |= wc_flags::kWithImm;
-  }
+  Completion c = MessageCompletion(*qp, m.offset, p);
   if (m.kind == InboundMessage::Kind::kSend) {
     c.wr_id = m.rqe->wr_id;
     c.opcode = WcOpcode::kRecv;
@@ -837,6 +829,23 @@ void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
   }
   m = InboundMessage{};
   CompleteLocked(qp->init().recv_cq, c);
+}
+
+Completion Device::MessageCompletion(const QueuePair& qp, uint64_t byte_len, const wire::PacketView& last) const {
+  Completion c;
+  c.qp_num = qp.qpn();
+  c.src_qp = qp.attributes().dest_qp_num;
+  c.byte_len = static_cast<uint32_t>(byte_len);
+  c.solicited = last.bth.solicited;  // SE on the last packet wakes a solicited-only CQ (IBTA 10.7.2.2)
+  if (last.imm) {
+    c.imm_data = last.imm->imm;
+    c.wc_flags |= wc_flags::kWithImm;
+  }
+  if (last.ieth) {
+    c.imm_data = last.ieth->rkey;  // ibv_wc.invalidated_rkey
+    c.wc_flags |= wc_flags::kWithInv;
+  }
+  return c;
 }
 
 uint64_t Device::RunTimers() {

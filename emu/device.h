@@ -178,6 +178,9 @@ class Device {
   void FlushLocked(QueuePair* qp);
   Completion SendCompletion(const QueuePair& qp, const SendWr& wr, WcStatus status) const;
   void CompleteSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status);
+  // The receive completion of a message ending with packet `last` (UC and RC responders): byte count, source QP,
+  // solicited bit, immediate data or invalidated R_Key. The caller sets wr_id and opcode.
+  Completion MessageCompletion(const QueuePair& qp, uint64_t byte_len, const wire::PacketView& last) const;
   // Gathers a send WR's bytes; returns a status other than kSuccess when an SGE is refused.
   WcStatus GatherLocked(const QueuePair& qp, const SendWr& wr, std::vector<uint8_t>& out);
   // Places `data` at byte `offset` of the scatter list (local write access needed). Returns kSuccess, kLocLenErr or

@@ -669,19 +669,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       R.msn = PsnAdd(R.msn, 1);
       const bool has_imm = p.imm.has_value();
       if (is_send || has_imm) {
-        Completion c;
-        c.qp_num = qp->qpn();
-        c.src_qp = a.dest_qp_num;
-        c.byte_len = static_cast<uint32_t>(m.offset);
-        c.solicited = p.bth.solicited;
-        if (has_imm) {
-          c.imm_data = p.imm->imm;
-          c.wc_flags |= wc_flags::kWithImm;
-        }
-        if (p.ieth) {
-          c.imm_data = p.ieth->rkey;  // ibv_wc.invalidated_rkey
-          c.wc_flags |= wc_flags::kWithInv;
-        }
+        Completion c = MessageCompletion(*qp, m.offset, p);
         if (is_send) {
           c.wr_id = m.rqe->wr_id;
           c.opcode = WcOpcode::kRecv;

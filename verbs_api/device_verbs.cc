@@ -98,7 +98,6 @@ ibv_device* TheDevice() {
   return &dev;
 }
 
-Context* Ctx(ibv_context* c) { return ToContext(c); }
 
 constexpr uint32_t kVendorId = 0x1bad;  // not Mellanox (0x02c9) nor Amazon (0x1d0f): clients take no vendor path
 constexpr uint32_t kVendorPartId = 0x0001;

@@ -5,6 +5,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cerrno>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -40,6 +41,14 @@ struct Context {
 };
 inline Context* ToContext(ibv_context* c) {
   return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+}
+inline Context* Ctx(ibv_context* c) { return ToContext(c); }
+
+// Verbs return errno values; those returning pointers set errno and return NULL (ibv_*(3) RETURN VALUE).
+template <typename T>
+T* Fail(int err) {
+  errno = err;
+  return nullptr;
 }
 
 struct Pd {

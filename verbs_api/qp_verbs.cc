@@ -25,13 +25,7 @@ static_assert(int(emu::AsyncEventType::kGidChange) == IBV_EVENT_GID_CHANGE);
 
 namespace {
 
-Context* Ctx(ibv_context* c) { return ToContext(c); }
 
-template <typename T>
-T* Fail(int err) {
-  errno = err;
-  return nullptr;
-}
 
 // The value stored in an enum field of the caller's struct, read as bytes: fields the mask does not name may be
 // uninitialized (ibv_xsrq_pingpong passes a stack ibv_qp_attr it never cleared), and loading such an enum lvalue is

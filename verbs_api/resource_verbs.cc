@@ -15,14 +15,7 @@ using namespace uroce::verbs;
 
 namespace {
 
-Context* Ctx(ibv_context* c) { return ToContext(c); }
 
-// Verbs return errno values; functions returning pointers set errno and return NULL.
-template <typename T>
-T* Fail(int err) {
-  errno = err;
-  return nullptr;
-}
 
 constexpr uint64_t kSupportedWcFlags =
     IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |

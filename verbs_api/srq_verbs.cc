@@ -24,11 +24,6 @@ static_assert(int(emu::SrqType::kXrc) == IBV_SRQT_XRC && int(emu::AsyncEventType
 
 namespace {
 
-template <typename T>
-T* Fail(int err) {
-  errno = err;
-  return nullptr;
-}
 
 emu::Device& Dev(ibv_context* c) { return ToContext(c)->dev(); }
 
