@@ -54,6 +54,35 @@ Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Cloc
 
 Device::~Device() = default;
 
+std::string FormatCounters(const DeviceCounters& c) {
+  // One table: adding a counter to DeviceCounters means one line here.
+  static constexpr std::pair<const char*, uint64_t DeviceCounters::*> kFields[] = {
+      {"tx_packets", &DeviceCounters::tx_packets},
+      {"tx_bytes", &DeviceCounters::tx_bytes},
+      {"tx_errors", &DeviceCounters::tx_errors},
+      {"rx_packets", &DeviceCounters::rx_packets},
+      {"rx_bytes", &DeviceCounters::rx_bytes},
+      {"rx_malformed", &DeviceCounters::rx_malformed},
+      {"rx_icrc_errors", &DeviceCounters::rx_icrc_errors},
+      {"rx_unknown_qp", &DeviceCounters::rx_unknown_qp},
+      {"rx_wrong_transport", &DeviceCounters::rx_wrong_transport},
+      {"rx_bad_state", &DeviceCounters::rx_bad_state},
+      {"rx_bad_pkey", &DeviceCounters::rx_bad_pkey},
+      {"rx_bad_qkey", &DeviceCounters::rx_bad_qkey},
+      {"rx_no_receive_wqe", &DeviceCounters::rx_no_receive_wqe},
+      {"rx_out_of_sequence", &DeviceCounters::rx_out_of_sequence},
+      {"rx_remote_access_denied", &DeviceCounters::rx_remote_access_denied},
+      {"rx_cnp", &DeviceCounters::rx_cnp},
+      {"cq_overflows", &DeviceCounters::cq_overflows},
+      {"rc_retransmit_timeouts", &DeviceCounters::rc_retransmit_timeouts},
+      {"rc_duplicates", &DeviceCounters::rc_duplicates},
+      {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
+  };
+  std::string out;
+  for (const auto& [name, field] : kFields) out += std::string(name) + " " + std::to_string(c.*field) + "\n";
+  return out;
+}
+
 DeviceCounters Device::counters() const {
   std::lock_guard lock(mu_);
   return counters_;

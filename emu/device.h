@@ -97,6 +97,9 @@ struct DeviceCounters {
   uint64_t rc_rnr_naks_sent = 0;
 };
 
+// "name value" lines of every counter, for `uroce run --stats` (UROCE_STATS=1).
+std::string FormatCounters(const DeviceCounters& c);
+
 struct OutBatch;
 
 class Device {

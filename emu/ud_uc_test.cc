@@ -94,6 +94,18 @@ TEST(Ud, DeliversPayloadAfterGrhWithSourceQpAndImmediate) {
   EXPECT_EQ(wire::LoadBe32(dst.bytes.data() + 20 + 12), t.a->device->config().address.v4());
 }
 
+TEST(Ud, CountersNameEveryDropAndFormatAsNameValueLines) {
+  UdPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kLocalAll);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, t.Send(src, 64)), 0);  // nothing posted at B: dropped, counted
+  t.fabric.Pump();
+  const std::string a = FormatCounters(t.a->device->counters());
+  const std::string b = FormatCounters(t.b->device->counters());
+  EXPECT_NE(a.find("tx_packets 1\n"), std::string::npos) << a;
+  EXPECT_NE(b.find("rx_packets 1\n"), std::string::npos) << b;
+  EXPECT_NE(b.find("rx_no_receive_wqe 1\n"), std::string::npos) << b;
+}
+
 TEST(Ud, WrongQkeyAndMissingReceiveAreDroppedSilently) {
   UdPair t;
   Buffer src = testing::Register(*t.a->device, t.pa, 64, kLocalAll);

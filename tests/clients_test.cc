@@ -300,5 +300,33 @@ INSTANTIATE_TEST_SUITE_P(Uc, PerftestTest,
                                            PerftestCase{"ib_write_bw", "UC", 1, 4096, 5000}),
                          PerftestName);
 
+// ---------------------------------------------------------------------------------------------------------------
+// UROCE_STATS=1 (`uroce run --stats`): each process prints its device's counters when it ends.
+
+TEST_F(ClientsTest, StatsPrintCountersAtExit) {
+  const std::string prog = Program("ibv_ud_pingpong");
+  if (prog.empty()) return;
+  const int port = Port();
+  ASSERT_GT(port, 0);
+  const std::vector<std::string> args = {prog, "-g", "0", "-n", "100", "-s", "512", "-p", std::to_string(port)};
+  std::vector<std::string> client_args = args;
+  client_args.push_back("127.0.0.1");
+  EnvOverrides env = env_;
+  env.emplace_back("UROCE_STATS", "1");
+  const PairResult r = RunPair(args, client_args, env, port, kPairTimeout);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  for (const ProcessResult* side : {&r.server, &r.client}) {
+    EXPECT_TRUE(HasLine(side->output, R"(uroce: counters of uroce0 at 127\.0\.0\.[0-9]+)")) << side->output;
+    // 100 round trips: at least 100 datagrams each way (plus pingpong's initial posts), and nothing malformed.
+    const auto tx = MatchLine(side->output, std::regex(R"(tx_packets ([0-9]+))"));
+    const auto rx = MatchLine(side->output, std::regex(R"(rx_packets ([0-9]+))"));
+    ASSERT_EQ(tx.size(), 2u) << side->output;
+    ASSERT_EQ(rx.size(), 2u) << side->output;
+    EXPECT_GE(std::stoull(tx[1]), 100u);
+    EXPECT_GE(std::stoull(rx[1]), 100u);
+    EXPECT_TRUE(HasLine(side->output, "rx_malformed 0")) << side->output;
+  }
+}
+
 }  // namespace
 }  // namespace uroce::tests

@@ -52,6 +52,8 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
     c->pcap_path = value;
   } else if (key == "faults") {
     c->faults = value;
+  } else if (key == "stats") {
+    c->stats = value == "1" || value == "yes" || value == "true";
   } else {
     return *error = "unknown setting '" + key + "'", EINVAL;
   }
@@ -80,7 +82,7 @@ int LoadEngineConfig(EngineConfig* config, std::string* error) {
     if (eq == std::string::npos) return *error = "config line without '=': " + line, EINVAL;
     if (int err = ApplySetting(config, Trim(line.substr(0, eq)), Trim(line.substr(eq + 1)), error)) return err;
   }
-  static const char* kKeys[] = {"address", "port", "mtu", "pcap", "faults"};
+  static const char* kKeys[] = {"address", "port", "mtu", "pcap", "faults", "stats"};
   for (const char* key : kKeys) {
     std::string env = "UROCE_";
     for (const char* k = key; *k; ++k) env += static_cast<char>(*k - 'a' + 'A');
@@ -156,6 +158,7 @@ int Engine::Start(const EngineConfig& config) {
     }
     transport_ = std::make_unique<wire::FaultInjectingTransport>(std::move(transport_), wire::SystemClock::Instance(),
                                                                   *faults, *faults);
+    faults_ = transport_.get();
   }
   if (!config.pcap_path.empty()) {
     pcap_ = std::make_unique<wire::PcapWriter>();
@@ -171,7 +174,34 @@ int Engine::Start(const EngineConfig& config) {
   dc.node_guid = NodeGuid();
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::SystemClock::Instance());
   progress_ = std::thread([this] { ProgressLoop(); });
+  stats_ = config.stats;
+  if (stats_) {
+    // A program may exit without closing the device: print then too.
+    static std::once_flag once;
+    std::call_once(once, [] {
+      std::atexit([] {
+        std::lock_guard lock(g_engine_mu);
+        if (auto e = g_engine.lock()) e->PrintStatsOnce();
+      });
+    });
+  }
   return 0;
+}
+
+void Engine::PrintStatsOnce() {
+  if (!stats_ || stats_printed_.exchange(true)) return;
+  std::string text = "uroce: counters of uroce0 at " + device_->config().address.ToString() + "\n" +
+                     emu::FormatCounters(device_->counters());
+  if (auto* f = dynamic_cast<wire::FaultInjectingTransport*>(faults_)) {
+    const wire::FaultCounters s = f->send_counters(), r = f->receive_counters();
+    text += "faults_send seen " + std::to_string(s.seen) + " dropped " + std::to_string(s.dropped) + " duplicated " +
+            std::to_string(s.duplicated) + " reordered " + std::to_string(s.reordered) + " corrupted " +
+            std::to_string(s.corrupted) + "\n";
+    text += "faults_receive seen " + std::to_string(r.seen) + " dropped " + std::to_string(r.dropped) +
+            " duplicated " + std::to_string(r.duplicated) + " reordered " + std::to_string(r.reordered) +
+            " corrupted " + std::to_string(r.corrupted) + "\n";
+  }
+  fputs(text.c_str(), stderr);
 }
 
 void Engine::ProgressLoop() {
@@ -190,6 +220,7 @@ void Engine::ProgressLoop() {
 }
 
 Engine::~Engine() {
+  PrintStatsOnce();
   stop_.store(true, std::memory_order_release);
   transport_->Wake();
   if (progress_.joinable()) progress_.join();

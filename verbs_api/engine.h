@@ -25,6 +25,7 @@ struct EngineConfig {
   emu::Mtu mtu = emu::Mtu::k4096;
   std::string pcap_path;  // capture every packet sent and received (UROCE_PCAP)
   std::string faults;     // fault-injection spec (UROCE_FAULTS), see wire/fault_model.h
+  bool stats = false;     // print the device's counters to stderr when the engine ends (UROCE_STATS=1)
 };
 
 // Reads UROCE_ADDR, UROCE_PORT, UROCE_MTU, UROCE_PCAP, UROCE_FAULTS, and the config file named by UROCE_CONFIG
@@ -43,6 +44,8 @@ class Engine {
 
   ~Engine();
   emu::Device& device() { return *device_; }
+  // Prints the counters (once) if UROCE_STATS asked for them: at the end of the engine or of the process.
+  void PrintStatsOnce();
   const wire::IpAddress& address() const { return device_->config().address; }
 
  private:
@@ -54,6 +57,9 @@ class Engine {
   std::unique_ptr<wire::Transport> transport_;
   std::unique_ptr<emu::Device> device_;
   std::thread progress_;
+  bool stats_ = false;
+  std::atomic<bool> stats_printed_{false};
+  wire::Transport* faults_ = nullptr;  // the fault decorator inside transport_, when UROCE_FAULTS is set
   std::atomic<bool> stop_{false};
 };
 
