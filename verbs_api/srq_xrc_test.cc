@@ -13,26 +13,16 @@
 #include <string>
 #include <vector>
 
+#include "verbs_api/verbs_test_env.h"
+
 namespace {
 
-struct Env {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
+// The shared environment plus one CQ every test here uses.
+struct Env : uroce::verbs::testing::VerbsEnv {
   ibv_cq* cq = nullptr;
-  ibv_gid gid{};
-
-  Env() {
-    ibv_device** list = ibv_get_device_list(nullptr);
-    ctx = ibv_open_device(list[0]);
-    ibv_free_device_list(list);
-    pd = ibv_alloc_pd(ctx);
-    cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
-    ibv_query_gid(ctx, 1, 0, &gid);
-  }
+  Env() { cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0); }
   ~Env() {
-    ibv_destroy_cq(cq);
-    ibv_dealloc_pd(pd);
-    ibv_close_device(ctx);
+    if (cq) ibv_destroy_cq(cq);
   }
 };
 

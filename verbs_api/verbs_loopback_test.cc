@@ -11,27 +11,13 @@
 #include <cstring>
 #include <vector>
 
+#include "verbs_api/verbs_test_env.h"
+
 namespace {
 
 constexpr uint32_t kQkey = 0x1234;
 
-struct Env {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_gid gid{};
-
-  Env() {
-    ibv_device** list = ibv_get_device_list(nullptr);
-    ctx = ibv_open_device(list[0]);
-    ibv_free_device_list(list);
-    pd = ibv_alloc_pd(ctx);
-    ibv_query_gid(ctx, 1, 0, &gid);
-  }
-  ~Env() {
-    ibv_dealloc_pd(pd);
-    ibv_close_device(ctx);
-  }
-};
+using Env = uroce::verbs::testing::VerbsEnv;
 
 ibv_qp* UdQp(Env& e, ibv_cq* cq) {
   ibv_qp_init_attr init{};
