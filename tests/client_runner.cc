@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -456,6 +457,33 @@ std::vector<std::string> MatchLine(const std::string& text, const std::regex& pa
 
 bool HasLine(const std::string& text, const std::string& pattern) {
   return !MatchLine(text, std::regex(pattern)).empty();
+}
+
+void ClientTest::SetUp() {
+  ASSERT_FALSE(LibraryDir().empty())
+      << "our libibverbs.so.1 is not in the runfiles ($TEST_SRCDIR/uroce/verbs_api); the target needs "
+         "data = [\"//verbs_api:libibverbs.so.1\"]";
+  std::string note;
+  env_ = ClientEnvironment(&note);
+  static bool noted = false;
+  if (!note.empty() && !noted) {
+    std::cerr << note << "\n";
+    noted = true;
+  }
+}
+
+std::string ClientTest::Program(const std::string& name) {
+  const std::string path = FindProgram(name);
+  if (path.empty()) {
+    ADD_FAILURE() << name << " is not installed: run `tools/uroce setup` (installs ibverbs-utils and perftest)";
+  }
+  return path;
+}
+
+int ClientTest::Port() {
+  const int port = FreeTcpPort();
+  EXPECT_GT(port, 0) << "FreeTcpPort: " << port;
+  return port;
 }
 
 }  // namespace uroce::tests

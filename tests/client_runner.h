@@ -10,6 +10,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <gtest/gtest.h>
+
 #include <regex>
 #include <string>
 #include <utility>
@@ -124,6 +126,19 @@ PairResult RunPair(const std::vector<std::string>& server_argv, const EnvOverrid
                    const std::vector<std::string>& client_argv, const EnvOverrides& client_env, int tcp_port,
                    std::chrono::milliseconds timeout,
                    std::chrono::milliseconds grace = std::chrono::milliseconds::max());
+
+// The base of every client test: checks that our library is in the runfiles, prepares the clients' environment
+// (library path, sanitizer runtimes), and finds programs and free TCP ports.
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  // The absolute path of a Debian client, or "" after recording a failure that says how to install it.
+  std::string Program(const std::string& name);
+  // A free TCP port for a pair's handshake (a failure is recorded when none can be had).
+  int Port();
+
+  EnvOverrides env_;
+};
 
 }  // namespace uroce::tests
 

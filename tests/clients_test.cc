@@ -29,43 +29,13 @@ using std::chrono::seconds;
 constexpr milliseconds kPairTimeout = seconds(120);
 constexpr milliseconds kToolTimeout = seconds(30);
 
-class ClientsTest : public ::testing::Test {
+class ClientsTest : public ClientTest {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(LibraryDir().empty())
-        << "our libibverbs.so.1 is not in the runfiles ($TEST_SRCDIR/uroce/verbs_api); the target needs "
-           "data = [\"//verbs_api:libibverbs.so.1\"]";
-    env_ = ClientEnvironment(&sanitizer_note_);
-    static bool noted = false;
-    if (!sanitizer_note_.empty() && !noted) {
-      std::cerr << sanitizer_note_ << "\n";
-      noted = true;
-    }
-  }
-
-  // The absolute path of a Debian client, or "" after recording a failure that says how to install it.
-  std::string Program(const std::string& name) {
-    const std::string path = FindProgram(name);
-    if (path.empty()) {
-      ADD_FAILURE() << name << " is not installed: run `tools/uroce setup` (installs ibverbs-utils and perftest)";
-    }
-    return path;
-  }
-
   EnvOverrides EnvWithMtu(int mtu) const {
     EnvOverrides env = env_;
     env.emplace_back("UROCE_MTU", std::to_string(mtu));
     return env;
   }
-
-  int Port() {
-    const int port = FreeTcpPort();
-    EXPECT_GT(port, 0) << "FreeTcpPort: " << port;
-    return port;
-  }
-
-  EnvOverrides env_;
-  std::string sanitizer_note_;
 };
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -35,44 +35,14 @@ constexpr milliseconds kPairTimeout = seconds(180);
 // The fault mix of the issue: 2% loss, 2% reordering, 1% duplication, on each process's own packets.
 std::string Faults(int seed) { return "loss=0.02,reorder=0.02,dup=0.01,seed=" + std::to_string(seed); }
 
-class RcClientsTest : public ::testing::Test {
+class RcClientsTest : public ClientTest {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(LibraryDir().empty())
-        << "our libibverbs.so.1 is not in the runfiles ($TEST_SRCDIR/uroce/verbs_api); the target needs "
-           "data = [\"//verbs_api:libibverbs.so.1\"]";
-    env_ = ClientEnvironment(&sanitizer_note_);
-    static bool noted = false;
-    if (!sanitizer_note_.empty() && !noted) {
-      std::cerr << sanitizer_note_ << "\n";
-      noted = true;
-    }
-  }
-
-  // The absolute path of a Debian client, or "" after recording a failure that says how to install it.
-  std::string Program(const std::string& name) {
-    const std::string path = FindProgram(name);
-    if (path.empty()) {
-      ADD_FAILURE() << name << " is not installed: run `tools/uroce setup` (installs ibverbs-utils and perftest)";
-    }
-    return path;
-  }
-
   // env_ plus UROCE_FAULTS when `fault_seed` is non-zero.
   EnvOverrides EnvWithFaults(int fault_seed) const {
     EnvOverrides env = env_;
     if (fault_seed != 0) env.emplace_back("UROCE_FAULTS", Faults(fault_seed));
     return env;
   }
-
-  int Port() {
-    const int port = FreeTcpPort();
-    EXPECT_GT(port, 0) << "FreeTcpPort: " << port;
-    return port;
-  }
-
-  EnvOverrides env_;
-  std::string sanitizer_note_;
 };
 
 // ---------------------------------------------------------------------------------------------------------------

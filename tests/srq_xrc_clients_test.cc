@@ -25,27 +25,8 @@ using std::chrono::seconds;
 // Generous for a 2-core machine running parallel builds and sanitizers (see clients_test.cc).
 constexpr milliseconds kPairTimeout = seconds(180);
 
-class SrqXrcClientsTest : public ::testing::Test {
+class SrqXrcClientsTest : public ClientTest {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(LibraryDir().empty()) << "our libibverbs.so.1 is not in the runfiles";
-    std::string note;
-    env_ = ClientEnvironment(&note);
-    if (!note.empty()) std::cerr << note << "\n";
-  }
-
-  std::string Program(const std::string& name) {
-    const std::string path = FindProgram(name);
-    if (path.empty()) ADD_FAILURE() << name << " is not installed: run `tools/uroce setup`";
-    return path;
-  }
-
-  int Port() {
-    const int port = FreeTcpPort();
-    EXPECT_GT(port, 0);
-    return port;
-  }
-
   // Runs a perftest pair with the options the brief names and checks both ends' result.
   void RunPerftest(const std::string& name, const std::vector<std::string>& extra) {
     const std::string prog = Program(name);
@@ -61,7 +42,6 @@ class SrqXrcClientsTest : public ::testing::Test {
     EXPECT_TRUE(HasLine(r.client.output, R"(\s*65536\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s*)")) << r.Describe();
   }
 
-  EnvOverrides env_;
 };
 
 TEST_F(SrqXrcClientsTest, SrqPingpong16QpsChecked) {
