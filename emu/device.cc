@@ -397,6 +397,22 @@ void Device::CompleteSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status
   CompleteLocked(qp->init().send_cq, SendCompletion(*qp, wr, status));
 }
 
+Completion Device::ReceiveError(const QueuePair& qp, uint64_t wr_id, WcStatus status) const {
+  Completion c;
+  c.wr_id = wr_id;
+  c.status = status;
+  c.opcode = WcOpcode::kRecv;
+  c.qp_num = qp.qpn();
+  return c;
+}
+
+void Device::FailUnreliableSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status) {
+  // A failed UD/UC send moves the send queue to SQE (IBTA 10.3.1.5); receives go on.
+  CompleteSendLocked(qp, wr, status);
+  QpAttributes& a = qp->mutable_attributes();
+  a.qp_state = a.cur_qp_state = QpState::kSqe;
+}
+
 void Device::FlushLocked(QueuePair* qp) {
   // A QP that takes its WQEs from an SRQ consumes no more of them once in the error state: the consumer learns it may
   // detach with IBV_EVENT_QP_LAST_WQE_REACHED (IBTA 10.3.1 / 11.6.3.1; the SRQ's own WQEs are not flushed).
@@ -405,20 +421,12 @@ void Device::FlushLocked(QueuePair* qp) {
   // IBTA 10.3.1 / ibv_modify_qp(3): in the error state outstanding WRs complete with IBV_WC_WR_FLUSH_ERR.
   auto& rq = qp->receive_queue();
   for (const RecvWr& r : rq) {
-    Completion c;
-    c.wr_id = r.wr_id;
-    c.status = WcStatus::kWrFlushErr;
-    c.opcode = WcOpcode::kRecv;
-    c.qp_num = qp->qpn();
+    const Completion c = ReceiveError(*qp, r.wr_id, WcStatus::kWrFlushErr);
     CompleteLocked(qp->init().recv_cq, c);
   }
   rq.clear();
   if (qp->inbound().rqe) {
-    Completion c;
-    c.wr_id = qp->inbound().rqe->wr_id;
-    c.status = WcStatus::kWrFlushErr;
-    c.opcode = WcOpcode::kRecv;
-    c.qp_num = qp->qpn();
+    const Completion c = ReceiveError(*qp, qp->inbound().rqe->wr_id, WcStatus::kWrFlushErr);
     CompleteLocked(qp->init().recv_cq, c);
   }
   qp->inbound() = InboundMessage{};
@@ -501,10 +509,7 @@ int Device::PostSendUdLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
   WcStatus st = GatherLocked(*qp, wr, payload);
   if (st == WcStatus::kSuccess && payload.size() > MtuBytes(config_.active_mtu)) st = WcStatus::kLocLenErr;
   if (st != WcStatus::kSuccess) {
-    // A failed UD/UC send moves the send queue to SQE (IBTA 10.3.1.5); receives go on.
-    CompleteSendLocked(qp, wr, st);
-    QpAttributes& a = qp->mutable_attributes();
-    a.qp_state = a.cur_qp_state = QpState::kSqe;
+    FailUnreliableSendLocked(qp, wr, st);
     return 0;
   }
   wire::PacketSpec spec;
@@ -525,10 +530,10 @@ int Device::PostSendUdLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
 int Device::PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
   if (wr.opcode == SendOpcode::kBindMw || wr.opcode == SendOpcode::kLocalInv) {
     const WcStatus st = ExecuteLocalOpLocked(qp, wr);
-    CompleteSendLocked(qp, wr, st);
-    if (st != WcStatus::kSuccess) {
-      QpAttributes& a = qp->mutable_attributes();
-      a.qp_state = a.cur_qp_state = QpState::kSqe;
+    if (st == WcStatus::kSuccess) {
+      CompleteSendLocked(qp, wr, st);
+    } else {
+      FailUnreliableSendLocked(qp, wr, st);
     }
     return 0;
   }
@@ -539,9 +544,7 @@ int Device::PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
   WcStatus st = GatherLocked(*qp, wr, payload);
   if (st == WcStatus::kSuccess && payload.size() > config_.limits.max_msg_sz) st = WcStatus::kLocLenErr;
   if (st != WcStatus::kSuccess) {
-    CompleteSendLocked(qp, wr, st);
-    QpAttributes& a = qp->mutable_attributes();
-    a.qp_state = a.cur_qp_state = QpState::kSqe;
+    FailUnreliableSendLocked(qp, wr, st);
     return 0;
   }
   const QpAttributes& a = qp->attributes();
@@ -587,11 +590,7 @@ int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
   if (qp->init().srq != nullptr || qp->type() == QpType::kXrcSend || qp->type() == QpType::kXrcRecv) return EINVAL;
   if (wr.sg_list.size() > qp->attributes().cap.max_recv_sge) return EINVAL;
   if (qp->state() == QpState::kErr) {
-    Completion c;
-    c.wr_id = wr.wr_id;
-    c.status = WcStatus::kWrFlushErr;
-    c.opcode = WcOpcode::kRecv;
-    c.qp_num = qp->qpn();
+    const Completion c = ReceiveError(*qp, wr.wr_id, WcStatus::kWrFlushErr);
     CompleteLocked(qp->init().recv_cq, c);
     return 0;
   }
@@ -814,11 +813,7 @@ void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
     WcStatus st = ScatterLocked(*qp, m.rqe->sg_list, m.offset, p.payload);
     m.offset += p.payload.size();
     if (st != WcStatus::kSuccess) {
-      Completion c;
-      c.wr_id = m.rqe->wr_id;
-      c.status = st;
-      c.opcode = WcOpcode::kRecv;
-      c.qp_num = qp->qpn();
+      const Completion c = ReceiveError(*qp, m.rqe->wr_id, st);
       m.rqe.reset();
       CompleteLocked(qp->init().recv_cq, c);
       m = InboundMessage{};

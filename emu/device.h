@@ -181,6 +181,10 @@ class Device {
   void FlushLocked(QueuePair* qp);
   Completion SendCompletion(const QueuePair& qp, const SendWr& wr, WcStatus status) const;
   void CompleteSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status);
+  // A receive WQE completed in error (flushed, or its message failed): no data, just the status.
+  Completion ReceiveError(const QueuePair& qp, uint64_t wr_id, WcStatus status) const;
+  // UD/UC: the WR completes with `status` and the send queue enters SQE.
+  void FailUnreliableSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status);
   // The receive completion of a message ending with packet `last` (UC and RC responders): byte count, source QP,
   // solicited bit, immediate data or invalidated R_Key. The caller sets wr_id and opcode.
   Completion MessageCompletion(const QueuePair& qp, uint64_t byte_len, const wire::PacketView& last) const;

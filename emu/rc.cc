@@ -637,11 +637,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     if (is_send) {
       WcStatus st = ScatterLocked(*qp, m.rqe->sg_list, m.offset, p.payload);
       if (st != WcStatus::kSuccess) {
-        Completion c;
-        c.wr_id = m.rqe->wr_id;
-        c.status = st;
-        c.opcode = WcOpcode::kRecv;
-        c.qp_num = qp->qpn();
+        const Completion c = ReceiveError(*qp, m.rqe->wr_id, st);
         m = InboundMessage{};
         CompleteLocked(qp->init().recv_cq, c);
         // Too long for the receive buffer is the sender's invalid request; a bad local key our operational error.

@@ -156,9 +156,10 @@ int Engine::Start(const EngineConfig& config) {
       fprintf(stderr, "uroce: bad UROCE_FAULTS '%s': %s\n", config.faults.c_str(), error.c_str());
       return EINVAL;
     }
-    transport_ = std::make_unique<wire::FaultInjectingTransport>(std::move(transport_), wire::SystemClock::Instance(),
+    auto faulty = std::make_unique<wire::FaultInjectingTransport>(std::move(transport_), wire::SystemClock::Instance(),
                                                                   *faults, *faults);
-    faults_ = transport_.get();
+    faults_ = faulty.get();
+    transport_ = std::move(faulty);
   }
   if (!config.pcap_path.empty()) {
     pcap_ = std::make_unique<wire::PcapWriter>();
@@ -192,14 +193,14 @@ void Engine::PrintStatsOnce() {
   if (!stats_ || stats_printed_.exchange(true)) return;
   std::string text = "uroce: counters of uroce0 at " + device_->config().address.ToString() + "\n" +
                      emu::FormatCounters(device_->counters());
-  if (auto* f = dynamic_cast<wire::FaultInjectingTransport*>(faults_)) {
-    const wire::FaultCounters s = f->send_counters(), r = f->receive_counters();
-    text += "faults_send seen " + std::to_string(s.seen) + " dropped " + std::to_string(s.dropped) + " duplicated " +
-            std::to_string(s.duplicated) + " reordered " + std::to_string(s.reordered) + " corrupted " +
-            std::to_string(s.corrupted) + "\n";
-    text += "faults_receive seen " + std::to_string(r.seen) + " dropped " + std::to_string(r.dropped) +
-            " duplicated " + std::to_string(r.duplicated) + " reordered " + std::to_string(r.reordered) +
-            " corrupted " + std::to_string(r.corrupted) + "\n";
+  auto faults_line = [](const char* direction, const wire::FaultCounters& c) {
+    return std::string(direction) + " seen " + std::to_string(c.seen) + " dropped " + std::to_string(c.dropped) +
+           " duplicated " + std::to_string(c.duplicated) + " reordered " + std::to_string(c.reordered) +
+           " corrupted " + std::to_string(c.corrupted) + "\n";
+  };
+  if (faults_ != nullptr) {
+    text += faults_line("faults_send", faults_->send_counters());
+    text += faults_line("faults_receive", faults_->receive_counters());
   }
   fputs(text.c_str(), stderr);
 }

@@ -14,6 +14,7 @@
 
 #include "emu/device.h"
 #include "wire/address.h"
+#include "wire/fault_transport.h"
 #include "wire/pcap.h"
 #include "wire/transport.h"
 
@@ -59,7 +60,7 @@ class Engine {
   std::thread progress_;
   bool stats_ = false;
   std::atomic<bool> stats_printed_{false};
-  wire::Transport* faults_ = nullptr;  // the fault decorator inside transport_, when UROCE_FAULTS is set
+  wire::FaultInjectingTransport* faults_ = nullptr;  // the fault decorator inside transport_ (UROCE_FAULTS)
   std::atomic<bool> stop_{false};
 };
 
