@@ -42,6 +42,9 @@ struct DeviceConfig {
   Mtu active_mtu = Mtu::k4096;
   uint64_t node_guid = 0;
   DeviceLimits limits;
+  // IBTA C9-141: retry_cnt counts retries, so a dead peer fails the WR with RETRY_EXC_ERR after retry_cnt + 1
+  // timeouts. Kernel rxe instead treats retry_cnt 7 as "forever"; true reproduces that (UROCE_RETRY_FOREVER=1).
+  bool retry_cnt_7_infinite = false;
 };
 
 // Values of enum ibv_event_type.
@@ -81,6 +84,8 @@ struct DeviceCounters {
   uint64_t rx_packets = 0, rx_bytes = 0;
   uint64_t rx_malformed = 0;
   uint64_t rx_icrc_errors = 0;
+  uint64_t rx_icrc_ip_id_inferred = 0;  // IPv4 ID unseen and not 0: ICRC checked with that ID solved for (16 bits)
+  uint64_t rx_wrong_peer = 0;           // RC/UC/XRC packet from an address other than the QP's peer
   uint64_t rx_unknown_qp = 0;
   uint64_t rx_wrong_transport = 0;  // opcode's transport differs from the QP type
   uint64_t rx_bad_state = 0;        // QP not able to receive (RESET, INIT, ERR)

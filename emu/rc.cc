@@ -31,8 +31,9 @@ constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSend
 constexpr int32_t kWindowPackets = 512;
 // AckReq on the last packet of each message and on every 64th packet of a long one (IBTA 9.7.4.1.2).
 constexpr uint32_t kAckReqEvery = 64;
-// Infinite retry counts (IBTA 9.7.5.2.8 / ibv_modify_qp(3): 7 means "retry forever").
-constexpr int kInfiniteRetries = 7;
+// rnr_retry 7 means "retry forever" (IBTA 9.7.5.2.8, ibv_modify_qp(3)); retry_cnt 7 means seven retries (C9-141),
+// unless the device is configured as rxe behaves (DeviceConfig::retry_cnt_7_infinite).
+constexpr int kInfiniteRnrRetry = 7;
 // Saved READ/atomic responses kept for duplicates: at least the device's max_qp_rd_atom (128) outstanding requests
 // must be answerable again (IBTA 9.7.5.1.6: responder resources = max_dest_rd_atomic), with room to spare.
 constexpr size_t kSavedResponses = 256;
@@ -350,7 +351,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
           RcFailLocked(qp, i, WcStatus::kRnrRetryExcErr);
           return;
         }
-        if (a.rnr_retry != kInfiniteRetries) --r.rnr_retries_left;
+        if (a.rnr_retry != kInfiniteRnrRetry) --r.rnr_retries_left;
         r.cursor_wqe = i;
         r.cursor_pkt = static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn));
         r.retransmit_deadline_ns = 0;
@@ -490,7 +491,7 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
     RcFailLocked(qp, i, WcStatus::kRetryExcErr);
     return;
   }
-  if (qp->attributes().retry_cnt != kInfiniteRetries) --r.retries_left;
+  if (!(config_.retry_cnt_7_infinite && qp->attributes().retry_cnt == 7)) --r.retries_left;
   ++counters_.rc_retransmit_timeouts;
   r.cursor_wqe = i;
   // Resume at the first unacknowledged PSN within the WQE (a coalesced ACK may have covered its beginning).

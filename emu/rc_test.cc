@@ -101,7 +101,8 @@ bool IsRnrNak(const Pkt& p) {
 // A fixture with packet capture on both nodes.
 struct Rc : RcPair {
   explicit Rc(Mtu mtu = Mtu::k1024) : RcPair(mtu) { Record(); }
-  Rc(const RcAttributes& rc_a, const RcAttributes& rc_b, Mtu mtu = Mtu::k1024) : RcPair(mtu, rc_a, rc_b) {
+  Rc(const RcAttributes& rc_a, const RcAttributes& rc_b, Mtu mtu = Mtu::k1024, DeviceConfig device = {})
+      : RcPair(mtu, rc_a, rc_b, {64, 64, 4, 4, 0}, 1024, std::move(device)) {
     Record();
   }
   void Record() {
@@ -896,10 +897,12 @@ TEST(RcRnr, RetryBudgetIsRestoredByForwardProgress) {
 
 // --- local ACK timeout -----------------------------------------------------------------------------------------------
 
-TEST(RcTimeout, FiniteRetryCountExhaustsWithRetryExceeded) {
+// IBTA C9-141: retry_cnt counts retries, 7 included (only rnr_retry 7 means forever): a peer that stopped answering
+// fails the oldest WR with RETRY_EXC_ERR after exactly retry_cnt + 1 timeouts, and the rest is flushed.
+TEST(RcTimeout, RetryCountExhaustsWithRetryExceeded) {
   constexpr uint8_t kTimeout = 10;  // 4.096 us << 10 = 4.19 ms
   const uint64_t T = AckTimeoutNs(kTimeout);
-  for (uint8_t n = 0; n <= 6; ++n) {
+  for (uint8_t n = 0; n <= 7; ++n) {
     SCOPED_TRACE(::testing::Message() << "retry_cnt=" << int(n));
     RcAttributes ra = Attrs();
     ra.timeout = kTimeout;
@@ -929,10 +932,13 @@ TEST(RcTimeout, FiniteRetryCountExhaustsWithRetryExceeded) {
   }
 }
 
-TEST(RcTimeout, RetryCountSevenRetriesForever) {
+// Kernel rxe's deviation, kept behind a device option (UROCE_RETRY_FOREVER=1): retry_cnt 7 retries forever.
+TEST(RcTimeout, RetryCountSevenRetriesForeverWhenConfiguredAsRxe) {
   RcAttributes ra = Attrs();
   ra.timeout = 8;
-  Rc t(ra, Attrs());  // retry_cnt 7
+  DeviceConfig rxe_like;
+  rxe_like.retry_cnt_7_infinite = true;
+  Rc t(ra, Attrs(), Mtu::k1024, rxe_like);  // retry_cnt 7
   const uint64_t T = AckTimeoutNs(8);
   Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
   Buffer dst = testing::Register(*t.b->device, t.pb, 64, kMrAll);

@@ -38,7 +38,7 @@ Node& Fabric::AddNode(Mtu mtu) {
                              wire::kRoceV2UdpPort};
   node->transport = std::make_unique<ScriptedTransport>(network_.Attach(ep));
   node->transport->clock = &clock_;
-  DeviceConfig cfg;
+  DeviceConfig cfg = defaults_;
   cfg.address = ep.addr;
   cfg.active_mtu = mtu;
   cfg.node_guid = 0x0200'5eff'fe00'0000ull + nodes_.size();
@@ -175,7 +175,8 @@ void ConnectRc(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn
 }
 
 RcPair::RcPair(Mtu mtu, const RcAttributes& rc_a, const RcAttributes& rc_b, QpCapabilities cap,
-               uint32_t cq_capacity) {
+               uint32_t cq_capacity, DeviceConfig device_defaults)
+    : fabric(std::move(device_defaults)) {
   a = &fabric.AddNode(mtu);
   b = &fabric.AddNode(mtu);
   pa = a->device->AllocPd();
