@@ -64,6 +64,8 @@ std::string FormatCounters(const DeviceCounters& c) {
       {"rx_bytes", &DeviceCounters::rx_bytes},
       {"rx_malformed", &DeviceCounters::rx_malformed},
       {"rx_icrc_errors", &DeviceCounters::rx_icrc_errors},
+      {"rx_icrc_ip_id_inferred", &DeviceCounters::rx_icrc_ip_id_inferred},
+      {"rx_wrong_peer", &DeviceCounters::rx_wrong_peer},
       {"rx_unknown_qp", &DeviceCounters::rx_unknown_qp},
       {"rx_wrong_transport", &DeviceCounters::rx_wrong_transport},
       {"rx_bad_state", &DeviceCounters::rx_bad_state},
@@ -601,6 +603,23 @@ int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
 
 void Device::Transmit(OutBatch& out) {
   if (out.packets.empty()) return;
+  const auto [sent, failed, bytes] = SendBatch(out);
+  std::lock_guard lock(mu_);
+  counters_.tx_packets += sent;
+  counters_.tx_bytes += bytes;
+  counters_.tx_errors += failed;
+}
+
+void Device::TransmitLocked(OutBatch& out) {
+  if (out.packets.empty()) return;
+  const auto [sent, failed, bytes] = SendBatch(out);
+  out.packets.clear();
+  counters_.tx_packets += sent;
+  counters_.tx_bytes += bytes;
+  counters_.tx_errors += failed;
+}
+
+Device::SendResult Device::SendBatch(const OutBatch& out) {
   std::vector<wire::OutDatagram> batch;
   batch.reserve(out.packets.size());
   uint64_t bytes = 0;
@@ -615,10 +634,7 @@ void Device::Transmit(OutBatch& out) {
     if (n < 0) break;
     sent += static_cast<size_t>(n);
   }
-  std::lock_guard lock(mu_);
-  counters_.tx_packets += sent;
-  counters_.tx_bytes += bytes;
-  counters_.tx_errors += batch.size() - sent;
+  return {sent, batch.size() - sent, bytes};
 }
 
 // --- data path: responder ------------------------------------------------------------------------------------
@@ -661,12 +677,22 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out) {
     return;
   }
   const wire::PacketView& p = *parsed;
-  // IBTA A17.3.3: a packet whose ICRC does not verify is silently dropped. A UDP socket cannot see the IPv4 ID; peers
-  // that send DF datagrams from unconnected sockets (as we do) use ID 0, which is what ip_id defaults to.
-  const wire::Flow flow{d.src, d.dst, d.ip_id.value_or(0)};
-  if (!wire::VerifyIcrc(flow, d.payload).ok) {
-    ++counters_.rx_icrc_errors;
-    return;
+  // IBTA A17.3.3: a packet whose ICRC does not verify is silently dropped. A UDP socket cannot see the IPv4
+  // Identification the ICRC covers. uroce peers send ID 0 (DF from an unconnected socket), but kernel rxe and RoCE
+  // NICs send changing IDs, so with the ID unknown the ICRC is checked over everything else (RecoverIpId): a
+  // recovered ID of 0 is a full 32-bit check; any other ID leaves 16 bits of check, and is counted.
+  if (d.ip_id.has_value() || !d.src.addr.is_v4()) {
+    if (!wire::VerifyIcrc(wire::Flow{d.src, d.dst, d.ip_id.value_or(0)}, d.payload).ok) {
+      ++counters_.rx_icrc_errors;
+      return;
+    }
+  } else {
+    const std::optional<uint16_t> id = wire::RecoverIpId(wire::Flow{d.src, d.dst, 0}, d.payload);
+    if (!id) {
+      ++counters_.rx_icrc_errors;
+      return;
+    }
+    if (*id != 0) ++counters_.rx_icrc_ip_id_inferred;
   }
   if (p.info->transport == wire::TransportKind::kCnp) {
     ++counters_.rx_cnp;  // congestion control is not modelled; the notification is counted
@@ -684,6 +710,12 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out) {
                                                                : wire::TransportKind::kRc;
   if (p.info->transport != want) {
     ++counters_.rx_wrong_transport;
+    return;
+  }
+  // A connected QP talks to one peer, its primary path's DGID (IBTA 9.6, transport header validation: a connected
+  // QP accepts the packets of its path only). The UDP source port is the flow hash, not the peer's identity.
+  if (qp->type() != QpType::kUd && d.src.addr != PeerOf(*qp).addr) {
+    ++counters_.rx_wrong_peer;
     return;
   }
   const QpState s = qp->state();

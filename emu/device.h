@@ -42,6 +42,9 @@ struct DeviceConfig {
   Mtu active_mtu = Mtu::k4096;
   uint64_t node_guid = 0;
   DeviceLimits limits;
+  // IBTA C9-141: retry_cnt counts retries, so a dead peer fails the WR with RETRY_EXC_ERR after retry_cnt + 1
+  // timeouts. Kernel rxe instead treats retry_cnt 7 as "forever"; true reproduces that (UROCE_RETRY_FOREVER=1).
+  bool retry_cnt_7_infinite = false;
 };
 
 // Values of enum ibv_event_type.
@@ -81,6 +84,8 @@ struct DeviceCounters {
   uint64_t rx_packets = 0, rx_bytes = 0;
   uint64_t rx_malformed = 0;
   uint64_t rx_icrc_errors = 0;
+  uint64_t rx_icrc_ip_id_inferred = 0;  // IPv4 ID unseen and not 0: ICRC checked with that ID solved for (16 bits)
+  uint64_t rx_wrong_peer = 0;           // RC/UC/XRC packet from an address other than the QP's peer
   uint64_t rx_unknown_qp = 0;
   uint64_t rx_wrong_transport = 0;  // opcode's transport differs from the QP type
   uint64_t rx_bad_state = 0;        // QP not able to receive (RESET, INIT, ERR)
@@ -201,6 +206,14 @@ class Device {
   void ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wire::PacketView& p);
   void ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p);
   void Transmit(OutBatch& out);
+  // Sends what `out` holds now, with the device lock held (only where a batch must not grow without bound), and
+  // empties it.
+  void TransmitLocked(OutBatch& out);
+  struct SendResult {
+    size_t sent, failed;
+    uint64_t bytes;
+  };
+  SendResult SendBatch(const OutBatch& out);  // hands `out` to the transport; touches no device state
   // The receive side of a QP with or without an SRQ (srq.h): whether a receive WQE is available, the next one (the
   // SRQ's limit event is raised here), and the CQ its completion goes to.
   // CreateQp's SRQ/XRC rules (ibv_create_qp(3) NOTES, Annex A14): 0 or EINVAL; clears what such a QP ignores.
@@ -221,6 +234,8 @@ class Device {
   // --- Reliable Connection (rc.cc): requester, responder, completer, timers ---
   int PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
   void RcProgressLocked(QueuePair* qp, OutBatch& out);
+  // A READ request for `w`'s response packets from `from_pkt` to the end of that segment.
+  void RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out);
   void ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   void RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   void RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);

@@ -101,7 +101,8 @@ bool IsRnrNak(const Pkt& p) {
 // A fixture with packet capture on both nodes.
 struct Rc : RcPair {
   explicit Rc(Mtu mtu = Mtu::k1024) : RcPair(mtu) { Record(); }
-  Rc(const RcAttributes& rc_a, const RcAttributes& rc_b, Mtu mtu = Mtu::k1024) : RcPair(mtu, rc_a, rc_b) {
+  Rc(const RcAttributes& rc_a, const RcAttributes& rc_b, Mtu mtu = Mtu::k1024, DeviceConfig device = {})
+      : RcPair(mtu, rc_a, rc_b, {64, 64, 4, 4, 0}, 1024, std::move(device)) {
     Record();
   }
   void Record() {
@@ -896,10 +897,12 @@ TEST(RcRnr, RetryBudgetIsRestoredByForwardProgress) {
 
 // --- local ACK timeout -----------------------------------------------------------------------------------------------
 
-TEST(RcTimeout, FiniteRetryCountExhaustsWithRetryExceeded) {
+// IBTA C9-141: retry_cnt counts retries, 7 included (only rnr_retry 7 means forever): a peer that stopped answering
+// fails the oldest WR with RETRY_EXC_ERR after exactly retry_cnt + 1 timeouts, and the rest is flushed.
+TEST(RcTimeout, RetryCountExhaustsWithRetryExceeded) {
   constexpr uint8_t kTimeout = 10;  // 4.096 us << 10 = 4.19 ms
   const uint64_t T = AckTimeoutNs(kTimeout);
-  for (uint8_t n = 0; n <= 6; ++n) {
+  for (uint8_t n = 0; n <= 7; ++n) {
     SCOPED_TRACE(::testing::Message() << "retry_cnt=" << int(n));
     RcAttributes ra = Attrs();
     ra.timeout = kTimeout;
@@ -929,10 +932,13 @@ TEST(RcTimeout, FiniteRetryCountExhaustsWithRetryExceeded) {
   }
 }
 
-TEST(RcTimeout, RetryCountSevenRetriesForever) {
+// Kernel rxe's deviation, kept behind a device option (UROCE_RETRY_FOREVER=1): retry_cnt 7 retries forever.
+TEST(RcTimeout, RetryCountSevenRetriesForeverWhenConfiguredAsRxe) {
   RcAttributes ra = Attrs();
   ra.timeout = 8;
-  Rc t(ra, Attrs());  // retry_cnt 7
+  DeviceConfig rxe_like;
+  rxe_like.retry_cnt_7_infinite = true;
+  Rc t(ra, Attrs(), Mtu::k1024, rxe_like);  // retry_cnt 7
   const uint64_t T = AckTimeoutNs(8);
   Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
   Buffer dst = testing::Register(*t.b->device, t.pb, 64, kMrAll);
@@ -1024,6 +1030,65 @@ TEST(RcDuplicate, LostMiddleReadResponseIsAskedForFromWhereItWasLost) {
   ASSERT_TRUE(wa[1].reth.has_value());
   EXPECT_EQ(wa[1].reth->va, lb.mr.iova + 1024);
   EXPECT_EQ(wa[1].reth->dma_length, 5000u - 1024);
+}
+
+// A long READ is requested in segments of 64 response packets, the next once the previous has arrived; a lost
+// response costs one request for the rest of its segment, however many responses behind it still arrive.
+TEST(RcDuplicate, LostResponseOfALongReadCostsOneRequestNotOnePerLateResponse) {
+  Rc t;  // path MTU 1024
+  constexpr uint32_t kLen = 1 << 20;  // 1024 response packets
+  Buffer la = testing::Register(*t.a->device, t.pa, kLen, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, kLen, kMrAll);
+  Fill(lb.bytes, 21);
+  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 100; };  // in segment [64, 128)
+  const uint64_t t0 = t.now();
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaRead, {la.At(0, kLen)}, lb.mr.iova, lb.mr.rkey)),
+            0);
+  t.fabric.Pump();
+  auto s = Drain(t.sa);
+  ASSERT_EQ(s.size(), 1u);
+  ExpectCompletion(s[0], 1, WcStatus::kSuccess, WcOpcode::kRdmaRead, kLen, t.qa->qpn());
+  EXPECT_EQ(la.bytes, lb.bytes);
+  EXPECT_EQ(t.now(), t0);  // recovered from the gap, not by a timeout
+  std::vector<Pkt> requests;
+  for (const Pkt& p : Wire(*t.a))
+    if (p.opcode == rcop::kReadRequest) requests.push_back(p);
+  ASSERT_EQ(requests.size(), 16u + 1u);  // 16 segments and one request after the lost response
+  for (const Pkt& r : requests) ASSERT_TRUE(r.reth.has_value());
+  for (uint32_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(requests[k].psn, k * 64);
+    EXPECT_EQ(requests[k].reth->va, lb.mr.iova + k * 64 * 1024);
+    EXPECT_EQ(requests[k].reth->dma_length, 64u * 1024);
+  }
+  // The request after the loss: from the lost response to the end of its segment, before the third segment.
+  EXPECT_EQ(requests[2].psn, 100u);
+  EXPECT_EQ(requests[2].reth->va, lb.mr.iova + 100 * 1024);
+  EXPECT_EQ(requests[2].reth->dma_length, 28u * 1024);
+  EXPECT_EQ(requests[3].psn, 128u);
+  EXPECT_EQ(Wire(*t.b).size(), 1024u + 28u);  // responses: every packet once, the 28 from the loss on twice
+  EXPECT_LE(t.b->transport->largest_batch(), 64u);
+}
+
+// A peer may ask for a whole long message in one READ request: the responder hands it to the network in bursts, so
+// no more than one burst of responses is ever built in memory.
+TEST(RcDuplicate, ResponderAnswersOneLongReadRequestInBoundedBursts) {
+  Rc t;  // path MTU 1024
+  constexpr uint32_t kLen = 1 << 20;
+  Buffer lb = testing::Register(*t.b->device, t.pb, kLen, kMrAll);
+  wire::PacketSpec spec;
+  spec.bth.opcode = rcop::kReadRequest;
+  spec.bth.dest_qp = t.qb->qpn();
+  spec.bth.psn = 0;  // what qb expects first
+  spec.bth.ack_req = true;
+  spec.reth = wire::Reth{lb.mr.iova, lb.mr.rkey, kLen};
+  t.fabric.Inject(*t.a, *t.b, spec);
+  t.fabric.Pump();
+  const std::vector<Pkt> wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 1024u);
+  EXPECT_EQ(wb.front().opcode, rcop::kReadResponseFirst);
+  EXPECT_EQ(wb.back().opcode, rcop::kReadResponseLast);
+  EXPECT_EQ(wb.back().psn, 1023u);
+  EXPECT_LE(t.b->transport->largest_batch(), 64u);
 }
 
 TEST(RcDuplicate, LostAtomicAckIsAnsweredWithTheSavedOriginalNotExecutedTwice) {

@@ -1,5 +1,7 @@
 #include "emu/test_fabric.h"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "wire/frame.h"
@@ -15,6 +17,7 @@ std::optional<wire::PacketView> ScriptedTransport::Sent::Parse() const {
 
 int ScriptedTransport::Send(std::span<const wire::OutDatagram> batch) {
   std::vector<wire::OutDatagram> kept;
+  largest_batch_ = std::max(largest_batch_, batch.size());
   for (const auto& d : batch) {
     const uint64_t i = index_++;
     const bool drop = drop_if && drop_if(i, d.payload);
@@ -38,7 +41,7 @@ Node& Fabric::AddNode(Mtu mtu) {
                              wire::kRoceV2UdpPort};
   node->transport = std::make_unique<ScriptedTransport>(network_.Attach(ep));
   node->transport->clock = &clock_;
-  DeviceConfig cfg;
+  DeviceConfig cfg = defaults_;
   cfg.address = ep.addr;
   cfg.active_mtu = mtu;
   cfg.node_guid = 0x0200'5eff'fe00'0000ull + nodes_.size();
@@ -175,7 +178,8 @@ void ConnectRc(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn
 }
 
 RcPair::RcPair(Mtu mtu, const RcAttributes& rc_a, const RcAttributes& rc_b, QpCapabilities cap,
-               uint32_t cq_capacity) {
+               uint32_t cq_capacity, DeviceConfig device_defaults)
+    : fabric(std::move(device_defaults)) {
   a = &fabric.AddNode(mtu);
   b = &fabric.AddNode(mtu);
   pa = a->device->AllocPd();

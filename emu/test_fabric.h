@@ -30,6 +30,7 @@ class ScriptedTransport final : public wire::Transport {
   int Poll(const wire::DatagramHandler& handler, int64_t timeout_ns) override { return inner_->Poll(handler, timeout_ns); }
   void Wake() override { inner_->Wake(); }
   uint64_t sent() const { return index_; }
+  size_t largest_batch() const { return largest_batch_; }  // the most datagrams handed over in one Send
 
   // What the node offered to the network, for tests that inspect packets on the wire (off unless `record`).
   struct Sent {
@@ -49,6 +50,7 @@ class ScriptedTransport final : public wire::Transport {
  private:
   std::unique_ptr<wire::Transport> inner_;
   uint64_t index_ = 0;
+  size_t largest_batch_ = 0;
   std::vector<Sent> log_;
 };
 
@@ -60,7 +62,8 @@ struct Node {
 
 class Fabric {
  public:
-  Fabric() : network_(clock_) {}
+  // `defaults` is every node's DeviceConfig but for the address, MTU and GUID AddNode gives it.
+  explicit Fabric(DeviceConfig defaults = {}) : defaults_(std::move(defaults)), network_(clock_) {}
   // Adds a device at 10.0.0.<n+1>:4791 on the simulated network (an in-memory address, never a socket).
   Node& AddNode(Mtu mtu = Mtu::k4096);
   wire::SimNetwork& network() { return network_; }
@@ -79,6 +82,7 @@ class Fabric {
  private:
   bool StepUntil(uint64_t deadline_ns);
 
+  DeviceConfig defaults_;
   wire::ManualClock clock_{1'000'000};
   int last_delivered_ = 0;
   wire::SimNetwork network_;
@@ -105,7 +109,7 @@ void Connect(Device& dev, QueuePair* qp, const Device& peer, uint32_t peer_qpn, 
 // The RC attributes Connect() sets (ibv_modify_qp(3) meanings); ConnectRc takes others.
 struct RcAttributes {
   uint8_t timeout = 14;        // local ACK timeout 4.096 us << timeout (0: none)
-  uint8_t retry_cnt = 7;       // 7: infinite
+  uint8_t retry_cnt = 7;       // 7 retries (infinite only with DeviceConfig::retry_cnt_7_infinite)
   uint8_t rnr_retry = 7;       // 7: infinite
   uint8_t min_rnr_timer = 12;  // 0.64 ms (IBTA table 45)
   uint8_t max_rd_atomic = 1;
@@ -124,7 +128,7 @@ struct RcPair {
 
   // `rc_a` are qa's attributes, `rc_b` qb's (access flags included).
   RcPair(Mtu mtu, const RcAttributes& rc_a, const RcAttributes& rc_b, QpCapabilities cap = {64, 64, 4, 4, 0},
-         uint32_t cq_capacity = 1024);
+         uint32_t cq_capacity = 1024, DeviceConfig device_defaults = {});
   explicit RcPair(Mtu mtu = Mtu::k1024, uint32_t access = access::kRemoteWrite | access::kRemoteRead |
                                                            access::kRemoteAtomic);
 };

@@ -7,6 +7,8 @@
 
 #include "emu/test_fabric.h"
 #include "wire/bytes.h"
+#include "wire/frame.h"
+#include "wire/icrc.h"
 #include "wire/packet.h"
 
 namespace uroce::emu {
@@ -203,6 +205,51 @@ TEST(Uc, SendSegmentsByPathMtuAndReassembles) {
   EXPECT_EQ(c[0].status, WcStatus::kSuccess);
   EXPECT_EQ(c[0].byte_len, 65536u);
   EXPECT_EQ(src.bytes, dst.bytes);
+}
+
+// A real peer (kernel rxe, a NIC) sends IPv4 datagrams with changing IDs, which a UDP socket does not report
+// (InDatagram::ip_id empty): the ICRC is checked with the ID solved for. Packets from an address other than the
+// connected QP's peer are dropped.
+TEST(Uc, PacketFromUnseenIpIdIsVerifiedAndOneFromAnotherAddressIsDropped) {
+  UcPair t(Mtu::k4096);
+  Buffer src = testing::Register(*t.a->device, t.pa, 100, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 100, kLocalAll);
+  Fill(src, 5);
+  t.a->transport->record = true;
+  t.a->transport->drop_if = [](uint64_t, std::span<const uint8_t>) { return true; };  // keep it off the network
+  SendWr wr;
+  wr.opcode = SendOpcode::kSend;
+  wr.sg_list = {src.At(0, 100)};
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  ASSERT_EQ(t.a->transport->log().size(), 1u);
+  std::vector<uint8_t> packet = t.a->transport->log()[0].bytes;
+  const wire::UdpEndpoint from{t.a->device->config().address, wire::kRoceSourcePortMin};
+  const wire::UdpEndpoint to{t.b->device->config().address, wire::kRoceV2UdpPort};
+  wire::SealIcrc(wire::Flow{from, to, 0x5a17}, packet);  // as a peer whose kernel chose IPv4 ID 0x5a17
+
+  auto deliver = [&](const std::vector<uint8_t>& bytes, const wire::UdpEndpoint& source) {
+    t.b->device->OnDatagram(wire::InDatagram{source, to, bytes, std::nullopt});
+  };
+  std::vector<uint8_t> corrupt = packet;
+  corrupt[20] ^= 0x01;  // a payload bit
+  deliver(corrupt, from);
+  EXPECT_EQ(t.b->device->counters().rx_icrc_errors, 1u);
+
+  const wire::UdpEndpoint stranger{wire::IpAddress::V4(0x0a0000fe), wire::kRoceSourcePortMin};
+  std::vector<uint8_t> forged = packet;
+  wire::SealIcrc(wire::Flow{stranger, to, 0}, forged);
+  deliver(forged, stranger);
+  EXPECT_EQ(t.b->device->counters().rx_wrong_peer, 1u);
+
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{7, {dst.At(0, 100)}}), 0);
+  deliver(packet, from);
+  auto c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 1u);  // only the genuine packet: the corrupt and the forged ones consumed nothing
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].wr_id, 7u);
+  EXPECT_EQ(src.bytes, dst.bytes);
+  EXPECT_EQ(t.b->device->counters().rx_icrc_ip_id_inferred, 1u);
+  EXPECT_EQ(t.b->device->counters().rx_icrc_errors, 1u);
 }
 
 TEST(Uc, RdmaWriteWithImmediateConsumesReceiveAndWritesTarget) {

@@ -54,6 +54,8 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
     c->faults = value;
   } else if (key == "stats") {
     c->stats = value == "1" || value == "yes" || value == "true";
+  } else if (key == "retry_forever") {
+    c->retry_forever = value == "1" || value == "yes" || value == "true";
   } else {
     return *error = "unknown setting '" + key + "'", EINVAL;
   }
@@ -82,7 +84,7 @@ int LoadEngineConfig(EngineConfig* config, std::string* error) {
     if (eq == std::string::npos) return *error = "config line without '=': " + line, EINVAL;
     if (int err = ApplySetting(config, Trim(line.substr(0, eq)), Trim(line.substr(eq + 1)), error)) return err;
   }
-  static const char* kKeys[] = {"address", "port", "mtu", "pcap", "faults", "stats"};
+  static const char* kKeys[] = {"address", "port", "mtu", "pcap", "faults", "stats", "retry_forever"};
   for (const char* key : kKeys) {
     std::string env = "UROCE_";
     for (const char* k = key; *k; ++k) env += static_cast<char>(*k - 'a' + 'A');
@@ -173,6 +175,7 @@ int Engine::Start(const EngineConfig& config) {
   dc.address = bound;
   dc.active_mtu = config.mtu;
   dc.node_guid = NodeGuid();
+  dc.retry_cnt_7_infinite = config.retry_forever;
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::SystemClock::Instance());
   progress_ = std::thread([this] { ProgressLoop(); });
   stats_ = config.stats;

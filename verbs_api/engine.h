@@ -27,6 +27,7 @@ struct EngineConfig {
   std::string pcap_path;  // capture every packet sent and received (UROCE_PCAP)
   std::string faults;     // fault-injection spec (UROCE_FAULTS), see wire/fault_model.h
   bool stats = false;     // print the device's counters to stderr when the engine ends (UROCE_STATS=1)
+  bool retry_forever = false;  // retry_cnt 7 retries forever, as kernel rxe does (UROCE_RETRY_FOREVER=1)
 };
 
 // Reads UROCE_ADDR, UROCE_PORT, UROCE_MTU, UROCE_PCAP, UROCE_FAULTS, and the config file named by UROCE_CONFIG
