@@ -144,6 +144,11 @@ for m in virtio_pci virtio_net crc32_generic rdma_rxe rdma_ucm; do /sbin/modprob
 /usr/bin/rdma link add rxe0 type rxe netdev eth0 || echo "uroce-guest: rdma link add failed"
 cd /tmp
 /bin/busybox nc -ll -p "$uroce_cmd_port" -e /bin/sh &
+# "ready" only once the shell's port is in the LISTEN state (0A, include/net/tcp_states.h); nc listens on IPv6 (::)
+# when it can, so look in both tables.
+listen=":$(printf %04X "$uroce_cmd_port") [0-9A-F]*:0000 0A"
+tries=0
+while ! grep -q "$listen" /proc/net/tcp /proc/net/tcp6 && [ $tries -lt 600 ]; do usleep 50000; tries=$((tries + 1)); done
 echo "uroce-guest: ready"
 wait
 EOF
