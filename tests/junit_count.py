@@ -10,6 +10,16 @@ import sys
 import xml.etree.ElementTree as ET
 
 
+def skip_reason(case) -> str:
+    """The message of a skipped case (gtest: "file:line\nreason"), without the location."""
+    skipped = case.find("skipped")
+    message = (skipped.get("message") or skipped.text or "") if skipped is not None else ""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and ":" in lines[0] and lines[0].rsplit(":", 1)[1].isdigit():
+        lines = lines[1:]
+    return " ".join(lines) or "no reason given"
+
+
 def main() -> int:
     run, testlogs, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
     passed = failed = skipped = 0
@@ -37,6 +47,7 @@ def main() -> int:
             print(f"[{run}] FAILED {label}: ran no test case")
             failed += 1
             continue
+        skip_reasons = {}  # reason -> number of cases skipped for it
         for case in cases:
             case_name = f"{label} {case.get('classname', '')}.{case.get('name', '')}"
             if case.find("failure") is not None or case.find("error") is not None:
@@ -44,8 +55,12 @@ def main() -> int:
                 failed += 1
             elif case.get("result") == "skipped" or case.find("skipped") is not None or case.get("status") == "notrun":
                 skipped += 1
+                reason = skip_reason(case)
+                skip_reasons[reason] = skip_reasons.get(reason, 0) + 1
             else:
                 passed += 1
+        for reason, count in skip_reasons.items():
+            print(f"[{run}] SKIPPED {label}: {count} case(s): {reason}")
     print(f"[{run}] {passed} passed, {failed} failed, {skipped} skipped")
     print(passed, failed, skipped)
     return 0
