@@ -7,8 +7,9 @@
 #
 # Prints the directory holding `vmlinux` and `initramfs.cpio` on stdout. The directory is named by a hash of this
 # script and of the versions of every Debian package that goes in, so a new kernel or client version builds a new
-# guest and an unchanged one is reused. Exit status: 0 built or reused; 2 not root; 3 the packages could not be
-# downloaded (no network); 1 anything else. The last line on stderr says why.
+# guest and an unchanged one is reused. Exit status: 0 built or reused; 2 not root, or a tool missing (`tools/uroce
+# setup` installs them); 3 the packages could not be downloaded (no network); 1 anything else. The last line on stderr
+# says why.
 #
 # Guest interface (kernel command line; the kernel hands unknown key=value words to /init as its environment):
 #   uroce_addr=A.B.C.D/N   address of eth0      uroce_cmd_port=P   TCP port of the command shell (busybox nc -ll -e)
@@ -32,8 +33,8 @@ say() { printf 'build_guest: %s\n' "$*" >&2; }
 die() { local code="$1"; shift; say "$*"; exit "$code"; }
 
 [ "$(id -u)" -eq 0 ] || die 2 "needs root (mmdebstrap and depmod write a root filesystem)"
-for tool in mmdebstrap apt-get apt-cache dpkg depmod cpio xz sha256sum; do
-  command -v "$tool" >/dev/null || die 1 "$tool is not installed (tools/uroce setup installs it)"
+for tool in mmdebstrap apt-get apt-cache dpkg depmod modprobe cpio xz sha256sum flock; do
+  command -v "$tool" >/dev/null || die 2 "$tool is not installed (tools/uroce setup installs it)"
 done
 
 CACHE_ROOT="${1:-${UROCE_GUEST_CACHE:-$HOME/.cache/uroce-rxe-guest}}"
@@ -162,6 +163,6 @@ echo "$KPKG $KVER" >"$OUT.tmp/kernel-version"
 rm -rf "$OUT"
 mv "$OUT.tmp" "$OUT"
 touch "$OUT/done"
-find "$CACHE_ROOT" -mindepth 2 -maxdepth 2 -name done -mtime +7 -printf '%h\0' | xargs -0r rm -rf
+find "$CACHE_ROOT" -mindepth 2 -maxdepth 2 -name 'done' -mtime +7 -printf '%h\0' | xargs -0r rm -rf
 say "guest ready: $(du -sh "$OUT" | cut -f1) in $OUT"
 echo "$OUT"

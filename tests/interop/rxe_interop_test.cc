@@ -267,7 +267,7 @@ class RxeGuest : public ::testing::Environment {
     // The guest: built once into the cache, reused afterwards.
     const ProcessResult built = RunProcess({build, GuestCacheRoot()}, {}, kBuildTimeout);
     if (!built.Succeeded()) {
-      // 2: not root, 3: the packages could not be downloaded — conditions of the machine, not of uroce.
+      // 2: not root or a tool missing, 3: the packages could not be downloaded — the machine's state, not uroce's.
       if (built.exit_code == 2 || built.exit_code == 3) {
         skip_reason_ = "the guest could not be built: " + LastLine(built.output);
       } else {
