@@ -231,8 +231,10 @@ class RxeGuest : public ::testing::Environment {
   // Ends every guest program a case may have left behind (after a failure or timeout).
   void KillAll(const std::string& program) const { Run("killall -q -9 " + program + "; true"); }
 
-  // Whether a socket in the guest listens on TCP `port`.
+  // Whether a socket in the guest listens on TCP `port`. Each look starts a shell in the guest, whose one emulated
+  // CPU is also starting the server: look every 50 ms at most.
   bool GuestListening(int port) const {
+    std::this_thread::sleep_for(milliseconds(50));
     const ProcessResult r = Run("cat /proc/net/tcp /proc/net/tcp6");
     return r.Succeeded() && TcpTableListens(r.output, port);
   }
