@@ -456,6 +456,12 @@ void Device::FlushLocked(QueuePair* qp) {
   rq_state.retransmit_deadline_ns = rq_state.rnr_deadline_ns = 0;
 }
 
+uint8_t* Device::WriteTargetLocked(const QueuePair& qp, const InboundMessage& m, size_t len) {
+  const AccessResult acc =
+      keys_.CheckRemote(m.write_rkey, qp.init().pd, m.write_va + m.offset, len, access::kRemoteWrite, qp.qpn());
+  return acc.ok() ? acc.host : nullptr;
+}
+
 void Device::EnterErrorLocked(QueuePair* qp) {
   QpAttributes& a = qp->mutable_attributes();
   if (a.qp_state == QpState::kErr) return;
@@ -847,7 +853,8 @@ void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
         return;
       }
       m.kind = InboundMessage::Kind::kWrite;
-      m.write_host = r.host;
+      m.write_va = reth.va;
+      m.write_rkey = reth.rkey;
       m.write_length = reth.dma_length;
     }
   } else if ((m.kind == InboundMessage::Kind::kSend) != is_send) {
@@ -877,7 +884,16 @@ void Device::ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p) {
       m.dropping = true;
       return;
     }
-    if (!p.payload.empty()) std::memcpy(m.write_host + m.offset, p.payload.data(), p.payload.size());
+    if (!p.payload.empty()) {
+      uint8_t* target = WriteTargetLocked(*qp, m, p.payload.size());
+      if (target == nullptr) {
+        ++counters_.rx_remote_access_denied;  // deregistered mid-message: the rest is dropped (UC cannot NAK)
+        m = InboundMessage{};
+        m.dropping = true;
+        return;
+      }
+      std::memcpy(target, p.payload.data(), p.payload.size());
+    }
     m.offset += p.payload.size();
   }
   if (!ends) return;

@@ -188,6 +188,9 @@ class Device {
   void CompleteLocked(CompletionQueue* cq, const Completion& c);
   void RaiseLocked(const AsyncEvent& e);
   void EnterErrorLocked(QueuePair* qp);
+  // Where the next `len` bytes of the RDMA WRITE `m` go, checked against the key table now (IBTA 10.6.3.2: a
+  // deregistered region is no longer accessible); nullptr when the access is no longer allowed.
+  uint8_t* WriteTargetLocked(const QueuePair& qp, const InboundMessage& m, size_t len);
   void FlushLocked(QueuePair* qp);
   Completion SendCompletion(const QueuePair& qp, const SendWr& wr, WcStatus status) const;
   void CompleteSendLocked(QueuePair* qp, const SendWr& wr, WcStatus status);

@@ -732,7 +732,8 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
           fatal_nak(wire::NakCode::kRemoteAccessError);
           return;
         }
-        m.write_host = acc.host;
+        m.write_va = reth.va;
+        m.write_rkey = reth.rkey;
         m.write_length = reth.dma_length;
       }
     }
@@ -756,7 +757,18 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         fatal_nak(wire::NakCode::kInvalidRequest);  // more (or less) data than the RETH announced
         return;
       }
-      if (!p.payload.empty()) std::memcpy(m.write_host + m.offset, p.payload.data(), p.payload.size());
+      if (!p.payload.empty()) {
+        uint8_t* target = WriteTargetLocked(*qp, m, p.payload.size());
+        if (target == nullptr) {
+          // The region was deregistered (or its window invalidated) while the message was arriving: the rest is
+          // refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access error).
+          ++counters_.rx_remote_access_denied;
+          m = InboundMessage{};
+          fatal_nak(wire::NakCode::kRemoteAccessError);
+          return;
+        }
+        std::memcpy(target, p.payload.data(), p.payload.size());
+      }
     }
     m.offset += p.payload.size();
     if (ends && p.ieth && keys_.InvalidateWindow(p.ieth->rkey, qp->qpn()) != 0) {

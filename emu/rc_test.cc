@@ -1091,6 +1091,40 @@ TEST(RcDuplicate, ResponderAnswersOneLongReadRequestInBoundedBursts) {
   EXPECT_LE(t.b->transport->largest_batch(), 64u);
 }
 
+// The target region of a multi-packet RDMA WRITE is deregistered (and its memory freed) between two of its packets:
+// the rest is refused with a remote access error NAK, and nothing is written to the freed memory (ASan checks).
+TEST(RcAccess, RegionDeregisteredInTheMiddleOfAWriteRefusesTheRest) {
+  Rc t;  // path MTU 1024
+  auto* memory = new std::vector<uint8_t>(4096, 0);
+  MemoryRegion mr;
+  ASSERT_EQ(t.b->device->RegisterMr(t.pb, memory->data(), memory->size(), reinterpret_cast<uint64_t>(memory->data()),
+                                    kMrAll, &mr),
+            0);
+  const std::vector<uint8_t> payload(1024, 0x5a);
+  wire::PacketSpec first;
+  first.bth.opcode = rcop::kWriteFirst;
+  first.bth.dest_qp = t.qb->qpn();
+  first.bth.psn = 0;
+  first.reth = wire::Reth{mr.iova, mr.rkey, 4096};
+  t.fabric.Inject(*t.a, *t.b, first, payload);
+  t.fabric.Pump();
+  EXPECT_EQ((*memory)[1023], 0x5a);  // the first packet landed
+  ASSERT_EQ(t.b->device->DeregisterMr(mr.lkey), 0);
+  delete memory;
+  wire::PacketSpec middle;
+  middle.bth.opcode = rcop::kWriteMiddle;
+  middle.bth.dest_qp = t.qb->qpn();
+  middle.bth.psn = 1;
+  t.fabric.Inject(*t.a, *t.b, middle, payload);
+  t.fabric.Pump();
+  const std::vector<Pkt> wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 1u);
+  EXPECT_TRUE(IsNak(wb[0], wire::NakCode::kRemoteAccessError));
+  EXPECT_EQ(wb[0].psn, 1u);
+  EXPECT_EQ(t.b->device->counters().rx_remote_access_denied, 1u);
+  EXPECT_EQ(t.qb->state(), QpState::kErr);
+}
+
 TEST(RcDuplicate, LostAtomicAckIsAnsweredWithTheSavedOriginalNotExecutedTwice) {
   Rc t;
   Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
