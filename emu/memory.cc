@@ -154,7 +154,8 @@ int KeyTable::BindWindow(uint32_t rkey, uint32_t new_rkey, const ProtectionDomai
   if (!mr->implicit && (va < mr->iova || va - mr->iova > mr->length || length > mr->length - (va - mr->iova)))
     return EINVAL;
   constexpr uint32_t kRemote = access::kRemoteRead | access::kRemoteWrite | access::kRemoteAtomic;
-  if (rights & ~(kRemote | access::kZeroBased)) return EINVAL;
+  // Local write in a bind is accepted and ignored (rxe, mlx5): a window only ever grants remote access.
+  if (rights & ~(kRemote | access::kZeroBased | access::kLocalWrite)) return EINVAL;
   if ((rights & (access::kRemoteWrite | access::kRemoteAtomic)) && !(mr->access & access::kLocalWrite)) return EINVAL;
   w.bound = true;
   w.rkey = new_rkey;

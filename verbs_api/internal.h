@@ -112,6 +112,8 @@ void UntrackXrcTarget(Qp* qp);
 void DeliverAsyncEvent(Context* ctx, const emu::AsyncEvent& e);
 
 // Conversions between the verbs structs and emu's.
+// A window bind (ibv_bind_mw, IBV_WR_BIND_MW, ibv_wr_bind_mw): window `mw` gets `new_rkey` and what `info` opens.
+emu::SendWr::Bind ToEmuBind(const ibv_mw& mw, uint32_t new_rkey, const ibv_mw_bind_info& info);
 emu::AddressVector ToAddressVector(const ibv_ah_attr& a);
 ibv_ah_attr FromAddressVector(const emu::AddressVector& av);
 
