@@ -71,6 +71,11 @@ bool KeyTable::Deregister(uint32_t lkey) {
   return true;
 }
 
+const MemoryRegion* KeyTable::FindByHandle(uint32_t handle) const {
+  auto it = regions_.find(handle);
+  return it == regions_.end() ? nullptr : &it->second;
+}
+
 const MemoryRegion* KeyTable::Find(uint32_t key) const {
   auto it = regions_.find(key >> 8);
   if (it == regions_.end() || it->second.lkey != key) return nullptr;

@@ -74,6 +74,8 @@ class KeyTable {
   bool Update(uint32_t lkey, const MemoryRegion& mr);
   bool Deregister(uint32_t lkey);
   const MemoryRegion* Find(uint32_t key) const;
+  // The region whose keys have index `handle` (key >> 8, the MR's handle in verbs), whatever their key byte.
+  const MemoryRegion* FindByHandle(uint32_t handle) const;
 
   // Validates a local access: lkey names a region of `pd` holding [va, va+len) and allowing `needed` (access flags;
   // local read is always allowed, IBTA 10.6.3.1).
