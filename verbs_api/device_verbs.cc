@@ -1,6 +1,9 @@
 // Device discovery, contexts and queries: ibv_get_device_list ... ibv_query_gid_type.
 #include <infiniband/verbs.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -127,33 +130,49 @@ __be64 ibv_get_device_guid(ibv_device* device) { return htobe64(NodeGuid()); }
 
 int ibv_get_device_index(ibv_device* device) { return device == TheDevice() ? 0 : -1; }
 
-ibv_context* ibv_open_device(ibv_device* device) {
-  if (device != TheDevice()) {
-    errno = ENODEV;
+}  // extern "C"
+
+namespace {
+
+// The file behind every context's cmd_fd: each context holds its own descriptor of it, so an fd the application
+// dup()s from ibv_context::cmd_fd names this process's device, and ibv_import_device(3) recognises it by inode.
+// Created once, never closed (contexts of a forked child still hold it).
+int DeviceFile() {
+  static const int fd = memfd_create("uroce0", MFD_CLOEXEC);
+  return fd;
+}
+
+bool IsDeviceFile(int fd) {
+  struct stat a, b;
+  return DeviceFile() >= 0 && fstat(fd, &a) == 0 && fstat(DeviceFile(), &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+// A new context on the process's engine that owns `cmd_fd` (closed by ibv_close_device, also on failure here).
+ibv_context* NewContext(ibv_device* device, int cmd_fd) {
+  auto fail = [cmd_fd](int err) -> ibv_context* {
+    if (cmd_fd >= 0) close(cmd_fd);
+    errno = err;
     return nullptr;
-  }
+  };
   auto engine = Engine::Acquire();
-  if (!engine) return nullptr;  // errno set
+  if (!engine) return fail(errno);
   auto* ctx = static_cast<Context*>(calloc(1, sizeof(Context)));
-  if (ctx == nullptr) {
-    errno = ENOMEM;
-    return nullptr;
-  }
+  if (ctx == nullptr) return fail(ENOMEM);
   new (&ctx->engine) std::shared_ptr<Engine>(std::move(engine));
   new (&ctx->async_events) EventQueue<ibv_async_event>();
   if (int err = ctx->async_events.Open()) {
     ctx->async_events.~EventQueue();
     ctx->engine.~shared_ptr();
     free(ctx);
-    errno = err;
-    return nullptr;
+    return fail(err);
   }
   verbs_context& v = ctx->vctx;
   FillContextOps(&v);
   v.sz = sizeof(verbs_context);
   ibv_context& c = v.context;
   c.device = device;
-  c.cmd_fd = -1;
+  c.cmd_fd = cmd_fd;
   c.async_fd = ctx->async_events.fd();
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
@@ -178,8 +197,37 @@ ibv_context* ibv_open_device(ibv_device* device) {
   return &c;
 }
 
+}  // namespace
+
+extern "C" {
+
+ibv_context* ibv_open_device(ibv_device* device) {
+  if (device != TheDevice()) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  if (DeviceFile() < 0) return nullptr;  // errno from memfd_create
+  const int cmd_fd = fcntl(DeviceFile(), F_DUPFD_CLOEXEC, 0);
+  if (cmd_fd < 0) return nullptr;
+  return NewContext(device, cmd_fd);
+}
+
+// ibv_import_device(3): a context on the device behind a dup of another context's cmd_fd; it owns that fd. Within
+// one process every context shares the one device, so objects created through either are visible to both by handle
+// (ibv_import_pd, ibv_import_mr, ibv_import_dm). Another process's cmd_fd names another device: ENODEV.
+ibv_context* ibv_import_device(int cmd_fd) {
+  struct stat st;
+  if (fstat(cmd_fd, &st) != 0) return nullptr;  // EBADF
+  if (!IsDeviceFile(cmd_fd)) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  return NewContext(TheDevice(), cmd_fd);
+}
+
 int ibv_close_device(ibv_context* context) {
   Context* ctx = Ctx(context);
+  if (context->cmd_fd >= 0) close(context->cmd_fd);
   {
     std::lock_guard lock(g_contexts_mu);
     g_contexts.erase(ctx);

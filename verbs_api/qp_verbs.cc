@@ -261,6 +261,7 @@ void FillContextOps(verbs_context* v) {
   v->query_device_ex = QueryDeviceEx;
   v->create_cq_ex = CreateCqEx;
   v->create_qp_ex = CreateQpEx;
+  v->alloc_parent_domain = AllocParentDomain;
   FillMemoryOps(v);
   FillSrqOps(v);  // SRQ and XRC (srq_verbs.cc)
 }
