@@ -324,6 +324,8 @@ Process::~Process() {
   }
 }
 
+std::string Process::OutputSoFar() const { return ReadWholeFile(output_path_); }
+
 bool Process::Exited() {
   if (pid_ <= 0 || reaped_) return true;
   pid_t r;

@@ -74,6 +74,8 @@ class Process {
   pid_t pid() const { return pid_; }
   // Whether the child has already ended (reaps it if so).
   bool Exited();
+  // What the child has written so far (it reaches the file as the child flushes: run it under stdbuf -oL).
+  std::string OutputSoFar() const;
   // Waits until the child ends or `timeout` passes; on timeout kills it with SIGKILL and marks the result timed_out.
   ProcessResult Wait(std::chrono::milliseconds timeout);
   // Kills a child still running (SIGKILL), reaps it and returns its result marked timed_out when it had to be killed.

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -97,10 +98,10 @@ TEST_P(RcPingpongTest, RoundTripsWithValidatedData) {
 
   // ibv_rc_pingpong has no closing handshake: the client exits as soon as it has the server's last message, right
   // after its HCA sent the ACK for it. When the fault injector drops that ACK, nothing is left to answer the server's
-  // retransmissions, so the server's last SEND can never complete (with retry_cnt 7, which uroce treats as "retry
-  // forever" like rxe, it waits indefinitely; an HCA counting 7 retries fails it with RETRY_EXC_ERR). A real HCA on a
-  // lossy network does the same; it is the program's protocol, not RC. Under faults the server therefore runs with
-  // line-buffered output (stdbuf -oL) and gets a bounded wait after the client succeeded; see below.
+  // retransmissions, so the server's last SEND cannot complete: after retry_cnt 7 retries (IBTA C9-141) it completes
+  // with IBV_WC_RETRY_EXC_ERR and the program exits with an error. A real HCA on a lossy network does the same; it is
+  // the program's protocol, not RC. Under faults both sides run with line-buffered output (stdbuf -oL) so what they
+  // printed survives either ending.
   const bool faults = c.server_fault_seed != 0 || c.client_fault_seed != 0;
   std::vector<std::string> server_args = args;
   const std::string stdbuf = FindProgram("stdbuf");
@@ -116,15 +117,19 @@ TEST_P(RcPingpongTest, RoundTripsWithValidatedData) {
       !r.server.timed_out && !r.client.timed_out) {
     GTEST_SKIP() << "the device does not support this option yet:\n" << r.Describe();
   }
-  // Either side's last SEND can still be waiting once its peer has succeeded and exited: the peer received that
-  // message (it could not have finished otherwise) and acknowledged it once, and that ACK was dropped. Only that
-  // side may be unfinished, and only by timing out; everything it printed is still checked.
-  const bool server_waits = r.client.Succeeded() && r.server.timed_out;
-  const bool client_waits = r.server.Succeeded() && r.client.timed_out;
-  const bool lost_final_ack = faults && r.server_listened && (server_waits || client_waits);
-  if (lost_final_ack) {
-    std::cerr << "NOTE: the " << (server_waits ? "server" : "client") << "'s last SEND was never acknowledged (the "
-              << "peer's final ACK was dropped and the peer exited): ibv_rc_pingpong's missing closing handshake.\n";
+  // Every side finishes: it succeeds, or -- only under faults, only once its peer succeeded and exited, and only for
+  // its last SEND, whose ACK was dropped -- it fails with a retry-exceeded error completion. Never a hang.
+  ASSERT_FALSE(r.server.timed_out || r.client.timed_out) << r.Describe();
+  const std::regex retry_exceeded(R"(Failed status transport retry counter exceeded \(12\) for wr_id [0-9]+\s*)");
+  auto lost_final_ack = [&](const ProcessResult& me, const ProcessResult& peer) {
+    return faults && r.server_listened && peer.Succeeded() && me.started && me.exit_code != 0 &&
+           !MatchLine(me.output, retry_exceeded).empty();
+  };
+  const bool server_failed = lost_final_ack(r.server, r.client);
+  const bool client_failed = lost_final_ack(r.client, r.server);
+  if (server_failed || client_failed) {
+    std::cerr << "NOTE: the " << (server_failed ? "server" : "client") << "'s last SEND was never acknowledged (the "
+              << "peer's final ACK was dropped and the peer exited): it failed with RETRY_EXC_ERR, as an HCA does.\n";
     ::testing::Test::RecordProperty("final_ack_lost", 1);
   } else {
     ASSERT_TRUE(r.Succeeded()) << r.Describe();
@@ -134,8 +139,8 @@ TEST_P(RcPingpongTest, RoundTripsWithValidatedData) {
   const std::regex bytes_line(std::to_string(static_cast<long long>(c.iters) * c.size * 2) +
                               R"( bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec\s*)");
   for (const ProcessResult* side : {&r.server, &r.client}) {
-    const bool complete = !(lost_final_ack && side == (server_waits ? &r.server : &r.client));
-    if (!complete && !line_buffered) continue;  // its buffered output died with it
+    const bool complete = !(side == &r.server ? server_failed : client_failed);
+    if (!complete && !line_buffered) continue;
     if (complete) {
       EXPECT_FALSE(MatchLine(side->output, iters_line).empty()) << r.Describe();
       EXPECT_FALSE(MatchLine(side->output, bytes_line).empty()) << r.Describe();
@@ -291,6 +296,82 @@ INSTANTIATE_TEST_SUITE_P(
                       RcPerftestCase{"AtomicBwCmpSwapSeeds29And30", "ib_atomic_bw", {"-A", "CMP_AND_SWAP", "-n", "500"},
                                      8, 500, 29, 30}),
     RcPerftestName);
+
+// ---------------------------------------------------------------------------------------------------------------
+// A peer killed with SIGKILL mid-transfer: the survivor's outstanding WR completes with IBV_WC_RETRY_EXC_ERR once
+// retry_cnt retries (7, as every Debian client sets) have timed out (IBTA C9-141), and the program exits with an
+// error instead of hanging. The survivors are perftest clients, which always have requests outstanding; a side that
+// only waits for a receive (ibv_rc_pingpong between round trips) waits forever on any HCA.
+// ---------------------------------------------------------------------------------------------------------------
+
+struct DeadPeerCase {
+  std::string name;
+  std::string program;
+  std::vector<std::string> args;  // both sides
+  std::string running;            // a line the client prints once the transfer is under way
+  std::string error;              // the client's report of the error completion (status 12: RETRY_EXC_ERR)
+};
+
+void PrintTo(const DeadPeerCase& c, std::ostream* os) { *os << c.name; }
+
+class DeadPeerTest : public RcClientsTest, public ::testing::WithParamInterface<DeadPeerCase> {};
+
+TEST_P(DeadPeerTest, SurvivorFailsWithRetryExceededWithinTheRetryBudget) {
+  const DeadPeerCase& c = GetParam();
+  const std::string prog = Program(c.program);
+  const std::string stdbuf = FindProgram("stdbuf");
+  if (prog.empty()) return;
+  if (stdbuf.empty() || HasPreload(env_)) GTEST_SKIP() << "needs stdbuf -oL (and no LD_PRELOAD) to see the output live";
+  const int port = Port();
+  ASSERT_GT(port, 0);
+  std::vector<std::string> args = {stdbuf, "-oL", prog};
+  args.insert(args.end(), c.args.begin(), c.args.end());
+  args.insert(args.end(), {"-p", std::to_string(port)});
+  Process server = Process::Start(args, env_);
+  ASSERT_TRUE(server.started());
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (!TcpPortListening(port)) {
+    ASSERT_FALSE(server.Exited()) << server.Wait(milliseconds(0)).Describe();
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the server never listened";
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  args.push_back("127.0.0.1");
+  Process client = Process::Start(args, env_);
+  ASSERT_TRUE(client.started());
+  while (client.OutputSoFar().find(c.running) == std::string::npos) {
+    ASSERT_FALSE(client.Exited()) << client.Wait(milliseconds(0)).Describe();
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the transfer never started:\n" << client.OutputSoFar();
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  std::this_thread::sleep_for(milliseconds(300));  // let it run: the peer dies with traffic in flight
+  ASSERT_FALSE(client.Exited()) << "the client ended before its peer was killed";
+  ::kill(server.pid(), SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  const ProcessResult survivor = client.Wait(seconds(30));
+  const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - killed);
+  server.Wait(seconds(5));
+
+  ASSERT_FALSE(survivor.timed_out) << "the survivor hung: " << survivor.Describe();
+  EXPECT_NE(survivor.exit_code, 0) << survivor.Describe();
+  EXPECT_EQ(survivor.term_signal, 0) << survivor.Describe();
+  EXPECT_FALSE(MatchLine(survivor.output, std::regex(c.error)).empty()) << survivor.Describe();
+  // Both programs use timeout 14 and retry_cnt 7: (7 + 1) x 4.096 us x 2^14 = 537 ms, plus slack for a busy machine.
+  const milliseconds budget(8 * 4096 * (1 << 14) / 1'000'000);
+  EXPECT_LE(took, budget + milliseconds(1500)) << survivor.Describe();
+  std::cerr << c.name << ": the survivor failed " << took.count() << " ms after its peer was killed (budget "
+            << budget.count() << " ms)\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kill, DeadPeerTest,
+    ::testing::Values(
+        DeadPeerCase{"WriteBw", "ib_write_bw", {"-d", "uroce0", "-x", "0", "-F", "-D", "60", "-s", "65536"},
+                     "#bytes", R"(\s*Failed status 12: wr_id [0-9]+ syndrom 0x[0-9a-f]+\s*)"},
+        DeadPeerCase{"SendBw", "ib_send_bw", {"-d", "uroce0", "-x", "0", "-F", "-D", "60", "-s", "65536"},
+                     "#bytes", R"(\s*Failed status 12: wr_id [0-9]+ syndrom 0x[0-9a-f]+\s*)"},
+        DeadPeerCase{"ReadBw", "ib_read_bw", {"-d", "uroce0", "-x", "0", "-F", "-D", "60", "-s", "65536"},
+                     "#bytes", R"(\s*Failed status 12: wr_id [0-9]+ syndrom 0x[0-9a-f]+\s*)"}),
+    [](const ::testing::TestParamInfo<DeadPeerCase>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------------------------------
 // tests/rdma_verify: random RDMA WRITE / READ / FETCH_AND_ADD / CMP_AND_SWAP checked byte for byte against a model.
