@@ -8,7 +8,8 @@ $TEST_TMPDIR/pyverbs/tests (the folder must be named "tests": the modules import
 test module runs in its own /usr/bin/python3 child (only Debian's interpreter imports Debian's pyverbs) as
 `run_tests.py --dev uroce0 --gid 0 -v` would run it, with our library first on LD_LIBRARY_PATH. A child records every
 unittest case as one JSON line as soon as it ends, so a hang or crash loses only the case that was running; the parent
-kills a child after CHILD_TIMEOUT_S and reports the running case as failed.
+kills a child after CHILD_TIMEOUT_S and reports the running case as failed. The JUnit file is rewritten after every
+module, so even a run Bazel stops at its timeout leaves the results so far.
 
 Every unittest case becomes one JUnit test case in $XML_OUTPUT_FILE (tests/junit_count.py counts them): passed,
 failed (failure or error), or skipped with unittest's reason. A skip is accepted only when EXPECTED_SKIPS names its
@@ -30,7 +31,7 @@ import xml.etree.ElementTree as ET
 PY = "/usr/bin/python3"
 RDMA_CORE_TESTS = "/usr/share/doc/rdma-core/tests"
 DEVICE_ARGS = ["--dev", "uroce0", "--gid", "0", "-v"]
-CHILD_TIMEOUT_S = 300
+CHILD_TIMEOUT_S = 120  # a module takes 1-5 s here; a hang costs this much, the rest still runs
 
 # The device-generic modules of rdma-core v44's suite (the others need mlx5, efa, CUDA, librdmacm or a raw ethernet port).
 DEFAULT_MODULES = [
@@ -202,6 +203,26 @@ def run_module(module, tests_dir, env, work):
     return cases
 
 
+def write_junit(xml_cases, counts, unfinished=None):
+    """Writes the cases so far to $XML_OUTPUT_FILE (Bazel's test.xml), which tests/junit_count.py reads. Until the run
+    ends (`unfinished` names the next module) one more case fails, so a run stopped from outside never reads as
+    passed."""
+    xml_path = os.environ.get("XML_OUTPUT_FILE")
+    if not xml_path:
+        return
+    cases = list(xml_cases)
+    if unfinished:
+        tc = ET.Element("testcase", classname="pyverbs.suite", name="finished")
+        ET.SubElement(tc, "failure", message=f"the run stopped before {unfinished} ended")
+        cases.append(tc)
+    suite = ET.Element("testsuite", name="tests.pyverbs_conformance_test", tests=str(len(cases)),
+                       failures=str(counts["failed"] + (1 if unfinished else 0)), skipped=str(counts["skipped"]))
+    suite.extend(cases)
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(xml_path, encoding="UTF-8", xml_declaration=True)
+
+
 def main(argv):
     if len(argv) >= 2 and argv[1] == "--child":
         return run_child(argv[2], argv[3], argv[4])
@@ -244,6 +265,7 @@ def main(argv):
         for module in modules:
             if module in missing:
                 continue
+            write_junit(xml_cases, counts, unfinished=module)
             for case in run_module(module, tests_dir, env, work):
                 status, message = case["status"], case.get("message", "")
                 if status == "skipped":
@@ -254,14 +276,7 @@ def main(argv):
                         message = f"{message} (README: {row})"
                 add_case(case["id"], status, message, case.get("seconds", 0.0))
 
-    suite = ET.Element("testsuite", name="tests.pyverbs_conformance_test", tests=str(len(xml_cases)),
-                       failures=str(counts["failed"]), skipped=str(counts["skipped"]))
-    suite.extend(xml_cases)
-    root = ET.Element("testsuites")
-    root.append(suite)
-    xml_path = os.environ.get("XML_OUTPUT_FILE")
-    if xml_path:
-        ET.ElementTree(root).write(xml_path, encoding="UTF-8", xml_declaration=True)
+    write_junit(xml_cases, counts)
     for tc in xml_cases:
         for child in tc:
             if child.tag in ("failure", "skipped"):
