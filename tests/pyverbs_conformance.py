@@ -57,8 +57,6 @@ EXPECTED_SKIPS = [
     # A host condition, not the device's: the row says so, and the cases pass where pages are reserved.
     (r"tests\.(test_odp|test_parent_domain)\..*huge.*", r"There are no huge pages of size 2M allocated",
      "rdma-core's huge-page tests need pages reserved on the host"),
-    (r"tests\.test_device\.DeviceTest\.test_query_gid_ex_bad_flow", r"All gid indices populated, cannot check bad flow",
-     "a GID table with empty entries (the port's `gid_tbl_len` is 1"),
 ]
 
 

@@ -280,6 +280,22 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
 
 }  // extern "C"
 
+namespace {
+
+// The port's GID table: the populated entries the device has (emu's gid_table_len, the address in slot 0) followed
+// by empty slots, as rxe and NICs list a table larger than the addresses they hold. An empty slot reads as the zero
+// GID through ibv_query_gid and RoCE v1 through ibv_query_gid_type (rdma-core keeps that for empty entries) and as
+// ENODATA through ibv_query_gid_ex; an index past the table is EINVAL.
+constexpr uint32_t kGidTableSlots = 16;
+
+enum class GidSlot { kPopulated, kEmpty, kOutside };
+GidSlot ClassifyGid(ibv_context* context, uint32_t port_num, uint32_t index) {
+  if (port_num != 1 || index >= kGidTableSlots) return GidSlot::kOutside;
+  return index < Ctx(context)->dev().config().limits.gid_table_len ? GidSlot::kPopulated : GidSlot::kEmpty;
+}
+
+}  // namespace
+
 namespace uroce::verbs {
 
 int QueryPort(ibv_context* context, uint8_t port_num, ibv_port_attr* a, size_t len) {
@@ -289,7 +305,7 @@ int QueryPort(ibv_context* context, uint8_t port_num, ibv_port_attr* a, size_t l
   p.state = IBV_PORT_ACTIVE;
   p.max_mtu = IBV_MTU_4096;
   p.active_mtu = static_cast<ibv_mtu>(cfg.active_mtu);
-  p.gid_tbl_len = static_cast<int>(cfg.limits.gid_table_len);
+  p.gid_tbl_len = static_cast<int>(kGidTableSlots);
   p.port_cap_flags = 0;
   p.max_msg_sz = cfg.limits.max_msg_sz;
   p.pkey_tbl_len = cfg.limits.max_pkeys;
@@ -332,9 +348,14 @@ int QueryDeviceEx(ibv_context* context, const ibv_query_device_ex_input* input, 
 extern "C" {
 
 int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
-  if (port_num != 1 || index != 0) {
+  const GidSlot slot = index < 0 ? GidSlot::kOutside : ClassifyGid(context, port_num, static_cast<uint32_t>(index));
+  if (slot == GidSlot::kOutside) {
     errno = EINVAL;
     return -1;  // ibv_query_gid(3): returns -1 on error
+  }
+  if (slot == GidSlot::kEmpty) {
+    std::memset(gid->raw, 0, sizeof gid->raw);
+    return 0;
   }
   std::memcpy(gid->raw, Ctx(context)->dev().config().address.bytes().data(), 16);
   return 0;
@@ -360,18 +381,20 @@ int ibv_get_pkey_index(ibv_context* context, uint8_t port_num, __be16 pkey) {
 // IBVERBS_PRIVATE_34: ibv_devinfo and pyverbs ask whether GID entries are RoCE v1 or v2.
 // enum ibv_gid_type_sysfs lives in rdma-core's private driver.h: 0 = IB/RoCE v1, 1 = RoCE v2.
 int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, int* type) {
-  if (port_num != 1 || index != 0) {
+  const GidSlot slot = ClassifyGid(context, port_num, index);
+  if (slot == GidSlot::kOutside) {
     errno = EINVAL;
     return -1;
   }
-  *type = 1;  // IBV_GID_TYPE_SYSFS_ROCE_V2
+  *type = slot == GidSlot::kPopulated ? 1 : 0;  // IBV_GID_TYPE_SYSFS_ROCE_V2 : _IB_ROCE_V1 (an empty entry)
   return 0;
 }
 
 int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
                       uint32_t flags, size_t entry_size) {
   if (flags) return EINVAL;
-  if (port_num != 1 || gid_index != 0) return ENODATA;
+  const GidSlot slot = ClassifyGid(context, port_num, gid_index);
+  if (slot != GidSlot::kPopulated) return slot == GidSlot::kEmpty ? ENODATA : EINVAL;
   if (entry_size < sizeof(ibv_gid_entry)) return EINVAL;
   std::memset(entry, 0, sizeof *entry);
   std::memcpy(entry->gid.raw, Ctx(context)->dev().config().address.bytes().data(), 16);
