@@ -159,8 +159,9 @@ int KeyTable::BindWindow(uint32_t rkey, uint32_t new_rkey, const ProtectionDomai
   if (!mr->implicit && (va < mr->iova || va - mr->iova > mr->length || length > mr->length - (va - mr->iova)))
     return EINVAL;
   constexpr uint32_t kRemote = access::kRemoteRead | access::kRemoteWrite | access::kRemoteAtomic;
-  // Local write in a bind is accepted and ignored (rxe, mlx5): a window only ever grants remote access.
-  if (rights & ~(kRemote | access::kZeroBased | access::kLocalWrite)) return EINVAL;
+  // Local write in a bind is accepted and ignored (rxe, mlx5): a window only ever grants remote access. Zero-based
+  // windows are not implemented: refused (as mlx5 refuses them) rather than bound as VA-based.
+  if (rights & ~(kRemote | access::kLocalWrite)) return EINVAL;
   if ((rights & (access::kRemoteWrite | access::kRemoteAtomic)) && !(mr->access & access::kLocalWrite)) return EINVAL;
   w.bound = true;
   w.rkey = new_rkey;

@@ -92,8 +92,8 @@ class KeyTable {
   const MemoryWindow* FindWindow(uint32_t rkey) const;
   // Binds (length > 0) or unbinds (length 0, type 1) a window (IBTA 10.6.7.2): the region must be of the window's PD,
   // allow MW_BIND, contain [va, va+length); the window grants the remote rights of `access` (remote write or atomic
-  // only on a region with local write, C10-75; a local-write bit is ignored); `new_rkey` differs from the current key
-  // only in its low byte. 0 or EINVAL.
+  // only on a region with local write, C10-75; a local-write bit is ignored; zero-based windows are refused);
+  // `new_rkey` differs from the current key only in its low byte. 0 or EINVAL.
   int BindWindow(uint32_t rkey, uint32_t new_rkey, const ProtectionDomain* pd, uint32_t mr_lkey, uint64_t va,
                  uint64_t length, uint32_t access, uint32_t qpn);
   // Invalidates a bound type 2 window (LOCAL_INV, or SEND with invalidate arriving on QP `qpn`; 0 = local). 0 or

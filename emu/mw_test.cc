@@ -136,6 +136,13 @@ TEST(MemoryWindow, RemoteWriteWindowOnARegionWithoutLocalWriteIsABindError) {
   t.Bind(rkey, 0, 256, access::kRemoteWrite, WcStatus::kMwBindErr);  // C10-75
 }
 
+TEST(MemoryWindow, ZeroBasedBindIsABindError) {
+  RcPair t;
+  uint32_t rkey = 0;
+  ASSERT_EQ(t.b->device->AllocMw(t.pb, 1, &rkey), 0);
+  t.Bind(rkey, 0, 256, access::kRemoteWrite | access::kZeroBased, WcStatus::kMwBindErr);
+}
+
 TEST(MemoryWindow, LocalWriteInTheBindGrantsNoRemoteRight) {
   RcPair t(access::kLocalWrite | access::kMwBind);
   uint32_t rkey = 0;
