@@ -261,9 +261,6 @@ def main(argv):
             env["LD_PRELOAD"] = ":".join(preload)
             # The interpreter never frees everything at exit: its leaks are not ours (a later option wins).
             env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
-            # test_multi_process_alloc_dm forks the (threaded) interpreter and opens the device in the children, which
-            # starts their engines' threads: TSan refuses that unless told otherwise.
-            env["TSAN_OPTIONS"] = env.get("TSAN_OPTIONS", "") + ":die_after_fork=0"
         for module in modules:
             if module in missing:
                 continue
