@@ -46,6 +46,19 @@ int CompletionQueue::Poll(Completion* out, int max) {
   return n;
 }
 
+size_t CompletionQueue::RemoveQp(uint32_t qpn) {
+  std::lock_guard lock(mu_);
+  size_t kept = head_;
+  for (size_t i = head_; i != tail_; i = (i + 1) % ring_.size()) {
+    if (ring_[i].qp_num == qpn) continue;
+    if (kept != i) ring_[kept] = ring_[i];
+    kept = (kept + 1) % ring_.size();
+  }
+  const size_t removed = (tail_ + ring_.size() - kept) % ring_.size();
+  tail_ = kept;
+  return removed;
+}
+
 bool CompletionQueue::Peek(Completion* out) const {
   std::lock_guard lock(mu_);
   if (head_ == tail_) return false;

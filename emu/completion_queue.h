@@ -32,6 +32,10 @@ class CompletionQueue {
   bool Push(const Completion& c);
   // Takes up to `max` completions in order. Returns how many.
   int Poll(Completion* out, int max);
+  // Drops every completion of QP `qpn`, keeping the others in order; returns how many were dropped. A QP moved to
+  // RESET takes its completions with it, as mlx4/mlx5 do (their modify_qp to RESET cleans the CQs), so completions
+  // flushed before the reset never surface as the first ones of the QP's next life.
+  size_t RemoveQp(uint32_t qpn);
   // Looks at the oldest completion without taking it.
   bool Peek(Completion* out) const;
   uint32_t depth() const;

@@ -71,4 +71,26 @@ TEST(CompletionQueue, ResizeKeepsEntriesAndRefusesBelowDepth) {
 }
 
 }  // namespace
+TEST(CompletionQueue, RemoveQpDropsOnlyThatQpsEntriesInOrderAcrossTheRingsEnd) {
+  CompletionQueue cq(1, 4);
+  Completion out[8];
+  // Move head and tail near the end of the 5-slot ring so the entries wrap.
+  for (uint64_t i = 0; i < 3; ++i) cq.Push(C(i));
+  ASSERT_EQ(cq.Poll(out, 3), 3);
+  for (uint64_t id : {10, 11, 12, 13}) {
+    Completion c = C(id);
+    c.qp_num = id % 2 ? 7 : 8;
+    ASSERT_TRUE(cq.Push(c));
+  }
+  EXPECT_EQ(cq.RemoveQp(7), 2u);
+  EXPECT_EQ(cq.RemoveQp(9), 0u);
+  EXPECT_EQ(cq.depth(), 2u);
+  ASSERT_EQ(cq.Poll(out, 8), 2);
+  EXPECT_EQ(out[0].wr_id, 10u);
+  EXPECT_EQ(out[1].wr_id, 12u);
+  // The freed slots are usable again.
+  for (uint64_t id : {20, 21, 22, 23}) EXPECT_TRUE(cq.Push(C(id)));
+  EXPECT_FALSE(cq.Push(C(24)));
+}
+
 }  // namespace uroce::emu

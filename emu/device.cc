@@ -166,6 +166,20 @@ int Device::DeregisterMr(uint32_t lkey) {
   return keys_.Deregister(lkey) ? 0 : EINVAL;
 }
 
+ProtectionDomain* Device::FindPd(uint32_t handle) {
+  std::lock_guard lock(mu_);
+  auto it = pds_.find(handle);
+  return it == pds_.end() ? nullptr : it->second.get();
+}
+
+int Device::QueryMrByHandle(uint32_t handle, MemoryRegion* out) const {
+  std::lock_guard lock(mu_);
+  const MemoryRegion* mr = keys_.FindByHandle(handle);
+  if (mr == nullptr) return EINVAL;
+  *out = *mr;
+  return 0;
+}
+
 int Device::QueryMr(uint32_t lkey, MemoryRegion* out) const {
   std::lock_guard lock(mu_);
   const MemoryRegion* mr = keys_.Find(lkey);
@@ -307,7 +321,10 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
   a.qp_state = next;
   a.cur_qp_state = next;
   if (next == QpState::kReset && cur != QpState::kReset) {
-    // IBTA 10.3.1: a QP moved to RESET loses its queued work without completions.
+    // IBTA 10.3.1: a QP moved to RESET loses its queued work without completions, and (as on mlx4/mlx5) the
+    // completions it left in its CQs.
+    for (CompletionQueue* cq : {qp->init().send_cq, qp->init().recv_cq})
+      if (cq != nullptr) cq->RemoveQp(qp->qpn());
     qp->receive_queue().clear();
     qp->inbound() = InboundMessage{};
     RcChargeLocked(qp);  // nothing of it is in flight any more

@@ -135,6 +135,9 @@ class Device {
                    MemoryRegion* out);
   int DeregisterMr(uint32_t lkey);
   int QueryMr(uint32_t lkey, MemoryRegion* out) const;  // EINVAL for an unknown key
+  // The PD or MR a handle names, for ibv_import_pd(3) / ibv_import_mr(3): nullptr / EINVAL when none does.
+  ProtectionDomain* FindPd(uint32_t handle);
+  int QueryMrByHandle(uint32_t handle, MemoryRegion* out) const;
 
   // Memory windows (IBTA 10.6.7): type 1 or 2. Fills *rkey. Binding goes through PostSend (SendOpcode::kBindMw).
   int AllocMw(ProtectionDomain* pd, uint8_t type, uint32_t* rkey);

@@ -71,6 +71,11 @@ bool KeyTable::Deregister(uint32_t lkey) {
   return true;
 }
 
+const MemoryRegion* KeyTable::FindByHandle(uint32_t handle) const {
+  auto it = regions_.find(handle);
+  return it == regions_.end() ? nullptr : &it->second;
+}
+
 const MemoryRegion* KeyTable::Find(uint32_t key) const {
   auto it = regions_.find(key >> 8);
   if (it == regions_.end() || it->second.lkey != key) return nullptr;
@@ -154,7 +159,9 @@ int KeyTable::BindWindow(uint32_t rkey, uint32_t new_rkey, const ProtectionDomai
   if (!mr->implicit && (va < mr->iova || va - mr->iova > mr->length || length > mr->length - (va - mr->iova)))
     return EINVAL;
   constexpr uint32_t kRemote = access::kRemoteRead | access::kRemoteWrite | access::kRemoteAtomic;
-  if (rights & ~(kRemote | access::kZeroBased)) return EINVAL;
+  // Local write in a bind is accepted and ignored (rxe, mlx5): a window only ever grants remote access. Zero-based
+  // windows are not implemented: refused (as mlx5 refuses them) rather than bound as VA-based.
+  if (rights & ~(kRemote | access::kLocalWrite)) return EINVAL;
   if ((rights & (access::kRemoteWrite | access::kRemoteAtomic)) && !(mr->access & access::kLocalWrite)) return EINVAL;
   w.bound = true;
   w.rkey = new_rkey;

@@ -74,6 +74,8 @@ class KeyTable {
   bool Update(uint32_t lkey, const MemoryRegion& mr);
   bool Deregister(uint32_t lkey);
   const MemoryRegion* Find(uint32_t key) const;
+  // The region whose keys have index `handle` (key >> 8, the MR's handle in verbs), whatever their key byte.
+  const MemoryRegion* FindByHandle(uint32_t handle) const;
 
   // Validates a local access: lkey names a region of `pd` holding [va, va+len) and allowing `needed` (access flags;
   // local read is always allowed, IBTA 10.6.3.1).
@@ -89,8 +91,9 @@ class KeyTable {
   int DeallocateWindow(uint32_t rkey);
   const MemoryWindow* FindWindow(uint32_t rkey) const;
   // Binds (length > 0) or unbinds (length 0, type 1) a window (IBTA 10.6.7.2): the region must be of the window's PD,
-  // allow MW_BIND, contain [va, va+length); the window's rights must be remote rights the region has (remote write
-  // or atomic only with local write); `new_rkey` differs from the current key only in its low byte. 0 or EINVAL.
+  // allow MW_BIND, contain [va, va+length); the window grants the remote rights of `access` (remote write or atomic
+  // only on a region with local write, C10-75; a local-write bit is ignored; zero-based windows are refused);
+  // `new_rkey` differs from the current key only in its low byte. 0 or EINVAL.
   int BindWindow(uint32_t rkey, uint32_t new_rkey, const ProtectionDomain* pd, uint32_t mr_lkey, uint64_t va,
                  uint64_t length, uint32_t access, uint32_t qpn);
   // Invalidates a bound type 2 window (LOCAL_INV, or SEND with invalidate arriving on QP `qpn`; 0 = local). 0 or

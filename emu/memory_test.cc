@@ -39,4 +39,16 @@ TEST(KeyTable, StaleKeyOfDeregisteredRegionDoesNotAliasItsSuccessor) {
 }
 
 }  // namespace
+TEST(KeyTable, FindByHandleIgnoresTheKeyByte) {
+  ProtectionDomain pd(1);
+  uint8_t buf[16];
+  KeyTable keys;
+  MemoryRegion a = keys.Register({&pd, buf, 0, sizeof buf, 0});
+  const MemoryRegion* found = keys.FindByHandle(a.lkey >> 8);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->lkey, a.lkey);
+  ASSERT_TRUE(keys.Deregister(a.lkey));
+  EXPECT_EQ(keys.FindByHandle(a.lkey >> 8), nullptr);
+}
+
 }  // namespace uroce::emu

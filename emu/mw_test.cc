@@ -24,7 +24,7 @@ struct RcPair {
   QueuePair *qa, *qb;
   Buffer src, target;
 
-  RcPair() {
+  explicit RcPair(uint32_t target_access = kAll | access::kMwBind) {
     a = &fabric.AddNode();
     b = &fabric.AddNode();
     pa = a->device->AllocPd();
@@ -36,7 +36,7 @@ struct RcPair {
     testing::Connect(*a->device, qa, *b->device, qb->qpn(), kAll);
     testing::Connect(*b->device, qb, *a->device, qa->qpn(), kAll);
     src = testing::Register(*a->device, pa, 4096, kAll);
-    target = testing::Register(*b->device, pb, 4096, kAll | access::kMwBind);
+    target = testing::Register(*b->device, pb, 4096, target_access);
     for (size_t i = 0; i < src.bytes.size(); ++i) src.bytes[i] = static_cast<uint8_t>(i * 13 + 1);
   }
 
@@ -115,6 +115,41 @@ TEST(MemoryWindow, BindBeyondTheRegionOrWithoutMwBindFails) {
   uint32_t rkey = 0;
   ASSERT_EQ(t.b->device->AllocMw(t.pb, 1, &rkey), 0);
   t.Bind(rkey, 4000, 200, access::kRemoteWrite, WcStatus::kMwBindErr);
+}
+
+// A window's remote rights come from the bind, not from the region: the region needs only MW_BIND, and local write
+// when the window grants remote write or atomic (IBTA C10-75). Local rights in a bind are accepted and grant nothing
+// remote (rxe and mlx5 accept them; ibv_bind_mw(3)'s remote rights are what the window carries).
+TEST(MemoryWindow, WindowGrantsRemoteWriteOnARegionWithOnlyLocalWriteAndMwBind) {
+  RcPair t(access::kLocalWrite | access::kMwBind);
+  uint32_t rkey = 0;
+  ASSERT_EQ(t.b->device->AllocMw(t.pb, 1, &rkey), 0);
+  rkey = t.Bind(rkey, 0, 256, access::kRemoteWrite | access::kLocalWrite);
+  EXPECT_EQ(t.Write(rkey, 0, 256), WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(t.target.bytes.data(), t.src.bytes.data(), 256));
+}
+
+TEST(MemoryWindow, RemoteWriteWindowOnARegionWithoutLocalWriteIsABindError) {
+  RcPair t(access::kRemoteRead | access::kMwBind);
+  uint32_t rkey = 0;
+  ASSERT_EQ(t.b->device->AllocMw(t.pb, 1, &rkey), 0);
+  t.Bind(rkey, 0, 256, access::kRemoteWrite, WcStatus::kMwBindErr);  // C10-75
+}
+
+TEST(MemoryWindow, ZeroBasedBindIsABindError) {
+  RcPair t;
+  uint32_t rkey = 0;
+  ASSERT_EQ(t.b->device->AllocMw(t.pb, 1, &rkey), 0);
+  t.Bind(rkey, 0, 256, access::kRemoteWrite | access::kZeroBased, WcStatus::kMwBindErr);
+}
+
+TEST(MemoryWindow, LocalWriteInTheBindGrantsNoRemoteRight) {
+  RcPair t(access::kLocalWrite | access::kMwBind);
+  uint32_t rkey = 0;
+  ASSERT_EQ(t.b->device->AllocMw(t.pb, 1, &rkey), 0);
+  rkey = t.Bind(rkey, 0, 256, access::kLocalWrite);
+  EXPECT_EQ(t.Write(rkey, 0, 16), WcStatus::kRemAccessErr);
+  EXPECT_EQ(t.target.bytes, std::vector<uint8_t>(4096, 0));
 }
 
 TEST(MemoryWindow, Type2IsBoundToItsQpAndLocalInvalidateClosesIt) {

@@ -139,7 +139,7 @@ struct DeviceLimits {
   uint32_t max_inline_data = 256;
   uint32_t max_mw = 65536;
   uint16_t max_pkeys = 1;
-  uint32_t gid_table_len = 1;
+  uint32_t gid_table_len = 1;  // populated GID entries (an sgid_index names one); verbs lists empty slots after
   uint8_t local_ca_ack_delay = 15;
   uint32_t max_msg_sz = 1u << 31;
 };

@@ -1,6 +1,9 @@
 // Device discovery, contexts and queries: ibv_get_device_list ... ibv_query_gid_type.
 #include <infiniband/verbs.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -127,33 +130,49 @@ __be64 ibv_get_device_guid(ibv_device* device) { return htobe64(NodeGuid()); }
 
 int ibv_get_device_index(ibv_device* device) { return device == TheDevice() ? 0 : -1; }
 
-ibv_context* ibv_open_device(ibv_device* device) {
-  if (device != TheDevice()) {
-    errno = ENODEV;
+}  // extern "C"
+
+namespace {
+
+// The file behind every context's cmd_fd: each context holds its own descriptor of it, so an fd the application
+// dup()s from ibv_context::cmd_fd names this process's device, and ibv_import_device(3) recognises it by inode.
+// Created once, never closed (contexts of a forked child still hold it).
+int DeviceFile() {
+  static const int fd = memfd_create("uroce0", MFD_CLOEXEC);
+  return fd;
+}
+
+bool IsDeviceFile(int fd) {
+  struct stat a, b;
+  return DeviceFile() >= 0 && fstat(fd, &a) == 0 && fstat(DeviceFile(), &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+// A new context on the process's engine that owns `cmd_fd` (closed by ibv_close_device, also on failure here).
+ibv_context* NewContext(ibv_device* device, int cmd_fd) {
+  auto fail = [cmd_fd](int err) -> ibv_context* {
+    if (cmd_fd >= 0) close(cmd_fd);
+    errno = err;
     return nullptr;
-  }
+  };
   auto engine = Engine::Acquire();
-  if (!engine) return nullptr;  // errno set
+  if (!engine) return fail(errno);
   auto* ctx = static_cast<Context*>(calloc(1, sizeof(Context)));
-  if (ctx == nullptr) {
-    errno = ENOMEM;
-    return nullptr;
-  }
+  if (ctx == nullptr) return fail(ENOMEM);
   new (&ctx->engine) std::shared_ptr<Engine>(std::move(engine));
   new (&ctx->async_events) EventQueue<ibv_async_event>();
   if (int err = ctx->async_events.Open()) {
     ctx->async_events.~EventQueue();
     ctx->engine.~shared_ptr();
     free(ctx);
-    errno = err;
-    return nullptr;
+    return fail(err);
   }
   verbs_context& v = ctx->vctx;
   FillContextOps(&v);
   v.sz = sizeof(verbs_context);
   ibv_context& c = v.context;
   c.device = device;
-  c.cmd_fd = -1;
+  c.cmd_fd = cmd_fd;
   c.async_fd = ctx->async_events.fd();
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
@@ -178,8 +197,37 @@ ibv_context* ibv_open_device(ibv_device* device) {
   return &c;
 }
 
+}  // namespace
+
+extern "C" {
+
+ibv_context* ibv_open_device(ibv_device* device) {
+  if (device != TheDevice()) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  if (DeviceFile() < 0) return nullptr;  // errno from memfd_create
+  const int cmd_fd = fcntl(DeviceFile(), F_DUPFD_CLOEXEC, 0);
+  if (cmd_fd < 0) return nullptr;
+  return NewContext(device, cmd_fd);
+}
+
+// ibv_import_device(3): a context on the device behind a dup of another context's cmd_fd; it owns that fd. Within
+// one process every context shares the one device, so objects created through either are visible to both by handle
+// (ibv_import_pd, ibv_import_mr, ibv_import_dm). Another process's cmd_fd names another device: ENODEV.
+ibv_context* ibv_import_device(int cmd_fd) {
+  struct stat st;
+  if (fstat(cmd_fd, &st) != 0) return nullptr;  // EBADF
+  if (!IsDeviceFile(cmd_fd)) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  return NewContext(TheDevice(), cmd_fd);
+}
+
 int ibv_close_device(ibv_context* context) {
   Context* ctx = Ctx(context);
+  if (context->cmd_fd >= 0) close(context->cmd_fd);
   {
     std::lock_guard lock(g_contexts_mu);
     g_contexts.erase(ctx);
@@ -232,6 +280,22 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
 
 }  // extern "C"
 
+namespace {
+
+// The port's GID table: the populated entries the device has (emu's gid_table_len, the address in slot 0) followed
+// by empty slots, as rxe and NICs list a table larger than the addresses they hold. An empty slot reads as the zero
+// GID through ibv_query_gid and RoCE v1 through ibv_query_gid_type (rdma-core keeps that for empty entries) and as
+// ENODATA through ibv_query_gid_ex; an index past the table is EINVAL.
+constexpr uint32_t kGidTableSlots = 16;
+
+enum class GidSlot { kPopulated, kEmpty, kOutside };
+GidSlot ClassifyGid(ibv_context* context, uint32_t port_num, uint32_t index) {
+  if (port_num != 1 || index >= kGidTableSlots) return GidSlot::kOutside;
+  return index < Ctx(context)->dev().config().limits.gid_table_len ? GidSlot::kPopulated : GidSlot::kEmpty;
+}
+
+}  // namespace
+
 namespace uroce::verbs {
 
 int QueryPort(ibv_context* context, uint8_t port_num, ibv_port_attr* a, size_t len) {
@@ -241,7 +305,7 @@ int QueryPort(ibv_context* context, uint8_t port_num, ibv_port_attr* a, size_t l
   p.state = IBV_PORT_ACTIVE;
   p.max_mtu = IBV_MTU_4096;
   p.active_mtu = static_cast<ibv_mtu>(cfg.active_mtu);
-  p.gid_tbl_len = static_cast<int>(cfg.limits.gid_table_len);
+  p.gid_tbl_len = static_cast<int>(kGidTableSlots);
   p.port_cap_flags = 0;
   p.max_msg_sz = cfg.limits.max_msg_sz;
   p.pkey_tbl_len = cfg.limits.max_pkeys;
@@ -284,9 +348,14 @@ int QueryDeviceEx(ibv_context* context, const ibv_query_device_ex_input* input, 
 extern "C" {
 
 int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
-  if (port_num != 1 || index != 0) {
+  const GidSlot slot = index < 0 ? GidSlot::kOutside : ClassifyGid(context, port_num, static_cast<uint32_t>(index));
+  if (slot == GidSlot::kOutside) {
     errno = EINVAL;
     return -1;  // ibv_query_gid(3): returns -1 on error
+  }
+  if (slot == GidSlot::kEmpty) {
+    std::memset(gid->raw, 0, sizeof gid->raw);
+    return 0;
   }
   std::memcpy(gid->raw, Ctx(context)->dev().config().address.bytes().data(), 16);
   return 0;
@@ -312,18 +381,20 @@ int ibv_get_pkey_index(ibv_context* context, uint8_t port_num, __be16 pkey) {
 // IBVERBS_PRIVATE_34: ibv_devinfo and pyverbs ask whether GID entries are RoCE v1 or v2.
 // enum ibv_gid_type_sysfs lives in rdma-core's private driver.h: 0 = IB/RoCE v1, 1 = RoCE v2.
 int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, int* type) {
-  if (port_num != 1 || index != 0) {
+  const GidSlot slot = ClassifyGid(context, port_num, index);
+  if (slot == GidSlot::kOutside) {
     errno = EINVAL;
     return -1;
   }
-  *type = 1;  // IBV_GID_TYPE_SYSFS_ROCE_V2
+  *type = slot == GidSlot::kPopulated ? 1 : 0;  // IBV_GID_TYPE_SYSFS_ROCE_V2 : _IB_ROCE_V1 (an empty entry)
   return 0;
 }
 
 int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
                       uint32_t flags, size_t entry_size) {
   if (flags) return EINVAL;
-  if (port_num != 1 || gid_index != 0) return ENODATA;
+  const GidSlot slot = ClassifyGid(context, port_num, gid_index);
+  if (slot != GidSlot::kPopulated) return slot == GidSlot::kEmpty ? ENODATA : EINVAL;
   if (entry_size < sizeof(ibv_gid_entry)) return EINVAL;
   std::memset(entry, 0, sizeof *entry);
   std::memcpy(entry->gid.raw, Ctx(context)->dev().config().address.bytes().data(), 16);

@@ -5,6 +5,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cerrno>
 #include <deque>
 #include <memory>
@@ -54,6 +55,10 @@ T* Fail(int err) {
 struct Pd {
   ibv_pd pd;
   emu::ProtectionDomain* emu;
+  // A parent domain (ibv_alloc_parent_domain(3)) stands in every verb for the protection domain it extends: `emu` is
+  // that PD's, and `extends` points at it.
+  Pd* extends = nullptr;
+  std::atomic<int> parent_domains{0};  // parent domains extending this PD: it cannot be deallocated before them
 };
 inline Pd* ToPd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 
@@ -112,6 +117,8 @@ void UntrackXrcTarget(Qp* qp);
 void DeliverAsyncEvent(Context* ctx, const emu::AsyncEvent& e);
 
 // Conversions between the verbs structs and emu's.
+// A window bind (ibv_bind_mw, IBV_WR_BIND_MW, ibv_wr_bind_mw): window `mw` gets `new_rkey` and what `info` opens.
+emu::SendWr::Bind ToEmuBind(const ibv_mw& mw, uint32_t new_rkey, const ibv_mw_bind_info& info);
 emu::AddressVector ToAddressVector(const ibv_ah_attr& a);
 ibv_ah_attr FromAddressVector(const emu::AddressVector& av);
 

@@ -5,6 +5,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 
 #include "verbs_api/internal.h"
 #include "verbs_api/verbs_table.h"
@@ -14,26 +17,59 @@ using namespace uroce::verbs;
 
 namespace {
 
-// Device memory: a host buffer behind struct ibv_dm (ibv_alloc_dm(3)).
+// Device memory: a host buffer behind struct ibv_dm (ibv_alloc_dm(3)), shared by the ibv_dm that allocated it and
+// those that imported it by handle (ibv_import_dm(3)).
+struct DmMemory {
+  uint8_t* bytes = nullptr;
+  size_t length = 0;
+  ~DmMemory() { std::free(bytes); }
+};
 struct Dm {
   ibv_dm dm;
-  uint8_t* bytes;
-  size_t length;
+  std::shared_ptr<DmMemory> memory;
 };
 Dm* ToDm(ibv_dm* d) { return reinterpret_cast<Dm*>(d); }
 
+// The live device memory of this process's device by handle, for ibv_import_dm. A handle is never reused.
+struct DmTable {
+  std::mutex mu;
+  std::unordered_map<uint32_t, std::shared_ptr<DmMemory>> by_handle;
+  uint32_t next_handle = 1;
+};
+DmTable& Dms() {
+  static DmTable* table = new DmTable;  // never destroyed: a DM may be freed from an atexit handler
+  return *table;
+}
+
+// Device memory is copied in 4-byte units (mlx5's MEMIC, the device memory rdma-core's tests are written for, refuses
+// anything else): an offset or length that is not a multiple of 4, or a range beyond the allocation, is EINVAL.
+constexpr uint64_t kDmCopyUnit = 4;
+bool DmRangeOk(const DmMemory& m, uint64_t offset, size_t length) {
+  return offset % kDmCopyUnit == 0 && length % kDmCopyUnit == 0 && offset <= m.length && length <= m.length - offset;
+}
+
 int MemcpyToDm(ibv_dm* dm, uint64_t offset, const void* host, size_t length) {
-  Dm* d = ToDm(dm);
-  if (offset > d->length || length > d->length - offset) return EINVAL;
-  std::memcpy(d->bytes + offset, host, length);
+  DmMemory& m = *ToDm(dm)->memory;
+  if (!DmRangeOk(m, offset, length)) return EINVAL;
+  std::memcpy(m.bytes + offset, host, length);
   return 0;
 }
 
 int MemcpyFromDm(void* host, ibv_dm* dm, uint64_t offset, size_t length) {
-  Dm* d = ToDm(dm);
-  if (offset > d->length || length > d->length - offset) return EINVAL;
-  std::memcpy(host, d->bytes + offset, length);
+  DmMemory& m = *ToDm(dm)->memory;
+  if (!DmRangeOk(m, offset, length)) return EINVAL;
+  std::memcpy(host, m.bytes + offset, length);
   return 0;
+}
+
+ibv_dm* NewDmHandle(ibv_context* context, uint32_t handle, std::shared_ptr<DmMemory> memory) {
+  auto* d = new Dm{};
+  d->memory = std::move(memory);
+  d->dm.context = context;
+  d->dm.memcpy_to_dm = MemcpyToDm;
+  d->dm.memcpy_from_dm = MemcpyFromDm;
+  d->dm.handle = handle;
+  return &d->dm;
 }
 
 ibv_dm* AllocDm(ibv_context* context, ibv_alloc_dm_attr* attr) {
@@ -45,38 +81,45 @@ ibv_dm* AllocDm(ibv_context* context, ibv_alloc_dm_attr* attr) {
     errno = ENOMEM;
     return nullptr;
   }
-  auto* d = new Dm{};
+  auto memory = std::make_shared<DmMemory>();
   // Page alignment satisfies any log_align_req up to 12.
-  d->bytes = static_cast<uint8_t*>(std::aligned_alloc(4096, (attr->length + 4095) & ~size_t{4095}));
-  if (d->bytes == nullptr) {
-    delete d;
+  memory->bytes = static_cast<uint8_t*>(std::aligned_alloc(4096, (attr->length + 4095) & ~size_t{4095}));
+  if (memory->bytes == nullptr) {
     errno = ENOMEM;
     return nullptr;
   }
-  std::memset(d->bytes, 0, attr->length);
-  d->length = attr->length;
-  d->dm.context = context;
-  d->dm.memcpy_to_dm = MemcpyToDm;
-  d->dm.memcpy_from_dm = MemcpyFromDm;
-  return &d->dm;
+  std::memset(memory->bytes, 0, attr->length);
+  memory->length = attr->length;
+  DmTable& t = Dms();
+  std::lock_guard lock(t.mu);
+  const uint32_t handle = t.next_handle++;
+  t.by_handle[handle] = memory;
+  return NewDmHandle(context, handle, std::move(memory));
 }
 
+// ibv_free_dm(3) through any handle destroys the device memory for all: it can no longer be imported. Handles still
+// imported keep the bytes alive until they are unimported, so a late access is never a use after free.
 int FreeDm(ibv_dm* dm) {
   Dm* d = ToDm(dm);
-  std::free(d->bytes);
+  {
+    DmTable& t = Dms();
+    std::lock_guard lock(t.mu);
+    auto it = t.by_handle.find(dm->handle);
+    if (it != t.by_handle.end() && it->second == d->memory) t.by_handle.erase(it);
+  }
   delete d;
   return 0;
 }
 
 ibv_mr* RegDmMr(ibv_pd* pd, ibv_dm* dm, uint64_t offset, size_t length, unsigned int access) {
-  Dm* d = ToDm(dm);
+  DmMemory& m = *ToDm(dm)->memory;
   // ibv_reg_dm_mr(3): device memory is addressed zero-based and cannot be on demand.
-  if (!(access & IBV_ACCESS_ZERO_BASED) || (access & IBV_ACCESS_ON_DEMAND) || offset > d->length ||
-      length > d->length - offset) {
+  if (!(access & IBV_ACCESS_ZERO_BASED) || (access & IBV_ACCESS_ON_DEMAND) || offset > m.length ||
+      length > m.length - offset) {
     errno = EINVAL;
     return nullptr;
   }
-  return RegisterMemory(pd, d->bytes + offset, length, 0, access);
+  return RegisterMemory(pd, m.bytes + offset, length, 0, access);
 }
 
 // ibv_advise_mr(3): a prefetch of on-demand memory. Nothing is ever paged out here, so the advice only validates.
@@ -109,6 +152,25 @@ void FillMemoryOps(verbs_context* v) {
 }  // namespace uroce::verbs
 
 extern "C" {
+
+// ibv_import_dm(3): another handle on device memory allocated through any context of this process.
+ibv_dm* ibv_import_dm(ibv_context* context, uint32_t dm_handle) {
+  std::shared_ptr<DmMemory> memory;
+  {
+    DmTable& t = Dms();
+    std::lock_guard lock(t.mu);
+    auto it = t.by_handle.find(dm_handle);
+    if (it != t.by_handle.end()) memory = it->second;
+  }
+  if (!memory) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return NewDmHandle(context, dm_handle, std::move(memory));
+}
+
+// ibv_unimport_dm(3): forgets the handle without freeing the device memory.
+void ibv_unimport_dm(ibv_dm* dm) { delete ToDm(dm); }
 
 // Data of one message lands in PSN order: the responder places each packet as it accepts it in sequence.
 int ibv_query_qp_data_in_order(ibv_qp* qp, ibv_wr_opcode op, uint32_t flags) {

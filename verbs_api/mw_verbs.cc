@@ -37,6 +37,11 @@ int DeallocMw(ibv_mw* mw) {
   return 0;
 }
 
+emu::SendWr::Bind ToEmuBind(const ibv_mw& mw, uint32_t new_rkey, const ibv_mw_bind_info& info) {
+  // IBV_ACCESS_* bits are emu::access bits (emu/types.h).
+  return {mw.rkey, new_rkey, info.mr ? info.mr->lkey : 0, info.addr, info.length, info.mw_access_flags};
+}
+
 // ibv_bind_mw(3): a type 1 bind is a send-queue operation; the window's rkey changes when the call succeeds.
 int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mw_bind) {
   if (mw->type != IBV_MW_TYPE_1) return EINVAL;

@@ -10,9 +10,8 @@
 // and returned by ibv_wr_complete(). ibv_wr_complete() then checks every WR of the batch against the QP as the device
 // would at post time (state, SGE count, inline size, UD address handle) BEFORE posting any: ibv_wr_post(3) RETURN
 // VALUE says an error aborts "the entire posting", and real providers post nothing of a failed batch. Only a failure
-// the device alone can see (the QP modified by another thread between the check and the post, or a rule of a
-// transport the device does not implement yet, e.g. RC today or MW binds) can surface mid-batch; then the WRs before
-// the failing one stay posted — exactly what ibv_post_send() does with the WRs before *bad_wr — and the rest are
+// the device alone can see (the QP modified by another thread between the check and the post) can surface
+// mid-batch; then the WRs before the failing one stay posted — exactly what ibv_post_send() does with the WRs before *bad_wr — and the rest are
 // dropped.
 #include "verbs_api/qp_ex_ops.h"
 
@@ -235,10 +234,16 @@ void WrLocalInv(ibv_qp_ex* x, uint32_t invalidate_rkey) {
   if (emu::SendWr* w = Begin(x, SendOpcode::kLocalInv)) w->invalidate_rkey = invalidate_rkey;
 }
 
-// emu::SendWr has no memory-window fields yet (no ibv_alloc_mw): the WR carries the new rkey only, and the device
-// refuses kBindMw at post time until windows exist.
-void WrBindMw(ibv_qp_ex* x, ibv_mw* /*mw*/, uint32_t rkey, const ibv_mw_bind_info* /*bind_info*/) {
-  if (emu::SendWr* w = Begin(x, SendOpcode::kBindMw)) w->rkey = rkey;
+// ibv_wr_bind_mw(3): binds window `mw` (type 2) under its next R_Key `rkey`; the device checks the bind when the
+// send queue reaches it and completes it with IBV_WC_MW_BIND_ERR when it is refused.
+void WrBindMw(ibv_qp_ex* x, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* bind_info) {
+  emu::SendWr* w = Begin(x, SendOpcode::kBindMw);
+  if (w == nullptr) return;
+  if (mw == nullptr || bind_info == nullptr) {
+    Remember(BatchOf(x), EINVAL);
+    return;
+  }
+  w->bind = ToEmuBind(*mw, rkey, *bind_info);
 }
 
 // --- setters -----------------------------------------------------------------------------------------------------
@@ -285,13 +290,13 @@ void WrSetXrcSrqn(ibv_qp_ex* x, uint32_t remote_srqn) {
 
 // The send ops each QP type has (ibv_wr_post(3) table, narrowed by the wire: the UD opcodes are SEND only, UC adds
 // RDMA WRITE but has no READ, atomic or SEND-with-Invalidate opcodes — IBTA base transport header opcode table).
-// Local invalidate and MW bind on UC, which the man page allows, wait for memory windows. TSO is an Ethernet offload
-// we do not have.
+// Local invalidate and MW bind are local operations of the send queue, on UC as on RC (the man page's table). TSO
+// is an Ethernet offload we do not have.
 constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
-constexpr uint64_t kUcOps = kUdOps | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+constexpr uint64_t kUcOps = kUdOps | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                            IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
 constexpr uint64_t kRcOps = kUcOps | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW |
-                            IBV_QP_EX_WITH_SEND_WITH_INV;
+                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
 
 }  // namespace
 

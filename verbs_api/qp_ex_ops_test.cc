@@ -671,4 +671,84 @@ TEST(QpExOps, RcBatchOfWriteReadAtomicsAndSends) {
   ibv_destroy_cq(rcq);
 }
 
+// ibv_wr_bind_mw(3) binds a type 2 window: an RDMA WRITE through the new R_Key lands inside the window on a region
+// registered with only LOCAL_WRITE | MW_BIND (the window carries the remote right, IBTA C10-75); a window bound with
+// local write only refuses the same WRITE (IBV_WC_REM_ACCESS_ERR, as pyverbs' test_qp_ex_rc_bind_mw expects).
+TEST(QpExOps, RcBindMwOpensAWindowWithTheRightsOfTheBind) {
+  Env e;
+  ibv_cq* scq = ibv_create_cq(e.ctx, 16, nullptr, nullptr, 0);
+  ibv_cq* rcq = ibv_create_cq(e.ctx, 16, nullptr, nullptr, 0);
+  ibv_qp* a = CreateQpEx(e, scq, IBV_QPT_RC, IBV_QP_EX_WITH_RDMA_WRITE);
+  ibv_qp* b = CreateQpEx(e, rcq, IBV_QPT_RC, IBV_QP_EX_WITH_BIND_MW);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(Connect(e, a, b->qp_num), 0);
+  ASSERT_EQ(Connect(e, b, a->qp_num), 0);
+  std::vector<uint8_t> src(64, 0x5a), target(256, 0);
+  ibv_mr* smr = ibv_reg_mr(e.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* tmr = ibv_reg_mr(e.pd, target.data(), target.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  ibv_mw* open_mw = ibv_alloc_mw(e.pd, IBV_MW_TYPE_2);
+  ibv_mw* closed_mw = ibv_alloc_mw(e.pd, IBV_MW_TYPE_2);
+  ASSERT_TRUE(smr && tmr && open_mw && closed_mw);
+  const uint64_t t = reinterpret_cast<uintptr_t>(target.data());
+
+  ibv_qp_ex* xb = ibv_qp_to_qp_ex(b);
+  const uint32_t open_rkey = ibv_inc_rkey(open_mw->rkey), closed_rkey = ibv_inc_rkey(closed_mw->rkey);
+  ibv_mw_bind_info open_info{tmr, t + 64, 128, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+  ibv_mw_bind_info closed_info{tmr, t, 256, IBV_ACCESS_LOCAL_WRITE};
+  ibv_wr_start(xb);
+  xb->wr_flags = IBV_SEND_SIGNALED;
+  xb->wr_id = 1;
+  ibv_wr_bind_mw(xb, open_mw, open_rkey, &open_info);
+  xb->wr_id = 2;
+  ibv_wr_bind_mw(xb, closed_mw, closed_rkey, &closed_info);
+  ASSERT_EQ(ibv_wr_complete(xb), 0);
+  auto binds = PollN(rcq, 2);
+  ASSERT_EQ(binds.size(), 2u);
+  for (const ibv_wc& wc : binds) {
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "bind " << wc.wr_id;
+    EXPECT_EQ(wc.opcode, IBV_WC_BIND_MW);
+  }
+
+  ibv_qp_ex* xa = ibv_qp_to_qp_ex(a);
+  ibv_wr_start(xa);
+  xa->wr_flags = IBV_SEND_SIGNALED;
+  xa->wr_id = 10;
+  ibv_wr_rdma_write(xa, open_rkey, t + 64);
+  ibv_wr_set_sge(xa, smr->lkey, reinterpret_cast<uintptr_t>(src.data()), 64);
+  ASSERT_EQ(ibv_wr_complete(xa), 0);
+  auto w = PollN(scq, 1);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(0, std::memcmp(target.data() + 64, src.data(), 64));
+  EXPECT_EQ(target[63], 0);
+
+  ibv_wr_start(xa);
+  xa->wr_id = 11;
+  ibv_wr_rdma_write(xa, closed_rkey, t);
+  ibv_wr_set_sge(xa, smr->lkey, reinterpret_cast<uintptr_t>(src.data()), 16);
+  ASSERT_EQ(ibv_wr_complete(xa), 0);
+  w = PollN(scq, 1);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(target[0], 0);
+
+  // A bound type 2 window is invalidated before it is deallocated.
+  for (uint32_t rkey : {open_rkey, closed_rkey}) {
+    ibv_send_wr inv{}, *bad = nullptr;
+    inv.opcode = IBV_WR_LOCAL_INV;
+    inv.send_flags = IBV_SEND_SIGNALED;
+    inv.invalidate_rkey = rkey;
+    ASSERT_EQ(ibv_post_send(b, &inv, &bad), 0);
+  }
+  EXPECT_EQ(PollN(rcq, 2).size(), 2u);
+  EXPECT_EQ(ibv_dealloc_mw(open_mw), 0);
+  EXPECT_EQ(ibv_dealloc_mw(closed_mw), 0);
+  ibv_destroy_qp(a);
+  ibv_destroy_qp(b);
+  ibv_dereg_mr(smr);
+  ibv_dereg_mr(tmr);
+  ibv_destroy_cq(scq);
+  ibv_destroy_cq(rcq);
+}
+
 }  // namespace

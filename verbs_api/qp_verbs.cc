@@ -176,12 +176,7 @@ int ToEmuSend(const ibv_send_wr& w, ibv_qp_type qp_type, emu::SendWr* out) {
       break;
     case IBV_WR_BIND_MW:
       if (w.bind_mw.mw == nullptr) return EINVAL;
-      out->bind.mw_rkey = w.bind_mw.mw->rkey;
-      out->bind.new_rkey = w.bind_mw.rkey;
-      out->bind.mr_lkey = w.bind_mw.bind_info.mr ? w.bind_mw.bind_info.mr->lkey : 0;
-      out->bind.addr = w.bind_mw.bind_info.addr;
-      out->bind.length = w.bind_mw.bind_info.length;
-      out->bind.access = w.bind_mw.bind_info.mw_access_flags;
+      out->bind = ToEmuBind(*w.bind_mw.mw, w.bind_mw.rkey, w.bind_mw.bind_info);
       break;
     default:
       break;
@@ -266,6 +261,7 @@ void FillContextOps(verbs_context* v) {
   v->query_device_ex = QueryDeviceEx;
   v->create_cq_ex = CreateCqEx;
   v->create_qp_ex = CreateQpEx;
+  v->alloc_parent_domain = AllocParentDomain;
   FillMemoryOps(v);
   FillSrqOps(v);  // SRQ and XRC (srq_verbs.cc)
 }

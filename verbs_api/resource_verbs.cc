@@ -149,7 +149,30 @@ ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* a) {
       (a->flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN)))
     return Fail<ibv_cq_ex>(EOPNOTSUPP);
   if (a->comp_vector != 0) return Fail<ibv_cq_ex>(EINVAL);  // num_comp_vectors is 1
+  // IBV_CQ_INIT_ATTR_MASK_PD names the parent domain whose allocators the CQ would use (ibv_create_cq_ex(3)): it must
+  // be a parent domain of this context.
+  if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+      (a->parent_domain == nullptr || ToPd(a->parent_domain)->extends == nullptr ||
+       a->parent_domain->context != context))
+    return Fail<ibv_cq_ex>(EINVAL);
   return NewCq(context, static_cast<int>(a->cqe), a->cq_context, a->channel, a->wc_flags);
+}
+
+// ibv_alloc_parent_domain(3): a PD that stands for attr->pd everywhere. The device keeps every queue in its own
+// memory, never in buffers the application provides, so the custom allocators are accepted and never called; there
+// are no thread domains (ibv_alloc_td is EOPNOTSUPP), so attr->td must be NULL.
+ibv_pd* AllocParentDomain(ibv_context* context, ibv_parent_domain_init_attr* attr) {
+  constexpr uint32_t kKnown = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  if (attr == nullptr || attr->pd == nullptr || attr->td != nullptr || (attr->comp_mask & ~kKnown))
+    return Fail<ibv_pd>(EINVAL);
+  if (attr->pd->context != context) return Fail<ibv_pd>(EINVAL);
+  if ((attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) && (attr->alloc == nullptr || attr->free == nullptr))
+    return Fail<ibv_pd>(EINVAL);
+  Pd* base = ToPd(attr->pd);
+  if (base->extends != nullptr) return Fail<ibv_pd>(EINVAL);  // a parent domain extends a protection domain
+  auto* parent = new Pd{{context, base->pd.handle}, base->emu, base};
+  base->parent_domains.fetch_add(1);
+  return &parent->pd;
 }
 
 }  // namespace uroce::verbs
@@ -165,10 +188,27 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
 }
 
 int ibv_dealloc_pd(ibv_pd* pd) {
-  if (int err = Ctx(pd->context)->dev().DeallocPd(ToPd(pd)->emu)) return err;
-  delete ToPd(pd);
+  Pd* p = ToPd(pd);
+  if (p->extends != nullptr) {  // a parent domain: only it goes (ibv_alloc_parent_domain(3))
+    p->extends->parent_domains.fetch_sub(1);
+    delete p;
+    return 0;
+  }
+  if (p->parent_domains.load() > 0) return EBUSY;
+  if (int err = Ctx(pd->context)->dev().DeallocPd(p->emu)) return err;
+  delete p;
   return 0;
 }
+
+// ibv_import_pd(3): another handle on a PD of this device (created through any context of the process).
+ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
+  emu::ProtectionDomain* epd = Ctx(context)->dev().FindPd(pd_handle);
+  if (epd == nullptr) return Fail<ibv_pd>(EINVAL);
+  return &(new Pd{{context, pd_handle}, epd})->pd;
+}
+
+// ibv_unimport_pd(3): forgets the handle without destroying the PD.
+void ibv_unimport_pd(ibv_pd* pd) { delete ToPd(pd); }
 
 // --- MR ---
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
@@ -231,6 +271,23 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
   mr->length = new_len;
   return 0;
 }
+
+// ibv_import_mr(3): another handle on an MR of this device; its addr is NULL, as the man page says.
+ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
+  emu::MemoryRegion m;
+  if (Ctx(pd->context)->dev().QueryMrByHandle(mr_handle, &m) != 0) return Fail<ibv_mr>(EINVAL);
+  if (m.pd != ToPd(pd)->emu) return Fail<ibv_mr>(EINVAL);  // the MR belongs to another PD
+  auto* mr = new Mr{};
+  mr->mr.context = pd->context;
+  mr->mr.pd = pd;
+  mr->mr.length = m.length;
+  mr->mr.handle = mr_handle;
+  mr->mr.lkey = m.lkey;
+  mr->mr.rkey = m.rkey;
+  return &mr->mr;
+}
+
+void ibv_unimport_mr(ibv_mr* mr) { delete reinterpret_cast<Mr*>(mr); }
 
 int ibv_dereg_mr(ibv_mr* mr) {
   if (int err = Ctx(mr->context)->dev().DeregisterMr(mr->lkey)) return err;

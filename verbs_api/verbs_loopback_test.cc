@@ -183,6 +183,52 @@ TEST(VerbsLoopback, DestroyingABusyCqOrPdIsEbusy) {
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
 }
 
+// IBVERBS_PRIVATE_34 (rdma-core's driver.h): ibv_devinfo asks each GID slot's type.
+extern "C" int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, int* type);
+
+// The port lists a GID table larger than its one address, as rxe and NICs do: slot 0 holds the address, the other
+// slots are empty (zero GID and RoCE v1 through the old calls, which rdma-core keeps for empty entries; ENODATA through
+// ibv_query_gid_ex), and an index past the table is an error everywhere.
+TEST(VerbsLoopback, GidTableHasTheAddressThenEmptySlots) {
+  Env e;
+  ibv_port_attr port{};
+  ASSERT_EQ(ibv_query_port(e.ctx, 1, &port), 0);
+  ASSERT_GT(port.gid_tbl_len, 1);
+  ibv_gid_entry entry{};
+  ASSERT_EQ(ibv_query_gid_ex(e.ctx, 1, 0, &entry, 0), 0);
+  EXPECT_EQ(0, std::memcmp(entry.gid.raw, e.gid.raw, 16));
+  EXPECT_EQ(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+  int type = -1;
+  EXPECT_EQ(ibv_query_gid_type(e.ctx, 1, 0, &type), 0);
+  EXPECT_EQ(type, 1);  // RoCE v2
+  const int last = port.gid_tbl_len - 1;
+  for (int index : {1, last}) {
+    EXPECT_EQ(ibv_query_gid_ex(e.ctx, 1, index, &entry, 0), ENODATA) << index;
+    ibv_gid gid;
+    std::memset(gid.raw, 0xff, sizeof gid.raw);
+    EXPECT_EQ(ibv_query_gid(e.ctx, 1, index, &gid), 0) << index;
+    EXPECT_EQ(gid.global.subnet_prefix | gid.global.interface_id, 0u) << index;
+    EXPECT_EQ(ibv_query_gid_type(e.ctx, 1, index, &type), 0) << index;
+    EXPECT_EQ(type, 0) << index;
+  }
+  ibv_gid gid;
+  EXPECT_EQ(ibv_query_gid_ex(e.ctx, 1, port.gid_tbl_len, &entry, 0), EINVAL);
+  EXPECT_EQ(ibv_query_gid(e.ctx, 1, port.gid_tbl_len, &gid), -1);
+  EXPECT_EQ(ibv_query_gid_type(e.ctx, 1, port.gid_tbl_len, &type), -1);
+  // ibv_query_gid_table lists the populated entry only.
+  ibv_gid_entry table[32];
+  EXPECT_EQ(ibv_query_gid_table(e.ctx, table, 32, 0), 1);
+  // An empty slot cannot be a source GID.
+  ibv_ah_attr ah{};
+  ah.is_global = 1;
+  ah.grh.dgid = e.gid;
+  ah.grh.sgid_index = 1;
+  ah.port_num = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_ah(e.pd, &ah), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+}
+
 TEST(VerbsLoopback, ForkedChildOpensItsOwnDevice) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded fork";

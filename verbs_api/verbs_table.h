@@ -28,5 +28,6 @@ ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr);
 ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
 int DeallocMw(ibv_mw* mw);
 int BindMw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* mw_bind);
+ibv_pd* AllocParentDomain(ibv_context* context, ibv_parent_domain_init_attr* attr);
 
 }  // namespace uroce::verbs
