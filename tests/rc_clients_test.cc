@@ -378,13 +378,8 @@ INSTANTIATE_TEST_SUITE_P(
 // ---------------------------------------------------------------------------------------------------------------
 
 std::string VerifierPath() {
-  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    const char* root = std::getenv(var);
-    if (root == nullptr || root[0] == '\0') continue;
-    const std::string path = std::string(root) + "/uroce/tests/rdma_verify";
-    if (!FindProgram(path).empty()) return path;
-  }
-  return "";
+  const std::string path = RunfilesPath("tests/rdma_verify");
+  return path.empty() ? "" : FindProgram(path);
 }
 
 struct VerifyCase {
