@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <ostream>
 #include <regex>
 #include <string>
@@ -168,6 +169,33 @@ INSTANTIATE_TEST_SUITE_P(
         StartFailure{"NoFreeAddress", "UROCE_PORT", "",
                      R"(uroce: no free address in 127\.0\.0\.1-127\.0\.255\.254 on UDP port <port> \(held on all addresses by another program, such as kernel rxe\? UROCE_PORT or UROCE_ADDR choose another\))"}),
     [](const ::testing::TestParamInfo<StartFailure>& info) { return info.param.name; });
+
+// 300 processes of one machine open the device at once and hold it: each gets its own address (the embedded default
+// goes past 127.0.0.254), none fails or crashes. By default io_uring where the kernel gives it; under the sandbox's
+// user namespace, ring memory counts against RLIMIT_MEMLOCK, which (8 MiB) runs out after ~100 processes, and the
+// rest fall back to sockets, saying so. tools/open_bench.cc measures how long it took.
+class ManyProcessesTest : public RestrictedClientsTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ManyProcessesTest, ThreeHundredProcessesOpenTheDeviceAtOnce) {
+  const std::string bench = RunfilesPath("tools/uroce_open_bench");
+  ASSERT_FALSE(bench.empty()) << "tools/uroce_open_bench is not in the runfiles: the target needs it in data";
+  const ProcessResult r = RunProcess({bench, "300"}, EnvWith("UROCE_TRANSPORT", GetParam()), seconds(180));
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  EXPECT_TRUE(HasLine(r.output, R"(300 processes: 300 opened uroce0 in [0-9.]+ s .*, 300 distinct addresses, 0 failed, 0 crashed)"))
+      << r.Describe();
+  // Only fallback notices from the library, at most one per process.
+  const std::vector<std::string> lines = UroceLines(r.output);
+  for (const std::string& line : lines) EXPECT_NE(line.find("uroce: io_uring is refused here"), std::string::npos) << line;
+  EXPECT_LE(lines.size(), 300u);
+  if (std::string(GetParam()) == "socket") EXPECT_TRUE(lines.empty()) << r.Describe();
+  std::cout << MatchLine(r.output, std::regex("300 processes: .*"))[0] << "; " << lines.size()
+            << " fell back to sockets\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ManyProcessesTest, ::testing::Values("", "socket"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param[0] ? info.param : "auto");
+                         });
 
 }  // namespace
 }  // namespace uroce::tests

@@ -116,8 +116,9 @@ int NextFreeLoopbackCandidate(uint32_t from, uint16_t port) {
 std::atomic<bool> g_uring_refused{false};
 
 // io_uring_setup(2)'s refusals that plain sockets do not share: EPERM (seccomp profiles of Docker >= 25 and
-// containerd 2.0, kernel.io_uring_disabled, io_uring_group), ENOSYS (no CONFIG_IO_URING, gVisor), ENOMEM (the
-// RLIMIT_MEMLOCK that kernels before 5.12 charge rings to).
+// containerd 2.0, kernel.io_uring_disabled, io_uring_group), ENOSYS (no CONFIG_IO_URING, gVisor), ENOMEM (ring
+// memory is charged to the user's RLIMIT_MEMLOCK without CAP_IPC_LOCK, e.g. in a user namespace: 8 MiB is ~100
+// processes' rings).
 bool UringRefused(int rc) { return rc == -EPERM || rc == -ENOSYS || rc == -ENOMEM; }
 
 // Opens the transport *choice names on `ep`. kAuto tries io_uring first and, when it is refused, switches *choice
@@ -142,9 +143,9 @@ int OpenTransport(TransportChoice* choice, const wire::UdpEndpoint& ep, std::uni
     }
     if (!g_uring_refused.exchange(true)) {
       fprintf(stderr,
-              "uroce: io_uring is refused here (%s); using plain UDP sockets (recvmmsg/sendmmsg + poll). "
+              "uroce: io_uring is refused here (%s%s); using plain UDP sockets (recvmmsg/sendmmsg + poll). "
               "UROCE_TRANSPORT=socket skips the attempt\n",
-              strerror(-rc));
+              strerror(-rc), rc == -ENOMEM ? ": ring memory beyond RLIMIT_MEMLOCK, see ulimit -l" : "");
     }
     *choice = TransportChoice::kSocket;
   }
