@@ -603,6 +603,23 @@ int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
 
 void Device::Transmit(OutBatch& out) {
   if (out.packets.empty()) return;
+  const auto [sent, failed, bytes] = SendBatch(out);
+  std::lock_guard lock(mu_);
+  counters_.tx_packets += sent;
+  counters_.tx_bytes += bytes;
+  counters_.tx_errors += failed;
+}
+
+void Device::TransmitLocked(OutBatch& out) {
+  if (out.packets.empty()) return;
+  const auto [sent, failed, bytes] = SendBatch(out);
+  out.packets.clear();
+  counters_.tx_packets += sent;
+  counters_.tx_bytes += bytes;
+  counters_.tx_errors += failed;
+}
+
+Device::SendResult Device::SendBatch(const OutBatch& out) {
   std::vector<wire::OutDatagram> batch;
   batch.reserve(out.packets.size());
   uint64_t bytes = 0;
@@ -617,10 +634,7 @@ void Device::Transmit(OutBatch& out) {
     if (n < 0) break;
     sent += static_cast<size_t>(n);
   }
-  std::lock_guard lock(mu_);
-  counters_.tx_packets += sent;
-  counters_.tx_bytes += bytes;
-  counters_.tx_errors += batch.size() - sent;
+  return {sent, batch.size() - sent, bytes};
 }
 
 // --- data path: responder ------------------------------------------------------------------------------------

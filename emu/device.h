@@ -206,6 +206,14 @@ class Device {
   void ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wire::PacketView& p);
   void ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p);
   void Transmit(OutBatch& out);
+  // Sends what `out` holds now, with the device lock held (only where a batch must not grow without bound), and
+  // empties it.
+  void TransmitLocked(OutBatch& out);
+  struct SendResult {
+    size_t sent, failed;
+    uint64_t bytes;
+  };
+  SendResult SendBatch(const OutBatch& out);  // hands `out` to the transport; touches no device state
   // The receive side of a QP with or without an SRQ (srq.h): whether a receive WQE is available, the next one (the
   // SRQ's limit event is raised here), and the CQ its completion goes to.
   // CreateQp's SRQ/XRC rules (ibv_create_qp(3) NOTES, Annex A14): 0 or EINVAL; clears what such a QP ignores.
@@ -226,6 +234,8 @@ class Device {
   // --- Reliable Connection (rc.cc): requester, responder, completer, timers ---
   int PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
   void RcProgressLocked(QueuePair* qp, OutBatch& out);
+  // A READ request for `w`'s response packets from `from_pkt` to the end of that segment.
+  void RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out);
   void ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   void RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   void RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);

@@ -31,6 +31,13 @@ constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSend
 constexpr int32_t kWindowPackets = 512;
 // AckReq on the last packet of each message and on every 64th packet of a long one (IBTA 9.7.4.1.2).
 constexpr uint32_t kAckReqEvery = 64;
+// A READ is requested in segments of at most this many response packets, the next one once the previous has
+// arrived, so what one READ has in flight towards the requester is bounded like the window of a WRITE. On the wire a
+// segment is a READ request for part of the message, as a retried READ is (IBTA 9.7.4.1.4).
+constexpr uint32_t kReadSegmentPackets = 64;
+// The responder hands READ responses to the network in bursts of at most this many packets, so a request for a long
+// message (a peer may ask for 2 GiB at once) never has more than one burst built in memory.
+constexpr size_t kResponseBurstPackets = 64;
 // rnr_retry 7 means "retry forever" (IBTA 9.7.5.2.8, ibv_modify_qp(3)); retry_cnt 7 means seven retries (C9-141),
 // unless the device is configured as rxe behaves (DeviceConfig::retry_cnt_7_infinite).
 constexpr int kInfiniteRnrRetry = 7;
@@ -43,6 +50,11 @@ uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096
 
 uint32_t PacketsFor(uint64_t length, uint32_t mtu) {
   return length == 0 ? 1 : static_cast<uint32_t>((length + mtu - 1) / mtu);
+}
+
+// One past the last response packet of the READ segment that holds response packet `k`.
+uint32_t ReadSegmentEnd(const SendWqe& w, uint32_t k) {
+  return std::min(w.npsn, (k / kReadSegmentPackets + 1) * kReadSegmentPackets);
 }
 
 }  // namespace
@@ -123,6 +135,21 @@ void Device::RcArmRetransmitLocked(QueuePair* qp) {
   WakeForTimer(r.retransmit_deadline_ns);
 }
 
+void Device::RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out) {
+  const uint32_t mtu = MtuBytes(qp->attributes().path_mtu);
+  const uint64_t off = uint64_t{from_pkt} * mtu;
+  const uint64_t end = std::min(w.length, uint64_t{ReadSegmentEnd(w, from_pkt)} * mtu);
+  wire::PacketSpec spec;
+  spec.bth.opcode = rcop::kReadRequest;
+  spec.bth.dest_qp = qp->attributes().dest_qp_num;
+  spec.bth.psn = PsnAdd(w.first_psn, from_pkt);
+  spec.bth.ack_req = true;
+  // A re-issued READ asks only for what has not arrived yet (IBTA 9.7.4.1.4), up to the end of its segment.
+  spec.reth = wire::Reth{w.wr.remote_addr + off, w.wr.rkey, static_cast<uint32_t>(end - std::min(off, end))};
+  ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
+  out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+}
+
 void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
   RcRequester& r = qp->requester();
   QpAttributes& a = qp->mutable_attributes();
@@ -195,15 +222,23 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
     spec.bth.dest_qp = a.dest_qp_num;
     spec.bth.psn = psn;
     if (w.is_read()) {
-      const uint64_t off = uint64_t{r.cursor_pkt} * mtu;
-      spec.bth.opcode = rcop::kReadRequest;
-      spec.bth.ack_req = true;
-      // A re-issued READ asks only for what has not arrived yet (IBTA 9.7.4.1.4).
-      spec.reth = wire::Reth{w.wr.remote_addr + off, w.wr.rkey, static_cast<uint32_t>(w.length - std::min(off, w.length))};
-      ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
-      out.Add(transport_, spec, {}, dst, sport);
-      ++r.cursor_wqe;
-      r.cursor_pkt = 0;
+      // What has arrived is never asked for again (go-back-N may pass a READ already answered in full); the next
+      // segment waits for the previous one.
+      if (w.acked) {
+        ++r.cursor_wqe;
+        r.cursor_pkt = 0;
+        continue;
+      }
+      r.cursor_pkt = std::max(r.cursor_pkt, w.read_next);
+      if (r.cursor_pkt > w.read_next) break;
+      const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
+      RcSendReadRequestLocked(qp, w, r.cursor_pkt, out);
+      if (end == w.npsn) {
+        ++r.cursor_wqe;
+        r.cursor_pkt = 0;
+      } else {
+        r.cursor_pkt = end;
+      }
     } else if (w.is_atomic()) {
       const bool cas = w.wr.opcode == SendOpcode::kAtomicCmpAndSwp;
       spec.bth.opcode = cas ? rcop::kCompareSwap : rcop::kFetchAdd;
@@ -397,17 +432,18 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     SendWqe& w = r.sq[i];
     const uint32_t expected = PsnAdd(w.first_psn, w.read_next);
     if (psn != expected) {
-      if (PsnDiff(psn, expected) > 0) {
-        // A response was lost: ask again for the rest (9.7.5.2.2).
-        r.cursor_wqe = i;
-        r.cursor_pkt = w.read_next;
-        RcProgressLocked(qp, out);
+      // A response was lost (9.7.5.2.2): ask again for the rest of the segment, once per gap -- the responses
+      // still in flight behind the lost one would otherwise each trigger a whole new answer. Only the READ is
+      // asked again: later requests were received, or their own timeout resends them.
+      if (PsnDiff(psn, expected) > 0 && w.rerequested_from != w.read_next) {
+        w.rerequested_from = w.read_next;
+        RcSendReadRequestLocked(qp, w, w.read_next, out);
       }
       return;
     }
     if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return;
     ack_before(w.first_psn, false);
-    const bool last_expected = w.read_next + 1 == w.npsn;
+    const bool last_expected = w.read_next + 1 == ReadSegmentEnd(w, w.read_next);
     const bool is_last = p.info->position == wire::MsgPosition::kLast || p.info->position == wire::MsgPosition::kOnly;
     const uint64_t off = uint64_t{w.read_next} * mtu;
     const uint64_t want = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
@@ -521,6 +557,7 @@ void Device::RcSendReadResponses(QueuePair* qp, const ResponderResource& res, ui
   if (!acc.ok()) return;  // deregistered since: a duplicate gets no answer; the requester's retries decide
   const auto first = static_cast<uint32_t>(PsnDiff(from_psn, res.psn));
   for (uint32_t k = first; k < res.npsn; ++k) {
+    if (out.packets.size() >= kResponseBurstPackets) TransmitLocked(out);
     const uint64_t off = uint64_t{k} * mtu;
     const uint64_t len = std::min<uint64_t>(mtu, res.length - std::min<uint64_t>(off, res.length));
     wire::PacketSpec spec;

@@ -24,6 +24,7 @@ struct SendWqe {
   uint64_t length = 0;       // message bytes
   bool acked = false;        // the responder has acknowledged it (or, READ/atomic, answered it fully)
   uint32_t read_next = 0;    // READ: index of the next response packet expected
+  uint32_t rerequested_from = ~0u;  // READ: where the latest request after a lost response started (one per gap)
   WcStatus status = WcStatus::kSuccess;
   bool is_read() const { return wr.opcode == SendOpcode::kRdmaRead; }
   bool is_atomic() const {

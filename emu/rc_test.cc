@@ -1032,6 +1032,65 @@ TEST(RcDuplicate, LostMiddleReadResponseIsAskedForFromWhereItWasLost) {
   EXPECT_EQ(wa[1].reth->dma_length, 5000u - 1024);
 }
 
+// A long READ is requested in segments of 64 response packets, the next once the previous has arrived; a lost
+// response costs one request for the rest of its segment, however many responses behind it still arrive.
+TEST(RcDuplicate, LostResponseOfALongReadCostsOneRequestNotOnePerLateResponse) {
+  Rc t;  // path MTU 1024
+  constexpr uint32_t kLen = 1 << 20;  // 1024 response packets
+  Buffer la = testing::Register(*t.a->device, t.pa, kLen, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, kLen, kMrAll);
+  Fill(lb.bytes, 21);
+  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 100; };  // in segment [64, 128)
+  const uint64_t t0 = t.now();
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaRead, {la.At(0, kLen)}, lb.mr.iova, lb.mr.rkey)),
+            0);
+  t.fabric.Pump();
+  auto s = Drain(t.sa);
+  ASSERT_EQ(s.size(), 1u);
+  ExpectCompletion(s[0], 1, WcStatus::kSuccess, WcOpcode::kRdmaRead, kLen, t.qa->qpn());
+  EXPECT_EQ(la.bytes, lb.bytes);
+  EXPECT_EQ(t.now(), t0);  // recovered from the gap, not by a timeout
+  std::vector<Pkt> requests;
+  for (const Pkt& p : Wire(*t.a))
+    if (p.opcode == rcop::kReadRequest) requests.push_back(p);
+  ASSERT_EQ(requests.size(), 16u + 1u);  // 16 segments and one request after the lost response
+  for (const Pkt& r : requests) ASSERT_TRUE(r.reth.has_value());
+  for (uint32_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(requests[k].psn, k * 64);
+    EXPECT_EQ(requests[k].reth->va, lb.mr.iova + k * 64 * 1024);
+    EXPECT_EQ(requests[k].reth->dma_length, 64u * 1024);
+  }
+  // The request after the loss: from the lost response to the end of its segment, before the third segment.
+  EXPECT_EQ(requests[2].psn, 100u);
+  EXPECT_EQ(requests[2].reth->va, lb.mr.iova + 100 * 1024);
+  EXPECT_EQ(requests[2].reth->dma_length, 28u * 1024);
+  EXPECT_EQ(requests[3].psn, 128u);
+  EXPECT_EQ(Wire(*t.b).size(), 1024u + 28u);  // responses: every packet once, the 28 from the loss on twice
+  EXPECT_LE(t.b->transport->largest_batch(), 64u);
+}
+
+// A peer may ask for a whole long message in one READ request: the responder hands it to the network in bursts, so
+// no more than one burst of responses is ever built in memory.
+TEST(RcDuplicate, ResponderAnswersOneLongReadRequestInBoundedBursts) {
+  Rc t;  // path MTU 1024
+  constexpr uint32_t kLen = 1 << 20;
+  Buffer lb = testing::Register(*t.b->device, t.pb, kLen, kMrAll);
+  wire::PacketSpec spec;
+  spec.bth.opcode = rcop::kReadRequest;
+  spec.bth.dest_qp = t.qb->qpn();
+  spec.bth.psn = 0;  // what qb expects first
+  spec.bth.ack_req = true;
+  spec.reth = wire::Reth{lb.mr.iova, lb.mr.rkey, kLen};
+  t.fabric.Inject(*t.a, *t.b, spec);
+  t.fabric.Pump();
+  const std::vector<Pkt> wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 1024u);
+  EXPECT_EQ(wb.front().opcode, rcop::kReadResponseFirst);
+  EXPECT_EQ(wb.back().opcode, rcop::kReadResponseLast);
+  EXPECT_EQ(wb.back().psn, 1023u);
+  EXPECT_LE(t.b->transport->largest_batch(), 64u);
+}
+
 TEST(RcDuplicate, LostAtomicAckIsAnsweredWithTheSavedOriginalNotExecutedTwice) {
   Rc t;
   Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);

@@ -1,5 +1,7 @@
 #include "emu/test_fabric.h"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "wire/frame.h"
@@ -15,6 +17,7 @@ std::optional<wire::PacketView> ScriptedTransport::Sent::Parse() const {
 
 int ScriptedTransport::Send(std::span<const wire::OutDatagram> batch) {
   std::vector<wire::OutDatagram> kept;
+  largest_batch_ = std::max(largest_batch_, batch.size());
   for (const auto& d : batch) {
     const uint64_t i = index_++;
     const bool drop = drop_if && drop_if(i, d.payload);

@@ -30,6 +30,7 @@ class ScriptedTransport final : public wire::Transport {
   int Poll(const wire::DatagramHandler& handler, int64_t timeout_ns) override { return inner_->Poll(handler, timeout_ns); }
   void Wake() override { inner_->Wake(); }
   uint64_t sent() const { return index_; }
+  size_t largest_batch() const { return largest_batch_; }  // the most datagrams handed over in one Send
 
   // What the node offered to the network, for tests that inspect packets on the wire (off unless `record`).
   struct Sent {
@@ -49,6 +50,7 @@ class ScriptedTransport final : public wire::Transport {
  private:
   std::unique_ptr<wire::Transport> inner_;
   uint64_t index_ = 0;
+  size_t largest_batch_ = 0;
   std::vector<Sent> log_;
 };
 
