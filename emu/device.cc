@@ -79,6 +79,8 @@ std::string FormatCounters(const DeviceCounters& c) {
       {"rc_retransmit_timeouts", &DeviceCounters::rc_retransmit_timeouts},
       {"rc_duplicates", &DeviceCounters::rc_duplicates},
       {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
+      {"rc_path_waits", &DeviceCounters::rc_path_waits},
+      {"rc_congestion_signals", &DeviceCounters::rc_congestion_signals},
   };
   std::string out;
   for (const auto& [name, field] : kFields) out += std::string(name) + " " + std::to_string(c.*field) + "\n";
@@ -88,6 +90,13 @@ std::string FormatCounters(const DeviceCounters& c) {
 DeviceCounters Device::counters() const {
   std::lock_guard lock(mu_);
   return counters_;
+}
+
+std::optional<PathWindow> Device::path_window(const wire::IpAddress& peer) const {
+  std::lock_guard lock(mu_);
+  auto it = paths_.find(peer);
+  if (it == paths_.end()) return std::nullopt;
+  return it->second;
 }
 
 void Device::set_async_handler(std::function<void(const AsyncEvent&)> handler) {
@@ -301,6 +310,7 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
     // IBTA 10.3.1: a QP moved to RESET loses its queued work without completions.
     qp->receive_queue().clear();
     qp->inbound() = InboundMessage{};
+    RcChargeLocked(qp);  // nothing of it is in flight any more
     qp->requester() = RcRequester{};
     qp->responder() = RcResponder{};
   }
@@ -308,7 +318,7 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
     RcRequester& r = qp->requester();
     r.retries_left = a.retry_cnt;
     r.rnr_retries_left = a.rnr_retry;
-    if (cur != QpState::kSqd) r.acked_psn_next = a.sq_psn;
+    if (cur != QpState::kSqd) r.acked_psn_next = r.sent_psn_next = a.sq_psn;
   }
   if (next == QpState::kSqd && cur == QpState::kRts) {
     // IBTA 11.2.4.2: SQD stops starting new WQEs; IBV_EVENT_SQ_DRAINED once those in flight are done (at once when
@@ -334,6 +344,8 @@ int Device::DestroyQp(QueuePair* qp) {
   if (it == qps_.end() || it->second.get() != qp) return EINVAL;
   if (--qp->references > 0) return 0;  // an opened XRC target lives on (ibv_open_qp(3))
   DetachSharedReceiveLocked(qp->init());
+  qp->mutable_attributes().qp_state = QpState::kReset;
+  RcChargeLocked(qp);  // what it had in flight no longer counts against its path
   qps_.erase(it);
   return 0;
 }
@@ -448,6 +460,7 @@ void Device::EnterErrorLocked(QueuePair* qp) {
   QpAttributes& a = qp->mutable_attributes();
   if (a.qp_state == QpState::kErr) return;
   a.qp_state = a.cur_qp_state = QpState::kErr;
+  RcChargeLocked(qp);
   FlushLocked(qp);
 }
 
@@ -695,7 +708,12 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out) {
     if (*id != 0) ++counters_.rx_icrc_ip_id_inferred;
   }
   if (p.info->transport == wire::TransportKind::kCnp) {
-    ++counters_.rx_cnp;  // congestion control is not modelled; the notification is counted
+    // A CNP: the peer saw congestion marks on what we sent it (RoCEv2 Annex A17.9): cut the window towards it.
+    ++counters_.rx_cnp;
+    if (auto it = paths_.find(d.src.addr); it != paths_.end()) {
+      it->second.OnCongestion();
+      ++counters_.rc_congestion_signals;
+    }
     return;
   }
   QueuePair* qp = FindQpLocked(p.bth.dest_qp);
@@ -916,6 +934,7 @@ uint64_t Device::RunTimers() {
       const uint64_t d = RcNextDeadline(qp.get());
       if (d != 0 && (next == 0 || d < next)) next = d;
     }
+    for (auto& [peer, path] : paths_) RcWakeWaitersLocked(path, out);
     poller_deadline_ = next;
   }
   Transmit(out);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "emu/completion_queue.h"
+#include "emu/congestion.h"
 #include "emu/memory.h"
 #include "emu/queue_pair.h"
 #include "emu/srq.h"
@@ -100,6 +101,8 @@ struct DeviceCounters {
   uint64_t rc_retransmit_timeouts = 0;  // local ACK timeouts that resent
   uint64_t rc_duplicates = 0;           // duplicate requests answered again (or dropped)
   uint64_t rc_rnr_naks_sent = 0;
+  uint64_t rc_path_waits = 0;          // a requester stopped because the window towards its peer was full
+  uint64_t rc_congestion_signals = 0;  // losses, timeouts and CNPs that cut a path's window
 };
 
 // "name value" lines of every counter, for `uroce run --stats` (UROCE_STATS=1).
@@ -116,6 +119,8 @@ class Device {
 
   const DeviceConfig& config() const { return config_; }
   DeviceCounters counters() const;
+  // The shared window of the RC requesters towards `peer` (emu/congestion.h), if any has talked to it.
+  std::optional<PathWindow> path_window(const wire::IpAddress& peer) const;
   void set_async_handler(std::function<void(const AsyncEvent&)> handler);
 
   // --- objects ------------------------------------------------------------------------------------------------
@@ -234,6 +239,12 @@ class Device {
   // --- Reliable Connection (rc.cc): requester, responder, completer, timers ---
   int PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
   void RcProgressLocked(QueuePair* qp, OutBatch& out);
+  // The shared window towards `qp`'s peer (emu/congestion.h); RcChargeLocked brings the path's count of packets in
+  // flight up to date with the QP's (none unless it can send); RcWakeWaitersLocked resumes requesters that stopped
+  // for the window while it has room.
+  PathWindow& PathOf(const QueuePair& qp);
+  void RcChargeLocked(QueuePair* qp);
+  void RcWakeWaitersLocked(PathWindow& path, OutBatch& out);
   // A READ request for `w`'s response packets from `from_pkt` to the end of that segment.
   void RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out);
   void ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
@@ -264,6 +275,7 @@ class Device {
   std::map<uint32_t, std::unique_ptr<ProtectionDomain>> pds_;
   std::map<uint32_t, std::unique_ptr<CompletionQueue>> cqs_;
   std::map<uint32_t, std::unique_ptr<QueuePair>> qps_;
+  std::map<wire::IpAddress, PathWindow> paths_;  // by peer address
   std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
   std::map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;  // by SRQ number
   std::map<XrcDomain*, std::unique_ptr<XrcDomain>> xrcds_;

@@ -67,6 +67,33 @@ uint16_t Device::SourcePortOf(const QueuePair& qp) const {
   return wire::RoceSourcePort(qp.qpn(), qp.attributes().dest_qp_num);
 }
 
+PathWindow& Device::PathOf(const QueuePair& qp) { return paths_[PeerOf(qp).addr]; }
+
+void Device::RcChargeLocked(QueuePair* qp) {
+  if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) return;
+  RcRequester& r = qp->requester();
+  const QpState s = qp->state();
+  const int64_t now =
+      s == QpState::kRts || s == QpState::kSqd ? std::max(0, PsnDiff(r.sent_psn_next, r.acked_psn_next)) : 0;
+  if (now == r.charged) return;
+  PathWindow& path = PathOf(*qp);
+  path.Charge(now - r.charged);
+  // Room freed outside the completer (an error, a reset, a destroyed QP): have the timer pass wake the waiters.
+  if (now < r.charged && !path.waiting().empty()) WakeForTimer(clock_.NowNs());
+  r.charged = now;
+}
+
+void Device::RcWakeWaitersLocked(PathWindow& path, OutBatch& out) {
+  while (path.MaySend() && !path.waiting().empty()) {
+    const uint32_t qpn = path.waiting().front();
+    path.waiting().pop_front();
+    QueuePair* qp = FindQpLocked(qpn);
+    if (qp == nullptr || !qp->requester().waiting_for_path) continue;  // destroyed or reset since
+    qp->requester().waiting_for_path = false;
+    RcProgressLocked(qp, out);
+  }
+}
+
 bool Device::GatherRangeLocked(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
                                std::vector<uint8_t>& out) {
   out.clear();
@@ -168,6 +195,13 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
 
   bool sent = false;
   std::vector<uint8_t> payload;
+  PathWindow& path = PathOf(*qp);
+  // Marks PSNs before `next` as sent and charges what is new to the path at once, so the next packet sees the window
+  // as it is.
+  auto sent_up_to = [&](uint32_t next) {
+    if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
+    RcChargeLocked(qp);
+  };
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
     if (!w.started && (w.wr.opcode == SendOpcode::kBindMw || w.wr.opcode == SendOpcode::kLocalInv)) {
@@ -216,7 +250,17 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       r.cursor_pkt = 0;
     }
     const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
-    if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) break;  // the window is full
+    if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) break;  // the QP's window is full
+    if (PsnDiff(psn, r.sent_psn_next) >= 0 && !path.MaySend()) {
+      // The window shared by every QP towards this peer is full: wait to be woken as it opens (retransmissions of
+      // what is already in flight never wait).
+      if (!r.waiting_for_path) {
+        r.waiting_for_path = true;
+        path.waiting().push_back(qp->qpn());
+        ++counters_.rc_path_waits;
+      }
+      break;
+    }
 
     wire::PacketSpec spec;
     spec.bth.dest_qp = a.dest_qp_num;
@@ -233,6 +277,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       if (r.cursor_pkt > w.read_next) break;
       const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
       RcSendReadRequestLocked(qp, w, r.cursor_pkt, out);
+      sent_up_to(PsnAdd(w.first_psn, end));
       if (end == w.npsn) {
         ++r.cursor_wqe;
         r.cursor_pkt = 0;
@@ -247,6 +292,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
                                     cas ? w.wr.compare_add : 0};
       ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(transport_, spec, {}, dst, sport);
+      sent_up_to(PsnAdd(psn, 1));
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
     } else {
@@ -269,7 +315,14 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
         if (first) spec.reth = wire::Reth{w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
       }
       spec.bth.solicited = last && (w.wr.flags & send_flags::kSolicited);
-      spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1);
+      // AckReq where the requester will stop after this packet too -- the QP's window or the path's is full --
+      // or nothing would ever acknowledge what it has in flight and it would wait for a timeout.
+      const uint32_t next_psn = PsnAdd(psn, 1);
+      const bool is_new = PsnDiff(psn, r.sent_psn_next) >= 0;
+      const bool stops_after =
+          PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets ||
+          (PsnDiff(next_psn, r.sent_psn_next) >= 0 && path.in_flight() + (is_new ? 1 : 0) >= path.window());
+      spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;
       if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
       if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
       const uint64_t off = uint64_t{k} * mtu;
@@ -281,6 +334,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       }
       ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(transport_, spec, payload, dst, sport);
+      sent_up_to(PsnAdd(psn, 1));
       if (++r.cursor_pkt == w.npsn) {
         ++r.cursor_wqe;
         r.cursor_pkt = 0;
@@ -399,7 +453,10 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         ack_before(psn, false);
         const size_t i = find_containing(psn);
         if (aeth.nak_code() == wire::NakCode::kPsnSeqError) {
-          // The responder expects `psn`: resend from there at once (9.7.5.2.1), without spending a retry.
+          // The responder expects `psn`: resend from there at once (9.7.5.2.1), without spending a retry. A packet
+          // was lost on the way: the path is congested.
+          PathOf(*qp).OnCongestion();
+          ++counters_.rc_congestion_signals;
           advance_acked(psn);
           if (i < r.sq.size()) {
             r.cursor_wqe = i;
@@ -437,6 +494,8 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       // asked again: later requests were received, or their own timeout resends them.
       if (PsnDiff(psn, expected) > 0 && w.rerequested_from != w.read_next) {
         w.rerequested_from = w.read_next;
+        PathOf(*qp).OnCongestion();
+        ++counters_.rc_congestion_signals;
         RcSendReadRequestLocked(qp, w, w.read_next, out);
       }
       return;
@@ -488,7 +547,9 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
   RcCompleteInOrderLocked(qp);
   if (qp->state() == QpState::kErr) return;
   RcProgressLocked(qp, out);
-  // Still waiting for something: keep the timer running.
+  // Still waiting for the peer: keep the timer running. A requester with nothing in flight that waits for the path's
+  // window is waiting for its own turn, not for the peer, and must not spend retries on it.
+  if (PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0) return;
   for (const SendWqe& w : r.sq) {
     if (w.started && !w.acked) {
       if (r.retransmit_deadline_ns == 0 && r.rnr_deadline_ns == 0) RcArmRetransmitLocked(qp);
@@ -522,6 +583,7 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
   size_t i = 0;
   while (i < r.sq.size() && r.sq[i].started && r.sq[i].acked) ++i;
   if (i == r.sq.size() || !r.sq[i].started) return;  // nothing outstanding
+  if (PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0) return;  // nothing in flight: waiting for the path's window
   // Local ACK timeout (IBTA 9.7.6.1.3 / C9-140): spend a retry, then go back to the oldest unacknowledged WQE.
   if (r.retries_left == 0) {
     RcFailLocked(qp, i, WcStatus::kRetryExcErr);
@@ -529,6 +591,8 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
   }
   if (!(config_.retry_cnt_7_infinite && qp->attributes().retry_cnt == 7)) --r.retries_left;
   ++counters_.rc_retransmit_timeouts;
+  PathOf(*qp).OnTimeout();
+  ++counters_.rc_congestion_signals;
   r.cursor_wqe = i;
   // Resume at the first unacknowledged PSN within the WQE (a coalesced ACK may have covered its beginning).
   const int32_t into = PsnDiff(r.acked_psn_next, r.sq[i].first_psn);
@@ -794,7 +858,14 @@ void Device::ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch&
     RcResponderLocked(qp, p, out);
   } else {
     if (qp->state() != QpState::kRts && qp->state() != QpState::kSqd) return;  // responses only matter when sending
+    const uint32_t acked_before = qp->requester().acked_psn_next;
     RcCompleterLocked(qp, p, out);
+    // What was delivered opens the path's window; others waiting for it resume.
+    PathWindow& path = PathOf(*qp);
+    const int32_t delivered = PsnDiff(qp->requester().acked_psn_next, acked_before);
+    if (delivered > 0) path.OnDelivered(static_cast<uint32_t>(delivered));
+    RcChargeLocked(qp);
+    RcWakeWaitersLocked(path, out);
   }
 }
 

@@ -41,6 +41,11 @@ struct RcRequester {
   // Every PSN before this one is acknowledged (a coalesced ACK may cover part of a long message). Bounds the window
   // and is where go-back-N restarts.
   uint32_t acked_psn_next = 0;
+  // One past the highest PSN sent (for a READ, the highest response PSN asked for): what lies between acked_psn_next
+  // and it is in flight, and charged to the path's shared window (`charged` packets now).
+  uint32_t sent_psn_next = 0;
+  int64_t charged = 0;
+  bool waiting_for_path = false;  // queued on the path's waiting list
   uint64_t retransmit_deadline_ns = 0;  // local ACK timeout (0: not armed)
   uint64_t rnr_deadline_ns = 0;         // waiting out an RNR NAK (0: not waiting)
   int retries_left = 0;

@@ -1,51 +1,94 @@
-"""Counts test cases in Bazel's per-target JUnit XML (bazel-testlogs/<pkg>/<name>/test.xml).
+"""Counts the test cases of one `bazel test` invocation from its Build Event Protocol file.
 
-usage: junit_count.py RUN_NAME TESTLOGS_DIR //pkg:target...
-Prints one line per failing or missing case, then a last line "PASSED FAILED SKIPPED".
-A target without test.xml (it did not build, or crashed before writing it) counts as one failure.
+usage: junit_count.py RUN_NAME BEP_JSON_FILE //pkg:target...
+
+BEP_JSON_FILE is what `bazel test --build_event_json_file=FILE` wrote: it names, per target, the status Bazel gave it
+in this invocation (testSummary.overallStatus) and the test.xml each run/shard/attempt wrote (testResult). Only those
+files are read, so a test.xml left in bazel-testlogs by an earlier run never counts.
+
+Prints one line per failing case or target, then a last line "PASSED FAILED SKIPPED". A target fails as a whole when
+it has no result in this invocation (it did not build, or Bazel stopped first), when Bazel's status for it is anything
+but PASSED (FAILED, TIMEOUT, FLAKY, INCOMPLETE, ...) without a failing case saying why, or when its results are
+unreadable or hold no case.
 """
-import glob
-import os
+import json
 import sys
+import urllib.parse
 import xml.etree.ElementTree as ET
 
 
+def read_events(path):
+    """The testSummary status and the test.xml of the last attempt of each run/shard, per label."""
+    status = {}
+    attempts = {}  # label -> {(run, shard): (attempt, xml path or None)}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            event = json.loads(line)
+            ident = event.get("id", {})
+            if "testSummary" in ident:
+                status[ident["testSummary"]["label"]] = event.get("testSummary", {}).get("overallStatus", "NO_STATUS")
+            elif "testResult" in ident:
+                tid = ident["testResult"]
+                xml = None
+                for output in event.get("testResult", {}).get("testActionOutput", []):
+                    if output.get("name") == "test.xml":
+                        xml = urllib.parse.unquote(urllib.parse.urlparse(output.get("uri", "")).path) or None
+                key = (tid.get("run", 1), tid.get("shard", 1))
+                runs = attempts.setdefault(tid["label"], {})
+                attempt = tid.get("attempt", 1)
+                if key not in runs or runs[key][0] < attempt:
+                    runs[key] = (attempt, xml)
+    return status, attempts
+
+
 def main() -> int:
-    run, testlogs, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
+    run, bep, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
     passed = failed = skipped = 0
+    try:
+        status, attempts = read_events(bep)
+    except (OSError, ValueError) as e:
+        status, attempts = {}, {}
+        print(f"[{run}] cannot read Bazel's build events {bep}: {e.__class__.__name__}: {e}")
     for label in targets:
-        pkg, name = label[2:].split(":", 1)
-        # One test.xml per target, or one per shard (shard_K_of_N/) / run (run_K_of_N/).
-        base = os.path.join(testlogs, pkg, name)
-        xml_paths = [os.path.join(base, "test.xml")] if os.path.exists(os.path.join(base, "test.xml")) else sorted(
-            glob.glob(os.path.join(base, "shard_*_of_*", "test.xml")))
-        # Left-overs of an earlier --runs_per_test run sit beside the shard folders: count only the plain ones.
-        plain = [p for p in xml_paths if "_run_" not in p]
-        xml_paths = plain or xml_paths
+        if label not in status:
+            print(f"[{run}] FAILED {label}: no result in this run (did not build, or Bazel stopped before it)")
+            failed += 1
+            continue
+        xml_paths = [xml for _, (_, xml) in sorted(attempts.get(label, {}).items())]
         cases = []
         broken = None
         for xml_path in xml_paths:
             try:
+                if xml_path is None:
+                    raise OSError("no test.xml")
                 cases += list(ET.parse(xml_path).getroot().iter("testcase"))
             except (OSError, ET.ParseError) as e:
                 broken = f"{xml_path}: {e.__class__.__name__}"
         if not xml_paths or broken:
-            print(f"[{run}] FAILED {label}: no test results ({broken or 'no test.xml'})")
+            print(f"[{run}] FAILED {label}: {status[label]}, no readable test results ({broken or 'no test.xml'})")
             failed += 1
             continue
-        if not cases:
-            print(f"[{run}] FAILED {label}: ran no test case")
-            failed += 1
-            continue
+        target_failed = 0
         for case in cases:
             case_name = f"{label} {case.get('classname', '')}.{case.get('name', '')}"
             if case.find("failure") is not None or case.find("error") is not None:
                 print(f"[{run}] FAILED {case_name}")
-                failed += 1
+                target_failed += 1
             elif case.get("result") == "skipped" or case.find("skipped") is not None or case.get("status") == "notrun":
                 skipped += 1
             else:
                 passed += 1
+        if status[label] != "PASSED" and target_failed == 0:
+            # A timeout, a crash after the last case, or a flaky pass on a later attempt: the cases do not say it.
+            print(f"[{run}] FAILED {label}: Bazel says {status[label]}")
+            target_failed = 1
+        elif not cases:
+            print(f"[{run}] FAILED {label}: ran no test case")
+            target_failed = 1
+        failed += target_failed
     print(f"[{run}] {passed} passed, {failed} failed, {skipped} skipped")
     print(passed, failed, skipped)
     return 0

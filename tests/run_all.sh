@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # The whole suite, as `tools/uroce test` and CI run it:
 #   1. every Bazel test target (unit tests beside the code, integration tests in tests/);
-#   2. the wire, emu and verbs_api tests again under ASan+UBSan, and the threaded ones under TSan;
-#   3. the libFuzzer packet parser for a bounded time (UROCE_FUZZ_SECONDS, default 60).
-# Counts individual test cases from each target's JUnit XML and ends with the line "N passed, N failed".
+#   2. tests/tools_test.sh: this runner, `tools/uroce run` and `tools/uroce install` (they call Bazel themselves, so
+#      they cannot be Bazel tests);
+#   3. the wire, emu and verbs_api tests again under ASan+UBSan, and the threaded ones under TSan;
+#   4. the libFuzzer packet parser for a bounded time (UROCE_FUZZ_SECONDS, default 60).
+# Counts individual test cases from the JUnit XML each target wrote in this run (Bazel's build events name them, see
+# tests/junit_count.py) and ends with the line "N passed, N failed" (", N skipped" when some were). Exits non-zero
+# when any case or target failed, a target left no result, or any Bazel invocation failed.
+#
+# UROCE_TEST_TARGETS="//pkg:a //pkg:b" runs only those targets ("manual" ones included) with the extra Bazel flags
+# in UROCE_TEST_FLAGS, and no other stage: tests/tools_test.sh points it at deliberately failing fixtures that way.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -13,29 +20,81 @@ FUZZ_SECONDS="${UROCE_FUZZ_SECONDS:-60}"
 total_pass=0
 total_fail=0
 total_skip=0
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/uroce-run-all.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
 
-# run_bazel_tests NAME PATTERN [bazel flags...]: runs the tests, then adds their cases to the totals.
+# add_counts NAME "PASSED FAILED SKIPPED": adds a stage's counts to the totals.
+add_counts() {
+  local p f s
+  read -r p f s <<<"$2"
+  if ! [[ "$p" =~ ^[0-9]+$ && "$f" =~ ^[0-9]+$ && "${s:-0}" =~ ^[0-9]+$ ]]; then
+    echo "[$1] FAILED: no counts ('$2')" >&2
+    p=0 f=1 s=0
+  fi
+  total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + ${s:-0}))
+}
+
+# run_bazel_tests NAME PATTERN [bazel flags...]: runs the test targets of PATTERN (without the "manual" ones unless
+# INCLUDE_MANUAL=1), then adds the cases this invocation ran to the totals. A failed query or a failed `bazel test`
+# counts as a failure even when no case says so.
 run_bazel_tests() {
   local name="$1" pattern="$2"; shift 2
+  local query="tests($pattern) except attr(tags, 'manual', $pattern)"
+  [ "${INCLUDE_MANUAL:-0}" = 1 ] && query="tests($pattern)"
   local targets
-  targets=$(bazel query "tests($pattern) except attr(tags, 'manual', $pattern)" 2>/dev/null)
-  if [ -z "$targets" ]; then
-    echo "[$name] no test targets under $pattern" >&2
+  if ! targets=$(bazel query "$query" 2>"$WORK/query.err") || [ -z "$targets" ]; then
+    cat "$WORK/query.err" >&2
+    echo "[$name] FAILED: no test targets under $pattern" >&2
     total_fail=$((total_fail + 1))
     return
   fi
   echo "[$name] bazel test $pattern $*" >&2
+  local events="$WORK/$name.events.json" rc=0
+  rm -f "$events"
   # shellcheck disable=SC2086
-  bazel test "$@" --keep_going $targets >&2
-  local testlogs counts
-  testlogs=$(bazel info "$@" bazel-testlogs 2>/dev/null)
-  counts=$("$PY" "$ROOT/tests/junit_count.py" "$name" "$testlogs" $targets)
+  bazel test "$@" --keep_going --build_event_json_file="$events" $targets >&2 || rc=$?
+  local counts p f s
+  # shellcheck disable=SC2086
+  counts=$("$PY" "$ROOT/tests/junit_count.py" "$name" "$events" $targets)
   read -r p f s <<<"$(tail -n1 <<<"$counts")"
   sed '$d' <<<"$counts" >&2
-  total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + s))
+  if [ "$rc" -ne 0 ] && [ "${f:-0}" = 0 ]; then
+    echo "[$name] FAILED: bazel test exited with status $rc" >&2
+    f=1
+  fi
+  add_counts "$name" "$p $f $s"
 }
 
+# The closing line, "N passed, N failed" (", N skipped" when some were); the exit status says whether all passed.
+print_totals_and_exit() {
+  if [ "$total_skip" -gt 0 ]; then
+    echo "$total_pass passed, $total_fail failed, $total_skip skipped"
+  else
+    echo "$total_pass passed, $total_fail failed"
+  fi
+  [ "$total_fail" -eq 0 ]
+  exit
+}
+
+if [ -n "${UROCE_TEST_TARGETS:-}" ]; then
+  # shellcheck disable=SC2086
+  INCLUDE_MANUAL=1 run_bazel_tests selected "$(sed 's/  */ + /g' <<<"${UROCE_TEST_TARGETS}")" ${UROCE_TEST_FLAGS:-}
+  print_totals_and_exit
+fi
+
 run_bazel_tests unit+integration //...
+
+# Tests of this runner, `tools/uroce run` and `tools/uroce install`: progress on stderr, "N passed, N failed" on stdout.
+echo "[tools] tests/tools_test.sh" >&2
+tools_rc=0
+"$ROOT/tests/tools_test.sh" >"$WORK/tools.out" || tools_rc=$?
+tools_counts=$(sed -nE 's/^([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$/\1 \2 \4/p' "$WORK/tools.out" | tail -n1)
+if [ "$tools_rc" -ne 0 ] && [ "$(cut -d' ' -f2 <<<"$tools_counts")" = 0 ]; then
+  echo "[tools] FAILED: tests/tools_test.sh exited with status $tools_rc" >&2
+  tools_counts="0 1 0"
+fi
+add_counts tools "$tools_counts"
+
 if [ "${UROCE_SKIP_SANITIZERS:-0}" != 1 ]; then
   # The engine's own tests (no Debian client processes) under ASan+UBSan and under TSan.
   run_bazel_tests asan "//wire/... + //emu/... + //verbs_api/..." --config=asan
@@ -45,7 +104,7 @@ fi
 # Fuzzing: a bounded libFuzzer run of the packet parser; a crash or sanitizer report fails it. The clang build lives in
 # its own output base: switching the C++ compiler in the main one would discard the gcc build (see .bazelrc).
 FUZZ_BAZEL=(bazel --output_base="${HOME}/.cache/uroce-fuzz-output")
-if bazel query //wire/fuzz:packet_fuzzer >/dev/null 2>&1; then
+{
   echo "[fuzz] packet_fuzzer for ${FUZZ_SECONDS}s" >&2
   if "${FUZZ_BAZEL[@]}" build --config=fuzz --symlink_prefix=/ //wire/fuzz:packet_fuzzer >&2; then
     fuzzer="$("${FUZZ_BAZEL[@]}" info --config=fuzz bazel-bin 2>/dev/null)/wire/fuzz/packet_fuzzer"
@@ -65,11 +124,6 @@ if bazel query //wire/fuzz:packet_fuzzer >/dev/null 2>&1; then
     echo "[fuzz] FAIL: packet_fuzzer did not build" >&2
     total_fail=$((total_fail + 1))
   fi
-fi
+}
 
-if [ "$total_skip" -gt 0 ]; then
-  echo "$total_pass passed, $total_fail failed, $total_skip skipped"
-else
-  echo "$total_pass passed, $total_fail failed"
-fi
-[ "$total_fail" -eq 0 ]
+print_totals_and_exit

@@ -236,5 +236,30 @@ TEST(Tshark, UroceDecodeReadsWhatTsharkWrites) {
   EXPECT_EQ(RunShell("tools/uroce_decode", err).status, 2);
 }
 
+// Wireshark's default format: the same capture rewritten by tshark as pcapng (Section Header, Interface Description
+// and Enhanced Packet Blocks) decodes with uroce_decode exactly as the pcap does, line for line.
+TEST(Tshark, UroceDecodeReadsTsharksPcapngAsItReadsThePcap) {
+  ASSERT_TRUE(HaveTshark()) << "tshark is not installed: run `tools/uroce setup` (Debian package tshark)";
+  for (wire::PcapLinkType link_type : {wire::PcapLinkType::kRaw, wire::PcapLinkType::kEthernet}) {
+    SCOPED_TRACE(wire::PcapLinkTypeName(static_cast<uint32_t>(link_type)));
+    const std::string original = TempPath("roundtrip.pcap");
+    const std::map<int, Sent> sent = WriteEveryOpcode(original, link_type);
+    const std::string pcapng = TempPath("roundtrip.pcapng");
+    const std::string err = TempPath("roundtrip.err");
+    const Command convert = RunShell("tshark -r " + original + " -F pcapng -w " + pcapng, err);
+    ASSERT_EQ(convert.status, 0) << ReadText(err);
+    ASSERT_EQ(ReadText(pcapng).substr(0, 4), std::string("\x0A\x0D\x0D\x0A", 4)) << "tshark did not write pcapng";
+
+    const Command from_pcap = RunShell("tools/uroce_decode " + original + " --json", err);
+    ASSERT_EQ(from_pcap.status, 0) << ReadText(err);
+    const std::string pcap_summary = ReadText(err);
+    const Command from_pcapng = RunShell("tools/uroce_decode " + pcapng + " --json", err);
+    ASSERT_EQ(from_pcapng.status, 0) << ReadText(err);
+    EXPECT_EQ(Split(from_pcapng.out, '\n').size(), sent.size());
+    EXPECT_EQ(from_pcapng.out, from_pcap.out);
+    EXPECT_EQ(ReadText(err), pcap_summary);
+  }
+}
+
 }  // namespace
 }  // namespace uroce

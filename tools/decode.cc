@@ -1,11 +1,11 @@
-// uroce_decode: prints every RoCEv2 packet of a pcap capture, one line each, with all transport headers decoded and
-// the ICRC checked. Reads captures written by uroce (CaptureTransport) and by tcpdump / dumpcap on a loopback or
-// RoCE interface (classic pcap; see wire/pcap.h for the link types).
+// uroce_decode: prints every RoCEv2 packet of a capture, one line each, with all transport headers decoded and the
+// ICRC checked. Reads captures written by uroce (CaptureTransport) and by tcpdump / dumpcap / Wireshark on a loopback
+// or RoCE interface, pcap or pcapng (see wire/pcap.h for the formats and link types).
 //
 //   uroce_decode FILE.pcap [--json]      FILE "-" reads standard input
 //
 // Exit status: 0 when the file was read (even if some packets were malformed), 1 when it could not be opened or is
-// not a pcap file, 2 on a usage error.
+// neither pcap nor pcapng, 2 on a usage error.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -16,7 +16,7 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: uroce_decode FILE.pcap [--json]\n"
+    "usage: uroce_decode FILE.pcap|FILE.pcapng [--json]\n"
     "  Prints one line per RoCEv2 packet (UDP port 4791): opcode, QPN, PSN, BTH flags, every extension header,\n"
     "  payload length and whether the ICRC verifies. --json prints one JSON object per line instead.\n"
     "  FILE may be - for standard input (e.g. tcpdump -i lo -w - udp port 4791 | uroce_decode -).\n"

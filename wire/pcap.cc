@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -13,12 +14,26 @@ namespace {
 // File header magic numbers as read in the writer's byte order (pcap-savefile(5)).
 constexpr uint32_t kMagicMicro = 0xA1B2C3D4;
 constexpr uint32_t kMagicNano = 0xA1B23C4D;
-constexpr uint32_t kMagicPcapng = 0x0A0D0D0A;  // Section Header Block type: same in both byte orders.
 constexpr size_t kFileHeaderSize = 24;
 constexpr size_t kRecordHeaderSize = 16;
 // No real link carries a frame this long; a larger incl_len means the file is corrupt, and refusing it keeps a
 // corrupt length from turning into a huge allocation.
 constexpr uint32_t kMaxRecordSize = 16u << 20;
+
+// pcapng (draft-ietf-opsawg-pcapng): block types, the Section Header Block's byte-order magic, option codes.
+constexpr uint32_t kBlockSectionHeader = 0x0A0D0D0A;  // A palindrome: the same in both byte orders.
+constexpr uint32_t kBlockInterface = 1;
+constexpr uint32_t kBlockSimplePacket = 3;
+constexpr uint32_t kBlockEnhancedPacket = 6;
+constexpr uint32_t kByteOrderMagic = 0x1A2B3C4D;
+constexpr uint16_t kOptEnd = 0;
+constexpr uint16_t kOptIfTsresol = 9;
+constexpr uint16_t kOptIfTsoffset = 14;
+constexpr uint16_t kPcapngMajor = 1;
+// Block type, total length ... total length again.
+constexpr size_t kBlockOverhead = 12;
+// A packet block holds one record plus its fixed fields and options; anything longer is corrupt.
+constexpr uint32_t kMaxBlockSize = kMaxRecordSize + (64u << 10);
 
 constexpr uint16_t kEtherTypeIpv4 = 0x0800;
 constexpr uint16_t kEtherTypeIpv6 = 0x86DD;
@@ -312,15 +327,12 @@ int PcapReader::Open(const std::string& path) {
     owns_file_ = true;
   }
   uint8_t header[kFileHeaderSize];
-  const size_t got = std::fread(header, 1, sizeof header, file_);
-  if (got >= 4) {
+  size_t got = std::fread(header, 1, 4, file_);
+  if (got == 4) {
     uint32_t magic;
     std::memcpy(&magic, header, 4);
-    if (magic == kMagicPcapng) {
-      return Fail(-EPROTONOSUPPORT,
-                  "pcapng is not supported; convert it with `editcap -F pcap IN OUT` or capture with "
-                  "`tcpdump -w` / `dumpcap -P`");
-    }
+    if (magic == kBlockSectionHeader) return OpenPcapng();
+    got += std::fread(header + 4, 1, sizeof header - 4, file_);
     if (magic == kMagicMicro || magic == kMagicNano) {
       swapped_ = false;
     } else if (magic == __builtin_bswap32(kMagicMicro) || magic == __builtin_bswap32(kMagicNano)) {
@@ -358,6 +370,7 @@ int PcapReader::Open(const std::string& path) {
 int PcapReader::Next(PcapRecord* record) {
   if (sticky_error_ != 0) return sticky_error_;
   if (file_ == nullptr) return Fail(-EBADF, "pcap file not open");
+  if (pcapng_) return NextPcapng(record);
   const uint64_t index = next_index_;
   uint8_t header[kRecordHeaderSize];
   const size_t got = std::fread(header, 1, sizeof header, file_);
@@ -388,8 +401,217 @@ int PcapReader::Next(PcapRecord* record) {
   record->raw = std::span<const uint8_t>(buffer_.data(), buffer_.size());
   record->original_length = original;
   record->truncated = included < original;
+  record->link_type = link_type_;
+  record->interface_id = 0;
   record->ip_packet = PcapExtractIpPacket(link_type_, record->raw, &record->not_ip, &record->malformed);
   return 1;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// PcapReader: pcapng
+
+namespace {
+
+// A timestamp of `ticks` units of if_tsresol, plus if_tsoffset seconds, in nanoseconds since the epoch (saturating:
+// a corrupt resolution or offset gives a wrong time, never undefined behaviour).
+uint64_t PcapngTimestampNs(uint64_t ticks, uint8_t tsresol, int64_t tsoffset) {
+  using Wide = __int128;
+  const unsigned exponent = tsresol & 0x7F;
+  Wide ns;
+  if (tsresol & 0x80) {
+    ns = (Wide{ticks} * 1'000'000'000) >> exponent;  // units of 2^-exponent s; ticks * 10^9 < 2^94
+  } else if (exponent <= 9) {
+    int64_t scale = 1;
+    for (unsigned i = exponent; i < 9; ++i) scale *= 10;
+    ns = Wide{ticks} * scale;
+  } else {
+    Wide divisor = 1;
+    for (unsigned i = 9; i < exponent && divisor <= Wide{ticks}; ++i) divisor *= 10;
+    ns = Wide{ticks} / divisor;
+  }
+  ns += Wide{tsoffset} * 1'000'000'000;
+  if (ns < 0) return 0;
+  return ns > Wide{UINT64_MAX} ? UINT64_MAX : static_cast<uint64_t>(ns);
+}
+
+}  // namespace
+
+uint16_t PcapReader::U16(const uint8_t* p) const {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return swapped_ ? __builtin_bswap16(v) : v;
+}
+
+int PcapReader::OpenPcapng() {
+  pcapng_ = true;
+  offset_ = 0;
+  uint32_t type = 0;
+  size_t body_size = 0;
+  // The first Section Header Block (ReadBlock knows Open has consumed its type).
+  const int rc = ReadBlock(&type, &body_size);
+  if (rc == 0) return Fail(-EBADMSG, "pcapng file cut short inside its Section Header Block");
+  return rc < 0 ? rc : 0;
+}
+
+int PcapReader::ReadBlock(uint32_t* type, size_t* body_size) {
+  const std::string where = "pcapng block at byte " + std::to_string(offset_);
+  uint8_t head[12];
+  // The first block's type was read by Open to recognise the format.
+  const bool type_known = offset_ == 0;
+  size_t got = type_known ? 4 : 0;
+  if (type_known) PutNative32(head, kBlockSectionHeader);
+  got += std::fread(head + got, 1, 8 - got, file_);
+  if (got == 0 && std::feof(file_)) return 0;
+  auto cut_short = [&](const char* inside) {
+    if (std::ferror(file_)) return Fail(-EIO, where + ": read error");
+    return Fail(-EBADMSG, where + ": file cut short inside " + inside);
+  };
+  if (got < 8) return cut_short("the block header");
+  std::memcpy(type, head, 4);
+  size_t header = 8;
+  if (*type == kBlockSectionHeader) {
+    // A new section: its byte-order magic says how to read its length and everything up to the next section.
+    if (std::fread(head + 8, 1, 4, file_) < 4) return cut_short("the Section Header Block");
+    header = 12;
+    uint32_t magic;
+    std::memcpy(&magic, head + 8, 4);
+    if (magic == kByteOrderMagic) {
+      swapped_ = false;
+    } else if (magic == __builtin_bswap32(kByteOrderMagic)) {
+      swapped_ = true;
+    } else {
+      char text[64];
+      std::snprintf(text, sizeof text, ": bad byte-order magic 0x%08x", magic);
+      return Fail(-EBADMSG, where + text);
+    }
+    interfaces_.clear();
+  } else {
+    *type = U32(head);
+  }
+  const uint32_t total = U32(head + 4);
+  const size_t minimum = *type == kBlockSectionHeader ? 28 : kBlockOverhead;
+  if (total < minimum || total % 4 != 0 || total > kMaxBlockSize) {
+    return Fail(-EBADMSG, where + ": block length " + std::to_string(total) +
+                              (total > kMaxBlockSize ? " is beyond any real block" : " is invalid") +
+                              "; the file is corrupt");
+  }
+  // The body, then the trailing copy of the length.
+  const size_t rest = total - header;
+  buffer_.resize(rest);
+  if (std::fread(buffer_.data(), 1, rest, file_) < rest) return cut_short("the block");
+  if (U32(buffer_.data() + rest - 4) != total) {
+    return Fail(-EBADMSG, where + ": trailing block length " + std::to_string(U32(buffer_.data() + rest - 4)) +
+                              " differs from " + std::to_string(total));
+  }
+  if (header == 12) buffer_.insert(buffer_.begin(), head + 8, head + 12);  // the byte-order magic is body
+  *body_size = total - kBlockOverhead;
+  offset_ += total;
+  if (*type == kBlockSectionHeader && ParseSectionHeader() < 0) return sticky_error_;
+  return 1;
+}
+
+int PcapReader::ParseSectionHeader() {
+  // byte-order magic(4) major(2) minor(2) section length(8) options
+  const uint16_t major = U16(buffer_.data() + 4);
+  const uint16_t minor = U16(buffer_.data() + 6);
+  if (major != kPcapngMajor) {
+    return Fail(-EPROTONOSUPPORT,
+                "unsupported pcapng version " + std::to_string(major) + "." + std::to_string(minor));
+  }
+  return 0;
+}
+
+int PcapReader::ParseInterface(size_t body_size) {
+  const std::string where = "pcapng Interface Description Block " + std::to_string(interfaces_.size());
+  if (body_size < 8) return Fail(-EBADMSG, where + ": too short (" + std::to_string(body_size) + " bytes)");
+  Interface interface;
+  interface.link_type = U16(buffer_.data());
+  interface.snaplen = U32(buffer_.data() + 4);
+  // Options: code(2) length(2) value padded to 4 bytes, until opt_endofopt or the end of the block.
+  size_t at = 8;
+  while (at + 4 <= body_size) {
+    const uint16_t code = U16(buffer_.data() + at);
+    const uint16_t length = U16(buffer_.data() + at + 2);
+    if (code == kOptEnd) break;
+    const size_t padded = (size_t{length} + 3) & ~size_t{3};
+    if (padded > body_size - at - 4) {
+      return Fail(-EBADMSG, where + ": option " + std::to_string(code) + " overruns the block");
+    }
+    const uint8_t* value = buffer_.data() + at + 4;
+    if (code == kOptIfTsresol && length == 1) interface.tsresol = value[0];
+    if (code == kOptIfTsoffset && length == 8) {
+      uint64_t v;
+      std::memcpy(&v, value, 8);
+      interface.tsoffset = static_cast<int64_t>(swapped_ ? __builtin_bswap64(v) : v);
+    }
+    at += 4 + padded;
+  }
+  if (interfaces_.empty()) SetCurrentInterface(interface);
+  interfaces_.push_back(interface);
+  return 0;
+}
+
+void PcapReader::SetCurrentInterface(const Interface& interface) {
+  link_type_ = interface.link_type;
+  snaplen_ = interface.snaplen;
+  nanosecond_ = interface.tsresol == 9;
+}
+
+int PcapReader::NextPcapng(PcapRecord* record) {
+  for (;;) {
+    uint32_t type = 0;
+    size_t body = 0;
+    const int rc = ReadBlock(&type, &body);
+    if (rc <= 0) return rc;
+    const uint64_t index = next_index_;
+    const std::string where = "record " + std::to_string(index);
+    uint32_t interface_id = 0, captured = 0, original = 0;
+    uint64_t ticks = 0;
+    size_t data_at = 0;
+    if (type == kBlockInterface) {
+      if (ParseInterface(body) < 0) return sticky_error_;
+      continue;
+    } else if (type == kBlockEnhancedPacket) {
+      // interface id(4) timestamp high(4) low(4) captured length(4) original length(4) data, padded; options
+      if (body < 20) return Fail(-EBADMSG, where + ": Enhanced Packet Block too short");
+      interface_id = U32(buffer_.data());
+      ticks = uint64_t{U32(buffer_.data() + 4)} << 32 | U32(buffer_.data() + 8);
+      captured = U32(buffer_.data() + 12);
+      original = U32(buffer_.data() + 16);
+      data_at = 20;
+    } else if (type == kBlockSimplePacket) {
+      // original length(4) data, padded. The captured length is the original cut to interface 0's snaplen; there is
+      // no timestamp.
+      if (body < 4) return Fail(-EBADMSG, where + ": Simple Packet Block too short");
+      original = U32(buffer_.data());
+      data_at = 4;
+      captured = original;
+      if (!interfaces_.empty() && interfaces_[0].snaplen != 0) captured = std::min(captured, interfaces_[0].snaplen);
+    } else {
+      continue;  // Name resolution, interface statistics, decryption secrets, custom and unknown blocks.
+    }
+    if (interface_id >= interfaces_.size()) {
+      return Fail(-EBADMSG, where + ": packet of interface " + std::to_string(interface_id) + ", but the section " +
+                                "describes " + std::to_string(interfaces_.size()));
+    }
+    if (captured > body - data_at) {
+      return Fail(-EBADMSG, where + ": captured length " + std::to_string(captured) + " overruns its block (" +
+                                std::to_string(body - data_at) + " bytes)");
+    }
+    const Interface& interface = interfaces_[interface_id];
+    SetCurrentInterface(interface);
+    ++next_index_;
+    record->index = index;
+    record->timestamp_ns =
+        type == kBlockSimplePacket ? 0 : PcapngTimestampNs(ticks, interface.tsresol, interface.tsoffset);
+    record->raw = std::span<const uint8_t>(buffer_.data() + data_at, captured);
+    record->original_length = original;
+    record->truncated = captured < original;
+    record->link_type = interface.link_type;
+    record->interface_id = interface_id;
+    record->ip_packet = PcapExtractIpPacket(interface.link_type, record->raw, &record->not_ip, &record->malformed);
+    return 1;
+  }
 }
 
 }  // namespace uroce::wire

@@ -1,12 +1,16 @@
-// Classic pcap files (the libpcap format, described in draft-ietf-opsawg-pcap and pcap-savefile(5)), so what uroce
-// sends and receives can be opened in Wireshark/tshark, and captures made by tcpdump on `lo` or on a real RoCE NIC can
-// be decoded by `uroce_decode`.
+// pcap files, so what uroce sends and receives can be opened in Wireshark/tshark, and captures made by tcpdump,
+// dumpcap or Wireshark on `lo` or on a real RoCE NIC can be decoded by `uroce_decode`.
 //
 // The writer produces nanosecond-resolution files (magic 0xA1B23C4D) holding IP packets, by default with
 // LINKTYPE_RAW (101: the record starts with the IPv4 or IPv6 header), optionally with LINKTYPE_ETHERNET (1) and a
 // synthetic Ethernet header. The reader accepts both byte orders and both timestamp resolutions, and strips the link
-// header of the link types a Linux capture of RoCEv2 traffic has (see PcapLinkType). pcapng is recognised and
-// rejected with a message saying how to convert it.
+// header of the link types a Linux capture of RoCEv2 traffic has (see PcapLinkType).
+//
+// The reader also reads pcapng (draft-ietf-opsawg-pcapng; Wireshark's and dumpcap's default format), told apart by
+// the first four bytes: Section Header Blocks in either byte order (a file may hold several sections, each with its
+// own byte order and interfaces), Interface Description Blocks (per-interface link type, snaplen, if_tsresol and
+// if_tsoffset), Enhanced and Simple Packet Blocks; every other block (name resolution, statistics, decryption
+// secrets, custom) is skipped.
 //
 // Error contract: functions that can fail return 0 (or a count) on success and -errno on failure.
 #pragma once
@@ -83,11 +87,13 @@ struct PcapRecord {
   // carrying another protocol (ARP, RoCEv1) or an unsupported link type.
   bool malformed = false;
   std::span<const uint8_t> raw;  // The whole captured record, link header included.
+  uint32_t link_type = 0;        // Of the file (pcap) or of the packet's interface (pcapng).
+  uint32_t interface_id = 0;     // pcapng: the packet's interface in its section; pcap: 0.
   uint32_t original_length = 0;  // Length on the wire (orig_len).
   bool truncated = false;        // The capture holds fewer bytes than were on the wire (snaplen).
 };
 
-// Reads a classic pcap file record by record.
+// Reads a classic pcap or a pcapng file packet by packet.
 class PcapReader {
  public:
   PcapReader() = default;
@@ -95,26 +101,48 @@ class PcapReader {
   PcapReader(const PcapReader&) = delete;
   PcapReader& operator=(const PcapReader&) = delete;
 
-  // Opens `path` ("-" reads standard input) and reads the file header. 0 or -errno: -ENOENT etc. from open(2),
-  // -EPROTONOSUPPORT for pcapng or an unknown magic number or version, -EBADMSG for a file too short to hold a
-  // header. error() says why in words.
+  // Opens `path` ("-" reads standard input) and reads the file header (pcapng: the first Section Header Block).
+  // 0 or -errno: -ENOENT etc. from open(2), -EPROTONOSUPPORT for an unknown magic number or version, -EBADMSG for a
+  // file too short to hold a header or a malformed Section Header Block. error() says why in words.
   int Open(const std::string& path);
 
   // Reads the next record. Returns 1 with `*record` filled, 0 at the end of the file, or -EBADMSG when the file is
   // malformed (cut short inside a record, a record length beyond any sane size) or -errno from read(2); error() says
   // why. After an error, further calls return the same error. A record with an unsupported link type or a non-IP
-  // payload is not an error: it comes back with `not_ip` set.
+  // payload is not an error: it comes back with `not_ip` set. pcapng: a block cut short, a block length that is
+  // not a multiple of 4 or disagrees with its trailing copy, an option or packet overrunning its block, or a packet
+  // of an interface the section did not describe is -EBADMSG.
   int Next(PcapRecord* record);
 
-  uint32_t link_type() const { return link_type_; }  // Low 16 bits of the header's link-type field.
+  bool pcapng() const { return pcapng_; }
+  // pcap: the file header's fields (link type: its low 16 bits). pcapng: those of the interface of the last packet
+  // read (before the first packet: of the first interface, or 0), byte order of the current section.
+  uint32_t link_type() const { return link_type_; }
   bool nanosecond() const { return nanosecond_; }
   bool byte_swapped() const { return swapped_; }
   uint32_t snaplen() const { return snaplen_; }
   const std::string& error() const { return error_; }
 
  private:
+  // A pcapng Interface Description Block.
+  struct Interface {
+    uint32_t link_type = 0;
+    uint32_t snaplen = 0;   // 0: no limit.
+    uint8_t tsresol = 6;    // if_tsresol: units of 10^-n s, or of 2^-n s when the top bit is set; default microseconds.
+    int64_t tsoffset = 0;   // if_tsoffset: seconds added to every timestamp.
+  };
+
   int Fail(int err, std::string message);
+  uint16_t U16(const uint8_t* p) const;
   uint32_t U32(const uint8_t* p) const;
+  int OpenPcapng();
+  // Reads the next pcapng block into buffer_ (its body: after type and length, before the trailing length). 1 with
+  // `*type` set, 0 at the end of the file, or the error.
+  int ReadBlock(uint32_t* type, size_t* body_size);
+  int ParseSectionHeader();
+  int ParseInterface(size_t body_size);
+  int NextPcapng(PcapRecord* record);
+  void SetCurrentInterface(const Interface& interface);
 
   std::FILE* file_ = nullptr;
   bool owns_file_ = false;
@@ -123,6 +151,9 @@ class PcapReader {
   uint32_t link_type_ = 0;
   uint32_t snaplen_ = 0;
   uint64_t next_index_ = 1;
+  bool pcapng_ = false;
+  uint64_t offset_ = 0;  // pcapng: bytes of the file consumed, for messages naming a block.
+  std::vector<Interface> interfaces_;
   int sticky_error_ = 0;
   std::string error_;
   std::vector<uint8_t> buffer_;

@@ -1,0 +1,62 @@
+// Congestion control for everything a device sends towards one peer address (RoCEv2 leaves the algorithm to the
+// implementation; DCQCN reacts to CNPs by cutting the rate). All RC/XRC requesters of a device that talk to one peer
+// share a window of packets in flight -- sent, and neither acknowledged nor answered -- that grows while packets are
+// delivered and is cut when the path shows congestion: a lost packet (sequence NAK, a gap in READ responses), a
+// local ACK timeout, or a CNP from the peer. On a loopback path the peer's socket receive buffer is the bottleneck:
+// without a shared window, N QPs each filling their own 512-packet window overrun it and go-back-N turns the loss
+// into a retransmission storm.
+//
+// Pure arithmetic, no clock and no locks: the Device calls it under its lock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string_view>
+
+namespace uroce::emu {
+
+class PathWindow {
+ public:
+  // Packets. The initial window is what a default 212992-byte socket buffer holds of 4 KiB datagrams with room to
+  // spare; the maximum keeps one path under 2 MiB at the 4 KiB MTU, well within the 8 MiB socket buffers uroce asks for.
+  static constexpr double kInitial = 32;
+  static constexpr double kMin = 2;
+  static constexpr double kMax = 512;
+
+  enum class Phase : uint8_t { kSlowStart, kCongestionAvoidance };
+
+  // Whether a requester may put one more new packet in flight.
+  bool MaySend() const { return in_flight_ < window_; }
+  // A requester's packets in flight changed by `delta` (new packets sent: > 0; acknowledged, answered or abandoned:
+  // < 0).
+  void Charge(int64_t delta);
+  // `n` packets were delivered (acknowledged or answered): the window grows, by n in slow start, by n / window after.
+  void OnDelivered(uint32_t n);
+  // A loss or a CNP: the window halves, once per window of deliveries (the rest of one loss episode is not a new
+  // signal), and growth continues additively.
+  void OnCongestion();
+  // A local ACK timeout: nothing is getting through; the window restarts from the minimum.
+  void OnTimeout();
+
+  double window() const { return window_; }
+  int64_t in_flight() const { return in_flight_; }
+  Phase phase() const { return window_ < threshold_ ? Phase::kSlowStart : Phase::kCongestionAvoidance; }
+  uint64_t decreases() const { return decreases_; }
+
+  // QPNs of requesters that stopped because the window was full, woken in order as it opens (each at most once).
+  std::deque<uint32_t>& waiting() { return waiting_; }
+  const std::deque<uint32_t>& waiting() const { return waiting_; }
+
+ private:
+  double window_ = kInitial;
+  double threshold_ = kMax;
+  int64_t in_flight_ = 0;
+  uint64_t delivered_ = 0;
+  uint64_t recovery_until_ = 0;  // deliveries before a new congestion signal counts again
+  uint64_t decreases_ = 0;
+  std::deque<uint32_t> waiting_;
+};
+
+std::string_view ToString(PathWindow::Phase phase);
+
+}  // namespace uroce::emu

@@ -1,0 +1,151 @@
+// The window shared by every RC requester of a device towards one peer (emu/congestion.h): its arithmetic, and on
+// the simulated network that many QPs never put more in flight than it allows, give every packet back to it, and
+// finish under loss.
+#include "emu/congestion.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "emu/test_fabric.h"
+#include "wire/fault_model.h"
+
+namespace uroce::emu {
+namespace {
+
+using testing::Buffer;
+using testing::Drain;
+
+TEST(PathWindow, SlowStartDoublesPerWindowThenLossHalvesOncePerEpisode) {
+  PathWindow w;
+  EXPECT_EQ(w.window(), PathWindow::kInitial);
+  EXPECT_EQ(w.phase(), PathWindow::Phase::kSlowStart);
+  w.Charge(32);
+  EXPECT_FALSE(w.MaySend());
+  w.OnDelivered(32);
+  w.Charge(-32);
+  EXPECT_EQ(w.window(), 64);  // one more packet per packet delivered
+  EXPECT_TRUE(w.MaySend());
+  w.Charge(64);
+  w.OnCongestion();
+  EXPECT_EQ(w.window(), 32);
+  EXPECT_EQ(w.phase(), PathWindow::Phase::kCongestionAvoidance);
+  w.OnCongestion();  // the same episode: what was in flight at the first signal has not been delivered yet
+  EXPECT_EQ(w.window(), 32);
+  EXPECT_EQ(w.decreases(), 1u);
+  w.OnDelivered(64);
+  w.Charge(-64);
+  EXPECT_DOUBLE_EQ(w.window(), 32 + 64.0 / 32);  // additive: one packet per window delivered
+  w.OnCongestion();
+  EXPECT_EQ(w.decreases(), 2u);
+  w.OnTimeout();
+  EXPECT_EQ(w.window(), PathWindow::kMin);
+  for (int i = 0; i < 100000; ++i) w.OnDelivered(100);
+  EXPECT_EQ(w.window(), PathWindow::kMax);
+  w.Charge(-1'000'000);
+  EXPECT_EQ(w.in_flight(), 0);  // never negative
+  EXPECT_EQ(ToString(PathWindow::Phase::kCongestionAvoidance), "congestion-avoidance");
+}
+
+// 64 RC QPs from one device to another, each writing 8 messages of 64 KiB (64 packets each at MTU 1024) at once:
+// 32768 packets offered, never more than the shared window in flight, everything delivered, and the path's count
+// back to zero at the end.
+struct ManyQps {
+  static constexpr int kQps = 64;
+  static constexpr int kMessages = 8;
+  static constexpr uint32_t kLen = 65536;
+  testing::Fabric fabric;
+  testing::Node *a, *b;
+  ProtectionDomain *pa, *pb;
+  CompletionQueue *sa, *rb;
+  std::vector<QueuePair*> qa, qb;
+  Buffer src, dst;
+
+  explicit ManyQps(const wire::FaultConfig& faults = {}) {
+    a = &fabric.AddNode(Mtu::k1024);
+    b = &fabric.AddNode(Mtu::k1024);
+    if (faults.any()) fabric.network().SetDefaultFaults(faults);
+    pa = a->device->AllocPd();
+    pb = b->device->AllocPd();
+    EXPECT_EQ(a->device->CreateCq(4096, &sa), 0);
+    EXPECT_EQ(b->device->CreateCq(4096, &rb), 0);
+    testing::RcAttributes rc;
+    rc.access = access::kRemoteWrite;
+    for (int i = 0; i < kQps; ++i) {
+      qa.push_back(testing::CreateConnectedQp(*a->device, QpType::kRc, pa, sa, nullptr, 0));
+      qb.push_back(testing::CreateConnectedQp(*b->device, QpType::kRc, pb, rb, nullptr, 0));
+    }
+    for (int i = 0; i < kQps; ++i) {
+      testing::ConnectRc(*a->device, qa[i], *b->device, qb[i]->qpn(), rc);
+      testing::ConnectRc(*b->device, qb[i], *a->device, qa[i]->qpn(), rc);
+    }
+    src = testing::Register(*a->device, pa, kLen, access::kLocalWrite);
+    dst = testing::Register(*b->device, pb, size_t{kLen} * kQps, access::kLocalWrite | access::kRemoteWrite);
+    for (size_t i = 0; i < src.bytes.size(); ++i) src.bytes[i] = uint8_t(i * 7 + 1);
+  }
+
+  void PostAll() {
+    for (int m = 0; m < kMessages; ++m) {
+      for (int i = 0; i < kQps; ++i) {
+        SendWr wr;
+        wr.wr_id = uint64_t(i) * 100 + m;
+        wr.opcode = SendOpcode::kRdmaWrite;
+        wr.flags = send_flags::kSignaled;
+        wr.sg_list = {src.At(0, kLen)};
+        wr.remote_addr = dst.mr.iova + uint64_t(i) * kLen;
+        wr.rkey = dst.mr.rkey;
+        ASSERT_EQ(a->device->PostSend(qa[i], std::move(wr)), 0);
+      }
+    }
+  }
+
+  void ExpectAllDelivered() {
+    const auto done = Drain(sa);
+    ASSERT_EQ(done.size(), size_t{kQps} * kMessages);
+    for (const Completion& c : done) EXPECT_EQ(c.status, WcStatus::kSuccess) << ToString(c.status);
+    for (int i = 0; i < kQps; ++i)
+      EXPECT_TRUE(std::equal(src.bytes.begin(), src.bytes.end(), dst.bytes.begin() + size_t{kLen} * i)) << i;
+    const auto w = a->device->path_window(b->device->config().address);
+    ASSERT_TRUE(w.has_value());
+    EXPECT_EQ(w->in_flight(), 0);
+    EXPECT_TRUE(w->waiting().empty());
+  }
+};
+
+TEST(PathWindowOnTheWire, ManyQpsShareOneWindowAndDeliverEverything) {
+  ManyQps t;
+  t.PostAll();
+  int64_t most = 0;
+  while (t.fabric.Step()) {
+    const auto w = t.a->device->path_window(t.b->device->config().address);
+    ASSERT_TRUE(w.has_value());
+    ASSERT_LE(w->in_flight(), int64_t(w->window()) + 1) << "window " << w->window();
+    most = std::max(most, w->in_flight());
+  }
+  t.ExpectAllDelivered();
+  EXPECT_GT(most, int64_t(PathWindow::kInitial));  // it grew while nothing was lost
+  EXPECT_GT(t.a->device->counters().rc_path_waits, 0u);
+  EXPECT_EQ(t.a->device->counters().rc_congestion_signals, 0u);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
+}
+
+TEST(PathWindowOnTheWire, LossCutsTheWindowAndEveryQpStillFinishes) {
+  wire::FaultConfig faults;
+  faults.loss = 0.01;
+  faults.seed = 5;
+  ManyQps t(faults);
+  t.PostAll();
+  t.fabric.Pump(10'000'000);
+  t.ExpectAllDelivered();
+  EXPECT_GT(t.a->device->counters().rc_congestion_signals, 0u);
+  const auto w = t.a->device->path_window(t.b->device->config().address);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_GT(w->decreases(), 0u);
+  // Retransmissions stay a small multiple of what was lost: no storm.
+  const uint64_t needed = uint64_t{ManyQps::kQps} * ManyQps::kMessages * 64;
+  EXPECT_LT(t.a->device->counters().tx_packets, needed * 3 / 2) << FormatCounters(t.a->device->counters());
+}
+
+}  // namespace
+}  // namespace uroce::emu

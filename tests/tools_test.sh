@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Tests of the commands that call Bazel themselves, so cannot be Bazel tests: the suite runner tests/run_all.sh,
+# `tools/uroce run` and `tools/uroce install`. tests/run_all.sh runs this file as its "tools" stage.
+#
+#   tests/tools_test.sh [CASE...]     default: every case; progress on stderr, on stdout the closing line
+#                                     "N passed, N failed"; exit status non-zero when a case failed.
+#
+# The runner cases point tests/run_all.sh (UROCE_TEST_TARGETS, which runs those targets only and no other stage) at
+# the deliberately failing "manual" targets in tests/runner_fixtures, which the suite's //... never runs.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=tools/uroce.bash
+source "$ROOT/tools/uroce.bash"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/uroce-tools-test.XXXXXX")
+SERVER_PID=""
+cleanup() {
+  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+FIXTURES=//tests/runner_fixtures
+case_ok=1
+fail() { echo "    FAIL: $*" >&2; case_ok=0; }
+expect_status() {  # expect_status WANT GOT WHAT; WANT "nonzero" accepts any failure
+  if [ "$1" = nonzero ]; then [ "$2" -ne 0 ] || fail "$3: exit status 0, want non-zero"
+  else [ "$2" -eq "$1" ] || fail "$3: exit status $2, want $1"; fi
+}
+expect_grep() {  # expect_grep PATTERN FILE WHAT
+  grep -qE -- "$1" "$2" || { fail "$3: no line matches '$1' in:"; sed 's/^/      | /' "$2" >&2; }
+}
+
+# run_runner TARGETS [BAZEL FLAGS]: tests/run_all.sh on TARGETS only; sets RC, $WORK/runner.out (the closing line) and
+# $WORK/runner.err (its log).
+run_runner() {
+  RC=0
+  UROCE_TEST_TARGETS="$1" UROCE_TEST_FLAGS="${2:-}" "$ROOT/tests/run_all.sh" >"$WORK/runner.out" 2>"$WORK/runner.err" ||
+    RC=$?
+}
+closing_line() { tail -n1 "$WORK/runner.out"; }
+
+test_runner_counts_a_passing_target() {
+  run_runner "$FIXTURES:passes_test"
+  expect_status 0 "$RC" "runner on a passing target"
+  [ "$(closing_line)" = "1 passed, 0 failed" ] || fail "closing line '$(closing_line)', want '1 passed, 0 failed'"
+}
+
+test_runner_fails_when_a_target_fails() {
+  run_runner "$FIXTURES:passes_test $FIXTURES:fails_test"
+  expect_status nonzero "$RC" "runner on a failing target"
+  [ "$(closing_line)" = "1 passed, 1 failed" ] || fail "closing line '$(closing_line)', want '1 passed, 1 failed'"
+  expect_grep "FAILED $FIXTURES:fails_test" "$WORK/runner.err" "the failing target is named"
+}
+
+test_runner_fails_when_a_target_times_out() {
+  run_runner "$FIXTURES:hangs_test" "--test_timeout=2"
+  expect_status nonzero "$RC" "runner on a target that times out"
+  [ "$(closing_line)" = "0 passed, 1 failed" ] || fail "closing line '$(closing_line)', want '0 passed, 1 failed'"
+  expect_grep "FAILED $FIXTURES:hangs_test" "$WORK/runner.err" "the timed-out target is named"
+}
+
+# A target that passed once and then no longer builds leaves the first run's test.xml in bazel-testlogs: the runner
+# must count the second run as a failure with no result, not as the old pass.
+test_runner_ignores_a_stale_result() {
+  run_runner "$FIXTURES:breakable_test"
+  expect_status 0 "$RC" "first run (builds and passes)"
+  local xml
+  xml="$(cd "$ROOT" && bazel info bazel-testlogs 2>/dev/null)/tests/runner_fixtures/breakable_test/test.xml"
+  [ -f "$xml" ] || fail "the first run left no $xml"
+  run_runner "$FIXTURES:breakable_test" "--define=uroce_runner_fixture_break=1"
+  expect_status nonzero "$RC" "second run (does not build)"
+  [ "$(closing_line)" = "0 passed, 1 failed" ] || fail "closing line '$(closing_line)', want '0 passed, 1 failed'"
+  expect_grep "FAILED $FIXTURES:breakable_test: no result in this run" "$WORK/runner.err" "no result"
+  [ -f "$xml" ] || fail "the stale $xml is gone: the case proved nothing"
+}
+
+test_runner_fails_on_an_unknown_target() {
+  run_runner "$FIXTURES:no_such_test"
+  expect_status nonzero "$RC" "runner on a target that does not exist"
+  [ "$(closing_line)" = "0 passed, 1 failed" ] || fail "closing line '$(closing_line)', want '0 passed, 1 failed'"
+}
+
+# `uroce run` runs the program in the caller's directory, with the options applied, and returns its exit status.
+test_run_keeps_directory_and_exit_status() {
+  local dir="$WORK/caller dir" rc=0
+  mkdir -p "$dir"
+  printf '#!/bin/sh\npwd -P\nibv_devinfo\nexit 7\n' >"$dir/probe.sh"
+  chmod +x "$dir/probe.sh"
+  (cd "$dir" && "$ROOT/tools/uroce" run --mtu 1024 -- ./probe.sh) >"$WORK/run.out" 2>&1 || rc=$?
+  expect_status 7 "$rc" "uroce run -- ./probe.sh (exit 7)"
+  [ "$(head -n1 "$WORK/run.out")" = "$(cd "$dir" && pwd -P)" ] ||
+    fail "ran in '$(head -n1 "$WORK/run.out")', want '$dir'"
+  expect_grep "hca_id:[[:space:]]+uroce0" "$WORK/run.out" "ibv_devinfo lists uroce0"
+  expect_grep "active_mtu:[[:space:]]+1024" "$WORK/run.out" "--mtu 1024 applied"
+  rc=0
+  "$ROOT/tools/uroce" run --bogus -- true 2>"$WORK/run.err" || rc=$?
+  expect_status 2 "$rc" "uroce run --bogus"
+  rc=0
+  "$ROOT/tools/uroce" run --mtu 2>"$WORK/run.err" || rc=$?
+  expect_status 2 "$rc" "uroce run --mtu (no value)"
+}
+
+test_install_refuses_the_system_library_path() {
+  local prefix rc
+  for prefix in / /usr /usr/local; do
+    rc=0
+    "$ROOT/tools/uroce" install --prefix "$prefix" 2>"$WORK/install.err" || rc=$?
+    expect_status 1 "$rc" "uroce install --prefix $prefix"
+    expect_grep "refusing --prefix" "$WORK/install.err" "--prefix $prefix is refused"
+  done
+}
+
+# An install moved away from where it was made runs ibv_devinfo and an RC pingpong pair (data checked with -c) in
+# a clean environment, and decodes the pair's capture.
+test_install_works_away_from_the_checkout() {
+  local rc=0
+  "$ROOT/tools/uroce" install --prefix "$WORK/made" >"$WORK/install.log" 2>&1 || rc=$?
+  expect_status 0 "$rc" "uroce install --prefix $WORK/made"
+  [ "$rc" -eq 0 ] || { sed 's/^/      | /' "$WORK/install.log" >&2; return; }
+  [ -x "$WORK/made/lib/uroce/libibverbs.so.1" ] || fail "no lib/uroce/libibverbs.so.1"
+  mv "$WORK/made" "$WORK/moved"
+  local prefix="$WORK/moved"
+  local -a clean_env=(env -i "PATH=/usr/bin:/bin" "HOME=$WORK")
+  rc=0
+  (cd / && "${clean_env[@]}" "$prefix/bin/uroce" run --mtu 2048 -- ibv_devinfo) >"$WORK/devinfo.out" 2>&1 || rc=$?
+  expect_status 0 "$rc" "installed uroce run -- ibv_devinfo"
+  expect_grep "hca_id:[[:space:]]+uroce0" "$WORK/devinfo.out" "installed ibv_devinfo lists uroce0"
+  expect_grep "active_mtu:[[:space:]]+2048" "$WORK/devinfo.out" "installed --mtu 2048 applied"
+
+  local port
+  port=$(free_tcp_port)
+  local -a pingpong=(ibv_rc_pingpong -g 0 -c -n 50 -s 4096 -p "$port")
+  (cd "$WORK" && exec "${clean_env[@]}" timeout 60 "$prefix/bin/uroce" run -- "${pingpong[@]}") \
+    >"$WORK/server.out" 2>&1 &
+  SERVER_PID=$!
+  if ! wait_listening "$port" "$SERVER_PID"; then
+    fail "pingpong server did not listen"; sed 's/^/      | /' "$WORK/server.out" >&2; return
+  fi
+  rc=0
+  (cd "$WORK" && "${clean_env[@]}" timeout 60 "$prefix/bin/uroce" run --pcap "$WORK/client.pcap" -- \
+    "${pingpong[@]}" 127.0.0.1) >"$WORK/client.out" 2>&1 || rc=$?
+  expect_status 0 "$rc" "installed pingpong client"
+  local server_rc=0
+  wait "$SERVER_PID" || server_rc=$?
+  SERVER_PID=""
+  expect_status 0 "$server_rc" "installed pingpong server"
+  expect_grep "50 iters" "$WORK/client.out" "client completed 50 iterations"
+  expect_grep "50 iters" "$WORK/server.out" "server completed 50 iterations"
+  rc=0
+  "${clean_env[@]}" "$prefix/bin/uroce" decode "$WORK/client.pcap" >"$WORK/decode.out" 2>&1 || rc=$?
+  expect_status 0 "$rc" "installed uroce decode"
+  expect_grep "RC_SEND.*icrc=ok" "$WORK/decode.out" "the capture decodes as RC sends with good ICRCs"
+}
+
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || mapfile -t cases < <(declare -F | sed -n 's/^declare -f test_/test_/p')
+passed=0 failed=0
+for name in "${cases[@]}"; do
+  case_ok=1
+  echo "[tools] $name" >&2
+  if declare -F "$name" >/dev/null; then "$name"; else fail "no such case"; fi
+  if [ "$case_ok" = 1 ]; then passed=$((passed + 1)); echo "    ok" >&2; else failed=$((failed + 1)); fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,76 @@
+# Shell functions shared by the checkout's tools/uroce, the launcher `tools/uroce install` puts in PREFIX/bin/uroce
+# (tools/uroce_launcher, which finds this file in PREFIX/share/uroce), and tests/tools_test.sh. Sourced, not run.
+
+# The options of `uroce run`, for the usage texts of both commands.
+uroce_run_options_help() {
+  cat <<'HELP'
+      --addr IP         pin the device's address (default: first free of 127.0.0.1 ... 127.0.255.254)
+      --mtu N           active MTU: 256, 512, 1024, 2048, 4096 (default 4096)
+      --pcap FILE       record every packet sent and received
+      --stats           print the device's counters (drops by reason, retransmissions, faults) at exit
+      --transport T     uring or socket (default: io_uring, plain sockets where io_uring is refused)
+      --loss P --dup P --reorder P --corrupt P --delay-us N --seed S
+                        deterministic fault injection on this process's packets
+HELP
+}
+
+# uroce_parse_run_options [OPTIONS] -- COMMAND [ARGS...]: sets RUN_ENV (NAME=VALUE settings for the library, see
+# README's options table) and RUN_COMMAND. Exits 2 with a message on a usage error, 0 after printing help for -h.
+uroce_parse_run_options() {
+  RUN_ENV=()
+  RUN_COMMAND=()
+  local -a faults=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --) shift; break ;;
+      --stats) RUN_ENV+=("UROCE_STATS=1"); shift; continue ;;
+      -h|--help)
+        echo "usage: uroce run [options] -- COMMAND [ARGS...]"
+        uroce_run_options_help
+        exit 0 ;;
+      --addr|--mtu|--pcap|--transport|--loss|--dup|--reorder|--corrupt|--delay-us|--seed)
+        [ $# -ge 2 ] || { echo "uroce run: $1 needs a value" >&2; exit 2; } ;;
+      *) echo "uroce run: unknown option $1 (options go before --)" >&2; exit 2 ;;
+    esac
+    case "$1" in
+      --addr) RUN_ENV+=("UROCE_ADDR=$2") ;;
+      --mtu) RUN_ENV+=("UROCE_MTU=$2") ;;
+      --pcap) RUN_ENV+=("UROCE_PCAP=$2") ;;
+      --transport) RUN_ENV+=("UROCE_TRANSPORT=$2") ;;
+      --loss) faults+=("loss=$2") ;;
+      --dup) faults+=("dup=$2") ;;
+      --reorder) faults+=("reorder=$2") ;;
+      --corrupt) faults+=("corrupt=$2") ;;
+      --delay-us) faults+=("delay_us=$2") ;;
+      --seed) faults+=("seed=$2") ;;
+    esac
+    shift 2
+  done
+  [ $# -ge 1 ] || { echo "usage: uroce run [options] -- COMMAND [ARGS...]" >&2; exit 2; }
+  if [ "${#faults[@]}" -gt 0 ]; then
+    local IFS=,
+    RUN_ENV+=("UROCE_FAULTS=${faults[*]}")
+  fi
+  RUN_COMMAND=("$@")
+}
+
+# uroce_exec_run LIB_DIR: replaces the shell with RUN_COMMAND, LIB_DIR first on the library path and RUN_ENV set, in
+# the caller's working directory; its exit status is the program's.
+uroce_exec_run() {
+  exec env "LD_LIBRARY_PATH=$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${RUN_ENV[@]}" "${RUN_COMMAND[@]}"
+}
+
+free_tcp_port() {
+  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+wait_listening() {  # wait_listening PORT PID: until a socket listens on PORT (no probe connection: the
+  local hex            # pingpong servers accept exactly one), or the process is gone
+  hex=$(printf ':%04X ' "$1")
+  for _ in $(seq 1 200); do
+    grep -q "$hex.* 0A " /proc/net/tcp 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
