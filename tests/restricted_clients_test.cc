@@ -91,7 +91,7 @@ TEST_F(RestrictedClientsTest, RcPingpongFallsBackToSocketsWhereIoUringIsRefused)
 }
 
 // A device that cannot start: each cause makes ibv_open_device fail with one line from the library; the client says
-// it could not open the device and exits 1 (rdma-core's examples), on the server side and the client side alike.
+// it could not open the device and exits 1 (rdma-core's examples on the server and the client side, perftest).
 struct StartFailure {
   std::string name;
   std::string key, value;  // environment
@@ -140,13 +140,18 @@ TEST_P(StartFailureTest, ClientsExitWithAnErrorAndOneLineSayingWhy) {
   server.insert(server.end(), {prog, "-g", "0", "-p", std::to_string(port)});
   std::vector<std::string> client = server;
   client.push_back("127.0.0.1");
-  for (const auto& argv : {server, client}) {
-    // Both open the device before any handshake, so each runs alone.
+  const std::string perftest = Program("ib_write_bw");
+  if (perftest.empty()) return;
+  std::vector<std::string> perftest_server = prefix;
+  perftest_server.insert(perftest_server.end(), {perftest, "-d", "uroce0", "-x", "0", "-p", std::to_string(port)});
+  for (const auto& argv : {server, client, perftest_server}) {
+    // Each opens the device before any handshake, so each runs alone.
     const ProcessResult r = RunProcess(argv, EnvWith(c.key, c.value), kToolTimeout);
     EXPECT_TRUE(r.started && !r.timed_out) << r.Describe();
     EXPECT_EQ(r.term_signal, 0) << r.Describe();  // never a crash
     EXPECT_EQ(r.exit_code, 1) << r.Describe();
-    EXPECT_TRUE(HasLine(r.output, R"(Couldn't get context for uroce0\s*)")) << r.Describe();
+    // rdma-core's examples, perftest.
+    EXPECT_TRUE(HasLine(r.output, R"(\s*Couldn't get context for (uroce0|the device)\s*)")) << r.Describe();
     const std::vector<std::string> lines = UroceLines(r.output);
     ASSERT_EQ(lines.size(), 1u) << r.Describe();
     EXPECT_TRUE(std::regex_match(lines[0], std::regex(c.line))) << lines[0];
