@@ -50,4 +50,19 @@ inline std::vector<Received> ReceiveN(Transport& t, size_t count) {
   return got;
 }
 
+// Sends `payload` from `from` to `to` (asking for UDP source port `src_port`) and expects it to arrive intact, from
+// `from`'s bound endpoint (a socket sends from its bound port) to `to`'s, without an IPv4 ID (a socket does not see
+// the IP header).
+inline void ExpectOneDatagramArrives(Transport& from, Transport& to, const std::vector<uint8_t>& payload,
+                                     uint16_t src_port = 0) {
+  OutDatagram dg{to.local(), src_port, payload};
+  ASSERT_EQ(from.Send({&dg, 1}), 1);
+  auto got = ReceiveN(to, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, payload);
+  EXPECT_EQ(got[0].src, from.local());
+  EXPECT_EQ(got[0].dst, to.local());
+  EXPECT_FALSE(got[0].ip_id);
+}
+
 }  // namespace uroce::wire

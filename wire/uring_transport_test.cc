@@ -26,12 +26,7 @@ TEST_P(UringTransportTest, ReceivesSurviveTheArmingThreadExiting) {
   ASSERT_EQ(r, 0);
   ASSERT_EQ(UringTransport::Create(kLoopbackAnyPort, o, &b), 0);
   std::thread([&] { EXPECT_EQ(b->Poll([](const InDatagram&) {}, 0), 0); }).join();
-  const auto p = Numbered(3, 100);
-  OutDatagram dg{b->local(), 0, p};
-  ASSERT_EQ(a->Send({&dg, 1}), 1);
-  auto got = ReceiveN(*b, 1);
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_EQ(got[0].payload, p);
+  ExpectOneDatagramArrives(*a, *b, Numbered(3, 100));
   EXPECT_EQ(b->counters().receive_errors, 0u);
 }
 
