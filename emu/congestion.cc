@@ -24,13 +24,6 @@ void PathWindow::OnCongestion() {
   ++decreases_;
 }
 
-void PathWindow::OnTimeout() {
-  threshold_ = std::max(kMin, window_ / 2);
-  window_ = kMin;
-  recovery_until_ = delivered_ + uint64_t(in_flight_);
-  ++decreases_;
-}
-
 std::string_view ToString(PathWindow::Phase phase) {
   switch (phase) {
     case PathWindow::Phase::kSlowStart: return "slow-start";

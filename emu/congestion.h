@@ -20,7 +20,7 @@ class PathWindow {
   // Packets. The initial window is what a default 212992-byte socket buffer holds of 4 KiB datagrams with room to
   // spare; the maximum keeps one path under 2 MiB at the 4 KiB MTU, well within the 8 MiB socket buffers uroce asks for.
   static constexpr double kInitial = 32;
-  static constexpr double kMin = 2;
+  static constexpr double kMin = 8;
   static constexpr double kMax = 512;
 
   enum class Phase : uint8_t { kSlowStart, kCongestionAvoidance };
@@ -32,11 +32,11 @@ class PathWindow {
   void Charge(int64_t delta);
   // `n` packets were delivered (acknowledged or answered): the window grows, by n in slow start, by n / window after.
   void OnDelivered(uint32_t n);
-  // A loss or a CNP: the window halves, once per window of deliveries (the rest of one loss episode is not a new
-  // signal), and growth continues additively.
+  // A loss (sequence NAK, READ response gap, local ACK timeout) or a CNP: the window halves, once per window of
+  // deliveries (the rest of one loss episode is not a new signal), and growth continues additively. A timeout does
+  // not restart from the minimum as TCP's would: on the lossy links uroce emulates most timeouts follow a lost tail
+  // packet, not a collapsed path, and a window of a few packets turns every later loss into another timeout.
   void OnCongestion();
-  // A local ACK timeout: nothing is getting through; the window restarts from the minimum.
-  void OnTimeout();
 
   double window() const { return window_; }
   int64_t in_flight() const { return in_flight_; }

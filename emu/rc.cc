@@ -591,7 +591,7 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
   }
   if (!(config_.retry_cnt_7_infinite && qp->attributes().retry_cnt == 7)) --r.retries_left;
   ++counters_.rc_retransmit_timeouts;
-  PathOf(*qp).OnTimeout();
+  PathOf(*qp).OnCongestion();
   ++counters_.rc_congestion_signals;
   r.cursor_wqe = i;
   // Resume at the first unacknowledged PSN within the WQE (a coalesced ACK may have covered its beginning).
