@@ -928,13 +928,17 @@ uint64_t Device::RunTimers() {
   {
     std::lock_guard lock(mu_);
     const uint64_t now = clock_.NowNs();
+    // Requesters waiting for room freed outside the completer first: what they send arms timers counted below.
+    for (auto& [peer, path] : paths_) RcWakeWaitersLocked(path, out);
     for (auto& [_, qp] : qps_) {
       if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) continue;  // the RC requesters
       RcTimersLocked(qp.get(), now, out);
       const uint64_t d = RcNextDeadline(qp.get());
       if (d != 0 && (next == 0 || d < next)) next = d;
     }
-    for (auto& [peer, path] : paths_) RcWakeWaitersLocked(path, out);
+    // A requester that failed above may have left room for others: come back at once for them.
+    for (auto& [peer, path] : paths_)
+      if (path.MaySend() && !path.waiting().empty()) next = now;
     poller_deadline_ = next;
   }
   Transmit(out);

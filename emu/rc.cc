@@ -547,9 +547,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
   RcCompleteInOrderLocked(qp);
   if (qp->state() == QpState::kErr) return;
   RcProgressLocked(qp, out);
-  // Still waiting for the peer: keep the timer running. A requester with nothing in flight that waits for the path's
-  // window is waiting for its own turn, not for the peer, and must not spend retries on it.
-  if (PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0) return;
+  // Still waiting for something: keep the timer running.
   for (const SendWqe& w : r.sq) {
     if (w.started && !w.acked) {
       if (r.retransmit_deadline_ns == 0 && r.rnr_deadline_ns == 0) RcArmRetransmitLocked(qp);
@@ -583,7 +581,12 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
   size_t i = 0;
   while (i < r.sq.size() && r.sq[i].started && r.sq[i].acked) ++i;
   if (i == r.sq.size() || !r.sq[i].started) return;  // nothing outstanding
-  if (PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0) return;  // nothing in flight: waiting for the path's window
+  if (r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0) {
+    // Everything it sent is acknowledged and it waits for its turn in the path's window, not for the peer: no retry
+    // is spent, the timer just runs again.
+    RcArmRetransmitLocked(qp);
+    return;
+  }
   // Local ACK timeout (IBTA 9.7.6.1.3 / C9-140): spend a retry, then go back to the oldest unacknowledged WQE.
   if (r.retries_left == 0) {
     RcFailLocked(qp, i, WcStatus::kRetryExcErr);

@@ -94,25 +94,6 @@ std::vector<std::string> LoadedSanitizerRuntimes() {
   return out;
 }
 
-// Whether /proc/net/tcp-format `table` has a LISTEN (state 0A, see include/net/tcp_states.h) row on local `port`.
-bool TableHasListener(const std::string& table_path, int port) {
-  std::ifstream in(table_path);
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string slot, local, remote, state;
-    if (!(fields >> slot >> local >> remote >> state)) continue;
-    const size_t colon = local.rfind(':');
-    if (colon == std::string::npos) continue;
-    char* end = nullptr;
-    const long local_port = std::strtol(local.c_str() + colon + 1, &end, 16);
-    if (end == local.c_str() + colon + 1) continue;
-    if (local_port == port && state == "0A") return true;
-  }
-  return false;
-}
-
 std::atomic<int> g_log_counter{0};
 
 }  // namespace
@@ -166,8 +147,26 @@ int FreeTcpPort() {
   return ntohs(addr.sin_port);
 }
 
+bool TcpTableListens(const std::string& table, int port) {
+  std::istringstream in(table);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    if (!(fields >> slot >> local >> remote >> state)) continue;  // also skips the header: its 4th word is no state
+    const size_t colon = local.rfind(':');
+    if (colon == std::string::npos) continue;
+    char* end = nullptr;
+    const long local_port = std::strtol(local.c_str() + colon + 1, &end, 16);
+    if (end == local.c_str() + colon + 1) continue;
+    // LISTEN is state 0A (include/net/tcp_states.h).
+    if (local_port == port && state == "0A") return true;
+  }
+  return false;
+}
+
 bool TcpPortListening(int port) {
-  return TableHasListener("/proc/net/tcp", port) || TableHasListener("/proc/net/tcp6", port);
+  return TcpTableListens(ReadWholeFile("/proc/net/tcp"), port) || TcpTableListens(ReadWholeFile("/proc/net/tcp6"), port);
 }
 
 EnvOverrides ClientEnvironment(std::string* sanitizer_note) {
@@ -410,35 +409,45 @@ PairResult RunPair(const std::vector<std::string>& server_argv, const std::vecto
 PairResult RunPair(const std::vector<std::string>& server_argv, const EnvOverrides& server_env,
                    const std::vector<std::string>& client_argv, const EnvOverrides& client_env, int tcp_port,
                    milliseconds timeout, milliseconds grace) {
+  // The server opens the device, creates its QP and only then listens; poll the kernel's socket table for it.
+  return RunStartedPair([&] { return std::make_unique<Process>(Process::Start(server_argv, server_env)); },
+                        [&] { return TcpPortListening(tcp_port); },
+                        [&] { return std::make_unique<Process>(Process::Start(client_argv, client_env)); }, timeout,
+                        grace);
+}
+
+PairResult RunStartedPair(const std::function<std::unique_ptr<StartedProgram>()>& start_server,
+                          const std::function<bool()>& server_listening,
+                          const std::function<std::unique_ptr<StartedProgram>()>& start_client, milliseconds timeout,
+                          milliseconds grace) {
   PairResult result;
   const Clock::time_point deadline = Clock::now() + timeout;
   const auto left = [&] {
     return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
   };
-  Process server = Process::Start(server_argv, server_env);
-  if (!server.started()) {
-    result.server = server.Wait(milliseconds(0));
+  std::unique_ptr<StartedProgram> server = start_server();
+  if (!server->started()) {
+    result.server = server->Wait(milliseconds(0));
     return result;
   }
-  // The server opens the device, creates its QP and only then listens; poll the kernel's socket table for it.
-  while (!(result.server_listened = TcpPortListening(tcp_port))) {
-    if (server.Exited() || left().count() == 0) break;
+  while (!(result.server_listened = server_listening())) {
+    if (server->Exited() || left().count() == 0) break;
     std::this_thread::sleep_for(milliseconds(5));
   }
   if (!result.server_listened) {
-    result.server = server.Kill();
+    result.server = server->Kill();
     return result;
   }
-  Process client = Process::Start(client_argv, client_env);
-  while (!server.Exited() && !client.Exited() && left().count() > 0) std::this_thread::sleep_for(milliseconds(5));
+  std::unique_ptr<StartedProgram> client = start_client();
+  while (!server->Exited() && !client->Exited() && left().count() > 0) std::this_thread::sleep_for(milliseconds(5));
   // Whichever ended first is collected at once; the other gets its budget (after a failure, the survivor may wait
   // forever for a peer that is gone: a short grace period only).
-  const bool client_first = client.Exited();
+  const bool client_first = client->Exited();
   ProcessResult& first = client_first ? result.client : result.server;
   ProcessResult& second = client_first ? result.server : result.client;
-  first = (client_first ? client : server).Wait(milliseconds(0));
+  first = (client_first ? client : server)->Wait(milliseconds(0));
   const milliseconds budget = first.Succeeded() ? std::min(left(), grace) : std::min(left(), milliseconds(3000));
-  second = (client_first ? server : client).Wait(budget);
+  second = (client_first ? server : client)->Wait(budget);
   return result;
 }
 

@@ -10,7 +10,9 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <gtest/gtest.h>
+#include <memory>
 
 #include <regex>
 #include <string>
@@ -62,8 +64,23 @@ struct ProcessResult {
   std::string Describe() const;
 };
 
+// A started program that a pair watches: a local child Process, or a program run elsewhere (tests/interop runs one
+// side in a VM through its command shell).
+class StartedProgram {
+ public:
+  virtual ~StartedProgram() = default;
+  // false when it could not be started (Wait then says why).
+  virtual bool started() const = 0;
+  // Whether it has already ended; never blocks.
+  virtual bool Exited() = 0;
+  // Waits until it ends or `timeout` passes; on timeout kills it and marks the result timed_out.
+  virtual ProcessResult Wait(std::chrono::milliseconds timeout) = 0;
+  // Kills it if still running and returns its result (timed_out when it had to be killed).
+  virtual ProcessResult Kill() = 0;
+};
+
 // A started child process. Move-only; the destructor kills and reaps a child still running.
-class Process {
+class Process final : public StartedProgram {
  public:
   // Starts argv[0] (an absolute path) with `env` applied over the current environment, stdin from /dev/null and
   // stdout+stderr to a new file under $TEST_TMPDIR (else /tmp). On failure, the returned process reports started=false.
@@ -117,6 +134,19 @@ struct PairResult {
 // a short grace period and then killed, so a stuck server never outlives the test.
 PairResult RunPair(const std::vector<std::string>& server_argv, const std::vector<std::string>& client_argv,
                    const EnvOverrides& env, int tcp_port, std::chrono::milliseconds timeout);
+
+// The pair protocol of RunPair below for programs started anywhere: `start_server()`, poll `server_listening()` until
+// true (gives up when the server ends first or `timeout` passes), `start_client()`, then watch both within `timeout`:
+// once one side has exited, the other gets `grace` more if that side succeeded, 3 s if it failed.
+PairResult RunStartedPair(const std::function<std::unique_ptr<StartedProgram>()>& start_server,
+                          const std::function<bool()>& server_listening,
+                          const std::function<std::unique_ptr<StartedProgram>()>& start_client,
+                          std::chrono::milliseconds timeout,
+                          std::chrono::milliseconds grace = std::chrono::milliseconds::max());
+
+// Whether `table`, the text of /proc/net/tcp or /proc/net/tcp6 (proc(5)) read on any host, has a socket in the LISTEN
+// state on local TCP `port`.
+bool TcpTableListens(const std::string& table, int port);
 
 // The lines of a program's output.
 std::vector<std::string> Lines(const std::string& text);

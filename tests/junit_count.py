@@ -44,6 +44,16 @@ def read_events(path):
     return status, attempts
 
 
+def skip_reason(case) -> str:
+    """The message of a skipped case (gtest: "file:line\nreason"), without the location."""
+    skipped = case.find("skipped")
+    message = (skipped.get("message") or skipped.text or "") if skipped is not None else ""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and ":" in lines[0] and lines[0].rsplit(":", 1)[1].isdigit():
+        lines = lines[1:]
+    return " ".join(lines) or "no reason given"
+
+
 def main() -> int:
     run, bep, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
     passed = failed = skipped = 0
@@ -71,6 +81,7 @@ def main() -> int:
             print(f"[{run}] FAILED {label}: {status[label]}, no readable test results ({broken or 'no test.xml'})")
             failed += 1
             continue
+        skip_reasons = {}  # reason -> number of cases skipped for it
         target_failed = 0
         for case in cases:
             case_name = f"{label} {case.get('classname', '')}.{case.get('name', '')}"
@@ -79,8 +90,12 @@ def main() -> int:
                 target_failed += 1
             elif case.get("result") == "skipped" or case.find("skipped") is not None or case.get("status") == "notrun":
                 skipped += 1
+                reason = skip_reason(case)
+                skip_reasons[reason] = skip_reasons.get(reason, 0) + 1
             else:
                 passed += 1
+        for reason, count in skip_reasons.items():
+            print(f"[{run}] SKIPPED {label}: {count} case(s): {reason}")
         if status[label] != "PASSED" and target_failed == 0:
             # A timeout, a crash after the last case, or a flaky pass on a later attempt: the cases do not say it.
             print(f"[{run}] FAILED {label}: Bazel says {status[label]}")
