@@ -98,14 +98,19 @@ std::atomic<int> g_log_counter{0};
 
 }  // namespace
 
-std::string LibraryDir() {
+std::string RunfilesPath(const std::string& file) {
   for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
     const char* root = std::getenv(var);
     if (root == nullptr || root[0] == '\0') continue;
-    const std::string dir = std::string(root) + "/uroce/verbs_api";
-    if (IsReadableFile(dir + "/libibverbs.so.1")) return dir;
+    const std::string path = std::string(root) + "/uroce/" + file;
+    if (IsReadableFile(path)) return path;
   }
   return "";
+}
+
+std::string LibraryDir() {
+  const std::string library = RunfilesPath("verbs_api/libibverbs.so.1");
+  return library.empty() ? "" : library.substr(0, library.rfind('/'));
 }
 
 std::string FindProgram(const std::string& program) {

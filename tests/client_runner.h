@@ -28,6 +28,10 @@ using EnvOverrides = std::vector<std::pair<std::string, std::string>>;
 // $RUNFILES_DIR/uroce/verbs_api); empty when neither holds the library.
 std::string LibraryDir();
 
+// The path of `file` (relative to the workspace, e.g. "tests/rdma_verify") in the test's runfiles
+// ($TEST_SRCDIR/uroce/..., else $RUNFILES_DIR/uroce/...); empty when neither holds it. The target needs it in `data`.
+std::string RunfilesPath(const std::string& file);
+
 // The absolute path of `program` found on $PATH (or `program` itself when it contains a '/' and is executable);
 // empty when it is not installed.
 std::string FindProgram(const std::string& program);

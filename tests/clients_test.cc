@@ -3,7 +3,7 @@
 // on a real RoCEv2 HCA: exit 0, print their result lines, and find no corruption with their own `-c` (--chk) check.
 //
 // Each server/client pair shakes hands over a TCP port picked free at run time; each process's emulated HCA binds the
-// first free 127.0.0.N:4791, so these tests run in parallel with each other and with other targets. The programs are
+// first free 127.0.N.M:4791, so these tests run in parallel with each other and with other targets. The programs are
 // installed by `tools/uroce setup` (Debian packages ibverbs-utils and perftest); a missing one fails its test.
 #include <gtest/gtest.h>
 
@@ -63,10 +63,13 @@ TEST_F(ClientsTest, IbvDevinfoVerboseShowsActiveRoceV2Port) {
   EXPECT_TRUE(HasLine(r.output, R"(\s*active_mtu:\s+4096 \(5\)\s*)")) << r.Describe();
   EXPECT_TRUE(HasLine(r.output, R"(\s*max_mtu:\s+4096 \(5\)\s*)")) << r.Describe();
 
-  // GID 0 is the IPv4-mapped address of the process's own 127.0.0.N (RoCEv2 GIDs of IPv4 addresses, IBTA Annex A17).
-  const auto gid = MatchLine(r.output, std::regex(R"(\s*GID\[  0\]:\s+::ffff:127\.0\.0\.([0-9]{1,3}), RoCE v2\s*)"));
+  // GID 0 is the IPv4-mapped address of the process's own 127.0.N.M (RoCEv2 GIDs of IPv4 addresses, IBTA Annex A17),
+  // one of the embedded default's 127.0.0.1 ... 127.0.255.254 (host part 1-254).
+  const auto gid =
+      MatchLine(r.output, std::regex(R"(\s*GID\[  0\]:\s+::ffff:127\.0\.([0-9]{1,3})\.([0-9]{1,3}), RoCE v2\s*)"));
   ASSERT_FALSE(gid.empty()) << r.Describe();
-  const int host = std::stoi(gid[1]);
+  EXPECT_LE(std::stoi(gid[1]), 255);
+  const int host = std::stoi(gid[2]);
   EXPECT_GE(host, 1);
   EXPECT_LE(host, 254);
 
@@ -151,8 +154,8 @@ TEST_P(PingpongTest, RoundTripsWithValidatedData) {
     // -c: the program compares the received buffer with the sender's pattern and prints this per bad page (its exit
     // status does not change).
     EXPECT_EQ(side->output.find("invalid data"), std::string::npos) << r.Describe();
-    // Both ends see each other's RoCEv2 GID, ::ffff:127.0.0.N.
-    EXPECT_TRUE(HasLine(side->output, R"(\s*remote address: .*GID ::ffff:127\.0\.0\.[0-9]+\s*)"))
+    // Both ends see each other's RoCEv2 GID, ::ffff:127.0.N.M.
+    EXPECT_TRUE(HasLine(side->output, R"(\s*remote address: .*GID ::ffff:127\.0\.[0-9]+\.[0-9]+\s*)"))
         << r.Describe();
   }
 }
@@ -273,6 +276,12 @@ INSTANTIATE_TEST_SUITE_P(Uc, PerftestTest,
 // ---------------------------------------------------------------------------------------------------------------
 // UROCE_STATS=1 (`uroce run --stats`): each process prints its device's counters when it ends.
 
+// The transport the test's environment asks for (UROCE_TRANSPORT; clients_socket_test sets "socket").
+std::string ExpectedTransport() {
+  const char* t = std::getenv("UROCE_TRANSPORT");
+  return t != nullptr ? t : "";
+}
+
 TEST_F(ClientsTest, StatsPrintCountersAtExit) {
   const std::string prog = Program("ibv_ud_pingpong");
   if (prog.empty()) return;
@@ -286,7 +295,13 @@ TEST_F(ClientsTest, StatsPrintCountersAtExit) {
   const PairResult r = RunPair(args, client_args, env, port, kPairTimeout);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   for (const ProcessResult* side : {&r.server, &r.client}) {
-    EXPECT_TRUE(HasLine(side->output, R"(uroce: counters of uroce0 at 127\.0\.0\.[0-9]+)")) << side->output;
+    // The header names the transport, so a run with UROCE_TRANSPORT=socket (clients_socket_test) proves it ran on
+    // sockets; without it, io_uring unless the engine said it fell back.
+    const bool fell_back = side->output.find("uroce: io_uring is refused here") != std::string::npos;
+    const std::string transport = ExpectedTransport() == "socket" || fell_back ? "socket" : "io_uring";
+    EXPECT_TRUE(HasLine(side->output, R"(uroce: counters of uroce0 at 127\.0\.[0-9]+\.[0-9]+ \()" + transport +
+                                          R"( transport\))"))
+        << side->output;
     // 100 round trips: at least 100 datagrams each way (plus pingpong's initial posts), and nothing malformed.
     const auto tx = MatchLine(side->output, std::regex(R"(tx_packets ([0-9]+))"));
     const auto rx = MatchLine(side->output, std::regex(R"(rx_packets ([0-9]+))"));

@@ -3,7 +3,7 @@
 // byte of random RDMA WRITE / READ / atomic traffic against a model.
 //
 // Each server/client pair shakes hands over a TCP port picked free at run time; each process's emulated HCA binds the
-// first free 127.0.0.N:4791. Under UROCE_FAULTS (loss, reorder, duplication of the process's packets in both
+// first free 127.0.N.M:4791. Under UROCE_FAULTS (loss, reorder, duplication of the process's packets in both
 // directions, reproducible per seed) RC must still deliver everything exactly once and in order: the programs must
 // exit 0 and find their data intact. The clients set the ACK timeout to 14 (4.096 us * 2^14 = 67 ms), which each lost
 // tail packet costs, so the runs under faults keep their iteration counts small.
@@ -378,13 +378,8 @@ INSTANTIATE_TEST_SUITE_P(
 // ---------------------------------------------------------------------------------------------------------------
 
 std::string VerifierPath() {
-  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    const char* root = std::getenv(var);
-    if (root == nullptr || root[0] == '\0') continue;
-    const std::string path = std::string(root) + "/uroce/tests/rdma_verify";
-    if (!FindProgram(path).empty()) return path;
-  }
-  return "";
+  const std::string path = RunfilesPath("tests/rdma_verify");
+  return path.empty() ? "" : FindProgram(path);
 }
 
 struct VerifyCase {

@@ -4,10 +4,11 @@
 # The options of `uroce run`, for the usage texts of both commands.
 uroce_run_options_help() {
   cat <<'HELP'
-      --addr IP         pin the device's address (default: first free 127.0.0.N)
+      --addr IP         pin the device's address (default: first free of 127.0.0.1 ... 127.0.255.254)
       --mtu N           active MTU: 256, 512, 1024, 2048, 4096 (default 4096)
       --pcap FILE       record every packet sent and received
       --stats           print the device's counters (drops by reason, retransmissions, faults) at exit
+      --transport T     uring or socket (default: io_uring, plain sockets where io_uring is refused)
       --loss P --dup P --reorder P --corrupt P --delay-us N --seed S
                         deterministic fault injection on this process's packets
 HELP
@@ -27,7 +28,7 @@ uroce_parse_run_options() {
         echo "usage: uroce run [options] -- COMMAND [ARGS...]"
         uroce_run_options_help
         exit 0 ;;
-      --addr|--mtu|--pcap|--loss|--dup|--reorder|--corrupt|--delay-us|--seed)
+      --addr|--mtu|--pcap|--transport|--loss|--dup|--reorder|--corrupt|--delay-us|--seed)
         [ $# -ge 2 ] || { echo "uroce run: $1 needs a value" >&2; exit 2; } ;;
       *) echo "uroce run: unknown option $1 (options go before --)" >&2; exit 2 ;;
     esac
@@ -35,6 +36,7 @@ uroce_parse_run_options() {
       --addr) RUN_ENV+=("UROCE_ADDR=$2") ;;
       --mtu) RUN_ENV+=("UROCE_MTU=$2") ;;
       --pcap) RUN_ENV+=("UROCE_PCAP=$2") ;;
+      --transport) RUN_ENV+=("UROCE_TRANSPORT=$2") ;;
       --loss) faults+=("loss=$2") ;;
       --dup) faults+=("dup=$2") ;;
       --reorder) faults+=("reorder=$2") ;;

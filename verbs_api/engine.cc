@@ -1,8 +1,13 @@
 #include "verbs_api/engine.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +19,7 @@
 #include "wire/fault_model.h"
 #include "wire/fault_transport.h"
 #include "wire/pcap.h"
+#include "wire/socket_transport.h"
 #include "wire/uring_transport.h"
 
 namespace uroce::verbs {
@@ -56,10 +62,97 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
     c->stats = value == "1" || value == "yes" || value == "true";
   } else if (key == "retry_forever") {
     c->retry_forever = value == "1" || value == "yes" || value == "true";
+  } else if (key == "transport") {
+    if (value == "uring" || value == "io_uring") {
+      c->transport = TransportChoice::kUring;
+    } else if (value == "socket") {
+      c->transport = TransportChoice::kSocket;
+    } else if (value == "auto" || value.empty()) {
+      c->transport = TransportChoice::kAuto;
+    } else {
+      return *error = "bad transport '" + value + "' (uring or socket)", EINVAL;
+    }
   } else {
     return *error = "unknown setting '" + key + "'", EINVAL;
   }
   return 0;
+}
+
+// The embedded default's candidate addresses: 127.0.0.1-254, 127.0.1.1-254, ..., 127.0.255.1-254. All of
+// 127.0.0.0/8 is the host's loopback (RFC 1122 3.2.1.3; Linux routes it to lo), so every process of a machine can
+// have its own address and the RoCEv2 port. Host parts 0 and 255 are skipped (they look like network and broadcast
+// addresses to tools that assume a /24). The scan stops at 127.0.255.254: 65,024 processes, and a bounded time
+// (well under a second) to report that none is free when another program holds the port on all addresses.
+constexpr uint32_t kLoopbackCandidates = 256 * 254;
+wire::IpAddress LoopbackCandidate(uint32_t i) { return wire::IpAddress::V4(0x7f000000u | (i / 254) << 8 | (i % 254 + 1)); }
+
+// The index of the first candidate from `from` whose address has `port` free, or -errno (-EADDRINUSE when none
+// has). Probes with bind(2) on one bare socket, which a failed bind leaves unbound for the next try: a few
+// microseconds per address, where creating a transport per address costs ten times that.
+int NextFreeLoopbackCandidate(uint32_t from, uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
+  if (fd < 0) return -errno;
+  int result = -EADDRINUSE;
+  for (uint32_t i = from; i < kLoopbackCandidates; ++i) {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(LoopbackCandidate(i).v4());
+    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+      result = int(i);
+      break;
+    }
+    if (errno != EADDRINUSE) {
+      result = -errno;
+      break;
+    }
+  }
+  close(fd);
+  return result;
+}
+
+// Set once io_uring has been refused in this process: later engines go straight to sockets, and the notice is not
+// repeated.
+std::atomic<bool> g_uring_refused{false};
+
+// io_uring_setup(2)'s refusals that plain sockets do not share: EPERM (seccomp profiles of Docker >= 25 and
+// containerd 2.0, kernel.io_uring_disabled, io_uring_group), ENOSYS (no CONFIG_IO_URING, gVisor), ENOMEM (ring
+// memory is charged to the user's RLIMIT_MEMLOCK without CAP_IPC_LOCK, e.g. in a user namespace: 8 MiB is ~100
+// processes' rings).
+bool UringRefused(int rc) { return rc == -EPERM || rc == -ENOSYS || rc == -ENOMEM; }
+
+// Opens the transport *choice names on `ep`. kAuto tries io_uring first and, when it is refused, switches *choice
+// to kSocket for the rest of the process and says so once. Returns 0 or -errno (-EADDRINUSE: try another address);
+// *reported tells that the error has been printed.
+int OpenTransport(TransportChoice* choice, const wire::UdpEndpoint& ep, std::unique_ptr<wire::Transport>* out,
+                  bool* reported) {
+  if (*choice == TransportChoice::kAuto && g_uring_refused.load()) *choice = TransportChoice::kSocket;
+  if (*choice != TransportChoice::kSocket) {
+    std::unique_ptr<wire::UringTransport> uring;
+    const int rc = wire::UringTransport::Create(ep, &uring);
+    if (rc == 0) {
+      *choice = TransportChoice::kUring;
+      *out = std::move(uring);
+      return 0;
+    }
+    if (!UringRefused(rc)) return rc;
+    if (*choice == TransportChoice::kUring) {
+      fprintf(stderr, "uroce: UROCE_TRANSPORT=uring, but io_uring is refused here: %s\n", strerror(-rc));
+      *reported = true;
+      return rc;
+    }
+    if (!g_uring_refused.exchange(true)) {
+      fprintf(stderr,
+              "uroce: io_uring is refused here (%s%s); using plain UDP sockets (recvmmsg/sendmmsg + poll). "
+              "UROCE_TRANSPORT=socket skips the attempt\n",
+              strerror(-rc), rc == -ENOMEM ? ": ring memory beyond RLIMIT_MEMLOCK, see ulimit -l" : "");
+    }
+    *choice = TransportChoice::kSocket;
+  }
+  std::unique_ptr<wire::SocketTransport> socket;
+  const int rc = wire::SocketTransport::Create(ep, &socket);
+  if (rc == 0) *out = std::move(socket);
+  return rc;
 }
 
 // The child of a fork() has no progress thread: the parent's engine must not be used (or destroyed) there. A new
@@ -74,22 +167,35 @@ void ForgetEngineInChild() {
 
 int LoadEngineConfig(EngineConfig* config, std::string* error) {
   const char* file = std::getenv("UROCE_CONFIG");
-  std::ifstream in(file ? file : "/etc/uroce.conf");
-  if (file && !in) return *error = std::string("cannot read UROCE_CONFIG=") + file, EINVAL;
+  const std::string path = file ? file : "/etc/uroce.conf";
+  errno = 0;
+  std::ifstream in(path);
+  if (file && !in) {
+    const int err = errno != 0 ? errno : EINVAL;
+    return *error = "cannot read UROCE_CONFIG=" + path + ": " + strerror(err), err;
+  }
   std::string line;
-  while (std::getline(in, line)) {
+  for (int number = 1; std::getline(in, line); ++number) {
     line = Trim(line.substr(0, line.find('#')));
     if (line.empty()) continue;
+    const std::string where = path + ":" + std::to_string(number) + ": ";
     const auto eq = line.find('=');
-    if (eq == std::string::npos) return *error = "config line without '=': " + line, EINVAL;
-    if (int err = ApplySetting(config, Trim(line.substr(0, eq)), Trim(line.substr(eq + 1)), error)) return err;
+    if (eq == std::string::npos) return *error = where + "line without '=': " + line, EINVAL;
+    if (int err = ApplySetting(config, Trim(line.substr(0, eq)), Trim(line.substr(eq + 1)), error)) {
+      *error = where + *error;
+      return err;
+    }
   }
-  static const char* kKeys[] = {"address", "port", "mtu", "pcap", "faults", "stats", "retry_forever"};
+  static const char* kKeys[] = {"address", "port", "mtu", "pcap", "faults", "stats", "retry_forever", "transport"};
   for (const char* key : kKeys) {
     std::string env = "UROCE_";
-    for (const char* k = key; *k; ++k) env += static_cast<char>(*k - 'a' + 'A');
-    if (const char* v = std::getenv(env == "UROCE_ADDRESS" ? "UROCE_ADDR" : env.c_str())) {
-      if (int err = ApplySetting(config, key, v, error)) return err;
+    for (const char* k = key; *k; ++k) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*k)));
+    if (env == "UROCE_ADDRESS") env = "UROCE_ADDR";
+    if (const char* v = std::getenv(env.c_str())) {
+      if (int err = ApplySetting(config, key, v, error)) {
+        *error = env + ": " + *error;
+        return err;
+      }
     }
   }
   return 0;
@@ -126,29 +232,42 @@ std::shared_ptr<Engine> Engine::Acquire() {
 }
 
 int Engine::Start(const EngineConfig& config) {
-  std::unique_ptr<wire::UringTransport> uring;
   wire::IpAddress bound;
+  int rc;
+  bool reported = false;
+  TransportChoice choice = config.transport;
   if (config.address) {
-    int rc = wire::UringTransport::Create({*config.address, config.port}, &uring);
-    if (rc < 0) {
-      fprintf(stderr, "uroce: cannot bind %s: %s\n", wire::UdpEndpoint{*config.address, config.port}.ToString().c_str(),
-              strerror(-rc));
-      return -rc;
-    }
     bound = *config.address;
+    rc = OpenTransport(&choice, {bound, config.port}, &transport_, &reported);
+    if (rc < 0 && !reported) {
+      fprintf(stderr, "uroce: cannot bind %s: %s\n", wire::UdpEndpoint{bound, config.port}.ToString().c_str(),
+              strerror(-rc));
+    }
   } else {
     // Embedded default: the first free loopback address, so processes on one machine reach each other unconfigured.
-    int rc = -EADDRINUSE;
-    for (uint32_t n = 1; n < 255 && rc == -EADDRINUSE; ++n) {
-      bound = wire::IpAddress::V4(0x7f000000u + n);
-      rc = wire::UringTransport::Create({bound, config.port}, &uring);
+    rc = -EADDRINUSE;
+    for (int i = 0; rc == -EADDRINUSE; ++i) {
+      i = NextFreeLoopbackCandidate(uint32_t(i), config.port);
+      if (i < 0) {
+        rc = i;
+        break;
+      }
+      bound = LoopbackCandidate(uint32_t(i));
+      rc = OpenTransport(&choice, {bound, config.port}, &transport_, &reported);  // -EADDRINUSE if another process won the race
     }
-    if (rc < 0) {
-      fprintf(stderr, "uroce: no free address 127.0.0.1-254 on UDP port %u: %s\n", config.port, strerror(-rc));
-      return -rc;
+    if (rc == -EADDRINUSE) {
+      fprintf(stderr,
+              "uroce: no free address in %s-%s on UDP port %u (held on all addresses by another program, such as "
+              "kernel rxe? UROCE_PORT or UROCE_ADDR choose another)\n",
+              LoopbackCandidate(0).ToString().c_str(), LoopbackCandidate(kLoopbackCandidates - 1).ToString().c_str(),
+              config.port);
+    } else if (rc < 0 && !reported) {
+      fprintf(stderr, "uroce: cannot bind %s: %s\n", wire::UdpEndpoint{bound, config.port}.ToString().c_str(),
+              strerror(-rc));
     }
   }
-  transport_ = std::move(uring);
+  if (rc < 0) return -rc;
+  transport_name_ = choice == TransportChoice::kSocket ? "socket" : "io_uring";
   // Decorators, innermost first: faults act on what leaves and arrives; the capture records what the HCA sent and
   // what it was handed, so a dropped packet shows in the sender's capture and not in the receiver's.
   if (!config.faults.empty()) {
@@ -193,8 +312,9 @@ int Engine::Start(const EngineConfig& config) {
 }
 
 void Engine::PrintStatsOnce() {
-  if (!stats_ || stats_printed_.exchange(true)) return;
-  std::string text = "uroce: counters of uroce0 at " + device_->config().address.ToString() + "\n" +
+  if (!stats_ || !device_ || stats_printed_.exchange(true)) return;
+  std::string text = "uroce: counters of uroce0 at " + device_->config().address.ToString() + " (" +
+                     transport_name_ + " transport)\n" +
                      emu::FormatCounters(device_->counters());
   auto faults_line = [](const char* direction, const wire::FaultCounters& c) {
     return std::string(direction) + " seen " + std::to_string(c.seen) + " dropped " + std::to_string(c.dropped) +
@@ -226,7 +346,8 @@ void Engine::ProgressLoop() {
 Engine::~Engine() {
   PrintStatsOnce();
   stop_.store(true, std::memory_order_release);
-  transport_->Wake();
+  // A Start that failed part-way leaves no thread and possibly no transport.
+  if (transport_) transport_->Wake();
   if (progress_.joinable()) progress_.join();
   device_.reset();
   transport_.reset();

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "wire/udp_socket.h"
 #include "wire/uring_transport.h"
 
 namespace uroce::wire {
@@ -102,28 +103,18 @@ int RunUring(size_t frame_bytes, double seconds, size_t window, TransportBenchRe
   return 0;
 }
 
+// The same socket the transports use (wire/udp_socket.h), bound to 127.0.0.1 with a receive timeout so that the
+// receiver notices the end.
 int BoundLoopbackSocket(sockaddr_in* addr) {
-  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -errno;
-  const int bytes = kBufferBytes;
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes) < 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
-  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) < 0)
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
-  const int pmtu = IP_PMTUDISC_DO;  // as UringTransport does
-  setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  timeval tv{0, 10'000};  // so the receiver notices the end
+  UdpEndpoint local;
+  const int fd = OpenRoceUdpSocket({IpAddress::V4(0x7f000001), 0}, kBufferBytes, &local);
+  if (fd < 0) return fd;
+  timeval tv{0, 10'000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  *addr = sockaddr_in{};
-  addr->sin_family = AF_INET;
-  addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof *addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(addr), sizeof *addr) < 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(addr), &len) < 0) {
-    const int e = -errno;
-    close(fd);
-    return e;
-  }
+  sockaddr_storage ss;
+  socklen_t len;
+  ToSockaddr(local, AF_INET, &ss, &len);
+  std::memcpy(addr, &ss, sizeof *addr);
   return fd;
 }
 

@@ -23,59 +23,10 @@ constexpr uint64_t kTagFallback = 2ull << 32;
 constexpr uint64_t kTagCancel = 3ull << 32;
 constexpr uint64_t kTagMask = 0xffffffffull << 32;
 constexpr uint16_t kBufferGroup = 0;
-// Room for one IP_PKTINFO and one IPV6_PKTINFO control message (an IPv6 socket may carry either).
-constexpr size_t kControlBytes = 128;
+constexpr size_t kControlBytes = kPktinfoControlBytes;
 constexpr unsigned kReapBatch = 64;
 
 size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-// Fills `sa` for `ep` on a socket of `family`; IPv4 destinations from an IPv6 socket use the mapped form.
-int ToSockaddr(const UdpEndpoint& ep, int family, sockaddr_storage* sa, socklen_t* len) {
-  std::memset(sa, 0, sizeof *sa);
-  if (family == AF_INET) {
-    if (!ep.addr.is_v4()) return -EAFNOSUPPORT;
-    auto* in = reinterpret_cast<sockaddr_in*>(sa);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(ep.port);
-    in->sin_addr.s_addr = htonl(ep.addr.v4());
-    *len = sizeof *in;
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(sa);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(ep.port);
-    std::memcpy(in6->sin6_addr.s6_addr, ep.addr.bytes().data(), 16);
-    *len = sizeof *in6;
-  }
-  return 0;
-}
-
-bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep) {
-  sockaddr_storage ss{};
-  std::memcpy(&ss, sa, std::min<size_t>(len, sizeof ss));
-  if (ss.ss_family == AF_INET && len >= socklen_t(sizeof(sockaddr_in))) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
-    *ep = UdpEndpoint{IpAddress::V4(ntohl(in->sin_addr.s_addr)), ntohs(in->sin_port)};
-    return true;
-  }
-  if (ss.ss_family == AF_INET6 && len >= socklen_t(sizeof(sockaddr_in6))) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
-    *ep = UdpEndpoint{IpAddress::FromBytes(in6->sin6_addr.s6_addr), ntohs(in6->sin6_port)};
-    return true;
-  }
-  return false;
-}
-
-void SetBuffer(int fd, int force_opt, int opt, int bytes) {
-  if (bytes <= 0) return;
-  if (setsockopt(fd, SOL_SOCKET, force_opt, &bytes, sizeof bytes) == 0) return;  // CAP_NET_ADMIN only
-  setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof bytes);                        // capped at net.core.*mem_max
-}
-
-void DrainEventFd(int fd) {
-  uint64_t v;
-  while (read(fd, &v, sizeof v) == sizeof v) {
-  }
-}
 
 }  // namespace
 
@@ -110,34 +61,10 @@ int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
   options_ = options;
   options_.send_slots = std::min(options_.send_slots, options_.ring_entries * 2);  // never overflow the send CQ
   options_.fallback_receives = std::min(options_.fallback_receives, options_.ring_entries);  // one chain per submit
-  family_ = bind.addr.is_v4() ? AF_INET : AF_INET6;
+  family_ = SocketFamily(bind);
 
-  fd_ = socket(family_, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
-  if (fd_ < 0) return -errno;
-  const int one = 1;
-  if (family_ == AF_INET) {
-    const int pmtu = IP_PMTUDISC_DO;
-    if (setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu) < 0) return -errno;
-    if (setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) < 0) return -errno;
-  } else {
-    const int pmtu6 = IPV6_PMTUDISC_DO;
-    if (setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof pmtu6) < 0) return -errno;
-    if (setsockopt(fd_, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one) < 0) return -errno;
-    // A dual-stack socket also carries IPv4 (mapped) traffic; these apply to it. Best effort.
-    const int pmtu = IP_PMTUDISC_DO;
-    setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    setsockopt(fd_, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
-  }
-  SetBuffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF, options_.socket_buffer_bytes);
-  SetBuffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF, options_.socket_buffer_bytes);
-
-  sockaddr_storage sa;
-  socklen_t sa_len;
-  if (int r = ToSockaddr(bind, family_, &sa, &sa_len); r < 0) return r;
-  if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sa_len) < 0) return -errno;
-  sa_len = sizeof sa;
-  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &sa_len) < 0) return -errno;
-  if (!FromSockaddr(&sa, sa_len, &local_)) return -EAFNOSUPPORT;
+  fd_ = OpenRoceUdpSocket(bind, options_.socket_buffer_bytes, &local_);
+  if (fd_ < 0) return fd_;
 
   // Send ring and its slots.
   send_ring_ = std::make_unique<io_uring>();
@@ -286,11 +213,9 @@ void UringTransport::ReapSendsLocked() {
       const int res = cqes[i]->res;
       free_send_slots_.push_back(uint32_t(cqes[i]->user_data));
       if (res < 0) {
-        send_errors_.fetch_add(1, std::memory_order_relaxed);
-        last_send_error_.store(res, std::memory_order_relaxed);
+        counters_.SendFailed(res);
       } else {
-        packets_sent_.fetch_add(1, std::memory_order_relaxed);
-        bytes_sent_.fetch_add(uint64_t(res), std::memory_order_relaxed);
+        counters_.Sent(size_t(res));
       }
     }
     io_uring_cq_advance(ring, n);
@@ -414,40 +339,6 @@ int UringTransport::ArmReceives() {
   return r < 0 ? r : 0;
 }
 
-bool UringTransport::Deliver(const DatagramHandler& handler, const msghdr& msg, const void* payload, size_t len,
-                             int msg_flags) {
-  if (msg_flags & MSG_TRUNC) {
-    receive_truncations_.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  InDatagram in;
-  if (!FromSockaddr(msg.msg_name, msg.msg_namelen, &in.src)) {
-    receive_errors_.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  in.dst = local_;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c)) {
-    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO && c->cmsg_len >= CMSG_LEN(sizeof(in_pktinfo))) {
-      in_pktinfo pi;
-      std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
-      in.dst.addr = IpAddress::V4(ntohl(pi.ipi_addr.s_addr));  // the header's destination address
-    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO &&
-               c->cmsg_len >= CMSG_LEN(sizeof(in6_pktinfo))) {
-      in6_pktinfo pi;
-      std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
-      in.dst.addr = IpAddress::FromBytes(pi.ipi6_addr.s6_addr);
-    }
-  }
-  in.payload = std::span<const uint8_t>(static_cast<const uint8_t*>(payload), len);
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  in.timestamp_ns = uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
-  packets_received_.fetch_add(1, std::memory_order_relaxed);
-  bytes_received_.fetch_add(len, std::memory_order_relaxed);
-  handler(in);
-  return true;
-}
-
 int UringTransport::ReapReceives(const DatagramHandler& handler) {
   io_uring* ring = receive_ring_.get();
   int delivered = 0;
@@ -477,7 +368,7 @@ int UringTransport::ReapReceives(const DatagramHandler& handler) {
           multishot_delivered_ = true;
           io_uring_recvmsg_out* out = io_uring_recvmsg_validate(buf, c.res, multishot_msg_.get());
           if (!out) {
-            receive_errors_.fetch_add(1, std::memory_order_relaxed);
+            counters_.ReceiveFailed();
           } else {
             msghdr msg{};
             msg.msg_name = io_uring_recvmsg_name(out);
@@ -487,7 +378,8 @@ int UringTransport::ReapReceives(const DatagramHandler& handler) {
             msg.msg_controllen = out->controllen;
             const size_t len = io_uring_recvmsg_payload_length(out, c.res, multishot_msg_.get());
             // The kernel sets MSG_TRUNC in out->flags and payloadlen to the datagram's full length.
-            if (Deliver(handler, msg, io_uring_recvmsg_payload(out, multishot_msg_.get()), len, int(out->flags))) {
+            const auto* payload = static_cast<const uint8_t*>(io_uring_recvmsg_payload(out, multishot_msg_.get()));
+            if (DeliverReceived(handler, msg, {payload, len}, int(out->flags), local_, counters_)) {
               ++delivered;
             }
           }
@@ -497,7 +389,7 @@ int UringTransport::ReapReceives(const DatagramHandler& handler) {
         if (c.res == -EINVAL && !multishot_delivered_) {
           fall_back = true;  // kernel before 6.0: no multishot recvmsg
         } else if (c.res != -ENOBUFS && c.res != -ECANCELED) {
-          receive_errors_.fetch_add(1, std::memory_order_relaxed);
+          counters_.ReceiveFailed();
         }
       }
     } else if (tag == kTagFallback) {
@@ -505,9 +397,11 @@ int UringTransport::ReapReceives(const DatagramHandler& handler) {
       --outstanding_receives_;
       ReceiveSlot& slot = receive_slots_[index];
       if (c.res >= 0) {
-        if (Deliver(handler, slot.msg, slot.buffer, size_t(c.res), slot.msg.msg_flags)) ++delivered;
+        if (DeliverReceived(handler, slot.msg, {slot.buffer, size_t(c.res)}, slot.msg.msg_flags, local_, counters_)) {
+          ++delivered;
+        }
       } else if (c.res != -ECANCELED) {
-        receive_errors_.fetch_add(1, std::memory_order_relaxed);
+        counters_.ReceiveFailed();
       }
       idle_receive_slots_.push_back(index);
     }
@@ -562,21 +456,12 @@ void UringTransport::Wake() {
   [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
 }
 
-UringCounters UringTransport::counters() const {
+UdpCounters UringTransport::counters() const {
   {
     std::lock_guard lock(send_mu_);
     const_cast<UringTransport*>(this)->ReapSendsLocked();
   }
-  UringCounters c;
-  c.packets_sent = packets_sent_.load();
-  c.bytes_sent = bytes_sent_.load();
-  c.send_errors = send_errors_.load();
-  c.last_send_error = last_send_error_.load();
-  c.packets_received = packets_received_.load();
-  c.bytes_received = bytes_received_.load();
-  c.receive_truncations = receive_truncations_.load();
-  c.receive_errors = receive_errors_.load();
-  return c;
+  return counters_.Snapshot();
 }
 
 }  // namespace uroce::wire

@@ -12,10 +12,8 @@
 //    handler may Send). Receives are armed by the first Poll, on the polling thread: io_uring cancels a request when
 //    the thread that submitted it exits, so they are re-armed on -ECANCELED too.
 //
-// Socket options: IP_MTU_DISCOVER = IP_PMTUDISC_DO (ip(7)) makes IPv4 datagrams DF, which Linux sends from an
-// unconnected socket with IP ID 0, the value the sender's ICRC assumed (DESIGN.md, wire facts); IP_PKTINFO /
-// IPV6_RECVPKTINFO (ip(7), ipv6(7)) tell which local address a datagram was sent to; SO_RCVBUFFORCE / SO_SNDBUFFORCE
-// (socket(7), needs CAP_NET_ADMIN) with a silent fall-back to SO_RCVBUF / SO_SNDBUF.
+// The socket and its options, address conversion and received-datagram parsing are shared with SocketTransport
+// (wire/udp_socket.h).
 #pragma once
 
 #include <sys/socket.h>
@@ -28,6 +26,7 @@
 
 #include "wire/address.h"
 #include "wire/transport.h"
+#include "wire/udp_socket.h"
 
 struct io_uring;
 struct io_uring_buf_ring;
@@ -42,17 +41,6 @@ struct UringTransportOptions {
   size_t max_datagram = 9216;         // larger received datagrams are truncated: counted and not delivered
   int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
   bool force_fallback_receive = false;
-};
-
-struct UringCounters {
-  uint64_t packets_sent = 0;  // send completions with success
-  uint64_t bytes_sent = 0;
-  uint64_t send_errors = 0;   // send completions with an error
-  int last_send_error = 0;    // -errno of the latest failed send completion
-  uint64_t packets_received = 0;
-  uint64_t bytes_received = 0;
-  uint64_t receive_truncations = 0;  // datagrams longer than max_datagram (dropped)
-  uint64_t receive_errors = 0;       // receive completions with an unexpected error
 };
 
 class UringTransport final : public Transport {
@@ -83,7 +71,7 @@ class UringTransport final : public Transport {
   // True when receives use multishot recvmsg with a provided-buffer ring. Decided at Create (kernel probe, buffer
   // ring registration, options) and may turn false at the first Poll if the kernel rejects multishot recvmsg.
   bool multishot_active() const { return multishot_.load(std::memory_order_relaxed); }
-  UringCounters counters() const;  // reaps pending send completions first
+  UdpCounters counters() const;  // reaps pending send completions first
   int fd() const { return fd_; }
 
  private:
@@ -101,7 +89,6 @@ class UringTransport final : public Transport {
   void ReapSendsLocked();
   int ArmReceives();
   int ReapReceives(const DatagramHandler& handler);
-  bool Deliver(const DatagramHandler& handler, const msghdr& msg, const void* payload, size_t len, int msg_flags);
   void CancelReceives();
 
   Options options_;
@@ -111,6 +98,8 @@ class UringTransport final : public Transport {
   int ring_event_fd_ = -1;
   int wake_fd_ = -1;
 
+  UdpCounterSet counters_;
+
   // Send side, guarded by send_mu_.
   mutable std::mutex send_mu_;
   std::unique_ptr<io_uring> send_ring_;
@@ -119,8 +108,6 @@ class UringTransport final : public Transport {
   std::vector<uint32_t> free_send_slots_;
   uint8_t* send_buffers_ = nullptr;
   size_t send_buffers_bytes_ = 0;
-  mutable std::atomic<uint64_t> packets_sent_{0}, bytes_sent_{0}, send_errors_{0};
-  mutable std::atomic<int> last_send_error_{0};
 
   // Receive side: the polling thread only (and Create / the destructor).
   std::unique_ptr<io_uring> receive_ring_;
@@ -140,7 +127,6 @@ class UringTransport final : public Transport {
   std::unique_ptr<msghdr> multishot_msg_;
   std::vector<ReceiveSlot> receive_slots_;
   std::vector<uint32_t> idle_receive_slots_;
-  std::atomic<uint64_t> packets_received_{0}, bytes_received_{0}, receive_truncations_{0}, receive_errors_{0};
 };
 
 }  // namespace uroce::wire

@@ -1,0 +1,167 @@
+#include "wire/socket_transport.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace uroce::wire {
+namespace {
+constexpr size_t kMaxSendChunk = 64;  // datagrams per sendmmsg, whatever Options::batch says (bounds the stack)
+}  // namespace
+
+struct SocketTransport::ReceiveSlot {
+  iovec iov{};
+  sockaddr_storage addr{};
+  alignas(cmsghdr) uint8_t control[kPktinfoControlBytes]{};
+};
+
+int SocketTransport::Create(const UdpEndpoint& bind, const Options& options, std::unique_ptr<SocketTransport>* out) {
+  if (options.batch == 0 || options.max_datagram == 0) return -EINVAL;
+  std::unique_ptr<SocketTransport> t(new SocketTransport());
+  if (int r = t->Init(bind, options); r < 0) return r;
+  *out = std::move(t);
+  return 0;
+}
+
+int SocketTransport::Init(const UdpEndpoint& bind, const Options& options) {
+  options_ = options;
+  family_ = SocketFamily(bind);
+  fd_ = OpenRoceUdpSocket(bind, options_.socket_buffer_bytes, &local_);
+  if (fd_ < 0) return fd_;
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return -errno;
+  // Left uninitialised: the kernel writes a datagram before anything reads it, and untouched pages cost nothing.
+  receive_buffers_.reset(new (std::nothrow) uint8_t[size_t(options_.batch) * options_.max_datagram]);
+  if (!receive_buffers_) return -ENOMEM;
+  receive_slots_.resize(options_.batch);
+  receive_msgs_.resize(options_.batch);
+  for (unsigned i = 0; i < options_.batch; ++i) {
+    receive_slots_[i].iov = iovec{receive_buffers_.get() + size_t(i) * options_.max_datagram, options_.max_datagram};
+  }
+  return 0;
+}
+
+SocketTransport::~SocketTransport() {
+  if (fd_ >= 0) close(fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+int SocketTransport::Send(std::span<const OutDatagram> batch) {
+  // On the caller's stack: senders share nothing but the socket.
+  mmsghdr msgs[kMaxSendChunk];
+  iovec iovs[kMaxSendChunk];
+  sockaddr_storage addrs[kMaxSendChunk];
+  const size_t chunk = std::min<size_t>(options_.batch, kMaxSendChunk);
+  size_t done = 0;
+  int error = 0;
+  while (done < batch.size() && error == 0) {
+    // Prepare up to `chunk` datagrams, stopping before one this transport cannot send at all.
+    size_t n = 0;
+    for (; n < chunk && done + n < batch.size(); ++n) {
+      const OutDatagram& dg = batch[done + n];
+      if (dg.payload.size() > options_.max_datagram) {
+        error = -EMSGSIZE;
+        break;
+      }
+      socklen_t len;
+      if (int r = ToSockaddr(dg.dst, family_, &addrs[n], &len); r < 0) {
+        error = r;
+        break;
+      }
+      iovs[n] = iovec{const_cast<uint8_t*>(dg.payload.data()), dg.payload.size()};
+      msgs[n] = mmsghdr{};
+      msgs[n].msg_hdr.msg_name = &addrs[n];
+      msgs[n].msg_hdr.msg_namelen = len;
+      msgs[n].msg_hdr.msg_iov = &iovs[n];
+      msgs[n].msg_hdr.msg_iovlen = 1;
+    }
+    size_t sent = 0;
+    while (sent < n) {
+      const int r = sendmmsg(fd_, msgs + sent, unsigned(n - sent), 0);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        // sendmmsg(2) reports an error only for the first datagram; it is lost, as a failed send completion of
+        // UringTransport is, and the rest are tried.
+        counters_.SendFailed(-errno);
+        ++sent;
+        continue;
+      }
+      for (int i = 0; i < r; ++i) counters_.Sent(msgs[sent + size_t(i)].msg_len);
+      sent += size_t(r);
+    }
+    done += n;
+  }
+  if (done == 0 && error) return error;
+  return int(done);
+}
+
+int SocketTransport::ReceiveBatch(const DatagramHandler& handler) {
+  for (unsigned i = 0; i < options_.batch; ++i) {
+    ReceiveSlot& slot = receive_slots_[i];
+    msghdr& m = receive_msgs_[i].msg_hdr;
+    m = msghdr{};
+    m.msg_name = &slot.addr;
+    m.msg_namelen = sizeof slot.addr;
+    m.msg_iov = &slot.iov;
+    m.msg_iovlen = 1;
+    m.msg_control = slot.control;
+    m.msg_controllen = sizeof slot.control;
+  }
+  int n;
+  do {
+    n = recvmmsg(fd_, receive_msgs_.data(), options_.batch, MSG_DONTWAIT, nullptr);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -EAGAIN;
+    const int e = -errno;
+    counters_.ReceiveFailed();
+    return e;
+  }
+  int delivered = 0;
+  for (int i = 0; i < n; ++i) {
+    const msghdr& m = receive_msgs_[size_t(i)].msg_hdr;
+    const auto* buffer = static_cast<const uint8_t*>(receive_slots_[size_t(i)].iov.iov_base);
+    // With MSG_TRUNC set, msg_len is the datagram's full length: never read past the buffer.
+    const size_t len = std::min<size_t>(receive_msgs_[size_t(i)].msg_len, options_.max_datagram);
+    if (DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local_, counters_)) ++delivered;
+  }
+  return delivered;
+}
+
+int SocketTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
+  while (true) {
+    const int n = ReceiveBatch(handler);
+    if (n > 0) return n;
+    if (n == 0) continue;  // datagrams arrived but none was deliverable (truncated): look again
+    if (n != -EAGAIN) return n;
+    uint64_t v;
+    if (read(wake_fd_, &v, sizeof v) == sizeof v) return 0;
+    if (timeout_ns == 0) return 0;
+    timespec ts{};
+    timespec* tsp = nullptr;
+    if (timeout_ns > 0) {
+      const int64_t left =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return 0;
+      ts.tv_sec = left / 1'000'000'000;
+      ts.tv_nsec = left % 1'000'000'000;
+      tsp = &ts;
+    }
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (ppoll(fds, 2, tsp, nullptr) < 0 && errno != EINTR) return -errno;
+  }
+}
+
+void SocketTransport::Wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
+}
+
+}  // namespace uroce::wire

@@ -1,0 +1,164 @@
+#include "wire/udp_socket.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace uroce::wire {
+namespace {
+
+void SetBuffer(int fd, int force_opt, int opt, int bytes) {
+  if (bytes <= 0) return;
+  if (setsockopt(fd, SOL_SOCKET, force_opt, &bytes, sizeof bytes) == 0) return;  // CAP_NET_ADMIN only
+  setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof bytes);                        // capped at net.core.*mem_max
+}
+
+int SetOptions(int fd, int family, int buffer_bytes) {
+  const int one = 1;
+  const int pmtu = IP_PMTUDISC_DO;
+  if (family == AF_INET) {
+    if (setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu) < 0) return -errno;
+    if (setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) < 0) return -errno;
+  } else {
+    const int pmtu6 = IPV6_PMTUDISC_DO;
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof pmtu6) < 0) return -errno;
+    if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one) < 0) return -errno;
+    // A dual-stack socket also carries IPv4 (mapped) traffic; these apply to it. Best effort.
+    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
+  }
+  SetBuffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, buffer_bytes);
+  SetBuffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, buffer_bytes);
+  return 0;
+}
+
+}  // namespace
+
+void UdpCounterSet::Sent(size_t bytes) {
+  packets_sent_.fetch_add(1, std::memory_order_relaxed);
+  bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void UdpCounterSet::SendFailed(int negative_errno) {
+  send_errors_.fetch_add(1, std::memory_order_relaxed);
+  last_send_error_.store(negative_errno, std::memory_order_relaxed);
+}
+
+void UdpCounterSet::Received(size_t bytes) {
+  packets_received_.fetch_add(1, std::memory_order_relaxed);
+  bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+UdpCounters UdpCounterSet::Snapshot() const {
+  UdpCounters c;
+  c.packets_sent = packets_sent_.load();
+  c.bytes_sent = bytes_sent_.load();
+  c.send_errors = send_errors_.load();
+  c.last_send_error = last_send_error_.load();
+  c.packets_received = packets_received_.load();
+  c.bytes_received = bytes_received_.load();
+  c.receive_truncations = receive_truncations_.load();
+  c.receive_errors = receive_errors_.load();
+  return c;
+}
+
+int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* local) {
+  const int family = SocketFamily(bind);
+  sockaddr_storage sa;
+  socklen_t sa_len;
+  if (int r = ToSockaddr(bind, family, &sa, &sa_len); r < 0) return r;
+  const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
+  if (fd < 0) return -errno;
+  int r = SetOptions(fd, family, buffer_bytes);
+  if (r == 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sa_len) < 0) r = -errno;
+  sa_len = sizeof sa;
+  if (r == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &sa_len) < 0) r = -errno;
+  if (r == 0 && !FromSockaddr(&sa, sa_len, local)) r = -EAFNOSUPPORT;
+  if (r < 0) {
+    close(fd);
+    return r;
+  }
+  return fd;
+}
+
+int ToSockaddr(const UdpEndpoint& ep, int family, sockaddr_storage* sa, socklen_t* len) {
+  std::memset(sa, 0, sizeof *sa);
+  if (family == AF_INET) {
+    if (!ep.addr.is_v4()) return -EAFNOSUPPORT;
+    auto* in = reinterpret_cast<sockaddr_in*>(sa);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(ep.port);
+    in->sin_addr.s_addr = htonl(ep.addr.v4());
+    *len = sizeof *in;
+  } else {
+    // IPv4 destinations from an IPv6 socket use the mapped form, which IpAddress already holds.
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(sa);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(ep.port);
+    std::memcpy(in6->sin6_addr.s6_addr, ep.addr.bytes().data(), 16);
+    *len = sizeof *in6;
+  }
+  return 0;
+}
+
+bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep) {
+  sockaddr_storage ss{};
+  std::memcpy(&ss, sa, std::min<size_t>(len, sizeof ss));
+  if (ss.ss_family == AF_INET && len >= socklen_t(sizeof(sockaddr_in))) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    *ep = UdpEndpoint{IpAddress::V4(ntohl(in->sin_addr.s_addr)), ntohs(in->sin_port)};
+    return true;
+  }
+  if (ss.ss_family == AF_INET6 && len >= socklen_t(sizeof(sockaddr_in6))) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    *ep = UdpEndpoint{IpAddress::FromBytes(in6->sin6_addr.s6_addr), ntohs(in6->sin6_port)};
+    return true;
+  }
+  return false;
+}
+
+bool DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload,
+                     int msg_flags, const UdpEndpoint& local, UdpCounterSet& counters) {
+  if (msg_flags & MSG_TRUNC) {
+    counters.Truncated();
+    return false;
+  }
+  InDatagram in;
+  if (!FromSockaddr(msg.msg_name, msg.msg_namelen, &in.src)) {
+    counters.ReceiveFailed();
+    return false;
+  }
+  in.dst = local;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c)) {
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO && c->cmsg_len >= CMSG_LEN(sizeof(in_pktinfo))) {
+      in_pktinfo pi;
+      std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+      in.dst.addr = IpAddress::V4(ntohl(pi.ipi_addr.s_addr));  // the header's destination address
+    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO &&
+               c->cmsg_len >= CMSG_LEN(sizeof(in6_pktinfo))) {
+      in6_pktinfo pi;
+      std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+      in.dst.addr = IpAddress::FromBytes(pi.ipi6_addr.s6_addr);
+    }
+  }
+  in.payload = payload;
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  in.timestamp_ns = uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+  counters.Received(payload.size());
+  handler(in);
+  return true;
+}
+
+void DrainEventFd(int fd) {
+  uint64_t v;
+  while (read(fd, &v, sizeof v) == sizeof v) {
+  }
+}
+
+}  // namespace uroce::wire

@@ -1,0 +1,392 @@
+// The cases every UDP transport must pass (the Transport contract of wire/transport.h on a real socket), run
+// against each implementation: UringTransport with multishot and with single-shot receives, and SocketTransport.
+#include <arpa/inet.h>
+#include <linux/if_packet.h>
+#include <net/ethernet.h>
+#include <net/if.h>
+#include <netinet/ip.h>
+#include <netinet/udp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "wire/socket_transport.h"
+#include "wire/udp_test_util.h"
+#include "wire/uring_transport.h"
+
+namespace uroce::wire {
+namespace {
+
+// How to make each implementation; Create skips (sets *skip) where the kernel lacks what the kind needs.
+struct UringMultishot {
+  using Type = UringTransport;
+  static int Create(const UdpEndpoint& bind, size_t max_datagram, std::unique_ptr<Type>* out, std::string* skip) {
+    return CreateUring(bind, max_datagram, false, out, skip);
+  }
+  static int CreateUring(const UdpEndpoint& bind, size_t max_datagram, bool fallback, std::unique_ptr<Type>* out,
+                         std::string* skip) {
+    UringTransport::Options o;
+    o.max_datagram = max_datagram;
+    o.force_fallback_receive = fallback;
+    const int r = UringTransport::Create(bind, o, out);
+    if (r == -ENOSYS || r == -EPERM) *skip = "io_uring unavailable: " + std::string(strerror(-r));
+    if (r == 0 && !fallback && !(*out)->multishot_active()) {
+      *skip = "kernel lacks multishot recvmsg / provided buffer rings";
+      out->reset();
+    }
+    if (r == 0 && *out) EXPECT_EQ((*out)->multishot_active(), !fallback);
+    return r;
+  }
+};
+struct UringSingleShot {
+  using Type = UringTransport;
+  static int Create(const UdpEndpoint& bind, size_t max_datagram, std::unique_ptr<Type>* out, std::string* skip) {
+    return UringMultishot::CreateUring(bind, max_datagram, true, out, skip);
+  }
+};
+struct Socket {
+  using Type = SocketTransport;
+  static int Create(const UdpEndpoint& bind, size_t max_datagram, std::unique_ptr<Type>* out, std::string*) {
+    SocketTransport::Options o;
+    o.max_datagram = max_datagram;
+    return SocketTransport::Create(bind, o, out);
+  }
+};
+
+struct KindNames {
+  template <typename Kind>
+  static std::string GetName(int) {
+    if (std::is_same_v<Kind, UringMultishot>) return "UringMultishot";
+    if (std::is_same_v<Kind, UringSingleShot>) return "UringSingleShot";
+    return "Socket";
+  }
+};
+
+template <typename Kind>
+class UdpTransportTest : public testing::Test {
+ protected:
+  using T = typename Kind::Type;
+  // Creates a transport; nullptr with skip_ set when the kernel lacks what this kind needs.
+  std::unique_ptr<T> Make(const UdpEndpoint& bind = kLoopbackAnyPort, size_t max_datagram = 9216) {
+    std::unique_ptr<T> t;
+    const int r = Kind::Create(bind, max_datagram, &t, &skip_);
+    if (skip_.empty()) EXPECT_EQ(r, 0) << strerror(-r);
+    return t;
+  }
+  int CreateResult(const UdpEndpoint& bind) {
+    std::unique_ptr<T> t;
+    std::string skip;
+    return Kind::Create(bind, 9216, &t, &skip);
+  }
+  std::string skip_;
+};
+
+using Kinds = testing::Types<UringMultishot, UringSingleShot, Socket>;
+TYPED_TEST_SUITE(UdpTransportTest, Kinds, KindNames);
+
+#define MAKE_OR_SKIP(var, ...)                               \
+  auto var = this->Make(__VA_ARGS__);                        \
+  if (!var) {                                                \
+    if (!this->skip_.empty()) GTEST_SKIP() << this->skip_;   \
+    FAIL();                                                  \
+  }
+
+TYPED_TEST(UdpTransportTest, DatagramsBothWays) {
+  MAKE_OR_SKIP(a);
+  MAKE_OR_SKIP(b);
+  EXPECT_NE(a->local().port, 0);
+  EXPECT_EQ(a->local().addr, IpAddress::V4(0x7f000001));
+  const Flow flow = a->OutgoingFlow(b->local(), 0xC123);
+  EXPECT_EQ(flow.src, a->local());  // a UDP socket sends from its bound port
+  EXPECT_EQ(flow.dst, b->local());
+  EXPECT_EQ(flow.ip_id, 0);
+
+  const auto p = Numbered(7, 300);
+  ExpectOneDatagramArrives(*a, *b, p, 0xC123);
+
+  // The handler may Send (no lock held while it runs): b answers from inside its handler.
+  MAKE_OR_SKIP(c);
+  OutDatagram to_c{c->local(), 0, p};
+  ASSERT_EQ(a->Send({&to_c, 1}), 1);
+  OutDatagram to_b{b->local(), 0, p};
+  ASSERT_EQ(c->Send({&to_b, 1}), 1);
+  int answered = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (answered == 0 && std::chrono::steady_clock::now() < give_up) {
+    b->Poll([&](const InDatagram& in) {
+      OutDatagram back{in.src, 0, in.payload};
+      EXPECT_EQ(b->Send({&back, 1}), 1);
+      ++answered;
+    }, 100'000'000);
+  }
+  EXPECT_EQ(answered, 1);
+  EXPECT_EQ(ReceiveN(*c, 2).size(), 2u);  // from a, and b's answer
+  EXPECT_EQ(a->counters().packets_sent, 2u);
+  EXPECT_EQ(b->counters().packets_received, 2u);
+}
+
+TYPED_TEST(UdpTransportTest, ThousandBatchedFourKiBDatagramsArriveIntactAndInOrder) {
+  MAKE_OR_SKIP(a);
+  MAKE_OR_SKIP(b);
+  constexpr uint32_t kCount = 1000, kBatch = 100;
+  constexpr size_t kSize = 4096;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (uint32_t i = 0; i < kCount; ++i) payloads.push_back(Numbered(i, kSize));
+  std::vector<Received> got;
+  // Lock-step per batch, so the receive buffer never overflows (loopback UDP drops when it does).
+  for (uint32_t first = 0; first < kCount; first += kBatch) {
+    std::vector<OutDatagram> batch;
+    for (uint32_t i = first; i < first + kBatch; ++i) batch.push_back({b->local(), 0, payloads[i]});
+    size_t sent = 0;
+    while (sent < batch.size()) {
+      const int n = a->Send(std::span(batch).subspan(sent));
+      ASSERT_GT(n, 0);
+      sent += size_t(n);
+    }
+    // Sends copied the payloads: scribbling on them now changes nothing on the wire.
+    std::vector<std::vector<uint8_t>> saved(payloads.begin() + first, payloads.begin() + first + kBatch);
+    for (uint32_t i = first; i < first + kBatch; ++i) std::fill(payloads[i].begin(), payloads[i].end(), 0xEE);
+    auto part = ReceiveN(*b, kBatch);
+    ASSERT_EQ(part.size(), kBatch);
+    for (uint32_t i = 0; i < kBatch; ++i) payloads[first + i] = saved[i];
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  ASSERT_EQ(got.size(), kCount);
+  for (uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(got[i].payload, payloads[i]) << i;
+  const UdpCounters sent = a->counters(), recv = b->counters();
+  EXPECT_EQ(sent.packets_sent, kCount);
+  EXPECT_EQ(sent.bytes_sent, kCount * kSize);
+  EXPECT_EQ(sent.send_errors, 0u);
+  EXPECT_EQ(recv.packets_received, kCount);
+  EXPECT_EQ(recv.bytes_received, kCount * kSize);
+  EXPECT_EQ(recv.receive_truncations, 0u);
+}
+
+TYPED_TEST(UdpTransportTest, IPv6Loopback) {
+  const UdpEndpoint v6{*IpAddress::Parse("::1"), 0};
+  const int r = this->CreateResult(v6);
+  if (r == -EADDRNOTAVAIL || r == -EAFNOSUPPORT) GTEST_SKIP() << "no IPv6 loopback: " << strerror(-r);
+  MAKE_OR_SKIP(a, v6);
+  MAKE_OR_SKIP(b, v6);
+  EXPECT_EQ(a->local().addr, *IpAddress::Parse("::1"));
+  const auto p = Numbered(9, 1000);
+  ExpectOneDatagramArrives(*a, *b, p);
+  OutDatagram dg{b->local(), 0, p};
+  // An IPv4 socket cannot reach an IPv6 destination.
+  MAKE_OR_SKIP(v4);
+  EXPECT_EQ(v4->Send({&dg, 1}), -EAFNOSUPPORT);
+}
+
+TYPED_TEST(UdpTransportTest, DestinationAddressComesFromPktinfo) {
+  // Bound to the wildcard address, the socket learns from IP_PKTINFO which address a datagram was sent to.
+  MAKE_OR_SKIP(any, UdpEndpoint{IpAddress::V4(0), 0});
+  MAKE_OR_SKIP(a);
+  EXPECT_EQ(any->local().addr, IpAddress::V4(0));
+  const auto p = Numbered(1, 64);
+  OutDatagram dg{UdpEndpoint{IpAddress::V4(0x7f000001), any->local().port}, 0, p};
+  ASSERT_EQ(a->Send({&dg, 1}), 1);
+  auto got = ReceiveN(*any, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].dst, (UdpEndpoint{IpAddress::V4(0x7f000001), any->local().port}));
+  EXPECT_EQ(got[0].src, a->local());
+}
+
+TYPED_TEST(UdpTransportTest, WakeAndTimeout) {
+  MAKE_OR_SKIP(a);
+  std::thread waker([&] { a->Wake(); });
+  EXPECT_EQ(a->Poll([](const InDatagram&) {}, -1), 0);
+  waker.join();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(a->Poll([](const InDatagram&) {}, 20'000'000), 0);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(20));
+  EXPECT_EQ(a->Poll([](const InDatagram&) {}, 0), 0);
+}
+
+TYPED_TEST(UdpTransportTest, TwoSendingThreadsWhilePolling) {
+  MAKE_OR_SKIP(rx);
+  MAKE_OR_SKIP(tx);  // one transport shared by both sender threads
+  constexpr uint32_t kPerThread = 2000;
+  std::atomic<uint64_t> received{0};
+  std::vector<std::thread> senders;
+  for (uint32_t s = 0; s < 2; ++s) {
+    senders.emplace_back([&, s] {
+      for (uint32_t i = 0; i < kPerThread; i += 10) {
+        // Credit: the two senders stay within ~1000 datagrams of the receiver, so its buffer never overflows.
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (2 * uint64_t(i) > received.load() + 1000 && std::chrono::steady_clock::now() < give_up) {
+          std::this_thread::yield();
+        }
+        std::vector<std::vector<uint8_t>> ps;
+        std::vector<OutDatagram> batch;
+        for (uint32_t k = i; k < i + 10; ++k) ps.push_back(Numbered(s << 24 | k, 64));
+        for (auto& p : ps) batch.push_back({rx->local(), 0, p});
+        size_t sent = 0;
+        while (sent < batch.size()) {
+          const int n = tx->Send(std::span(batch).subspan(sent));
+          ASSERT_GT(n, 0);
+          sent += size_t(n);
+        }
+      }
+    });
+  }
+  uint32_t next[2] = {0, 0};
+  bool in_order = true;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (received.load() < 2 * kPerThread && std::chrono::steady_clock::now() < give_up) {
+    const int n = rx->Poll([&](const InDatagram& in) {
+      const uint32_t v = NumberOf(in.payload);
+      const uint32_t s = v >> 24, k = v & 0xffffff;
+      if (s > 1 || k != next[s]) in_order = false;
+      if (s <= 1) next[s] = k + 1;
+    }, 100'000'000);
+    ASSERT_GE(n, 0);
+    received += uint64_t(n);
+  }
+  for (auto& t : senders) t.join();
+  EXPECT_EQ(received.load(), 2 * kPerThread);
+  EXPECT_TRUE(in_order);  // each sender's datagrams arrive in its order
+  EXPECT_EQ(tx->counters().packets_sent, 2 * kPerThread);
+}
+
+TYPED_TEST(UdpTransportTest, TruncatedDatagramsAreCountedNotDelivered) {
+  MAKE_OR_SKIP(rx, kLoopbackAnyPort, 100);
+  MAKE_OR_SKIP(tx);
+  const auto big = Numbered(1, 200), fits = Numbered(2, 100);
+  OutDatagram batch[2] = {{rx->local(), 0, big}, {rx->local(), 0, fits}};
+  ASSERT_EQ(tx->Send(batch), 2);
+  auto got = ReceiveN(*rx, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, fits);
+  EXPECT_EQ(rx->counters().receive_truncations, 1u);
+  // And a sender refuses what it could not hold.
+  EXPECT_EQ(rx->Send({&batch[0], 1}), -EMSGSIZE);
+}
+
+TYPED_TEST(UdpTransportTest, FailedSendCompletionsAreCounted) {
+  MAKE_OR_SKIP(a);
+  // Broadcast without SO_BROADCAST fails with EACCES in the kernel (udp(7)), after Send queued it.
+  const auto p = Numbered(1, 10);
+  OutDatagram dg{UdpEndpoint{IpAddress::V4(0xffffffff), 9}, 0, p};
+  ASSERT_EQ(a->Send({&dg, 1}), 1);
+  UdpCounters c = a->counters();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (c.send_errors == 0 && std::chrono::steady_clock::now() < give_up) {
+    a->Poll([](const InDatagram&) {}, 1'000'000);
+    c = a->counters();
+  }
+  EXPECT_EQ(c.send_errors, 1u);
+  EXPECT_EQ(c.last_send_error, -EACCES);
+  EXPECT_EQ(c.packets_sent, 0u);
+}
+
+// The ICRC covers the IPv4 Identification, so the sender must know it in advance: DF datagrams from an unconnected
+// socket with IP_PMTUDISC_DO leave with ID 0 (DESIGN.md). Checked on the wire with a packet socket on lo (needs
+// CAP_NET_RAW; skipped without it).
+TYPED_TEST(UdpTransportTest, IPv4DatagramsLeaveWithDfAndIdZero) {
+  const int ps = socket(AF_PACKET, SOCK_DGRAM | SOCK_CLOEXEC, htons(ETH_P_IP));
+  if (ps < 0) GTEST_SKIP() << "no packet socket: " << strerror(errno);
+  sockaddr_ll ll{};
+  ll.sll_family = AF_PACKET;
+  ll.sll_protocol = htons(ETH_P_IP);
+  ll.sll_ifindex = int(if_nametoindex("lo"));
+  if (ll.sll_ifindex == 0 || bind(ps, reinterpret_cast<sockaddr*>(&ll), sizeof ll) < 0) {
+    close(ps);
+    GTEST_SKIP() << "cannot bind a packet socket to lo";
+  }
+  auto a = this->Make();
+  auto b = this->Make();
+  if (!a || !b) {
+    close(ps);
+    if (!this->skip_.empty()) GTEST_SKIP() << this->skip_;
+    FAIL();
+  }
+  const auto p = Numbered(1, 200);
+  OutDatagram dg{b->local(), 0, p};
+  std::vector<uint16_t> ids;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (int sent = 0; sent < 3; ++sent) ASSERT_EQ(a->Send({&dg, 1}), 1);
+  while (ids.size() < 3 && std::chrono::steady_clock::now() < give_up) {
+    pollfd pfd{ps, POLLIN, 0};
+    if (poll(&pfd, 1, 100) <= 0) continue;
+    uint8_t frame[2048];
+    const ssize_t n = recv(ps, frame, sizeof frame, 0);
+    if (n < ssize_t(sizeof(iphdr) + sizeof(udphdr))) continue;
+    iphdr ip;
+    std::memcpy(&ip, frame, sizeof ip);
+    if (ip.protocol != IPPROTO_UDP || size_t(n) < ip.ihl * 4u + sizeof(udphdr)) continue;
+    udphdr udp;
+    std::memcpy(&udp, frame + ip.ihl * 4, sizeof udp);
+    if (ntohs(udp.dest) != b->local().port || ntohs(udp.source) != a->local().port) continue;
+    EXPECT_TRUE(ntohs(ip.frag_off) & IP_DF);
+    ids.push_back(ntohs(ip.id));
+  }
+  close(ps);
+  EXPECT_EQ(ids, (std::vector<uint16_t>{0, 0, 0}));
+}
+
+// An idle Poll sleeps in the kernel (it does not spin): the polling thread uses almost no CPU while it waits, and
+// Wake() ends the wait.
+TYPED_TEST(UdpTransportTest, IdlePollBlocksInTheKernelUntilWoken) {
+  MAKE_OR_SKIP(a);
+  std::atomic<bool> ready{false};
+  clockid_t poller_clock{};
+  int result = -1;
+  std::thread poller([&] {
+    pthread_getcpuclockid(pthread_self(), &poller_clock);
+    ready = true;
+    result = a->Poll([](const InDatagram&) {}, -1);
+  });
+  while (!ready) std::this_thread::yield();
+  auto cpu_ns = [&] {
+    timespec ts{};
+    clock_gettime(poller_clock, &ts);
+    return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let it reach the wait
+  const int64_t before = cpu_ns();
+  const auto wall0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int64_t used = cpu_ns() - before;
+  const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - wall0);
+  a->Wake();
+  poller.join();
+  EXPECT_EQ(result, 0);
+  EXPECT_LT(used, wall.count() / 20) << "the idle poller used " << used << " ns of CPU in " << wall.count() << " ns";
+}
+
+// A Send of more datagrams than one kernel call takes (64 per sendmmsg, 256 io_uring slots) sends them all, in order.
+TYPED_TEST(UdpTransportTest, OneSendOfManyDatagrams) {
+  MAKE_OR_SKIP(a);
+  MAKE_OR_SKIP(b);
+  constexpr uint32_t kCount = 300;
+  std::vector<std::vector<uint8_t>> ps;
+  for (uint32_t i = 0; i < kCount; ++i) ps.push_back(Numbered(i, 64));
+  std::vector<OutDatagram> batch;
+  for (auto& p : ps) batch.push_back({b->local(), 0, p});
+  ASSERT_EQ(a->Send(batch), int(kCount));
+  auto got = ReceiveN(*b, kCount);
+  ASSERT_EQ(got.size(), kCount);
+  for (uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(NumberOf(got[i].payload), i);
+}
+
+TYPED_TEST(UdpTransportTest, AddressInUse) {
+  MAKE_OR_SKIP(a);
+  EXPECT_EQ(this->CreateResult(a->local()), -EADDRINUSE);
+  EXPECT_EQ(this->CreateResult(UdpEndpoint{*IpAddress::Parse("192.0.2.1"), 0}), -EADDRNOTAVAIL);  // TEST-NET-1
+}
+
+}  // namespace
+}  // namespace uroce::wire
