@@ -400,9 +400,20 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       const int32_t d = PsnDiff(w.last_psn(), limit);
       if (inclusive ? d > 0 : d >= 0) break;
       if (w.acked) continue;
-      if (w.is_read() || w.is_atomic()) {
+      if (w.is_read()) {
+        // Its missing responses were lost: ask for the rest of that segment again, once per gap, and go on -- the
+        // requests after it were answered, so going back to resend them all would only multiply the traffic.
+        if (w.rerequested_from != w.read_next) {
+          w.rerequested_from = w.read_next;
+          PathOf(*qp).OnCongestion();
+          ++counters_.rc_congestion_signals;
+          RcSendReadRequestLocked(qp, w, w.read_next, out);
+        }
+        continue;
+      }
+      if (w.is_atomic()) {
         r.cursor_wqe = i;
-        r.cursor_pkt = w.is_read() ? w.read_next : 0;
+        r.cursor_pkt = 0;
         break;
       }
       w.acked = true;
