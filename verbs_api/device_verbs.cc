@@ -34,13 +34,18 @@ void EventQueue<T>::Close() {
 }
 
 template <typename T>
-void EventQueue<T>::Push(const T& item) {
+bool EventQueue<T>::Push(const T& item) {
   {
     std::lock_guard lock(mu_);
+    if (items_.size() >= kCapacity) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
     items_.push_back(item);
   }
   const uint64_t one = 1;
   (void)!write(fd_, &one, sizeof one);
+  return true;
 }
 
 template <typename T>
@@ -201,7 +206,7 @@ ibv_context* NewContext(ibv_device* device, int cmd_fd) {
 
 extern "C" {
 
-ibv_context* ibv_open_device(ibv_device* device) {
+static ibv_context* OpenDeviceUnguarded(ibv_device* device) {
   if (device != TheDevice()) {
     errno = ENODEV;
     return nullptr;
@@ -210,6 +215,10 @@ ibv_context* ibv_open_device(ibv_device* device) {
   const int cmd_fd = fcntl(DeviceFile(), F_DUPFD_CLOEXEC, 0);
   if (cmd_fd < 0) return nullptr;
   return NewContext(device, cmd_fd);
+}
+
+ibv_context* ibv_open_device(ibv_device* device) {
+  return NoThrow<ibv_context*>(nullptr, [&] { return OpenDeviceUnguarded(device); });
 }
 
 // ibv_import_device(3): a context on the device behind a dup of another context's cmd_fd; it owns that fd. Within

@@ -21,10 +21,17 @@ namespace uroce::verbs {
 template <typename T>
 class EventQueue {
  public:
+  // At most this many undelivered items: an application that never reads its async events (or a peer that makes
+  // them by the million) costs a bounded amount of memory. A completion channel holds at most one event per armed CQ,
+  // far fewer than this.
+  static constexpr size_t kCapacity = 65536;
+
   int Open();  // 0 or errno
   void Close();
   int fd() const { return fd_; }
-  void Push(const T& item);
+  // False (and the item is dropped and counted) when kCapacity items are already waiting.
+  bool Push(const T& item);
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   // Blocks (unless the fd is O_NONBLOCK) until an item is available. 0 or errno (EAGAIN when non-blocking and empty).
   int Pop(T* item);
 
@@ -32,7 +39,21 @@ class EventQueue {
   int fd_ = -1;
   std::mutex mu_;
   std::deque<T> items_;
+  std::atomic<uint64_t> dropped_{0};
 };
+
+// Runs `body`, the whole of a verb, and turns an exception into `failed` with errno ENOMEM: allocation is the only
+// thing that throws in the library, and no C++ exception may cross the C ABI into a C program (which cannot catch
+// it: it would abort).
+template <typename R, typename F>
+R NoThrow(R failed, F&& body) noexcept {
+  try {
+    return body();
+  } catch (...) {
+    errno = ENOMEM;
+    return failed;
+  }
+}
 
 struct Context {
   verbs_context vctx;  // must be first: ibv_context is its last member, and &vctx.context is what we return

@@ -72,7 +72,7 @@ ibv_dm* NewDmHandle(ibv_context* context, uint32_t handle, std::shared_ptr<DmMem
   return &d->dm;
 }
 
-ibv_dm* AllocDm(ibv_context* context, ibv_alloc_dm_attr* attr) {
+static ibv_dm* AllocDmUnguarded(ibv_context* context, ibv_alloc_dm_attr* attr) {
   if (attr->comp_mask != 0 || attr->length == 0 || attr->log_align_req > 12) {
     errno = EINVAL;
     return nullptr;
@@ -95,6 +95,10 @@ ibv_dm* AllocDm(ibv_context* context, ibv_alloc_dm_attr* attr) {
   const uint32_t handle = t.next_handle++;
   t.by_handle[handle] = memory;
   return NewDmHandle(context, handle, std::move(memory));
+}
+
+ibv_dm* AllocDm(ibv_context* context, ibv_alloc_dm_attr* attr) {
+  return NoThrow<ibv_dm*>(nullptr, [&] { return AllocDmUnguarded(context, attr); });
 }
 
 // ibv_free_dm(3) through any handle destroys the device memory for all: it can no longer be imported. Handles still

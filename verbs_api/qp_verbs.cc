@@ -195,7 +195,7 @@ int ToEmuSend(const ibv_send_wr& w, ibv_qp_type qp_type, emu::SendWr* out) {
 
 namespace uroce::verbs {
 
-int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+static int PostSendUnguarded(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   emu::Device& dev = Ctx(qp->context)->dev();
   for (; wr != nullptr; wr = wr->next) {
     emu::SendWr e;
@@ -209,7 +209,11 @@ int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   return 0;
 }
 
-int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  return NoThrow<int>(ENOMEM, [&] { return PostSendUnguarded(qp, wr, bad_wr); });
+}
+
+static int PostRecvUnguarded(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   emu::Device& dev = Ctx(qp->context)->dev();
   for (; wr != nullptr; wr = wr->next) {
     int err = wr->num_sge < 0 ? EINVAL : 0;
@@ -228,7 +232,11 @@ int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   return 0;
 }
 
-ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* a) {
+int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  return NoThrow<int>(ENOMEM, [&] { return PostRecvUnguarded(qp, wr, bad_wr); });
+}
+
+static ibv_qp* CreateQpExUnguarded(ibv_context* context, ibv_qp_init_attr_ex* a) {
   constexpr uint32_t kSupported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
                                   IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   if (a->comp_mask & ~kSupported) return Fail<ibv_qp>(EOPNOTSUPP);  // RSS and others: README table
@@ -247,6 +255,10 @@ ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* a) {
   }
   // --- end send ops API ---
   return q;
+}
+
+ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* a) {
+  return NoThrow<ibv_qp*>(nullptr, [&] { return CreateQpExUnguarded(context, a); });
 }
 
 void FillContextOps(verbs_context* v) {
@@ -270,7 +282,7 @@ void FillContextOps(verbs_context* v) {
 
 extern "C" {
 
-ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+static ibv_qp* CreateQpUnguarded(ibv_pd* pd, ibv_qp_init_attr* attr) {
   ibv_qp_init_attr_ex ex{};
   ex.qp_context = attr->qp_context;
   ex.send_cq = attr->send_cq;
@@ -282,6 +294,10 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   ex.comp_mask = IBV_QP_INIT_ATTR_PD;
   ex.pd = pd;
   return NewQp(pd->context, pd, ex, &attr->cap);
+}
+
+ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  return NoThrow<ibv_qp*>(nullptr, [&] { return CreateQpUnguarded(pd, attr); });
 }
 
 int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {

@@ -142,7 +142,7 @@ int PollCq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
 
 int ReqNotifyCq(ibv_cq* cq, int solicited_only) { return ToCq(cq)->emu->RequestNotify(solicited_only != 0); }
 
-ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* a) {
+static ibv_cq_ex* CreateCqExUnguarded(ibv_context* context, ibv_cq_init_attr_ex* a) {
   if (a->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
     return Fail<ibv_cq_ex>(EINVAL);
   if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
@@ -156,6 +156,10 @@ ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* a) {
        a->parent_domain->context != context))
     return Fail<ibv_cq_ex>(EINVAL);
   return NewCq(context, static_cast<int>(a->cqe), a->cq_context, a->channel, a->wc_flags);
+}
+
+ibv_cq_ex* CreateCqEx(ibv_context* context, ibv_cq_init_attr_ex* a) {
+  return NoThrow<ibv_cq_ex*>(nullptr, [&] { return CreateCqExUnguarded(context, a); });
 }
 
 // ibv_alloc_parent_domain(3): a PD that stands for attr->pd everywhere. The device keeps every queue in its own
@@ -180,11 +184,15 @@ ibv_pd* AllocParentDomain(ibv_context* context, ibv_parent_domain_init_attr* att
 extern "C" {
 
 // --- PD ---
-ibv_pd* ibv_alloc_pd(ibv_context* context) {
+static ibv_pd* AllocPdUnguarded(ibv_context* context) {
   emu::ProtectionDomain* epd = Ctx(context)->dev().AllocPd();
   if (epd == nullptr) return Fail<ibv_pd>(ENOMEM);
   auto* pd = new Pd{{context, epd->handle()}, epd};
   return &pd->pd;
+}
+
+ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  return NoThrow<ibv_pd*>(nullptr, [&] { return AllocPdUnguarded(context); });
 }
 
 int ibv_dealloc_pd(ibv_pd* pd) {
@@ -211,8 +219,12 @@ ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
 void ibv_unimport_pd(ibv_pd* pd) { delete ToPd(pd); }
 
 // --- MR ---
-ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
+static ibv_mr* RegMrIova2Unguarded(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
   return RegisterMemory(pd, addr, length, iova, access);
+}
+
+ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
+  return NoThrow<ibv_mr*>(nullptr, [&] { return RegMrIova2Unguarded(pd, addr, length, iova, access); });
 }
 
 }  // extern "C"
@@ -316,17 +328,25 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   return 0;
 }
 
-ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
+static ibv_cq* CreateCqUnguarded(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
   if (comp_vector != 0) return Fail<ibv_cq>(EINVAL);
   ibv_cq_ex* x = NewCq(context, cqe, cq_context, channel, IBV_WC_STANDARD_FLAGS);
   return x ? ibv_cq_ex_to_cq(x) : nullptr;
 }
 
-int ibv_resize_cq(ibv_cq* cq, int cqe) {
+ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
+  return NoThrow<ibv_cq*>(nullptr, [&] { return CreateCqUnguarded(context, cqe, cq_context, channel, comp_vector); });
+}
+
+static int ResizeCqUnguarded(ibv_cq* cq, int cqe) {
   if (cqe <= 0) return EINVAL;
   if (int err = Ctx(cq->context)->dev().ResizeCq(ToCq(cq)->emu, static_cast<uint32_t>(cqe))) return err;
   cq->cqe = cqe;
   return 0;
+}
+
+int ibv_resize_cq(ibv_cq* cq, int cqe) {
+  return NoThrow<int>(ENOMEM, [&] { return ResizeCqUnguarded(cq, cqe); });
 }
 
 int ibv_destroy_cq(ibv_cq* cq) {

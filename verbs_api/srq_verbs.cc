@@ -56,7 +56,7 @@ ibv_srq* NewSrq(ibv_context* context, ibv_pd* pd, emu::SrqType type, ibv_xrcd* x
   return &q;
 }
 
-ibv_srq* CreateSrqEx(ibv_context* context, ibv_srq_init_attr_ex* a) {
+static ibv_srq* CreateSrqExUnguarded(ibv_context* context, ibv_srq_init_attr_ex* a) {
   constexpr uint32_t kKnown =
       IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
   if (a->comp_mask & ~kKnown) return Fail<ibv_srq>(EOPNOTSUPP);  // tag matching: README table
@@ -72,6 +72,10 @@ ibv_srq* CreateSrqEx(ibv_context* context, ibv_srq_init_attr_ex* a) {
     return NewSrq(context, a->pd, emu::SrqType::kXrc, a->xrcd, a->cq, &a->attr, a->srq_context);
   }
   return NewSrq(context, a->pd, emu::SrqType::kBasic, nullptr, nullptr, &a->attr, a->srq_context);
+}
+
+ibv_srq* CreateSrqEx(ibv_context* context, ibv_srq_init_attr_ex* a) {
+  return NoThrow<ibv_srq*>(nullptr, [&] { return CreateSrqExUnguarded(context, a); });
 }
 
 int GetSrqNum(ibv_srq* srq, uint32_t* srq_num) {
@@ -201,9 +205,13 @@ void FillSrqOps(verbs_context* v) {
 extern "C" {
 
 #undef ibv_create_srq
-ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
+static ibv_srq* CreateSrqUnguarded(ibv_pd* pd, ibv_srq_init_attr* attr) {
   if (pd == nullptr || attr == nullptr) return Fail<ibv_srq>(EINVAL);
   return NewSrq(pd->context, pd, emu::SrqType::kBasic, nullptr, nullptr, &attr->attr, attr->srq_context);
+}
+
+ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
+  return NoThrow<ibv_srq*>(nullptr, [&] { return CreateSrqUnguarded(pd, attr); });
 }
 
 #undef ibv_modify_srq
