@@ -8,8 +8,8 @@ files are read, so a test.xml left in bazel-testlogs by an earlier run never cou
 
 Prints one line per failing case or target, then a last line "PASSED FAILED SKIPPED". A target fails as a whole when
 it has no result in this invocation (it did not build, or Bazel stopped first), when Bazel's status for it is anything
-but PASSED (FAILED, TIMEOUT, FLAKY, INCOMPLETE, ...) without a failing case saying why, or when its results are
-unreadable or hold no case.
+but PASSED or FLAKY (FAILED, TIMEOUT, INCOMPLETE, ...) without a failing case saying why, or when its results are
+unreadable or hold no case. FLAKY (failed, then passed on a later --flaky_test_attempts attempt) is listed, not failed.
 """
 import json
 import sys
@@ -96,7 +96,11 @@ def main() -> int:
                 passed += 1
         for reason, count in skip_reasons.items():
             print(f"[{run}] SKIPPED {label}: {count} case(s): {reason}")
-        if status[label] != "PASSED" and target_failed == 0:
+        if status[label] == "FLAKY" and target_failed == 0:
+            # Failed, then passed on a later attempt (--flaky_test_attempts): Bazel's own run succeeded, and so do
+            # the cases of the attempt that counts; said loudly so the flake gets looked at.
+            print(f"[{run}] FLAKY {label}: failed an attempt, passed on a later one")
+        elif status[label] != "PASSED" and target_failed == 0:
             # A timeout, a crash after the last case, or a flaky pass on a later attempt: the cases do not say it.
             print(f"[{run}] FAILED {label}: Bazel says {status[label]}")
             target_failed = 1
