@@ -253,6 +253,9 @@ class Device {
   void RcWakeWaitersLocked(PathWindow& path, OutBatch& out);
   // A READ request for `w`'s response packets from `from_pkt` to the end of that segment.
   void RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out);
+  // After a lost READ response: asks again from the first missing one, once per gap, and cuts the path's window.
+  void RcRerequestReadLocked(QueuePair* qp, SendWqe& w, OutBatch& out);
+  void RcCongestionLocked(QueuePair* qp);  // a loss seen by `qp`'s requester: the path's window is cut
   void ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   void RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   void RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);

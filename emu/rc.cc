@@ -177,6 +177,18 @@ void Device::RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pk
   out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
 }
 
+void Device::RcCongestionLocked(QueuePair* qp) {
+  PathOf(*qp).OnCongestion();
+  ++counters_.rc_congestion_signals;
+}
+
+void Device::RcRerequestReadLocked(QueuePair* qp, SendWqe& w, OutBatch& out) {
+  if (w.rerequested_from == w.read_next) return;  // already asked since this gap opened
+  w.rerequested_from = w.read_next;
+  RcCongestionLocked(qp);
+  RcSendReadRequestLocked(qp, w, w.read_next, out);
+}
+
 void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
   RcRequester& r = qp->requester();
   QpAttributes& a = qp->mutable_attributes();
@@ -403,12 +415,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       if (w.is_read()) {
         // Its missing responses were lost: ask for the rest of that segment again, once per gap, and go on -- the
         // requests after it were answered, so going back to resend them all would only multiply the traffic.
-        if (w.rerequested_from != w.read_next) {
-          w.rerequested_from = w.read_next;
-          PathOf(*qp).OnCongestion();
-          ++counters_.rc_congestion_signals;
-          RcSendReadRequestLocked(qp, w, w.read_next, out);
-        }
+        RcRerequestReadLocked(qp, w, out);
         continue;
       }
       if (w.is_atomic()) {
@@ -466,8 +473,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         if (aeth.nak_code() == wire::NakCode::kPsnSeqError) {
           // The responder expects `psn`: resend from there at once (9.7.5.2.1), without spending a retry. A packet
           // was lost on the way: the path is congested.
-          PathOf(*qp).OnCongestion();
-          ++counters_.rc_congestion_signals;
+          RcCongestionLocked(qp);
           advance_acked(psn);
           if (i < r.sq.size()) {
             r.cursor_wqe = i;
@@ -503,12 +509,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       // A response was lost (9.7.5.2.2): ask again for the rest of the segment, once per gap -- the responses
       // still in flight behind the lost one would otherwise each trigger a whole new answer. Only the READ is
       // asked again: later requests were received, or their own timeout resends them.
-      if (PsnDiff(psn, expected) > 0 && w.rerequested_from != w.read_next) {
-        w.rerequested_from = w.read_next;
-        PathOf(*qp).OnCongestion();
-        ++counters_.rc_congestion_signals;
-        RcSendReadRequestLocked(qp, w, w.read_next, out);
-      }
+      if (PsnDiff(psn, expected) > 0) RcRerequestReadLocked(qp, w, out);
       return;
     }
     if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return;
@@ -605,8 +606,7 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
   }
   if (!(config_.retry_cnt_7_infinite && qp->attributes().retry_cnt == 7)) --r.retries_left;
   ++counters_.rc_retransmit_timeouts;
-  PathOf(*qp).OnCongestion();
-  ++counters_.rc_congestion_signals;
+  RcCongestionLocked(qp);
   r.cursor_wqe = i;
   // Resume at the first unacknowledged PSN within the WQE (a coalesced ACK may have covered its beginning).
   const int32_t into = PsnDiff(r.acked_psn_next, r.sq[i].first_psn);
