@@ -639,20 +639,21 @@ int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
 
 void Device::Transmit(OutBatch& out) {
   if (out.packets.empty()) return;
-  const auto [sent, failed, bytes] = SendBatch(out);
+  const SendResult r = SendBatch(out);
   std::lock_guard lock(mu_);
-  counters_.tx_packets += sent;
-  counters_.tx_bytes += bytes;
-  counters_.tx_errors += failed;
+  CountSentLocked(r);
 }
 
 void Device::TransmitLocked(OutBatch& out) {
   if (out.packets.empty()) return;
-  const auto [sent, failed, bytes] = SendBatch(out);
+  CountSentLocked(SendBatch(out));
   out.packets.clear();
-  counters_.tx_packets += sent;
-  counters_.tx_bytes += bytes;
-  counters_.tx_errors += failed;
+}
+
+void Device::CountSentLocked(const SendResult& r) {
+  counters_.tx_packets += r.sent;
+  counters_.tx_bytes += r.bytes;
+  counters_.tx_errors += r.failed;
 }
 
 Device::SendResult Device::SendBatch(const OutBatch& out) {

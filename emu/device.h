@@ -225,6 +225,7 @@ class Device {
     uint64_t bytes;
   };
   SendResult SendBatch(const OutBatch& out);  // hands `out` to the transport; touches no device state
+  void CountSentLocked(const SendResult& r);
   // The receive side of a QP with or without an SRQ (srq.h): whether a receive WQE is available, the next one (the
   // SRQ's limit event is raised here), and the CQ its completion goes to.
   // CreateQp's SRQ/XRC rules (ibv_create_qp(3) NOTES, Annex A14): 0 or EINVAL; clears what such a QP ignores.
@@ -250,6 +251,7 @@ class Device {
   // for the window while it has room.
   PathWindow& PathOf(const QueuePair& qp);
   void RcChargeLocked(QueuePair* qp);
+  void RcChargeLocked(QueuePair* qp, PathWindow& path);  // `path` is PathOf(*qp), already looked up (the data path)
   void RcWakeWaitersLocked(PathWindow& path, OutBatch& out);
   // A READ request for `w`'s response packets from `from_pkt` to the end of that segment.
   void RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out);

@@ -71,12 +71,15 @@ PathWindow& Device::PathOf(const QueuePair& qp) { return paths_[PeerOf(qp).addr]
 
 void Device::RcChargeLocked(QueuePair* qp) {
   if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) return;
+  RcChargeLocked(qp, PathOf(*qp));
+}
+
+void Device::RcChargeLocked(QueuePair* qp, PathWindow& path) {
   RcRequester& r = qp->requester();
   const QpState s = qp->state();
   const int64_t now =
       s == QpState::kRts || s == QpState::kSqd ? std::max(0, PsnDiff(r.sent_psn_next, r.acked_psn_next)) : 0;
   if (now == r.charged) return;
-  PathWindow& path = PathOf(*qp);
   path.Charge(now - r.charged);
   // Room freed outside the completer (an error, a reset, a destroyed QP): have the timer pass wake the waiters.
   if (now < r.charged && !path.waiting().empty()) WakeForTimer(clock_.NowNs());
@@ -212,7 +215,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
   // as it is.
   auto sent_up_to = [&](uint32_t next) {
     if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
-    RcChargeLocked(qp);
+    RcChargeLocked(qp, path);
   };
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
@@ -890,7 +893,7 @@ void Device::ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch&
     PathWindow& path = PathOf(*qp);
     const int32_t delivered = PsnDiff(qp->requester().acked_psn_next, acked_before);
     if (delivered > 0) path.OnDelivered(static_cast<uint32_t>(delivered));
-    RcChargeLocked(qp);
+    RcChargeLocked(qp, path);
     RcWakeWaitersLocked(path, out);
   }
 }
