@@ -1,0 +1,182 @@
+// The IB Communication Manager (IBTA vol. 1 ch. 12) of one device: the ib_cm layer of the Linux kernel, talking
+// MADs on QP1 (wire/cm_mad.h). It owns the connection state machines — REQ/REP/RTU, REJ, MRA, DREQ/DREP, SIDR —
+// with their retransmissions, duplicate handling and time-wait, and answers by itself what needs no consumer: a REQ
+// or SIDR_REQ for a service nobody listens on gets REJ 8 / SIDR_REP "unsupported" at once, a duplicate REQ an MRA,
+// a duplicate REP an RTU again, a DREQ for a connection it no longer has a DREP.
+//
+// It never touches QPs: the consumer (librdmacm, rdmacm/) moves its QP through INIT/RTR/RTS with the values the
+// messages carry, as the kernel's rdma_cm does; the consumer also owns the rdma_cm layer (ports, cma_hdr, events).
+//
+// Threads: every method may be called from any thread (own mutex). Events are delivered to the sink on the thread
+// that processed the packet or timer (the engine's progress thread), after the CM's lock is released, so the sink
+// may call back into the ConnectionManager. The Device hands it every packet for QP1 (after ICRC and P_Key checks)
+// and calls RunTimers from its own.
+//
+// The public methods are virtual so that librdmacm.so, a separate library, calls them through the vtable of the
+// instance libibverbs.so owns, without exported C++ symbols.
+//
+// Errors: 0 or a positive errno (EINVAL for a wrong state or unknown id, EADDRINUSE for a second listener of one
+// service ID, ENOMEM).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "wire/address.h"
+#include "wire/clock.h"
+#include "wire/cm_mad.h"
+#include "wire/transport.h"
+
+namespace uroce::emu {
+
+// The ib_cm states (the kernel's enum ib_cm_state, IBTA 12.9.2), each with a printable name.
+enum class CmState : uint8_t {
+  kIdle,
+  kListen,
+  kReqSent,
+  kReqRcvd,
+  kMraReqSent,
+  kMraReqRcvd,
+  kRepSent,
+  kRepRcvd,
+  kMraRepSent,
+  kMraRepRcvd,
+  kEstablished,
+  kDreqSent,
+  kDreqRcvd,
+  kTimewait,
+  kSidrReqSent,
+  kSidrReqRcvd,
+};
+const char* ToString(CmState s);
+
+// What the consumer hears. `id` names the connection (its local communication ID); `context` is what the consumer
+// attached to it (Listen / SendReq / SendSidrReq / SetContext); a new connection made by a REQ or SIDR_REQ carries
+// its listener's `listen_id` and context until the consumer calls SetContext.
+enum class CmEventType : uint8_t {
+  kReqReceived,       // passive: new id in REQ_RCVD; `req` set. Answer with SendRep, SendRej or Drop
+  kRepReceived,       // active: REP_RCVD; `rep` set. Answer with SendRtu (or SendRej)
+  kRtuReceived,       // passive: ESTABLISHED
+  kRejReceived,       // `rej` set; the id is done (IDLE or TIMEWAIT, which ends with kTimewaitExit)
+  kReqTimeout,        // active: no REP after max_cm_retries retransmissions (UNREACHABLE, -ETIMEDOUT)
+  kRepTimeout,        // passive: no RTU after the REQ's max_cm_retries (the kernel reports UNREACHABLE)
+  kDreqReceived,      // DREQ_RCVD: answer with SendDrep (the consumer's rdma_disconnect)
+  kDrepReceived,      // our DREQ was answered: TIMEWAIT
+  kDreqTimeout,       // our DREQ went unanswered: TIMEWAIT (DISCONNECTED with -ETIMEDOUT)
+  kTimewaitExit,      // TIMEWAIT over: the id is IDLE and may be destroyed
+  kSidrReqReceived,   // passive: new id in SIDR_REQ_RCVD; `sidr_req` set. Answer with SendSidrRep or Drop
+  kSidrRepReceived,   // active: `sidr_rep` set; the id is done
+  kSidrReqTimeout,    // active: no SIDR_REP (UNREACHABLE)
+};
+const char* ToString(CmEventType t);
+
+struct CmEvent {
+  CmEventType type;
+  uint32_t id = 0;
+  uint32_t listen_id = 0;  // kReqReceived, kSidrReqReceived
+  void* context = nullptr;
+  wire::IpAddress peer;    // the address the message came from (its QP1)
+  // The message that caused the event, when one did (the others are default).
+  wire::CmReq req;
+  wire::CmRep rep;
+  wire::CmRej rej;
+  wire::CmSidrReq sidr_req;
+  wire::CmSidrRep sidr_rep;
+};
+
+class CmEventSink {
+ public:
+  virtual ~CmEventSink() = default;
+  virtual void OnCmEvent(const CmEvent& event) = 0;
+};
+
+struct CmConfig {
+  uint64_t ca_guid = 0;          // our Local CA GUID (never 0)
+  uint8_t target_ack_delay = 15;  // REP Target ACK Delay = the device's local_ca_ack_delay (as rxe)
+  // Random seed of the first local communication ID (IDs then increase); 0 picks one from the clock.
+  uint32_t comm_id_seed = 0;
+};
+
+// Counters for `uroce run --stats`.
+struct CmCounters {
+  uint64_t mads_sent = 0, mads_received = 0;
+  uint64_t retransmits = 0;
+  uint64_t duplicates = 0;        // duplicate REQ/REP/DREQ/SIDR_REQ answered again or ignored
+  uint64_t dropped_malformed = 0;  // not a CM MAD we accept (ParseCmMad error), or wrong Q_Key / source QP
+  uint64_t dropped_unmatched = 0;  // message for no connection of ours (stale, or after destroy)
+  uint64_t rejected_no_listener = 0;
+};
+
+class ConnectionManager {
+ public:
+  ConnectionManager(CmConfig config, wire::Transport& transport, const wire::Clock& clock);
+  virtual ~ConnectionManager();
+  ConnectionManager(const ConnectionManager&) = delete;
+  ConnectionManager& operator=(const ConnectionManager&) = delete;
+
+  // Where events go (one sink per device: librdmacm). Without a sink, events are dropped.
+  virtual void SetSink(CmEventSink* sink);
+
+  // --- passive side --------------------------------------------------------------------------------------------
+  // Starts answering REQs and SIDR_REQs for `service_id`; EADDRINUSE when someone already listens on it.
+  virtual int Listen(uint64_t service_id, void* context, uint32_t* listen_id);
+  // Stops listening; connections it made live on.
+  virtual int StopListening(uint32_t listen_id);
+  // Accepts a REQ: the REP goes out now (the CM fills comm IDs and CA GUID), retransmitted until the RTU.
+  virtual int SendRep(uint32_t id, const wire::CmRep& rep);
+  // SIDR: answers the SIDR_REQ; the id is done.
+  virtual int SendSidrRep(uint32_t id, const wire::CmSidrRep& rep);
+  // A new id the consumer will not take (backlog full): forgotten silently, as if the REQ never arrived.
+  virtual int Drop(uint32_t id);
+
+  // --- active side ---------------------------------------------------------------------------------------------
+  // Sends a REQ to `peer`'s QP1 (the CM fills local comm ID and CA GUID), retransmitted every
+  // 2 x CmTimeoutMs(primary.local_ack_timeout - 1) + CmTimeoutMs(remote_cm_response_timeout) up to max_cm_retries
+  // times (longer after an MRA).
+  virtual int SendReq(const wire::IpAddress& peer, const wire::CmReq& req, void* context, uint32_t* id);
+  // Completes the handshake after a REP: RTU out, ESTABLISHED.
+  virtual int SendRtu(uint32_t id, std::span<const uint8_t> private_data);
+  virtual int SendSidrReq(const wire::IpAddress& peer, const wire::CmSidrReq& req, void* context, uint32_t* id);
+
+  // --- both ------------------------------------------------------------------------------------------------------
+  // Rejects a received REQ (REQ_RCVD) or REP (REP_RCVD).
+  virtual int SendRej(uint32_t id, uint16_t reason, std::span<const uint8_t> private_data);
+  // ESTABLISHED -> DREQ_SENT (retransmitted; then kDrepReceived or kDreqTimeout).
+  virtual int SendDreq(uint32_t id);
+  // DREQ_RCVD -> TIMEWAIT (DREP out).
+  virtual int SendDrep(uint32_t id);
+  virtual int SetContext(uint32_t id, void* context);
+  virtual CmState State(uint32_t id) const;  // kIdle for an unknown id
+  // The consumer is done with the id (cm_destroy_id): REQ_SENT -> REJ "timeout" with our CA GUID as ARI;
+  // REQ_RCVD/REP_SENT/MRA states -> REJ 28; ESTABLISHED -> DREQ (sent, not retransmitted for anyone); DREQ_RCVD ->
+  // DREP. No event is delivered for the id afterwards. A listener id stops listening.
+  virtual int Destroy(uint32_t id);
+  virtual CmCounters counters() const;
+
+  // --- from the Device ----------------------------------------------------------------------------------------
+  // One packet for QP1 that passed the ICRC and P_Key checks: `qkey` and `src_qp` from its DETH, `mad` its payload.
+  void OnMad(const wire::IpAddress& peer, uint32_t qkey, uint32_t src_qp, std::span<const uint8_t> mad);
+  // Retransmissions and time-wait ends due now; returns the next deadline (ns, the clock's), 0 when none.
+  uint64_t RunTimers();
+
+ private:
+  struct Connection;
+  // The implementation's state (connections by local comm ID, listeners by service ID, timers).
+  CmConfig config_;
+  wire::Transport& transport_;
+  const wire::Clock& clock_;
+  mutable std::mutex mu_;
+  CmEventSink* sink_ = nullptr;
+  CmCounters counters_;
+  std::map<uint32_t, std::unique_ptr<Connection>> connections_;
+  std::map<uint64_t, uint32_t> listeners_;  // service ID -> listen id
+  uint32_t next_comm_id_ = 0;
+  uint32_t gsi_psn_ = 0;
+  uint64_t poller_deadline_ = 0;  // the deadline RunTimers last reported; arming an earlier one wakes the poller
+};
+
+}  // namespace uroce::emu
