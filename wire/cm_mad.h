@@ -15,12 +15,12 @@
 
 #include "wire/address.h"
 #include "wire/expected.h"
+#include "wire/headers.h"  // kDefaultPkey
 
 namespace uroce::wire {
 
 inline constexpr uint32_t kGsiQpn = 1;                   // QP1, the General Services Interface (IBTA 3.5.4)
 inline constexpr uint32_t kGsiQkey = 0x80010000u;        // IBTA 13.4.3.1: the well-known Q_Key of QP1
-inline constexpr uint16_t kDefaultPkey = 0xFFFF;         // full-membership default partition
 inline constexpr size_t kMadSize = 256;                  // IBTA 13.4.2: every MAD is 256 bytes
 inline constexpr size_t kMadHeaderSize = 24;
 inline constexpr uint8_t kMadBaseVersion = 1;
@@ -43,7 +43,8 @@ enum class CmAttribute : uint16_t {
   kLap = 0x0019,
   kApr = 0x001A,
 };
-// "REQ", "MRA", ... ; "ATTR_0x1234" for others (a static string per known value).
+// "REQ", "MRA", ..., "ClassPortInfo", "LAP", "APR" (static strings); "ATTR_0x1234" for others, in a per-thread
+// buffer that the next call on the same thread overwrites.
 std::string_view ToString(CmAttribute a);
 
 // Private-data field sizes (IBTA tables 106-120).
