@@ -148,11 +148,17 @@ void Layout(Io& io, M& m) {
   io.Bytes(140, m.private_data);
 }
 
+// Every message of a connection (all but REQ and SIDR) opens with the sender's and the receiver's communication IDs.
+template <typename Io, typename M>
+void CommIds(Io& io, M& m) {
+  io.U32(0, m.local_comm_id);
+  io.U32(4, m.remote_comm_id);
+}
+
 // Table 107.
 template <typename Io, Is<CmMra> M>
 void Layout(Io& io, M& m) {
-  io.U32(0, m.local_comm_id);
-  io.U32(4, m.remote_comm_id);
+  CommIds(io, m);
   io.Int(8, 1, 0xC0, m.message_mraed);
   io.Int(9, 1, 0xF8, m.service_timeout);
   io.Bytes(10, m.private_data);
@@ -161,8 +167,7 @@ void Layout(Io& io, M& m) {
 // Table 108.
 template <typename Io, Is<CmRej> M>
 void Layout(Io& io, M& m) {
-  io.U32(0, m.local_comm_id);
-  io.U32(4, m.remote_comm_id);
+  CommIds(io, m);
   io.Int(8, 1, 0xC0, m.message_rejected);
   io.Int(9, 1, 0xFE, m.reject_info_length);
   io.U16(10, m.reason);
@@ -173,8 +178,7 @@ void Layout(Io& io, M& m) {
 // Table 110. The vendor ID's high, middle and low bytes follow the three 24-bit fields.
 template <typename Io, Is<CmRep> M>
 void Layout(Io& io, M& m) {
-  io.U32(0, m.local_comm_id);
-  io.U32(4, m.remote_comm_id);
+  CommIds(io, m);
   io.U32(8, m.local_qkey);
   io.U24(12, m.local_qpn);
   io.Int(15, 1, 0xFF, m.vendor_id, 16);
@@ -197,16 +201,14 @@ void Layout(Io& io, M& m) {
 template <typename Io, typename M>
   requires Is<M, CmRtu> || Is<M, CmDrep>
 void Layout(Io& io, M& m) {
-  io.U32(0, m.local_comm_id);
-  io.U32(4, m.remote_comm_id);
+  CommIds(io, m);
   io.Bytes(8, m.private_data);
 }
 
 // Table 112.
 template <typename Io, Is<CmDreq> M>
 void Layout(Io& io, M& m) {
-  io.U32(0, m.local_comm_id);
-  io.U32(4, m.remote_comm_id);
+  CommIds(io, m);
   io.U24(8, m.remote_qpn);
   io.Bytes(12, m.private_data);
 }

@@ -290,54 +290,42 @@ TEST(CmMad, SidrRepBytes) {
   ExpectRange(mad, 120, rep.private_data.data(), kSidrRepPrivateDataSize, "private data");
 }
 
+// Big-endian `size` bytes at MAD byte `offset` hold `value`.
+struct FieldWant {
+  size_t offset;
+  size_t size;
+  uint64_t value;
+};
+
 TEST(CmMad, SmallerMessagesBytes) {
+  struct MessageWant {
+    size_t index;  // in EveryMessage()
+    std::vector<FieldWant> fields;
+    size_t private_data_at;
+  };
+  const std::vector<MessageWant> wants = {
+      {1, {{24, 4, 0x11111111}, {28, 4, 0x22222222}, {32, 1, 2 << 6} /* MRAed: other */, {33, 1, 24 << 3}}, 34},
+      {2,
+       {{24, 4, 0x33333333}, {28, 4, 0x44444444}, {32, 1, 1 << 6} /* rejected: REP */, {33, 1, 0x7F << 1},
+        {34, 2, 28}, {36, 1, 0xA0} /* ARI's first byte */, {107, 1, 0xA0 + 71} /* and last */},
+       108},
+      {4, {{24, 8, 0x5555555566666666}}, 32},
+      {5, {{24, 8, 0x7777777788888888}, {32, 4, 0xFEDCBA00} /* remote QPN, reserved byte */}, 36},
+      {6, {{24, 8, 0x99999999AAAAAAAA}}, 32},
+      {7, {{24, 4, 0xBBBBBBBB}, {28, 4, 0x7FFF0000} /* P_Key, reserved */, {32, 8, 0x0000000001111C06}}, 40},
+  };
   const std::vector<CmMessage> all = EveryMessage();
-  {
-    const CmMra& mra = std::get<CmMra>(all[1]);
-    const Mad mad = EncodeWith(mra);
-    EXPECT_EQ(Be(mad, 24, 4), 0x11111111u);
-    EXPECT_EQ(Be(mad, 28, 4), 0x22222222u);
-    EXPECT_EQ(mad[32], 2 << 6);   // message MRAed: other
-    EXPECT_EQ(mad[33], 24 << 3);  // service timeout
-    ExpectRange(mad, 34, mra.private_data.data(), kMraPrivateDataSize, "MRA private data");
-  }
-  {
-    const CmRej& rej = std::get<CmRej>(all[2]);
-    const Mad mad = EncodeWith(rej);
-    EXPECT_EQ(Be(mad, 24, 4), 0x33333333u);
-    EXPECT_EQ(Be(mad, 28, 4), 0x44444444u);
-    EXPECT_EQ(mad[32], 1 << 6);     // message rejected: REP
-    EXPECT_EQ(mad[33], 0x7F << 1);  // reject info length
-    EXPECT_EQ(Be(mad, 34, 2), 28u);
-    ExpectRange(mad, 36, rej.ari.data(), kRejAriSize, "ARI");
-    ExpectRange(mad, 108, rej.private_data.data(), kRejPrivateDataSize, "REJ private data");
-  }
-  {
-    const CmRtu& rtu = std::get<CmRtu>(all[4]);
-    const Mad mad = EncodeWith(rtu);
-    EXPECT_EQ(Be(mad, 24, 8), 0x5555555566666666u);
-    ExpectRange(mad, 32, rtu.private_data.data(), kRtuPrivateDataSize, "RTU private data");
-  }
-  {
-    const CmDreq& dreq = std::get<CmDreq>(all[5]);
-    const Mad mad = EncodeWith(dreq);
-    EXPECT_EQ(Be(mad, 24, 8), 0x7777777788888888u);
-    EXPECT_EQ(Be(mad, 32, 4), 0xFEDCBA00u);  // remote QPN, then a reserved byte
-    ExpectRange(mad, 36, dreq.private_data.data(), kDreqPrivateDataSize, "DREQ private data");
-  }
-  {
-    const CmDrep& drep = std::get<CmDrep>(all[6]);
-    const Mad mad = EncodeWith(drep);
-    EXPECT_EQ(Be(mad, 24, 8), 0x99999999AAAAAAAAu);
-    ExpectRange(mad, 32, drep.private_data.data(), kDrepPrivateDataSize, "DREP private data");
-  }
-  {
-    const CmSidrReq& sidr = std::get<CmSidrReq>(all[7]);
-    const Mad mad = EncodeWith(sidr);
-    EXPECT_EQ(Be(mad, 24, 4), 0xBBBBBBBBu);
-    EXPECT_EQ(Be(mad, 28, 4), 0x7FFF0000u);  // P_Key, reserved
-    EXPECT_EQ(Be(mad, 32, 8), 0x0000000001111C06u);
-    ExpectRange(mad, 40, sidr.private_data.data(), kSidrReqPrivateDataSize, "SIDR_REQ private data");
+  for (const MessageWant& want : wants) {
+    const CmMessage& message = all[want.index];
+    SCOPED_TRACE(std::string(ToString(AttributeOf(message))));
+    const Mad mad = EncodeWith(message);
+    for (const FieldWant& f : want.fields) EXPECT_EQ(Be(mad, f.offset, f.size), f.value) << "MAD byte " << f.offset;
+    std::visit(
+        [&](const auto& m) {
+          EXPECT_EQ(want.private_data_at + m.private_data.size(), kMadSize);
+          ExpectRange(mad, want.private_data_at, m.private_data.data(), m.private_data.size(), "private data");
+        },
+        message);
   }
 }
 
@@ -391,20 +379,13 @@ TEST(CmMad, EveryParseError) {
 }
 
 TEST(CmMad, AttributeNames) {
-  EXPECT_EQ(ToString(CmAttribute::kReq), "REQ");
-  EXPECT_EQ(ToString(CmAttribute::kMra), "MRA");
-  EXPECT_EQ(ToString(CmAttribute::kRej), "REJ");
-  EXPECT_EQ(ToString(CmAttribute::kRep), "REP");
-  EXPECT_EQ(ToString(CmAttribute::kRtu), "RTU");
-  EXPECT_EQ(ToString(CmAttribute::kDreq), "DREQ");
-  EXPECT_EQ(ToString(CmAttribute::kDrep), "DREP");
-  EXPECT_EQ(ToString(CmAttribute::kSidrReq), "SIDR_REQ");
-  EXPECT_EQ(ToString(CmAttribute::kSidrRep), "SIDR_REP");
-  EXPECT_EQ(ToString(CmAttribute::kLap), "LAP");
-  EXPECT_EQ(ToString(CmAttribute::kApr), "APR");
-  EXPECT_EQ(ToString(CmAttribute::kClassPortInfo), "ClassPortInfo");
-  EXPECT_EQ(ToString(static_cast<CmAttribute>(0x1234)), "ATTR_0x1234");
-  EXPECT_EQ(ToString(static_cast<CmAttribute>(0xBEEF)), "ATTR_0xbeef");
+  const std::vector<std::pair<uint16_t, std::string_view>> names = {
+      {0x0001, "ClassPortInfo"}, {0x0010, "REQ"},      {0x0011, "MRA"},      {0x0012, "REJ"},
+      {0x0013, "REP"},           {0x0014, "RTU"},      {0x0015, "DREQ"},     {0x0016, "DREP"},
+      {0x0017, "SIDR_REQ"},      {0x0018, "SIDR_REP"}, {0x0019, "LAP"},      {0x001A, "APR"},
+      {0x1234, "ATTR_0x1234"},   {0xBEEF, "ATTR_0xbeef"},
+  };
+  for (const auto& [id, name] : names) EXPECT_EQ(ToString(static_cast<CmAttribute>(id)), name);
 }
 
 TEST(CmMad, ServiceIds) {
