@@ -6,7 +6,8 @@
 # Checks, one JUnit test case each (written to $XML_OUTPUT_FILE, so tests/junit_count.py counts them):
 #   soname                 SONAME is libibverbs.so.1;
 #   no_real_rdma_libs      no DT_NEEDED on libibverbs / librdmacm / a provider (we replace them, never wrap them);
-#   version_nodes          IBVERBS_1.0 .. 1.14 chained as rdma-core chains them, and IBVERBS_PRIVATE_34;
+#   version_nodes          IBVERBS_1.0 .. 1.14 chained as rdma-core chains them, IBVERBS_PRIVATE_34, and uroce's
+#                          own UROCE_PRIVATE_1 (the engine's interface for our librdmacm);
 #   real_library_exports   every default (@@) symbol of the real libibverbs.so.1 is exported by ours in the same node
 #                          (read with readelf only; the real library is never loaded);
 #   imports:<file>         every libibverbs symbol@version the file imports is exported by ours as name@@version, for
@@ -97,7 +98,8 @@ check no_real_rdma_libs "$([ -z "$bad_needed" ] || printf 'DT_NEEDED on the real
 expected_nodes=$'IBVERBS_1.0 -\nIBVERBS_1.1 IBVERBS_1.0\nIBVERBS_1.5 IBVERBS_1.1\nIBVERBS_1.6 IBVERBS_1.5
 IBVERBS_1.7 IBVERBS_1.6\nIBVERBS_1.8 IBVERBS_1.7\nIBVERBS_1.9 IBVERBS_1.8\nIBVERBS_1.10 IBVERBS_1.9
 IBVERBS_1.11 IBVERBS_1.10\nIBVERBS_1.12 IBVERBS_1.11\nIBVERBS_1.13 IBVERBS_1.12\nIBVERBS_1.14 IBVERBS_1.13
-IBVERBS_PRIVATE_34 -'
+IBVERBS_PRIVATE_34 -
+UROCE_PRIVATE_1 -'
 version_nodes() {  # "NODE PARENT" per version definition, "-" for none; the BASE entry (the soname) left out
   readelf -V "$1" | awk '
     /^Version definition/ { in_def = 1; next }

@@ -1,0 +1,872 @@
+// The exported rdma_* calls of librdmacm.so.1 (RDMACM_1.0-1.3). Semantics: rdma_cm(7) and the rdma_*(3) man pages;
+// where they are silent, the kernel's rdma_cm as librdmacm presents it (the project's rdmacm.md, section 3).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "rdmacm/internal.h"
+
+using namespace uroce;
+using namespace uroce::rdmacm;
+
+namespace {
+
+uint8_t MaxResponder(const Lib& lib) { return static_cast<uint8_t>(lib.device_attr.max_qp_rd_atom); }
+uint8_t MaxInitiator(const Lib& lib) { return static_cast<uint8_t>(lib.device_attr.max_qp_init_rd_atom); }
+
+void SetPort(sockaddr* sa, uint16_t port) {
+  if (sa->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(sa)->sin_port = htons(port);
+  if (sa->sa_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(sa)->sin6_port = htons(port);
+}
+
+// Whether this id may use its device's resources: a "this host" bind has no device in the kernel until it resolves
+// or receives a request; ours has one device, which we give as soon as an address is known.
+void AttachDevice(Lib& lib, IdPriv* p) {
+  p->id.verbs = lib.verbs;
+  p->id.port_num = 1;
+  if (p->id.pd == nullptr) p->id.pd = lib.default_pd;
+}
+
+// Frees an event the application never saw.
+void DiscardEvent(Lib& lib, Event* e);
+
+}  // namespace
+
+// --- QP attributes (rdma_init_qp_attr; rdmacm.md 3.6) ------------------------------------------------------------
+
+int uroce::rdmacm::InitQpAttr(Lib& lib, IdPriv* p, ibv_qp_attr* a, int* mask) {
+  const ibv_qp_type t = p->id.qp_type;
+  switch (a->qp_state) {
+    case IBV_QPS_INIT:
+      a->pkey_index = 0;
+      a->port_num = 1;
+      *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+      if (t == IBV_QPT_UD) {
+        a->qkey = RDMA_UDP_QKEY;
+        *mask |= IBV_QP_QKEY;
+      } else if (t != IBV_QPT_XRC_SEND) {
+        // Remote READ and atomics only when this side offers responder resources (cma_init_qp_attr).
+        a->qp_access_flags = p->conn.valid ? IBV_ACCESS_REMOTE_WRITE : 0;
+        if (p->conn.valid && p->conn.responder_resources > 0)
+          a->qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+        *mask |= IBV_QP_ACCESS_FLAGS;
+      }
+      return 0;
+    case IBV_QPS_RTR:
+      *mask = IBV_QP_STATE;
+      if (t == IBV_QPT_UD) return 0;
+      if (!p->conn.valid) return EINVAL;
+      std::memset(&a->ah_attr, 0, sizeof a->ah_attr);
+      a->ah_attr.is_global = 1;
+      std::memcpy(a->ah_attr.grh.dgid.raw, p->conn.peer_gid.data(), 16);
+      a->ah_attr.grh.sgid_index = 0;
+      a->ah_attr.grh.hop_limit = kHopLimit;
+      a->ah_attr.grh.traffic_class = p->tos;
+      a->ah_attr.grh.flow_label = p->conn.flow_label;
+      a->ah_attr.port_num = 1;
+      a->path_mtu = static_cast<ibv_mtu>(p->conn.path_mtu);
+      a->dest_qp_num = p->conn.peer_qpn;
+      a->rq_psn = p->seq_num;
+      *mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+      if (t == IBV_QPT_RC || t == IBV_QPT_XRC_RECV) {
+        a->max_dest_rd_atomic = p->conn.responder_resources;
+        a->min_rnr_timer = 0;
+        *mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      }
+      return 0;
+    case IBV_QPS_RTS:
+      *mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+      if (t == IBV_QPT_UD) {
+        a->sq_psn = 0;
+        return 0;
+      }
+      if (!p->conn.valid) return EINVAL;
+      a->sq_psn = p->conn.peer_psn;
+      a->timeout = p->ack_timeout.value_or(p->conn.local_ack_timeout ? p->conn.local_ack_timeout : kLocalAckTimeout);
+      if (t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND) {
+        a->retry_cnt = p->conn.retry_count;
+        a->rnr_retry = p->conn.rnr_retry_count;
+        a->max_rd_atomic = p->conn.initiator_depth;
+        *mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      } else if (t == IBV_QPT_XRC_RECV) {
+        *mask |= IBV_QP_TIMEOUT;
+      }
+      return 0;
+    default:
+      (void)lib;
+      return EINVAL;
+  }
+}
+
+namespace {
+
+int ModifyQpTo(Lib& lib, IdPriv* p, ibv_qp_state s) {
+  if (p->id.qp == nullptr) return 0;
+  ibv_qp_attr a{};
+  a.qp_state = s;
+  int mask = 0;
+  if (const int err = InitQpAttr(lib, p, &a, &mask)) return err;
+  return ibv_modify_qp(p->id.qp, &a, mask);
+}
+
+int ModifyQpErr(IdPriv* p) {
+  if (p->id.qp == nullptr) return 0;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  return ibv_modify_qp(p->id.qp, &a, IBV_QP_STATE);
+}
+
+// INIT (again, with the access the exchange granted), RTR, RTS: both sides, before the RTU / REP goes out.
+int ModifyQpRtrRts(Lib& lib, IdPriv* p) {
+  if (p->id.qp == nullptr) return 0;
+  int err = ModifyQpTo(lib, p, IBV_QPS_INIT);
+  if (!err) err = ModifyQpTo(lib, p, IBV_QPS_RTR);
+  if (!err) err = ModifyQpTo(lib, p, IBV_QPS_RTS);
+  return err;
+}
+
+// --- events --------------------------------------------------------------------------------------------------
+
+void DiscardEvent(Lib& lib, Event* e) {
+  // A CONNECT_REQUEST nobody fetched takes its unreported child with it (REJ 28 on the wire).
+  if (e->event.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->owner != nullptr && e->event.id != &e->owner->id) {
+    IdPriv* child = Priv(e->event.id);
+    if (child->listener) --child->listener->backlog_used;
+    if (child->cm_id) {
+      lib.by_cm_id.erase(child->cm_id);
+      lib.cm->Destroy(child->cm_id);
+    }
+    delete child;
+  }
+  delete e;
+}
+
+// What the application sees of an event it fetches: a REP on an id with a QP is processed first (RTR, RTS, RTU →
+// ESTABLISHED; on failure the QP goes to ERR, the peer gets REJ 28 and the application CONNECT_ERROR), as
+// librdmacm's rdma_get_cm_event does.
+void Present(Lib& lib, Event* e) {
+  IdPriv* p = Priv(e->event.id);
+  switch (e->event.event) {
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+      if (e->process_reply && p->id.qp != nullptr) {
+        const int err = ModifyQpRtrRts(lib, p);
+        if (err == 0 && lib.cm->SendRtu(p->cm_id, {}) == 0) {
+          e->event.event = RDMA_CM_EVENT_ESTABLISHED;
+          p->established = true;
+          p->state = IdState::kConnected;
+        } else {
+          ModifyQpErr(p);
+          lib.cm->SendRej(p->cm_id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
+          e->event.event = RDMA_CM_EVENT_CONNECT_ERROR;
+          e->event.status = -(err ? err : EINVAL);
+          p->connect_error = true;
+        }
+      }
+      break;
+    case RDMA_CM_EVENT_REJECTED:
+      ModifyQpErr(p);
+      break;
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+      if (p->listener) {
+        --p->listener->backlog_used;
+        p->listener = nullptr;
+      }
+      break;
+    default:
+      break;
+  }
+  ++e->owner->events_reported;
+}
+
+int GetEvent(Lib& lib, std::unique_lock<std::mutex>& lock, Channel* ch, Event** out) {
+  if (const int err = PopEvent(lib, lock, ch, out)) return err;
+  Present(lib, *out);
+  return 0;
+}
+
+void AckLocked(Lib& lib, Event* e) {
+  ++e->owner->events_acked;
+  lib.cv.notify_all();
+  delete e;
+}
+
+Event* EventOf(rdma_cm_event* e) { return reinterpret_cast<Event*>(e); }
+
+// Synchronous ids (no channel): the call waits for its outcome (librdmacm's ucma_complete). The previous event is
+// acked, the new one kept in id->event; a failure sets errno from the event's status.
+int Complete(Lib& lib, std::unique_lock<std::mutex>& lock, IdPriv* p) {
+  if (!p->sync) return 0;
+  if (p->id.event) {
+    AckLocked(lib, EventOf(p->id.event));
+    p->id.event = nullptr;
+  }
+  Event* e = nullptr;
+  if (const int err = GetEvent(lib, lock, p->channel, &e)) return Errno(err);
+  p->id.event = &e->event;
+  if (e->event.status != 0) {
+    if (e->event.event == RDMA_CM_EVENT_REJECTED) return Errno(ECONNREFUSED);
+    return Errno(e->event.status < 0 ? -e->event.status : e->event.status);
+  }
+  return 0;
+}
+
+Channel* NewChannel() {
+  auto* ch = new Channel;
+  if (const int err = OpenChannelFd(ch)) {
+    delete ch;
+    errno = err;
+    return nullptr;
+  }
+  return ch;
+}
+
+void DeleteChannel(Channel* ch) {
+  close(ch->channel.fd);
+  delete ch;
+}
+
+// --- binding ------------------------------------------------------------------------------------------------
+
+int BindLocked(Lib& lib, IdPriv* p, const sockaddr* addr) {
+  if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return EINVAL;
+  if (p->bound || p->state != IdState::kIdle) return EINVAL;
+  const auto ip = IpOf(addr);
+  const bool any = IsAnyOrLoopback(addr);
+  if (!any && *ip != lib.address) return EADDRNOTAVAIL;  // not an address of an RDMA device here
+  uint16_t port = PortOfSockaddr(addr);
+  if (port != 0 && port < 1024 && geteuid() != 0) return EACCES;
+  if (const int err = p->binding.Bind(static_cast<uint16_t>(p->id.ps), port)) {
+    // The kernel's cma_check_port: a conflict with a wildcard binding is EADDRNOTAVAIL.
+    return err == EADDRINUSE && any ? EADDRNOTAVAIL : err;
+  }
+  port = p->binding.port();
+  std::memcpy(Src(p), addr, SockaddrLen(addr));
+  SetPort(Src(p), port);
+  p->bound = true;
+  p->any_address = any;
+  if (addr->sa_family == AF_INET) p->afonly = 1;
+  p->state = IdState::kAddrBound;
+  std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, lib.gid.data(), 16);
+  p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
+  if (!any) AttachDevice(lib, p);
+  return 0;
+}
+
+// An active id's implicit binding: our address and an ephemeral port (no registration: the port only needs to be
+// unique per device, and the kernel's cma_alloc_any_port gives one at random).
+void BindEphemeral(Lib& lib, IdPriv* p, int family) {
+  static std::mt19937 rng(std::random_device{}());
+  const uint16_t port = static_cast<uint16_t>(32768 + rng() % (60999 - 32768 + 1));
+  SetSockaddr(&p->id.route.addr.src_storage, lib.address, port, family);
+  p->bound = true;
+  p->any_address = false;
+}
+
+wire::IpAddress PeerFor(Lib& lib, IdPriv* p) {
+  const sockaddr* dst = Dst(p);
+  const auto ip = IpOf(dst);
+  if (ip && !IsAnyOrLoopback(dst) && *ip != lib.address) return *ip;
+  // "This host": whichever uroce device on this host bound (ps, port); if none, our own device, whose CM then
+  // answers REJ 8 at once (no listener), as the kernel does for a loopback dial.
+  if (auto owner = FindPortOwner(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(dst))) return *owner;
+  return lib.address;
+}
+
+void RefreshPeer(Lib& lib, IdPriv* p) {
+  p->conn.peer_cm = PeerFor(lib, p);
+  p->conn.peer_gid = p->conn.peer_cm.bytes();
+  std::memcpy(p->id.route.addr.addr.ibaddr.dgid.raw, p->conn.peer_gid.data(), 16);
+}
+
+uint32_t FlowLabel(IdPriv* p) {
+  return (uint32_t{PortOfSockaddr(Src(p))} * 31 + PortOfSockaddr(Dst(p))) & 0xFFFFF;
+}
+
+Lib* LibOrErrno() { return GetLib(); }
+
+}  // namespace
+
+// ================================================================================================================
+
+extern "C" {
+
+rdma_event_channel* rdma_create_event_channel(void) {
+  if (GetLib() == nullptr) return nullptr;
+  Channel* ch = NewChannel();
+  return ch ? &ch->channel : nullptr;
+}
+
+void rdma_destroy_event_channel(rdma_event_channel* channel) {
+  if (channel == nullptr) return;
+  DeleteChannel(reinterpret_cast<Channel*>(channel));
+}
+
+int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
+  Lib* lib = LibOrErrno();
+  if (lib == nullptr) return -1;
+  if (id == nullptr) return Errno(EINVAL);
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP && ps != RDMA_PS_IB && ps != RDMA_PS_IPOIB) return Errno(EINVAL);
+  auto* p = new IdPriv;
+  if (channel == nullptr) {
+    Channel* ch = NewChannel();
+    if (ch == nullptr) {
+      delete p;
+      return -1;
+    }
+    p->channel = ch;
+    p->sync = true;
+  } else {
+    p->channel = reinterpret_cast<Channel*>(channel);
+  }
+  p->id.channel = &p->channel->channel;
+  p->id.context = context;
+  p->id.ps = ps;
+  p->id.qp_type = (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB) ? IBV_QPT_UD : IBV_QPT_RC;
+  p->seq_num = RandomPsn();
+  *id = &p->id;
+  return 0;
+}
+
+int rdma_destroy_id(rdma_cm_id* id) {
+  if (id == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::unique_lock lock(lib->mu);
+  if (p->id.event) {
+    AckLocked(*lib, EventOf(p->id.event));
+    p->id.event = nullptr;
+  }
+  p->state = IdState::kDestroying;
+  if (p->cm_id) {
+    lib->by_cm_id.erase(p->cm_id);
+    lib->cm->Destroy(p->cm_id);
+    p->cm_id = 0;
+  }
+  if (p->listen_id) {
+    lib->by_listen_id.erase(p->listen_id);
+    lib->cm->StopListening(p->listen_id);
+    p->listen_id = 0;
+  }
+  for (Multicast* m : p->multicasts) {
+    if (m->attached && p->id.qp) {
+      ibv_gid g;
+      std::memcpy(g.raw, m->mgid.data(), 16);
+      ibv_detach_mcast(p->id.qp, &g, 0);
+    }
+    delete m;
+  }
+  p->multicasts.clear();
+  // Events queued and never returned are discarded (a child's CONNECT_REQUEST sits on its listener's channel).
+  for (Event* e : RemoveQueued(p->channel, p)) DiscardEvent(*lib, e);
+  if (p->listener) {
+    --p->listener->backlog_used;
+    p->listener = nullptr;
+  }
+  // Events returned to the application must be acked first (rdma_destroy_id(3)).
+  lib->cv.wait(lock, [&] { return p->events_acked >= p->events_reported; });
+  p->binding.Release();
+  lock.unlock();
+  if (p->sync) DeleteChannel(p->channel);
+  delete p;
+  return 0;
+}
+
+int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
+  if (id == nullptr || addr == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  std::lock_guard lock(lib->mu);
+  if (const int err = BindLocked(*lib, Priv(id), addr)) return Errno(err);
+  return 0;
+}
+
+int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, int timeout_ms) {
+  (void)timeout_ms;
+  if (id == nullptr || dst_addr == nullptr) return Errno(EINVAL);
+  if (dst_addr->sa_family != AF_INET && dst_addr->sa_family != AF_INET6) return Errno(EINVAL);
+  if (src_addr && src_addr->sa_family != dst_addr->sa_family && src_addr->sa_family != 0) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::unique_lock lock(lib->mu);
+  if (p->state != IdState::kIdle && p->state != IdState::kAddrBound) return Errno(EINVAL);
+  if (!p->bound) {
+    if (src_addr && src_addr->sa_family != 0) {
+      if (const int err = BindLocked(*lib, p, src_addr)) return Errno(err);
+    } else {
+      BindEphemeral(*lib, p, dst_addr->sa_family);
+    }
+  }
+  // A wildcard or loopback source becomes our device's address: that is what the peer sees.
+  if (p->any_address) {
+    const uint16_t port = PortOfSockaddr(Src(p));
+    SetSockaddr(&p->id.route.addr.src_storage, lib->address, port, dst_addr->sa_family);
+  }
+  std::memcpy(Dst(p), dst_addr, SockaddrLen(dst_addr));
+  AttachDevice(*lib, p);
+  std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, lib->gid.data(), 16);
+  p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
+  RefreshPeer(*lib, p);
+  p->state = IdState::kAddrResolved;
+  Enqueue(*lib, p->channel, NewEvent(p, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
+  return Complete(*lib, lock, p);
+}
+
+int rdma_resolve_route(rdma_cm_id* id, int timeout_ms) {
+  if (id == nullptr || timeout_ms <= 0) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::unique_lock lock(lib->mu);
+  if (p->state != IdState::kAddrResolved) return Errno(EINVAL);
+  RefreshPeer(*lib, p);
+  // RoCE: one path, built locally (the kernel's cma_resolve_iboe_route).
+  p->path = std::make_unique<ibv_sa_path_rec>();
+  ibv_sa_path_rec& r = *p->path;
+  std::memcpy(r.sgid.raw, lib->gid.data(), 16);
+  std::memcpy(r.dgid.raw, p->conn.peer_gid.data(), 16);
+  r.flow_label = htonl(FlowLabel(p));
+  r.hop_limit = kHopLimit;
+  r.traffic_class = p->tos;
+  r.reversible = htonl(1);
+  r.numb_path = 1;
+  r.pkey = htons(wire::kDefaultPkey);
+  r.mtu_selector = 2;
+  r.mtu = static_cast<uint8_t>(lib->port_attr.active_mtu);
+  r.rate_selector = 2;
+  r.packet_life_time_selector = 2;
+  r.packet_life_time = p->ack_timeout ? static_cast<uint8_t>(*p->ack_timeout - 1) : kPacketLifeTime;
+  p->id.route.path_rec = p->path.get();
+  p->id.route.num_paths = 1;
+  p->conn.flow_label = FlowLabel(p);
+  p->state = IdState::kRouteResolved;
+  Enqueue(*lib, p->channel, NewEvent(p, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
+  return Complete(*lib, lock, p);
+}
+
+int rdma_listen(rdma_cm_id* id, int backlog) {
+  if (id == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::lock_guard lock(lib->mu);
+  if (p->state == IdState::kListen) {
+    p->backlog = backlog <= 0 || backlog > kMaxBacklog ? kMaxBacklog : backlog;
+    return 0;
+  }
+  if (!p->bound) {
+    sockaddr_in any{};
+    any.sin_family = AF_INET;
+    if (const int err = BindLocked(*lib, p, reinterpret_cast<sockaddr*>(&any))) return Errno(err);
+  }
+  if (p->state != IdState::kAddrBound) return Errno(EINVAL);
+  const uint64_t sid = wire::ServiceIdOf(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(Src(p)));
+  uint32_t lid = 0;
+  if (const int err = lib->cm->Listen(sid, p, &lid)) return Errno(err == EADDRINUSE ? EADDRINUSE : err);
+  if (const int err = p->binding.Publish(lib->address)) {
+    lib->cm->StopListening(lid);
+    return Errno(err);
+  }
+  p->listen_id = lid;
+  lib->by_listen_id[lid] = p;
+  p->backlog = backlog <= 0 || backlog > kMaxBacklog ? kMaxBacklog : backlog;
+  p->state = IdState::kListen;
+  return 0;
+}
+
+int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
+  if (id == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::unique_lock lock(lib->mu);
+  if (p->state != IdState::kRouteResolved) return Errno(EINVAL);
+  if (p->id.ps == RDMA_PS_TCP || p->id.ps == RDMA_PS_IB) {
+    // ucma_valid_param: a connected id needs a QP or a QP number; depths within the device's.
+    if (p->id.qp == nullptr && param == nullptr) return Errno(EINVAL);
+    if (param && param->responder_resources != RDMA_MAX_RESP_RES &&
+        param->responder_resources > MaxResponder(*lib))
+      return Errno(EINVAL);
+    if (param && param->initiator_depth != RDMA_MAX_INIT_DEPTH && param->initiator_depth > MaxInitiator(*lib))
+      return Errno(EINVAL);
+  }
+  RefreshPeer(*lib, p);
+  const wire::CmaHeader hdr{PortOfSockaddr(Src(p)), *IpOf(Src(p)), *IpOf(Dst(p))};
+  const auto hdr_bytes = wire::EncodeCmaHeader(hdr);
+  const size_t user_len = param ? param->private_data_len : 0;
+  const uint64_t sid = wire::ServiceIdOf(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(Dst(p)));
+
+  if (p->id.qp_type == IBV_QPT_UD) {
+    wire::CmSidrReq req;
+    req.service_id = sid;
+    if (wire::kCmaHeaderSize + p->connect_prefix.size() + user_len > req.private_data.size()) return Errno(EINVAL);
+    std::copy(hdr_bytes.begin(), hdr_bytes.end(), req.private_data.begin());
+    std::copy(p->connect_prefix.begin(), p->connect_prefix.end(), req.private_data.begin() + wire::kCmaHeaderSize);
+    if (user_len)
+      std::memcpy(req.private_data.data() + wire::kCmaHeaderSize + p->connect_prefix.size(), param->private_data,
+                  user_len);
+    uint32_t cm_id = 0;
+    if (const int err = lib->cm->SendSidrReq(p->conn.peer_cm, req, p, &cm_id)) return Errno(err);
+    p->cm_id = cm_id;
+    lib->by_cm_id[cm_id] = p;
+    p->state = IdState::kConnect;
+    return Complete(*lib, lock, p);
+  }
+
+  wire::CmReq req;
+  req.service_id = sid;
+  req.local_qpn = p->id.qp ? p->id.qp->qp_num : (param ? param->qp_num : 0);
+  req.srq = p->id.qp ? p->id.qp->srq != nullptr : (param && param->srq);
+  uint8_t rr = MaxResponder(*lib), id_ = MaxInitiator(*lib);
+  if (param) {
+    if (param->responder_resources != RDMA_MAX_RESP_RES) rr = param->responder_resources;
+    if (param->initiator_depth != RDMA_MAX_INIT_DEPTH) id_ = param->initiator_depth;
+  }
+  const bool xrc = p->id.qp_type == IBV_QPT_XRC_SEND || p->id.qp_type == IBV_QPT_XRC_RECV;
+  req.transport = xrc ? wire::CmTransport::kExtended
+                  : p->id.qp_type == IBV_QPT_UC ? wire::CmTransport::kUc
+                                                : wire::CmTransport::kRc;
+  req.extended_transport_type = xrc ? 1 : 0;
+  if (!xrc) {
+    req.responder_resources = rr;
+    req.initiator_depth = id_;
+    req.retry_count = param ? std::min<uint8_t>(7, param->retry_count) : 7;
+    req.rnr_retry_count = param ? std::min<uint8_t>(7, param->rnr_retry_count) : 7;
+  } else {
+    req.srq = false;  // an XRC initiator has none (cm_format_req)
+  }
+  req.flow_control = param ? param->flow_control : 0;
+  req.starting_psn = p->seq_num;
+  req.remote_cm_response_timeout = kCmResponseTimeout;
+  req.local_cm_response_timeout = kCmResponseTimeout;
+  req.max_cm_retries = kMaxCmRetries;
+  req.path_mtu = static_cast<uint8_t>(lib->port_attr.active_mtu);
+  req.pkey = wire::kDefaultPkey;
+  req.primary.local_lid = 0xFFFF;  // permissive on RoCE with a hop limit > 1
+  req.primary.remote_lid = 0xFFFF;
+  req.primary.local_gid = lib->gid;
+  req.primary.remote_gid = p->conn.peer_gid;
+  req.primary.flow_label = FlowLabel(p);
+  req.primary.traffic_class = p->tos;
+  req.primary.hop_limit = kHopLimit;
+  req.primary.local_ack_timeout = p->ack_timeout.value_or(kLocalAckTimeout);
+  if (wire::kCmaHeaderSize + p->connect_prefix.size() + user_len > req.private_data.size()) return Errno(EINVAL);
+  std::copy(hdr_bytes.begin(), hdr_bytes.end(), req.private_data.begin());
+  std::copy(p->connect_prefix.begin(), p->connect_prefix.end(), req.private_data.begin() + wire::kCmaHeaderSize);
+  if (user_len)
+    std::memcpy(req.private_data.data() + wire::kCmaHeaderSize + p->connect_prefix.size(), param->private_data,
+                user_len);
+  // What this side's QP will use once the REP tells the peer's (min'ed with it then).
+  p->conn.responder_resources = rr;
+  p->conn.initiator_depth = id_;
+  p->conn.retry_count = req.retry_count;
+  p->conn.path_mtu = req.path_mtu;
+  p->conn.local_ack_timeout = req.primary.local_ack_timeout;
+  p->conn.flow_label = req.primary.flow_label;
+  uint32_t cm_id = 0;
+  if (const int err = lib->cm->SendReq(p->conn.peer_cm, req, p, &cm_id)) return Errno(err);
+  p->cm_id = cm_id;
+  lib->by_cm_id[cm_id] = p;
+  p->state = IdState::kConnect;
+  return Complete(*lib, lock, p);
+}
+
+int rdma_establish(rdma_cm_id* id) {
+  if (id == nullptr || id->qp != nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::lock_guard lock(lib->mu);
+  if (p->cm_id == 0 || !p->conn.valid) return Errno(EINVAL);
+  if (const int err = lib->cm->SendRtu(p->cm_id, {})) return Errno(err);
+  p->established = true;
+  p->state = IdState::kConnected;
+  return 0;
+}
+
+int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
+  if (id == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::unique_lock lock(lib->mu);
+  if (p->cm_id == 0 || p->state != IdState::kReqReceived) return Errno(EINVAL);
+  const size_t user_len = param ? param->private_data_len : 0;
+  if (p->id.qp_type == IBV_QPT_UD) {
+    wire::CmSidrRep rep;
+    if (user_len > rep.private_data.size()) return Errno(EINVAL);
+    rep.status = wire::SidrStatus::kSuccess;
+    rep.qpn = p->id.qp ? p->id.qp->qp_num : (param ? param->qp_num : 0);
+    rep.qkey = RDMA_UDP_QKEY;
+    if (user_len) std::memcpy(rep.private_data.data(), param->private_data, user_len);
+    if (const int err = lib->cm->SendSidrRep(p->cm_id, rep)) return Errno(err);
+    p->established = true;
+    p->state = IdState::kConnected;
+    return 0;
+  }
+  wire::CmRep rep;
+  if (user_len > rep.private_data.size()) return Errno(EINVAL);
+  if (param) {
+    if (param->responder_resources != RDMA_MAX_RESP_RES)
+      p->conn.responder_resources = std::min(p->conn.responder_resources, param->responder_resources);
+    if (param->initiator_depth != RDMA_MAX_INIT_DEPTH)
+      p->conn.initiator_depth = std::min(p->conn.initiator_depth, param->initiator_depth);
+  }
+  if (const int err = ModifyQpRtrRts(*lib, p)) {
+    ModifyQpErr(p);
+    lib->cm->SendRej(p->cm_id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
+    return Errno(err);
+  }
+  const uint32_t qpn = p->id.qp ? p->id.qp->qp_num : (param ? param->qp_num : 0);
+  if (p->id.qp_type == IBV_QPT_XRC_RECV) {
+    rep.local_eecn = qpn;  // an XRC target's QPN goes in Local EECN (cm_format_rep)
+    rep.srq = true;
+  } else {
+    rep.local_qpn = qpn;
+    rep.initiator_depth = p->conn.initiator_depth;
+    rep.flow_control = param ? param->flow_control : p->conn.flow_control;
+    rep.srq = p->id.qp ? p->id.qp->srq != nullptr : (param && param->srq);
+  }
+  rep.starting_psn = p->seq_num;
+  rep.responder_resources = p->conn.responder_resources;
+  rep.target_ack_delay = kTargetAckDelay;
+  rep.rnr_retry_count = param ? std::min<uint8_t>(7, param->rnr_retry_count) : 7;
+  if (user_len) std::memcpy(rep.private_data.data(), param->private_data, user_len);
+  if (const int err = lib->cm->SendRep(p->cm_id, rep)) return Errno(err);
+  p->state = IdState::kConnect;
+  return Complete(*lib, lock, p);
+}
+
+static int RejectWith(rdma_cm_id* id, const void* private_data, uint8_t len, uint16_t reason) {
+  if (id == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::lock_guard lock(lib->mu);
+  if (p->cm_id == 0) return Errno(EINVAL);
+  if (p->id.qp_type == IBV_QPT_UD) {
+    wire::CmSidrRep rep;
+    if (len > rep.private_data.size()) return Errno(EINVAL);
+    rep.status = wire::SidrStatus::kReject;
+    if (len) std::memcpy(rep.private_data.data(), private_data, len);
+    if (const int err = lib->cm->SendSidrRep(p->cm_id, rep)) return Errno(err);
+    return 0;
+  }
+  if (len > wire::kRejPrivateDataSize) return Errno(EINVAL);
+  const int err =
+      lib->cm->SendRej(p->cm_id, reason, {static_cast<const uint8_t*>(private_data), private_data ? len : 0u});
+  return err ? Errno(err) : 0;
+}
+
+int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  return RejectWith(id, private_data, private_data_len,
+                    static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined));
+}
+
+int rdma_reject_ece(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  return RejectWith(id, private_data, private_data_len,
+                    static_cast<uint16_t>(wire::CmRejectReason::kVendorOptionNotSupported));
+}
+
+int rdma_notify(rdma_cm_id* id, ibv_event_type event) {
+  if (id == nullptr) return Errno(EINVAL);
+  if (event != IBV_EVENT_COMM_EST) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  std::lock_guard lock(lib->mu);
+  if (Priv(id)->established) return Errno(EISCONN);
+  // Our engine's CM sees the RTU or the REP retransmission itself; nothing to force.
+  return 0;
+}
+
+int rdma_disconnect(rdma_cm_id* id) {
+  if (id == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::unique_lock lock(lib->mu);
+  if (p->cm_id == 0) return Errno(EINVAL);
+  ModifyQpErr(p);  // IB transport: the QP goes to ERR first (flushing what is posted)
+  if (p->dreq_received) {
+    lib->cm->SendDrep(p->cm_id);
+  } else if (p->established) {
+    lib->cm->SendDreq(p->cm_id);
+  }
+  // The kernel ignores the failures of both (an id in the wrong state simply sends nothing).
+  return Complete(*lib, lock, p);
+}
+
+int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
+  if (channel == nullptr || event == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  std::unique_lock lock(lib->mu);
+  Event* e = nullptr;
+  if (const int err = GetEvent(*lib, lock, reinterpret_cast<Channel*>(channel), &e)) return Errno(err);
+  *event = &e->event;
+  return 0;
+}
+
+int rdma_ack_cm_event(rdma_cm_event* event) {
+  if (event == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  std::lock_guard lock(lib->mu);
+  AckLocked(*lib, EventOf(event));
+  return 0;
+}
+
+int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
+  if (listen == nullptr || id == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* l = Priv(listen);
+  std::unique_lock lock(lib->mu);
+  if (!l->sync) return Errno(EINVAL);
+  if (l->id.event) {
+    AckLocked(*lib, EventOf(l->id.event));
+    l->id.event = nullptr;
+  }
+  Event* e = nullptr;
+  if (const int err = GetEvent(*lib, lock, l->channel, &e)) return Errno(err);
+  if (e->event.status) {
+    l->id.event = &e->event;
+    return Errno(e->event.event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED
+                 : e->event.status < 0                    ? -e->event.status
+                                                          : e->event.status);
+  }
+  if (e->event.event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+    l->id.event = &e->event;
+    return Errno(EINVAL);
+  }
+  IdPriv* c = Priv(e->event.id);
+  // The child gets a synchronous channel of its own (ucma_process_conn_req).
+  Channel* ch = NewChannel();
+  if (ch == nullptr) {
+    AckLocked(*lib, e);
+    return -1;
+  }
+  c->channel = ch;
+  c->id.channel = &ch->channel;
+  c->sync = true;
+  if (l->ep_qp_attr) {
+    ibv_qp_init_attr attr = *l->ep_qp_attr;
+    lock.unlock();
+    const int rc = rdma_create_qp(&c->id, l->ep_pd, &attr);
+    lock.lock();
+    if (rc != 0) {
+      const int err = errno;
+      AckLocked(*lib, e);
+      lock.unlock();
+      rdma_destroy_id(&c->id);
+      return Errno(err);
+    }
+  }
+  c->id.event = &e->event;
+  *id = &c->id;
+  return 0;
+}
+
+int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
+  if (id == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  Channel* to = nullptr;
+  if (channel == nullptr) {
+    if (p->sync) return Errno(EINVAL);
+    to = NewChannel();
+    if (to == nullptr) return -1;
+  } else {
+    to = reinterpret_cast<Channel*>(channel);
+  }
+  std::unique_lock lock(lib->mu);
+  Channel* from = p->channel;
+  for (Event* e : RemoveQueued(from, p)) Enqueue(*lib, to, e);
+  p->channel = to;
+  p->id.channel = &to->channel;
+  const bool was_sync = p->sync;
+  p->sync = channel == nullptr;
+  // Events already reported on the old channel must be acked before the move completes (rdma_migrate_id(3)).
+  lib->cv.wait(lock, [&] { return p->events_acked >= p->events_reported; });
+  lock.unlock();
+  if (was_sync) DeleteChannel(from);
+  return 0;
+}
+
+int rdma_set_option(rdma_cm_id* id, int level, int optname, void* optval, size_t optlen) {
+  if (id == nullptr || optval == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  IdPriv* p = Priv(id);
+  std::lock_guard lock(lib->mu);
+  if (level == RDMA_OPTION_ID) {
+    switch (optname) {
+      case RDMA_OPTION_ID_TOS:
+        if (optlen != sizeof(uint8_t)) return Errno(EINVAL);
+        p->tos = *static_cast<uint8_t*>(optval);
+        return 0;
+      case RDMA_OPTION_ID_REUSEADDR:
+        if (optlen != sizeof(int)) return Errno(EINVAL);
+        p->reuseaddr = *static_cast<int*>(optval) != 0;
+        return 0;
+      case RDMA_OPTION_ID_AFONLY:
+        if (optlen != sizeof(int)) return Errno(EINVAL);
+        if (p->state != IdState::kIdle && p->state != IdState::kAddrBound) return Errno(EINVAL);
+        p->afonly = *static_cast<int*>(optval) != 0;
+        return 0;
+      case RDMA_OPTION_ID_ACK_TIMEOUT:
+        if (optlen != sizeof(uint8_t)) return Errno(EINVAL);
+        p->ack_timeout = *static_cast<uint8_t*>(optval);
+        return 0;
+      default:
+        return Errno(ENOSYS);
+    }
+  }
+  // RDMA_OPTION_IB_PATH (paths from an SA or ibacm) has no meaning on our RoCE port.
+  return Errno(ENOSYS);
+}
+
+int rdma_init_qp_attr(rdma_cm_id* id, ibv_qp_attr* qp_attr, int* qp_attr_mask) {
+  if (id == nullptr || qp_attr == nullptr || qp_attr_mask == nullptr) return Errno(EINVAL);
+  Lib* lib = GetLib();
+  std::lock_guard lock(lib->mu);
+  if (const int err = InitQpAttr(*lib, Priv(id), qp_attr, qp_attr_mask)) return Errno(err);
+  return 0;
+}
+
+__be16 rdma_get_src_port(rdma_cm_id* id) { return htons(PortOfSockaddr(&id->route.addr.src_addr)); }
+__be16 rdma_get_dst_port(rdma_cm_id* id) { return htons(PortOfSockaddr(&id->route.addr.dst_addr)); }
+
+ibv_context** rdma_get_devices(int* num_devices) {
+  Lib* lib = GetLib();
+  if (lib == nullptr) {
+    if (num_devices) *num_devices = 0;
+    return nullptr;
+  }
+  auto** list = static_cast<ibv_context**>(calloc(2, sizeof(ibv_context*)));
+  if (list == nullptr) return nullptr;
+  list[0] = lib->verbs;
+  if (num_devices) *num_devices = 1;
+  return list;
+}
+
+void rdma_free_devices(ibv_context** list) { free(list); }
+
+const char* rdma_event_str(rdma_cm_event_type event) {
+  static const char* const kNames[] = {
+      "RDMA_CM_EVENT_ADDR_RESOLVED",    "RDMA_CM_EVENT_ADDR_ERROR",      "RDMA_CM_EVENT_ROUTE_RESOLVED",
+      "RDMA_CM_EVENT_ROUTE_ERROR",      "RDMA_CM_EVENT_CONNECT_REQUEST", "RDMA_CM_EVENT_CONNECT_RESPONSE",
+      "RDMA_CM_EVENT_CONNECT_ERROR",    "RDMA_CM_EVENT_UNREACHABLE",     "RDMA_CM_EVENT_REJECTED",
+      "RDMA_CM_EVENT_ESTABLISHED",      "RDMA_CM_EVENT_DISCONNECTED",    "RDMA_CM_EVENT_DEVICE_REMOVAL",
+      "RDMA_CM_EVENT_MULTICAST_JOIN",   "RDMA_CM_EVENT_MULTICAST_ERROR", "RDMA_CM_EVENT_ADDR_CHANGE",
+      "RDMA_CM_EVENT_TIMEWAIT_EXIT"};
+  const unsigned i = static_cast<unsigned>(event);
+  return i < sizeof kNames / sizeof *kNames ? kNames[i] : "UNKNOWN EVENT";
+}
+
+int rdma_set_local_ece(rdma_cm_id* id, ibv_ece* ece) {
+  if (id == nullptr || ece == nullptr || id->qp != nullptr || ece->vendor_id == 0 || ece->comp_mask != 0)
+    return Errno(EINVAL);
+  Priv(id)->local_ece = *ece;
+  return 0;
+}
+
+int rdma_get_remote_ece(rdma_cm_id* id, ibv_ece* ece) {
+  if (id == nullptr || ece == nullptr || id->qp != nullptr) return Errno(EINVAL);
+  *ece = Priv(id)->remote_ece;
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,402 @@
+// The rdma_cm layer: ids, addresses and ports, events and their accounting, connect / accept / reject /
+// disconnect and the QP attributes they apply (rdma_cm(7), rdmacm.md sections 2-3 of the project's design notes).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "rdmacm/internal.h"
+#include "verbs_api/cm_export.h"
+
+namespace uroce::rdmacm {
+namespace {
+
+wire::IpAddress AddressOfGid(const ibv_gid& g) { return wire::IpAddress::FromBytes(g.raw); }
+
+Lib* g_lib = nullptr;
+CmSink g_sink;
+std::mutex g_init_mu;
+
+void SetConnPrivateData(Event* e, const uint8_t* data, size_t len) {
+  std::memcpy(e->private_data, data, len);
+  e->event.param.conn.private_data = e->private_data;
+  e->event.param.conn.private_data_len = static_cast<uint8_t>(len);
+}
+
+void SetUdPrivateData(Event* e, const uint8_t* data, size_t len) {
+  std::memcpy(e->private_data, data, len);
+  e->event.param.ud.private_data = e->private_data;
+  e->event.param.ud.private_data_len = static_cast<uint8_t>(len);
+}
+
+// The IB MTU enum the device runs (ibv_mtu has the IB values).
+uint8_t DeviceMtu(const Lib& lib) { return static_cast<uint8_t>(lib.port_attr.active_mtu); }
+
+}  // namespace
+
+// --- shared helpers -----------------------------------------------------------------------------------------
+
+uint32_t RandomPsn() {
+  static std::mutex mu;
+  static std::mt19937 rng(std::random_device{}());
+  std::lock_guard lock(mu);
+  return rng() & 0xFFFFFF;
+}
+
+Event* NewEvent(IdPriv* id, rdma_cm_event_type type, int status) {
+  auto* e = new Event;
+  e->owner = id;
+  e->event.id = &id->id;
+  e->event.event = type;
+  e->event.status = status;
+  return e;
+}
+
+void SetSockaddr(sockaddr_storage* out, const wire::IpAddress& ip, uint16_t port, int family) {
+  std::memset(out, 0, sizeof *out);
+  if (family == AF_INET) {
+    auto* sin = reinterpret_cast<sockaddr_in*>(out);
+    sin->sin_family = AF_INET;
+    sin->sin_port = htons(port);
+    sin->sin_addr.s_addr = htonl(ip.is_v4() ? ip.v4() : 0);
+  } else {
+    auto* sin6 = reinterpret_cast<sockaddr_in6*>(out);
+    sin6->sin6_family = AF_INET6;
+    sin6->sin6_port = htons(port);
+    std::memcpy(&sin6->sin6_addr, ip.bytes().data(), 16);
+  }
+}
+
+// --- addresses ------------------------------------------------------------------------------------------------
+
+std::optional<wire::IpAddress> IpOf(const sockaddr* sa) {
+  if (sa == nullptr) return std::nullopt;
+  if (sa->sa_family == AF_INET) {
+    return wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr));
+  }
+  if (sa->sa_family == AF_INET6) {
+    return wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr.s6_addr);
+  }
+  return std::nullopt;
+}
+
+uint16_t PortOfSockaddr(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
+  if (sa->sa_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
+  return 0;
+}
+
+socklen_t SockaddrLen(const sockaddr* sa) {
+  return sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sa->sa_family == AF_INET ? sizeof(sockaddr_in) : 0;
+}
+
+// The kernel's cma_any_addr: the wildcard or a loopback address.
+bool IsAnyOrLoopback(const sockaddr* sa) {
+  const auto ip = IpOf(sa);
+  if (!ip) return false;
+  if (ip->is_v4()) return ip->v4() == 0 || (ip->v4() >> 24) == 127;
+  static const std::array<uint8_t, 16> kZero{}, kLoop{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  return ip->bytes() == kZero || ip->bytes() == kLoop;
+}
+
+const char* ToString(IdState s) {
+  static const char* const kNames[] = {"IDLE",         "ADDR_QUERY", "ADDR_RESOLVED", "ROUTE_QUERY",
+                                       "ROUTE_RESOLVED", "CONNECT",  "DISCONNECT",    "ADDR_BOUND",
+                                       "LISTEN",       "DEVICE_REMOVAL", "DESTROYING", "CONNECTED",
+                                       "REQ_RECEIVED"};
+  const size_t i = static_cast<size_t>(s);
+  return i < sizeof kNames / sizeof *kNames ? kNames[i] : "?";
+}
+
+// --- the library --------------------------------------------------------------------------------------------
+
+Lib* GetLib() {
+  std::lock_guard init(g_init_mu);
+  if (g_lib != nullptr) return g_lib;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr || n == 0) {
+    if (list) ibv_free_device_list(list);
+    errno = ENODEV;
+    return nullptr;
+  }
+  ibv_context* ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (ctx == nullptr) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  auto* lib = new Lib;
+  lib->verbs = ctx;
+  ibv_gid gid{};
+  if (ibv_query_device(ctx, &lib->device_attr) != 0 || ibv_query_port(ctx, 1, &lib->port_attr) != 0 ||
+      ibv_query_gid(ctx, 1, 0, &gid) != 0) {
+    ibv_close_device(ctx);
+    delete lib;
+    errno = ENODEV;
+    return nullptr;
+  }
+  std::memcpy(lib->gid.data(), gid.raw, 16);
+  lib->address = AddressOfGid(gid);
+  lib->node_guid = be64toh(lib->device_attr.node_guid);
+  lib->default_pd = ibv_alloc_pd(ctx);
+  lib->cm = uroce_connection_manager(ctx);
+  if (lib->default_pd == nullptr || lib->cm == nullptr) {
+    if (lib->default_pd) ibv_dealloc_pd(lib->default_pd);
+    ibv_close_device(ctx);
+    delete lib;
+    errno = ENODEV;
+    return nullptr;
+  }
+  lib->cm->SetSink(&g_sink);
+  g_lib = lib;
+  return lib;
+}
+
+// --- events from the engine (progress thread) ----------------------------------------------------------------
+
+namespace {
+
+IdPriv* NewChild(Lib& lib, IdPriv* listener, uint32_t cm_id, const wire::IpAddress& peer) {
+  auto* c = new IdPriv;
+  c->id.verbs = lib.verbs;
+  c->id.context = listener->id.context;
+  c->id.ps = listener->id.ps;
+  c->id.qp_type = listener->id.qp_type;
+  c->id.port_num = 1;
+  c->id.pd = lib.default_pd;
+  c->channel = listener->channel;
+  c->id.channel = &listener->channel->channel;
+  c->state = IdState::kReqReceived;
+  c->cm_id = cm_id;
+  c->listener = listener;
+  c->seq_num = RandomPsn();
+  c->conn.peer_cm = peer;
+  ++listener->backlog_used;
+  lib.by_cm_id[cm_id] = c;
+  return c;
+}
+
+// The child's addresses from the cma_hdr: src = the address dialled and the listener's port, dst = the caller's
+// (the kernel's cma_save_ip_info).
+void SetChildRoute(Lib& lib, IdPriv* c, const wire::CmaHeader& h, uint16_t port, const wire::Gid& peer_gid) {
+  const int family = Src(c->listener)->sa_family == AF_INET6 && !h.src.is_v4() ? AF_INET6 : AF_INET;
+  SetSockaddr(&c->id.route.addr.src_storage, h.dst, port, family);
+  SetSockaddr(&c->id.route.addr.dst_storage, h.src, h.src_port, family);
+  std::memcpy(c->id.route.addr.addr.ibaddr.sgid.raw, lib.gid.data(), 16);
+  std::memcpy(c->id.route.addr.addr.ibaddr.dgid.raw, peer_gid.data(), 16);
+  c->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
+  c->conn.peer_gid = peer_gid;
+}
+
+// Whether a listener takes a request carrying cma_hdr `h` (the kernel's cma_match_private_data): a listener bound
+// to a specific address only takes requests dialled to it; an IPv4 listener only IPv4 requests.
+bool ListenerMatches(IdPriv* l, const wire::CmaHeader& h) {
+  const sockaddr* src = Src(l);
+  if (src->sa_family == AF_INET && !h.dst.is_v4()) return false;
+  if (src->sa_family == AF_INET6 && l->afonly == 1 && h.dst.is_v4()) return false;
+  if (l->any_address) return true;
+  return IpOf(src) == h.dst;
+}
+
+bool TransportMatches(ibv_qp_type listener, const wire::CmReq& r) {
+  switch (r.transport) {
+    case wire::CmTransport::kRc:
+      return listener == IBV_QPT_RC;
+    case wire::CmTransport::kUc:
+      return listener == IBV_QPT_UC;
+    case wire::CmTransport::kExtended:
+      return r.extended_transport_type == 1 && listener == IBV_QPT_XRC_RECV;
+    default:
+      return false;
+  }
+}
+
+void OnReq(Lib& lib, const emu::CmEvent& e) {
+  auto it = lib.by_listen_id.find(e.listen_id);
+  const auto hdr = wire::ParseCmaHeader(e.req.private_data);
+  // Any refusal after the service ID matched is REJ 28 (the kernel's rdma_cm, rdmacm.md 4.6).
+  if (it == lib.by_listen_id.end() || !hdr || !ListenerMatches(it->second, *hdr) ||
+      !TransportMatches(it->second->id.qp_type, e.req)) {
+    lib.cm->SendRej(e.id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
+    return;
+  }
+  IdPriv* l = it->second;
+  if (l->backlog_used >= l->backlog) {
+    lib.cm->Drop(e.id);  // backlog full: silently, so the caller retransmits (ucma_event_handler)
+    return;
+  }
+  IdPriv* c = NewChild(lib, l, e.id, e.peer);
+  SetChildRoute(lib, c, *hdr, wire::PortOf(e.req.service_id), e.req.primary.local_gid);
+  ConnectionValues& v = c->conn;
+  v.peer_qpn = e.req.local_qpn;
+  v.peer_psn = e.req.starting_psn;
+  v.path_mtu = std::min(e.req.path_mtu, DeviceMtu(lib));
+  // Each side's responder resources are the other's initiator depth (cm_format_req_event).
+  v.responder_resources =
+      std::min<uint32_t>(e.req.initiator_depth, static_cast<uint8_t>(lib.device_attr.max_qp_rd_atom));
+  v.initiator_depth =
+      std::min<uint32_t>(e.req.responder_resources, static_cast<uint8_t>(lib.device_attr.max_qp_init_rd_atom));
+  v.retry_count = e.req.retry_count;
+  v.rnr_retry_count = e.req.rnr_retry_count;
+  v.local_ack_timeout = e.req.primary.local_ack_timeout;
+  v.flow_label = e.req.primary.flow_label;
+  v.srq = e.req.srq;
+  v.flow_control = e.req.flow_control;
+  v.valid = true;
+
+  Event* ev = NewEvent(c, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+  ev->owner = l;
+  ev->event.listen_id = &l->id;
+  SetConnPrivateData(ev, e.req.private_data.data() + wire::kCmaHeaderSize,
+                     wire::kReqPrivateDataSize - wire::kCmaHeaderSize);
+  rdma_conn_param& p = ev->event.param.conn;
+  p.responder_resources = e.req.initiator_depth;
+  p.initiator_depth = e.req.responder_resources;
+  p.flow_control = e.req.flow_control;
+  p.retry_count = e.req.retry_count;
+  p.rnr_retry_count = e.req.rnr_retry_count;
+  p.srq = e.req.srq;
+  p.qp_num = e.req.local_qpn;
+  Enqueue(lib, l->channel, ev);
+}
+
+void OnSidrReq(Lib& lib, const emu::CmEvent& e) {
+  auto it = lib.by_listen_id.find(e.listen_id);
+  const auto hdr = wire::ParseCmaHeader(e.sidr_req.private_data);
+  if (it == lib.by_listen_id.end() || !hdr || !ListenerMatches(it->second, *hdr) ||
+      it->second->id.qp_type != IBV_QPT_UD) {
+    wire::CmSidrRep rep;
+    rep.status = wire::SidrStatus::kReject;
+    lib.cm->SendSidrRep(e.id, rep);
+    return;
+  }
+  IdPriv* l = it->second;
+  if (l->backlog_used >= l->backlog) {
+    lib.cm->Drop(e.id);
+    return;
+  }
+  IdPriv* c = NewChild(lib, l, e.id, e.peer);
+  wire::Gid peer_gid = e.peer.bytes();
+  SetChildRoute(lib, c, *hdr, wire::PortOf(e.sidr_req.service_id), peer_gid);
+  Event* ev = NewEvent(c, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+  ev->owner = l;
+  ev->event.listen_id = &l->id;
+  SetUdPrivateData(ev, e.sidr_req.private_data.data() + wire::kCmaHeaderSize,
+                   wire::kSidrReqPrivateDataSize - wire::kCmaHeaderSize);
+  Enqueue(lib, l->channel, ev);
+}
+
+void FillUdAh(const Lib& lib, IdPriv* p, ibv_ah_attr* ah) {
+  std::memset(ah, 0, sizeof *ah);
+  ah->is_global = 1;
+  std::memcpy(ah->grh.dgid.raw, p->conn.peer_gid.data(), 16);
+  ah->grh.sgid_index = 0;
+  ah->grh.hop_limit = kHopLimit;
+  ah->grh.traffic_class = p->tos;
+  ah->grh.flow_label = p->conn.flow_label;
+  ah->port_num = 1;
+  (void)lib;
+}
+
+// An event of an id's own connection.
+void OnConnectionEvent(Lib& lib, IdPriv* p, const emu::CmEvent& e) {
+  Event* ev = nullptr;
+  switch (e.type) {
+    case emu::CmEventType::kRepReceived: {
+      ConnectionValues& v = p->conn;
+      const bool xrc = p->id.qp_type == IBV_QPT_XRC_SEND;
+      v.peer_qpn = xrc ? e.rep.local_eecn : e.rep.local_qpn;  // an XRC target's QPN travels in Local EECN
+      v.peer_psn = e.rep.starting_psn;
+      v.responder_resources = std::min(v.responder_resources, e.rep.initiator_depth);
+      v.initiator_depth = std::min(v.initiator_depth, e.rep.responder_resources);
+      v.rnr_retry_count = e.rep.rnr_retry_count;  // each QP retries RNR as its peer asked (cm_rep_handler)
+      v.srq = e.rep.srq;
+      v.flow_control = e.rep.flow_control;
+      v.valid = true;
+      ev = NewEvent(p, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
+      ev->process_reply = true;
+      SetConnPrivateData(ev, e.rep.private_data.data(), wire::kRepPrivateDataSize);
+      rdma_conn_param& c = ev->event.param.conn;
+      c.responder_resources = e.rep.initiator_depth;
+      c.initiator_depth = e.rep.responder_resources;
+      c.flow_control = e.rep.flow_control;
+      c.rnr_retry_count = e.rep.rnr_retry_count;
+      c.srq = e.rep.srq;
+      c.qp_num = v.peer_qpn;
+      break;
+    }
+    case emu::CmEventType::kRtuReceived:
+      p->established = true;
+      p->state = IdState::kConnected;
+      ev = NewEvent(p, RDMA_CM_EVENT_ESTABLISHED, 0);
+      break;
+    case emu::CmEventType::kRejReceived:
+      if (p->connect_error) return;
+      ev = NewEvent(p, RDMA_CM_EVENT_REJECTED, e.rej.reason);
+      SetConnPrivateData(ev, e.rej.private_data.data(), wire::kRejPrivateDataSize);
+      break;
+    case emu::CmEventType::kReqTimeout:
+    case emu::CmEventType::kRepTimeout:
+    case emu::CmEventType::kSidrReqTimeout:
+      ev = NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+      break;
+    case emu::CmEventType::kDreqReceived:
+      p->dreq_received = true;
+      [[fallthrough]];
+    case emu::CmEventType::kDrepReceived:
+    case emu::CmEventType::kDreqTimeout:
+      if (p->connect_error || p->state == IdState::kDisconnect) return;  // one DISCONNECTED per id
+      p->state = IdState::kDisconnect;
+      ev = NewEvent(p, RDMA_CM_EVENT_DISCONNECTED, e.type == emu::CmEventType::kDreqTimeout ? -ETIMEDOUT : 0);
+      break;
+    case emu::CmEventType::kTimewaitExit:
+      ev = NewEvent(p, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+      break;
+    case emu::CmEventType::kSidrRepReceived: {
+      if (e.sidr_rep.status != wire::SidrStatus::kSuccess) {
+        ev = NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(e.sidr_rep.status));
+        SetUdPrivateData(ev, e.sidr_rep.private_data.data(), wire::kSidrRepPrivateDataSize);
+        break;
+      }
+      ev = NewEvent(p, RDMA_CM_EVENT_ESTABLISHED, 0);
+      SetUdPrivateData(ev, e.sidr_rep.private_data.data(), wire::kSidrRepPrivateDataSize);
+      FillUdAh(lib, p, &ev->event.param.ud.ah_attr);
+      ev->event.param.ud.qp_num = e.sidr_rep.qpn;
+      ev->event.param.ud.qkey = e.sidr_rep.qkey;
+      p->established = true;
+      break;
+    }
+    default:
+      return;
+  }
+  Enqueue(lib, p->channel, ev);
+}
+
+}  // namespace
+
+void CmSink::OnCmEvent(const emu::CmEvent& e) {
+  Lib* lib = g_lib;
+  if (lib == nullptr) return;
+  std::lock_guard lock(lib->mu);
+  switch (e.type) {
+    case emu::CmEventType::kReqReceived:
+      OnReq(*lib, e);
+      return;
+    case emu::CmEventType::kSidrReqReceived:
+      OnSidrReq(*lib, e);
+      return;
+    default:
+      break;
+  }
+  auto it = lib->by_cm_id.find(e.id);
+  if (it == lib->by_cm_id.end()) return;  // the id was destroyed meanwhile
+  OnConnectionEvent(*lib, it->second, e);
+}
+
+}  // namespace uroce::rdmacm

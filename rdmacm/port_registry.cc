@@ -1,0 +1,113 @@
+#include "rdmacm/port_registry.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+
+namespace uroce::rdmacm {
+namespace {
+
+constexpr uint16_t kEphemeralFirst = 32768, kEphemeralLast = 60999;  // Linux's ip_local_port_range default
+
+std::string Prefix(uint16_t ps, uint16_t port) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "uroce/cm/v1/%04x/%u", ps, port);
+  return buf;
+}
+
+// A socket bound to the abstract name `name`; -errno on failure.
+int BindAbstract(const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  // sun_path[0] == 0: the abstract namespace; the name is the bytes after it (no terminator).
+  const size_t n = std::min(name.size(), sizeof(sun.sun_path) - 1);
+  std::memcpy(sun.sun_path + 1, name.data(), n);
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sun), len) != 0) {
+    const int err = errno;
+    close(fd);
+    return -err;
+  }
+  return fd;
+}
+
+}  // namespace
+
+PortBinding::PortBinding(PortBinding&& o) noexcept { *this = std::move(o); }
+
+PortBinding& PortBinding::operator=(PortBinding&& o) noexcept {
+  if (this != &o) {
+    Release();
+    exclusive_fd_ = o.exclusive_fd_;
+    info_fd_ = o.info_fd_;
+    port_space_ = o.port_space_;
+    port_ = o.port_;
+    o.exclusive_fd_ = o.info_fd_ = -1;
+    o.port_ = 0;
+  }
+  return *this;
+}
+
+int PortBinding::Bind(uint16_t ps, uint16_t port) {
+  Release();
+  if (port == 0) {
+    // Random start, then every port of the range once, as the kernel's cma_alloc_any_port.
+    std::random_device rd;
+    const uint32_t span = kEphemeralLast - kEphemeralFirst + 1;
+    const uint32_t start = rd() % span;
+    for (uint32_t i = 0; i < span; ++i) {
+      const uint16_t p = static_cast<uint16_t>(kEphemeralFirst + (start + i) % span);
+      const int err = Bind(ps, p);
+      if (err != EADDRINUSE) return err;
+    }
+    return EADDRINUSE;
+  }
+  const int ex = BindAbstract(Prefix(ps, port));
+  if (ex < 0) return -ex;
+  exclusive_fd_ = ex;
+  port_space_ = ps;
+  port_ = port;
+  return 0;
+}
+
+int PortBinding::Publish(const wire::IpAddress& device) {
+  if (!bound()) return EINVAL;
+  if (info_fd_ >= 0) return 0;
+  const int info = BindAbstract(Prefix(port_space_, port_) + "@" + device.ToString());
+  if (info < 0) return -info;
+  info_fd_ = info;
+  return 0;
+}
+
+void PortBinding::Release() {
+  if (exclusive_fd_ >= 0) close(exclusive_fd_);
+  if (info_fd_ >= 0) close(info_fd_);
+  exclusive_fd_ = info_fd_ = -1;
+  port_ = 0;
+}
+
+std::optional<wire::IpAddress> FindPortOwner(uint16_t ps, uint16_t port) {
+  // /proc/net/unix lists abstract names as "@name" in the last column.
+  std::ifstream in("/proc/net/unix");
+  const std::string want = "@" + Prefix(ps, port) + "@";
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find(want);
+    if (at == std::string::npos) continue;
+    std::string addr = line.substr(at + want.size());
+    while (!addr.empty() && (addr.back() == '\n' || addr.back() == ' ' || addr.back() == '\r')) addr.pop_back();
+    if (auto ip = wire::IpAddress::Parse(addr)) return ip;
+  }
+  return std::nullopt;
+}
+
+}  // namespace uroce::rdmacm

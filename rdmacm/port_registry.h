@@ -1,0 +1,47 @@
+// rdma_cm ports of this host, without a daemon, files or privileges: a bound (port space, port) is an abstract UNIX
+// socket name held open by the process that bound it (unix(7), "abstract namespace"). The kernel gives the port
+// semantics for free: a second bind of the name fails, the name disappears when the process dies, and it is per
+// network namespace like the kernel's own port spaces.
+//
+// Two names per binding: `uroce/cm/v1/<ps>/<port>` makes it exclusive (rdma_bind_addr); `uroce/cm/v1/<ps>/<port>@<device
+// address>`, added by rdma_listen, tells a dialler on this host which uroce device listens there (it reads the names
+// from /proc/net/unix), because every process owns its own device address (127.0.0.N) and the address dialled
+// (127.0.0.1, 0.0.0.0) does not say which.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "wire/address.h"
+
+namespace uroce::rdmacm {
+
+class PortBinding {
+ public:
+  PortBinding() = default;
+  ~PortBinding() { Release(); }
+  PortBinding(const PortBinding&) = delete;
+  PortBinding& operator=(const PortBinding&) = delete;
+  PortBinding(PortBinding&& o) noexcept;
+  PortBinding& operator=(PortBinding&& o) noexcept;
+
+  // Binds (ps, port). port 0 picks a free one in 32768-60999 (ip_local_port_range's default).
+  // 0, or EADDRINUSE when the port is taken, EMFILE/ENFILE/ENOMEM from socket(2).
+  int Bind(uint16_t port_space, uint16_t port);
+  // Tells diallers on this host that `device` listens on the bound port. 0 or an errno of socket(2)/bind(2).
+  int Publish(const wire::IpAddress& device);
+  void Release();
+  bool bound() const { return exclusive_fd_ >= 0; }
+  uint16_t port() const { return port_; }
+
+ private:
+  int exclusive_fd_ = -1;
+  int info_fd_ = -1;
+  uint16_t port_space_ = 0;
+  uint16_t port_ = 0;
+};
+
+// The device address of whoever on this host bound (ps, port), if anyone.
+std::optional<wire::IpAddress> FindPortOwner(uint16_t port_space, uint16_t port);
+
+}  // namespace uroce::rdmacm

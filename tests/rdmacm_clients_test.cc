@@ -1,0 +1,352 @@
+// Connection-managed RDMA through our drop-in librdmacm.so.1 and libibverbs.so.1: the unmodified Debian rdmacm-utils
+// (rping, ucmatose, udaddy, rdma_server/rdma_client, rdma_xserver/rdma_xclient, cmtime) and perftest's `-R` mode, in
+// pairs over loopback. Each process owns its own uroce device (127.0.N.M); the client dials 127.0.0.1 and finds the
+// listener through the host's rdma_cm port registry (rdmacm/port_registry.h), with real IB CM MADs on the wire.
+//
+// A server is "listening" once its (port space, port) is published in the registry; every pair uses a port picked
+// free at run time, so tests run in parallel.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <iostream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rdmacm/port_registry.h"
+#include "tests/client_runner.h"
+#include "wire/cm_mad.h"
+
+namespace uroce::tests {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr milliseconds kPairTimeout = seconds(120);
+
+class RdmaCmClientsTest : public ClientTest {
+ protected:
+  // Starts the server, waits until it listens on (ps, port), starts the client, waits for both.
+  PairResult RunCmPair(const std::vector<std::string>& server, const std::vector<std::string>& client,
+                       uint16_t port_space, int port, const EnvOverrides& server_env,
+                       const EnvOverrides& client_env, milliseconds timeout = kPairTimeout) {
+    return RunStartedPair(
+        [&] { return std::make_unique<Process>(Process::Start(server, server_env)); },
+        [&] { return rdmacm::FindPortOwner(port_space, static_cast<uint16_t>(port)).has_value(); },
+        [&] { return std::make_unique<Process>(Process::Start(client, client_env)); }, timeout);
+  }
+  PairResult RunCmPair(const std::vector<std::string>& server, const std::vector<std::string>& client,
+                       uint16_t port_space, int port) {
+    return RunCmPair(server, client, port_space, port, env_, env_);
+  }
+  EnvOverrides WithLoss(int seed) const {
+    EnvOverrides env = env_;
+    env.emplace_back("UROCE_FAULTS", "loss=0.02,seed=" + std::to_string(seed));
+    return env;
+  }
+  // Waits until (ps, port) is listened on, or `timeout`.
+  static bool WaitListening(uint16_t ps, int port, Process& server, milliseconds timeout = seconds(30)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (rdmacm::FindPortOwner(ps, static_cast<uint16_t>(port))) return true;
+      if (server.Exited()) return false;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return false;
+  }
+};
+
+constexpr uint16_t kTcp = wire::kPortSpaceTcp;
+constexpr uint16_t kUdp = wire::kPortSpaceUdp;
+constexpr uint16_t kIb = wire::kPortSpaceIb;
+
+int CountMatching(const std::string& text, const std::regex& re) {
+  int n = 0;
+  for (const std::string& line : Lines(text))
+    if (std::regex_match(line, re)) ++n;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// rping: RC SEND + RDMA READ + RDMA WRITE per ping, the CM driven from a thread of its own; -V checks the data.
+// ---------------------------------------------------------------------------------------------------------------
+
+void ExpectRpingClient(const ProcessResult& client, int count) {
+  // -v prints each ping: "ping data: rdma-ping-N: ABCD..." (rping.c).
+  EXPECT_EQ(CountMatching(client.output, std::regex(R"(ping data: rdma-ping-\d+: .*)")), count) << client.Describe();
+}
+
+TEST_F(RdmaCmClientsTest, Rping) {
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({rping, "-s", "-a", "127.0.0.1", "-v", "-p", p},
+                           {rping, "-c", "-a", "127.0.0.1", "-C", "10", "-v", "-V", "-p", p}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  ExpectRpingClient(r.client, 10);
+  EXPECT_EQ(CountMatching(r.server.output, std::regex(R"(server ping data: rdma-ping-\d+: .*)")), 10)
+      << r.server.Describe();
+}
+
+TEST_F(RdmaCmClientsTest, RpingLargeMessages) {
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({rping, "-s", "-S", "65536", "-p", p},
+                           {rping, "-c", "-a", "127.0.0.1", "-S", "65536", "-C", "20", "-V", "-p", p}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+}
+
+// -q: the client makes and moves its own QP with rdma_init_qp_attr, then rdma_establish (CONNECT_RESPONSE path).
+TEST_F(RdmaCmClientsTest, RpingSelfModifiedQp) {
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({rping, "-s", "-v", "-p", p},
+                           {rping, "-c", "-a", "127.0.0.1", "-C", "3", "-v", "-V", "-q", "-p", p}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  ExpectRpingClient(r.client, 3);
+}
+
+// -P: a persistent server takes two clients at once (two children of one listener).
+TEST_F(RdmaCmClientsTest, RpingPersistentServerTwoClients) {
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  Process server = Process::Start({rping, "-s", "-P", "-v", "-p", p}, env_);
+  ASSERT_TRUE(WaitListening(kTcp, port, server)) << server.Kill().Describe();
+  Process a = Process::Start({rping, "-c", "-a", "127.0.0.1", "-C", "20", "-V", "-v", "-p", p}, env_);
+  Process b = Process::Start({rping, "-c", "-a", "127.0.0.1", "-C", "20", "-V", "-v", "-p", p}, env_);
+  const ProcessResult ra = a.Wait(kPairTimeout), rb = b.Wait(kPairTimeout);
+  const ProcessResult rs = server.Kill();
+  EXPECT_TRUE(ra.Succeeded()) << ra.Describe() << rs.Describe();
+  EXPECT_TRUE(rb.Succeeded()) << rb.Describe() << rs.Describe();
+  ExpectRpingClient(ra, 20);
+  ExpectRpingClient(rb, 20);
+}
+
+TEST_F(RdmaCmClientsTest, RpingUnderLoss) {
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({rping, "-s", "-v", "-p", p},
+                           {rping, "-c", "-a", "127.0.0.1", "-C", "50", "-v", "-V", "-p", p}, kTcp, port,
+                           WithLoss(11), WithLoss(12));
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  ExpectRpingClient(r.client, 50);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// ucmatose: many connections from one event channel, SEND/RECV on each, server-initiated disconnect.
+// ---------------------------------------------------------------------------------------------------------------
+
+void ExpectCmatose(const PairResult& r) {
+  EXPECT_TRUE(HasLine(r.server.output, "return status 0")) << r.Describe();
+  EXPECT_TRUE(HasLine(r.client.output, "return status 0")) << r.Describe();
+  EXPECT_TRUE(HasLine(r.client.output, "data transfers complete")) << r.Describe();
+}
+
+TEST_F(RdmaCmClientsTest, Ucmatose) {
+  const std::string ucmatose = Program("ucmatose");
+  const int port = Port();
+  if (ucmatose.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({ucmatose, "-p", p}, {ucmatose, "-s", "127.0.0.1", "-p", p}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  ExpectCmatose(r);
+}
+
+TEST_F(RdmaCmClientsTest, UcmatoseTenConnections) {
+  const std::string ucmatose = Program("ucmatose");
+  const int port = Port();
+  if (ucmatose.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({ucmatose, "-p", p, "-c", "10", "-C", "100", "-S", "4096"},
+                           {ucmatose, "-s", "127.0.0.1", "-p", p, "-c", "10", "-C", "100", "-S", "4096"}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  ExpectCmatose(r);
+}
+
+TEST_F(RdmaCmClientsTest, UcmatoseUnderLoss) {
+  const std::string ucmatose = Program("ucmatose");
+  const int port = Port();
+  if (ucmatose.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({ucmatose, "-p", p, "-c", "4", "-C", "20"},
+                           {ucmatose, "-s", "127.0.0.1", "-p", p, "-c", "4", "-C", "20"}, kTcp, port, WithLoss(21),
+                           WithLoss(22));
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  ExpectCmatose(r);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// udaddy: UD through SIDR, address handles from the ESTABLISHED event and from the receive's GRH.
+// ---------------------------------------------------------------------------------------------------------------
+
+TEST_F(RdmaCmClientsTest, Udaddy) {
+  const std::string udaddy = Program("udaddy");
+  const int port = Port();
+  if (udaddy.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({udaddy, "-p", p}, {udaddy, "-s", "127.0.0.1", "-p", p}, kUdp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  EXPECT_TRUE(HasLine(r.server.output, "return status 0")) << r.Describe();
+  EXPECT_TRUE(HasLine(r.client.output, "return status 0")) << r.Describe();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// rdma_server / rdma_client: the synchronous API (rdma_getaddrinfo, rdma_create_ep, rdma_get_request), the
+// library's default PD and CQs, inline sends with lkey 0.
+// ---------------------------------------------------------------------------------------------------------------
+
+TEST_F(RdmaCmClientsTest, RdmaServerClient) {
+  const std::string server = Program("rdma_server"), client = Program("rdma_client");
+  const int port = Port();
+  if (server.empty() || client.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({server, "-p", p}, {client, "-s", "127.0.0.1", "-p", p}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  EXPECT_TRUE(HasLine(r.server.output, "rdma_server: end 0")) << r.Describe();
+  EXPECT_TRUE(HasLine(r.client.output, "rdma_client: end 0")) << r.Describe();
+}
+
+// No listener: the client's device answers its own REQ with REJ 8 at once, so rdma_connect fails with
+// ECONNREFUSED within a second (not after 15 retransmissions).
+TEST_F(RdmaCmClientsTest, RdmaClientWithoutServerIsRefusedAtOnce) {
+  const std::string client = Program("rdma_client");
+  const int port = Port();
+  if (client.empty() || port <= 0) return;
+  const ProcessResult r = RunProcess({client, "-s", "127.0.0.1", "-p", std::to_string(port)}, env_, seconds(30));
+  ASSERT_TRUE(r.started) << r.Describe();
+  EXPECT_FALSE(r.timed_out) << r.Describe();
+  EXPECT_NE(r.exit_code, 0) << r.Describe();
+  EXPECT_NE(r.output.find("Connection refused"), std::string::npos) << r.Describe();
+  EXPECT_LT(r.elapsed, seconds(1)) << r.Describe();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// rdma_xserver / rdma_xclient: RC, and XRC with the SRQ made by rdma_create_srq (PS_IB, SRQN in the REP's private
+// data, the target's QPN in the REP's Local EECN).
+// ---------------------------------------------------------------------------------------------------------------
+
+TEST_F(RdmaCmClientsTest, RdmaXserverXclientRc) {
+  const std::string server = Program("rdma_xserver"), client = Program("rdma_xclient");
+  const int port = Port();
+  if (server.empty() || client.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({server, "-p", p, "-c", "r"}, {client, "-s", "127.0.0.1", "-p", p, "-c", "r"}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  EXPECT_TRUE(HasLine(r.server.output, ".*: end 0")) << r.Describe();
+  EXPECT_TRUE(HasLine(r.client.output, ".*: end 0")) << r.Describe();
+}
+
+TEST_F(RdmaCmClientsTest, RdmaXserverXclientXrc) {
+  const std::string server = Program("rdma_xserver"), client = Program("rdma_xclient");
+  const int port = Port();
+  if (server.empty() || client.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({server, "-p", p, "-c", "x"}, {client, "-s", "127.0.0.1", "-p", p, "-c", "x"}, kIb, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  EXPECT_TRUE(HasLine(r.server.output, ".*: end 0")) << r.Describe();
+  EXPECT_TRUE(HasLine(r.client.output, ".*: end 0")) << r.Describe();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// cmtime: 100 connections set up and torn down at once; the server never exits by itself.
+// ---------------------------------------------------------------------------------------------------------------
+
+class CmtimeTest : public RdmaCmClientsTest {
+ protected:
+  void Run(const EnvOverrides& server_env, const EnvOverrides& client_env, int connections) {
+    const std::string cmtime = Program("cmtime");
+    const int port = Port();
+    if (cmtime.empty() || port <= 0) return;
+    const std::string p = std::to_string(port);
+    Process server = Process::Start({cmtime, "-p", p}, server_env);
+    ASSERT_TRUE(WaitListening(kTcp, port, server)) << server.Kill().Describe();
+    const ProcessResult client = RunProcess(
+        {cmtime, "-s", "127.0.0.1", "-p", p, "-c", std::to_string(connections)}, client_env, kPairTimeout);
+    const ProcessResult s = server.Kill();
+    ASSERT_TRUE(client.Succeeded()) << client.Describe() << s.Describe();
+    // The step table (cmtime.c show_perf), and no "event:" error line.
+    EXPECT_TRUE(HasLine(client.output, R"(\s*step\s+total ms\s+max ms\s+min us\s+us / conn\s*)")) << client.Describe();
+    EXPECT_FALSE(HasLine(client.output, ".*event: .*")) << client.Describe();
+    std::cout << client.output;
+  }
+};
+
+TEST_F(CmtimeTest, HundredConnections) { Run(env_, env_, 100); }
+TEST_F(CmtimeTest, HundredConnectionsUnderLoss) { Run(WithLoss(31), WithLoss(32), 100); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// perftest -R: the handshake over an rdma_cm RC connection, the test QPs through rdma_create_qp_ex.
+// ---------------------------------------------------------------------------------------------------------------
+
+struct PerftestCase {
+  std::string name;
+  std::string program;
+  std::vector<std::string> args;
+};
+void PrintTo(const PerftestCase& c, std::ostream* os) { *os << c.name; }
+
+class PerftestRdmaCmTest : public RdmaCmClientsTest, public ::testing::WithParamInterface<PerftestCase> {};
+
+TEST_P(PerftestRdmaCmTest, Runs) {
+  const PerftestCase& c = GetParam();
+  const std::string prog = Program(c.program);
+  const int port = Port();
+  if (prog.empty() || port <= 0) return;
+  std::vector<std::string> server = {prog, "-d", "uroce0", "-R", "-F", "-p", std::to_string(port)};
+  server.insert(server.end(), c.args.begin(), c.args.end());
+  std::vector<std::string> client = server;
+  client.push_back("127.0.0.1");
+  PairResult r = RunCmPair(server, client, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  EXPECT_TRUE(HasLine(r.server.output, R"(.*Data ex. method\s*:\s*rdma_cm.*)")) << r.Describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Perftest, PerftestRdmaCmTest,
+    ::testing::Values(PerftestCase{"SendBw", "ib_send_bw", {"-n", "200"}},
+                      PerftestCase{"WriteBw", "ib_write_bw", {"-n", "200"}},
+                      PerftestCase{"ReadLat", "ib_read_lat", {"-n", "200"}},
+                      PerftestCase{"SendBwUd", "ib_send_bw", {"-c", "UD", "-n", "200"}}),
+    [](const ::testing::TestParamInfo<PerftestCase>& i) { return i.param.name; });
+
+// ---------------------------------------------------------------------------------------------------------------
+// A peer killed mid-run: the survivor's rdma_disconnect gets no DREP, its DREQ times out, and it still sees
+// DISCONNECTED and finishes.
+// ---------------------------------------------------------------------------------------------------------------
+
+TEST_F(RdmaCmClientsTest, KilledClientLeavesServerDisconnected) {
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  Process server = Process::Start({"/usr/bin/stdbuf", "-oL", "-eL", rping, "-s", "-v", "-d", "-p", p}, env_);
+  ASSERT_TRUE(WaitListening(kTcp, port, server)) << server.Kill().Describe();
+  Process client =
+      Process::Start({"/usr/bin/stdbuf", "-oL", rping, "-c", "-a", "127.0.0.1", "-C", "1000000", "-v", "-p", p}, env_);
+  // Let it run a while, then kill it without a goodbye.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (CountMatching(client.OutputSoFar(), std::regex(R"(ping data: .*)")) < 20 &&
+         std::chrono::steady_clock::now() < deadline && !client.Exited())
+    std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_FALSE(client.Exited()) << client.Wait(seconds(1)).Describe();
+  kill(client.pid(), SIGKILL);
+  client.Wait(seconds(5));
+  const ProcessResult s = server.Wait(seconds(90));
+  EXPECT_FALSE(s.timed_out) << s.Describe();
+  EXPECT_NE(s.output.find("DISCONNECT EVENT"), std::string::npos) << s.Describe();
+}
+
+}  // namespace
+}  // namespace uroce::tests
