@@ -19,11 +19,15 @@
 // service ID, ENOMEM).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "wire/address.h"
@@ -64,7 +68,8 @@ enum class CmEventType : uint8_t {
   kRejReceived,       // `rej` set; the id is done (IDLE or TIMEWAIT, which ends with kTimewaitExit)
   kReqTimeout,        // active: no REP after max_cm_retries retransmissions (UNREACHABLE, -ETIMEDOUT)
   kRepTimeout,        // passive: no RTU after the REQ's max_cm_retries (the kernel reports UNREACHABLE)
-  kDreqReceived,      // DREQ_RCVD: answer with SendDrep (the consumer's rdma_disconnect)
+  kDreqReceived,      // DREQ_RCVD: answer with SendDrep (the consumer's rdma_disconnect). After crossing DREQs
+                      // (ours was out) the CM has already answered and the id is in TIMEWAIT: SendDrep gives EINVAL
   kDrepReceived,      // our DREQ was answered: TIMEWAIT
   kDreqTimeout,       // our DREQ went unanswered: TIMEWAIT (DISCONNECTED with -ETIMEDOUT)
   kTimewaitExit,      // TIMEWAIT over: the id is IDLE and may be destroyed
@@ -97,7 +102,8 @@ class CmEventSink {
 struct CmConfig {
   uint64_t ca_guid = 0;          // our Local CA GUID (never 0)
   uint8_t target_ack_delay = 15;  // REP Target ACK Delay = the device's local_ca_ack_delay (as rxe)
-  // Random seed of the first local communication ID (IDs then increase); 0 picks one from the clock.
+  // The first local communication ID (IDs then increase, skipping 0 and those in use); 0 picks one from the clock
+  // and ca_guid.
   uint32_t comm_id_seed = 0;
 };
 
@@ -118,15 +124,17 @@ class ConnectionManager {
   ConnectionManager(const ConnectionManager&) = delete;
   ConnectionManager& operator=(const ConnectionManager&) = delete;
 
-  // Where events go (one sink per device: librdmacm). Without a sink, events are dropped.
+  // Where events go (one sink per device: librdmacm). Without a sink, events are dropped. Returns once no other
+  // thread is still handing an event to the previous sink.
   virtual void SetSink(CmEventSink* sink);
 
   // --- passive side --------------------------------------------------------------------------------------------
   // Starts answering REQs and SIDR_REQs for `service_id`; EADDRINUSE when someone already listens on it.
   virtual int Listen(uint64_t service_id, void* context, uint32_t* listen_id);
-  // Stops listening; connections it made live on.
+  // Stops listening and forgets the listen id (as Destroy does); connections it made live on.
   virtual int StopListening(uint32_t listen_id);
-  // Accepts a REQ: the REP goes out now (the CM fills comm IDs and CA GUID), retransmitted until the RTU.
+  // Accepts a REQ: the REP goes out now (the CM fills comm IDs, CA GUID and Target ACK Delay from CmConfig),
+  // retransmitted every ms(REQ Local CM Response Timeout) up to the REQ's Max CM Retries until the RTU.
   virtual int SendRep(uint32_t id, const wire::CmRep& rep);
   // SIDR: answers the SIDR_REQ; the id is done.
   virtual int SendSidrRep(uint32_t id, const wire::CmSidrRep& rep);
@@ -140,10 +148,12 @@ class ConnectionManager {
   virtual int SendReq(const wire::IpAddress& peer, const wire::CmReq& req, void* context, uint32_t* id);
   // Completes the handshake after a REP: RTU out, ESTABLISHED.
   virtual int SendRtu(uint32_t id, std::span<const uint8_t> private_data);
+  // The CM fills the request ID (= the id); retransmitted every 4096 ms (ms(20), the kernel's
+  // CMA_CM_RESPONSE_TIMEOUT) up to 15 times (CMA_MAX_CM_RETRIES), then kSidrReqTimeout.
   virtual int SendSidrReq(const wire::IpAddress& peer, const wire::CmSidrReq& req, void* context, uint32_t* id);
 
   // --- both ------------------------------------------------------------------------------------------------------
-  // Rejects a received REQ (REQ_RCVD) or REP (REP_RCVD).
+  // Rejects a received REQ (REQ_RCVD -> IDLE) or REP (REP_RCVD -> TIMEWAIT, then kTimewaitExit).
   virtual int SendRej(uint32_t id, uint16_t reason, std::span<const uint8_t> private_data);
   // ESTABLISHED -> DREQ_SENT (retransmitted; then kDrepReceived or kDreqTimeout).
   virtual int SendDreq(uint32_t id);
@@ -153,7 +163,9 @@ class ConnectionManager {
   virtual CmState State(uint32_t id) const;  // kIdle for an unknown id
   // The consumer is done with the id (cm_destroy_id): REQ_SENT -> REJ "timeout" with our CA GUID as ARI;
   // REQ_RCVD/REP_SENT/MRA states -> REJ 28; ESTABLISHED -> DREQ (sent, not retransmitted for anyone); DREQ_RCVD ->
-  // DREP. No event is delivered for the id afterwards. A listener id stops listening.
+  // DREP; SIDR_REQ_RCVD -> SIDR_REP "reject". No event is delivered for the id afterwards: Destroy waits while
+  // another thread is handing the sink an event for it (so never call it holding a lock the sink takes; from
+  // inside the sink it does not wait). A listener id stops listening.
   virtual int Destroy(uint32_t id);
   virtual CmCounters counters() const;
 
@@ -165,6 +177,60 @@ class ConnectionManager {
 
  private:
   struct Connection;
+  struct Work;  // what one call sends and reports, handed over after the lock is released (Finish)
+
+  // --- connections and timers (mu_ held) ---
+  Connection* FindLocked(uint32_t id);  // nullptr for an unknown or destroyed id
+  // The connection a peer knows as (its CA GUID, its comm ID): how a duplicate REQ and a REJ "timeout" find theirs.
+  Connection* FindByRemoteLocked(uint64_t remote_ca_guid, uint32_t remote_comm_id);
+  Connection& AddLocked(CmState state, void* context);
+  // A connection of ours that sends first (REQ, SIDR_REQ): its id (also stored in *id) and a new TID.
+  Connection& AddActiveLocked(CmState state, const wire::IpAddress& peer, void* context, uint32_t* id);
+  // A connection a listener's REQ or SIDR_REQ made: the listener's context, the peer's ID and TID.
+  Connection& AddPassiveLocked(CmState state, uint32_t listen_id, const wire::IpAddress& peer, uint32_t remote_comm_id,
+                               uint64_t tid);
+  void RemoveLocked(uint32_t id);
+  uint32_t NewCommIdLocked();
+  uint64_t NewTidLocked(uint32_t id);
+  // 0 disarms. Arming earlier than the deadline RunTimers last reported wakes the poller.
+  void ArmLocked(Connection& c, uint64_t deadline_ns);
+  void EnterTimewaitLocked(Connection& c);
+  void ToIdleLocked(Connection& c);
+  void OnTimerLocked(Connection& c, Work& w);
+  // The event for `c` (id, listen id, context filled), or nullptr once the consumer destroyed it.
+  CmEvent* EmitLocked(Connection& c, CmEventType type, Work& w);
+
+  // --- sending (mu_ held; the packets leave in Finish) ---
+  // Encodes `mad` for `peer`'s QP1; `keep` remembers it as its connection's message to retransmit.
+  void SendLocked(const wire::IpAddress& peer, const wire::CmMad& mad, Work& w, Connection* keep = nullptr);
+  void SendBytesLocked(const wire::IpAddress& peer, std::span<const uint8_t> mad, Work& w);
+  // Sends `mad` for `c` and resends it every interval (+ an MRA's wait) up to its max retries.
+  void SendRetransmittedLocked(Connection& c, const wire::CmMad& mad, Work& w);
+  wire::CmMad DreqOf(Connection& c);  // a DREQ for `c`, with a new TID
+  void SendRejLocked(Connection& c, uint16_t reason, wire::CmMessageRef rejected, std::span<const uint8_t> ari,
+                     std::span<const uint8_t> private_data, Work& w);
+  void SendMraLocked(Connection& c, Work& w);
+  void SendDrepLocked(Connection& c, uint64_t tid, Work& w);
+
+  // --- received messages (mu_ held) ---
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmReq& m, Work& w);
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmMra& m, Work& w);
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmRej& m, Work& w);
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmRep& m, Work& w);
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmRtu& m, Work& w);
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmDreq& m, Work& w);
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmDrep& m, Work& w);
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmSidrReq& m, Work& w);
+  void HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmSidrRep& m, Work& w);
+
+  // Without mu_: sends what `w` holds, then delivers its events in order.
+  void Finish(Work& w);
+  // Runs body(Work&) under mu_, then Finish: its result, 0 or an errno (when nothing is sent).
+  template <typename Body>
+  int WithLock(Body body);
+  // Waits (mu_ held through `lock`) until no other thread is delivering an event for `id` (0: for any id).
+  void WaitForDeliveriesLocked(std::unique_lock<std::mutex>& lock, uint32_t id);
+
   // The implementation's state (connections by local comm ID, listeners by service ID, timers).
   CmConfig config_;
   wire::Transport& transport_;
@@ -174,9 +240,14 @@ class ConnectionManager {
   CmCounters counters_;
   std::map<uint32_t, std::unique_ptr<Connection>> connections_;
   std::map<uint64_t, uint32_t> listeners_;  // service ID -> listen id
+  std::set<std::pair<uint64_t, uint32_t>> timers_;  // (deadline ns, comm ID) of every armed connection
   uint32_t next_comm_id_ = 0;
   uint32_t gsi_psn_ = 0;
+  uint32_t tid_high_ = 0;  // high half of the next new TID (the low half is the comm ID, as the kernel's)
   uint64_t poller_deadline_ = 0;  // the deadline RunTimers last reported; arming an earlier one wakes the poller
+  // Events being handed to the sink right now, by thread: Destroy and SetSink wait for other threads' to finish.
+  std::vector<std::pair<std::thread::id, uint32_t>> delivering_;
+  std::condition_variable delivered_;
 };
 
 }  // namespace uroce::emu

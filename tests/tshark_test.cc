@@ -1,10 +1,11 @@
 // Interoperability with Wireshark: a capture holding one packet of every opcode uroce knows, encoded by our codec
 // and written by our pcap writer, must be read by Debian's tshark as RoCEv2 (InfiniBand BTH over UDP 4791) with the
 // same opcode, destination QP and PSN -- and by our own `uroce_decode` with every ICRC good. This pins the byte
-// layout of the BTH and the pcap file format against an independent implementation.
+// layout of the BTH and the pcap file format against an independent implementation. The IB CM messages
+// (wire/cm_mad.h) are checked the same way against Wireshark's CM dissector.
 //
-// tshark (Debian package tshark, installed by `tools/uroce setup`) must be on PATH; the test fails with a message
-// saying so otherwise.
+// tshark (Debian package tshark, installed by `tools/uroce setup`) must be on PATH; the opcode tests fail with a
+// message saying so otherwise, the CM test skips.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "wire/cm_mad.h"
 #include "wire/frame.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
@@ -72,6 +74,20 @@ struct Sent {
   uint32_t icrc;
 };
 
+// The IP packet carrying `spec` + `payload` in `flow`, ICRC sealed (and returned in `icrc`).
+Bytes SealedFrame(const wire::PacketSpec& spec, std::span<const uint8_t> payload, const wire::Flow& flow,
+                  uint32_t* icrc) {
+  Bytes udp(wire::EncodedLength(spec, payload.size()));
+  auto n = wire::EncodePacket(spec, payload, udp);
+  EXPECT_TRUE(n.has_value()) << "opcode " << int(spec.bth.opcode);
+  wire::SealIcrc(flow, udp);
+  *icrc = wire::ComputeIcrc(flow, udp);
+  const bool v6 = !(flow.src.addr.is_v4() && flow.dst.addr.is_v4());
+  Bytes ip(wire::IpUdpFrameLength(v6, udp.size()));
+  EXPECT_NE(wire::BuildIpUdpFrame(flow, udp, ip), 0u);
+  return ip;
+}
+
 // A packet of `info`'s opcode with every header it needs filled in with recognisable values, in `flow`, sealed.
 Bytes BuildPacket(const wire::OpcodeInfo& info, uint32_t qpn, uint32_t psn, const wire::Flow& flow,
                   uint32_t* icrc) {
@@ -94,15 +110,7 @@ Bytes BuildPacket(const wire::OpcodeInfo& info, uint32_t qpn, uint32_t psn, cons
   if (info.has_payload) payload_len = info.fixed_payload != 0 ? info.fixed_payload : 1 + qpn % 61;
   Bytes payload(payload_len);
   for (size_t i = 0; i < payload_len; ++i) payload[i] = static_cast<uint8_t>(i * 7);
-  Bytes udp(wire::EncodedLength(spec, payload.size()));
-  auto n = wire::EncodePacket(spec, payload, udp);
-  EXPECT_TRUE(n.has_value()) << info.name;
-  wire::SealIcrc(flow, udp);
-  *icrc = wire::ComputeIcrc(flow, udp);
-  const bool v6 = !(flow.src.addr.is_v4() && flow.dst.addr.is_v4());
-  Bytes ip(wire::IpUdpFrameLength(v6, udp.size()));
-  EXPECT_NE(wire::BuildIpUdpFrame(flow, udp, ip), 0u);
-  return ip;
+  return SealedFrame(spec, payload, flow, icrc);
 }
 
 // Writes one packet per opcode (IPv4 and IPv6 alternating; documentation addresses, RFC 5737 / RFC 3849) to a
@@ -258,6 +266,143 @@ TEST(Tshark, UroceDecodeReadsTsharksPcapngAsItReadsThePcap) {
     EXPECT_EQ(Split(from_pcapng.out, '\n').size(), sent.size());
     EXPECT_EQ(from_pcapng.out, from_pcap.out);
     EXPECT_EQ(ReadText(err), pcap_summary);
+  }
+}
+
+// The IB CM over RoCEv2: our CM MADs (wire/cm_mad.h) carried as the kernel sends them -- a UD SEND_ONLY to QP1 with
+// the GSI Q_Key, from QP1 -- must be named by Wireshark's CM dissector with the values we encoded: a REQ as a
+// ConnectRequest with our service ID, QPN and starting PSN and its private data as an IP CM header with our
+// addresses; REP, RTU, REJ, DREQ and DREP with their communication IDs. Unlike the cases above, this one skips when
+// tshark is missing.
+TEST(Tshark, NamesOurCmMessages) {
+  if (!HaveTshark()) GTEST_SKIP() << "tshark is not installed (Debian package tshark)";
+  const wire::Flow flow{.src = {.addr = *wire::IpAddress::Parse("192.0.2.1"), .port = 0xC001},
+                        .dst = {.addr = *wire::IpAddress::Parse("198.51.100.2"), .port = wire::kRoceV2UdpPort}};
+  wire::CmReq req;
+  req.local_comm_id = 0x1234ABCD;
+  req.service_id = wire::ServiceIdOf(wire::kPortSpaceTcp, 7174);
+  req.local_ca_guid = 0x0250B6FFFE112233;
+  req.local_qpn = 0x000011;
+  req.starting_psn = 0xABCDEF;
+  req.path_mtu = 3;
+  req.max_cm_retries = 15;
+  req.remote_cm_response_timeout = 20;
+  req.local_cm_response_timeout = 20;
+  req.primary.local_gid = flow.src.addr.bytes();
+  req.primary.remote_gid = flow.dst.addr.bytes();
+  req.primary.hop_limit = 64;
+  req.primary.local_ack_timeout = 17;
+  const auto cma = wire::EncodeCmaHeader({.src_port = 45678, .src = flow.src.addr, .dst = flow.dst.addr});
+  std::copy(cma.begin(), cma.end(), req.private_data.begin());
+  // Each message with what tshark must show of it (fields in tshark's own formatting).
+  struct Expected {
+    wire::CmMessage message;
+    std::string info;
+    std::vector<std::pair<std::string, std::string>> fields;
+  };
+  const std::vector<Expected> expected = {
+      {req,
+       "CM: ConnectRequest",
+       {{"infiniband.cm.req", "0x1234abcd"},
+        {"infiniband.cm.req.serviceid", "0x0000000001061c06"},
+        {"infiniband.cm.req.localcaguid", "0x0250b6fffe112233"},
+        {"infiniband.cm.req.localqpn", "0x000011"},
+        {"infiniband.cm.req.startpsn", "0xabcdef"},
+        {"infiniband.cm.req.pppmtu", "0x03"},
+        {"infiniband.cm.req.maxcmretr", "0x0f"},
+        {"infiniband.cm.req.pkey", "0xffff"},
+        {"infiniband.cm.req.prim_localgid_ipv4", "192.0.2.1"},
+        {"infiniband.cm.req.prim_remotegid_ipv4", "198.51.100.2"},
+        {"infiniband.cm.req.prim_hoplim", "0x40"},
+        {"infiniband.cm.req.prim_localacktout", "0x11"},
+        {"infiniband.cm.req.ip_cm.majv", "0x00"},
+        {"infiniband.cm.req.ip_cm.ipv", "0x04"},
+        {"infiniband.cm.req.ip_cm.sport", "0xb26e"},
+        {"infiniband.cm.req.ip_cm.sip4", "192.0.2.1"},
+        {"infiniband.cm.req.ip_cm.dip4", "198.51.100.2"}}},
+      {wire::CmRep{.local_comm_id = 0xCAFE0001,
+                   .remote_comm_id = 0x1234ABCD,
+                   .local_qpn = 0x22,
+                   .starting_psn = 0x123456,
+                   .target_ack_delay = 15,
+                   .rnr_retry_count = 7,
+                   .local_ca_guid = 0x1122334455667788},
+       "CM: ConnectReply",
+       {{"infiniband.cm.rep", "0xcafe0001"},
+        {"infiniband.cm.rep.remotecommid", "0x1234abcd"},
+        {"infiniband.cm.rep.localqpn", "0x000022"},
+        {"infiniband.cm.rep.startpsn", "0x123456"},
+        {"infiniband.cm.rep.tgtackdelay", "0x0f"},
+        {"infiniband.cm.rep.rnrretrcount", "0x07"},
+        {"infiniband.cm.rep.localcaguid", "0x1122334455667788"}}},
+      {wire::CmRtu{.local_comm_id = 0x1234ABCD, .remote_comm_id = 0xCAFE0001},
+       "CM: ReadyToUse",
+       {{"infiniband.cm.rtu.localcommid", "0x1234abcd"}, {"infiniband.cm.rtu.remotecommid", "0xcafe0001"}}},
+      {wire::CmRej{.remote_comm_id = 0x1234ABCD, .message_rejected = wire::CmMessageRef::kReq, .reason = 8},
+       "CM: ConnectReject",
+       {{"infiniband.cm.rej.localcommid", "0x00000000"},
+        {"infiniband.cm.rej.remotecommid", "0x1234abcd"},
+        {"infiniband.cm.rej.reason", "0x0008"}}},
+      {wire::CmDreq{.local_comm_id = 0x1234ABCD, .remote_comm_id = 0xCAFE0001, .remote_qpn = 0x22},
+       "CM: DisconnectRequest",
+       {{"infiniband.cm.dreq.localcommid", "0x1234abcd"},
+        {"infiniband.cm.dreq.remotecommid", "0xcafe0001"},
+        {"infiniband.cm.req.remoteqpneecn", "0x000022"}}},
+      {wire::CmDrep{.local_comm_id = 0xCAFE0001, .remote_comm_id = 0x1234ABCD},
+       "CM: DisconnectReply",
+       {{"infiniband.cm.drsp.localcommid", "0xcafe0001"}, {"infiniband.cm.drsp.remotecommid", "0x1234abcd"}}},
+  };
+
+  const std::string path = TempPath("cm.pcap");
+  wire::PcapWriter writer;
+  ASSERT_EQ(writer.Open(path), 0);
+  const uint64_t first_tid = 0x0000000100000000;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    wire::PacketSpec spec;
+    spec.bth.opcode = wire::opcode::kUdSendOnly;
+    spec.bth.dest_qp = wire::kGsiQpn;
+    spec.bth.psn = static_cast<uint32_t>(i);
+    spec.deth = wire::Deth{.qkey = wire::kGsiQkey, .src_qp = wire::kGsiQpn};
+    const auto mad = wire::EncodeCmMad({.transaction_id = first_tid + i, .message = expected[i].message});
+    uint32_t icrc;
+    ASSERT_EQ(writer.Write(1'700'000'000'000'000'000ull + i, SealedFrame(spec, mad, flow, &icrc)), 0);
+  }
+  ASSERT_EQ(writer.Close(), 0);
+
+  // One tshark run for every field of every message: common columns first, then each message's fields.
+  std::vector<std::string> columns = {"infiniband.bth.destqp", "infiniband.deth.q_key", "infiniband.mad.mgmtclass",
+                                      "infiniband.mad.classversion", "infiniband.mad.method",
+                                      "infiniband.mad.attributeid", "infiniband.mad.transactionid", "_ws.col.Info",
+                                      "_ws.malformed"};
+  const size_t common = columns.size();
+  for (const Expected& e : expected)
+    for (const auto& field : e.fields) columns.push_back(field.first);
+  std::string command = "tshark -n -r " + path +
+                        " -d udp.port==4791,infiniband -T fields -E separator=/t -E occurrence=f";
+  for (const std::string& column : columns) command += " -e " + column;
+  const std::string err = path + ".tshark.err";
+  const Command tshark = RunShell(command, err);
+  ASSERT_EQ(tshark.status, 0) << "tshark failed: " << ReadText(err);
+  const std::vector<std::string> lines = Split(tshark.out, '\n');
+  ASSERT_EQ(lines.size(), expected.size()) << tshark.out;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(lines[i]);
+    std::vector<std::string> f = Split(lines[i], '\t');
+    f.resize(columns.size());
+    EXPECT_EQ(std::stoul(f[0], nullptr, 0), wire::kGsiQpn);
+    EXPECT_EQ(std::stoul(f[1], nullptr, 0), wire::kGsiQkey);
+    EXPECT_EQ(f[2], "0x07");
+    EXPECT_EQ(f[3], "0x02");
+    EXPECT_EQ(f[4], "0x03");
+    EXPECT_EQ(std::stoul(f[5], nullptr, 0), static_cast<uint16_t>(wire::AttributeOf(expected[i].message)));
+    EXPECT_EQ(std::stoull(f[6], nullptr, 0), first_tid + i);
+    EXPECT_EQ(f[7], expected[i].info);
+    EXPECT_EQ(f[8], "") << "tshark flagged the packet as malformed";
+    for (size_t c = common; c < columns.size(); ++c) {
+      for (const auto& [field, value] : expected[i].fields) {
+        if (field == columns[c]) EXPECT_EQ(f[c], value) << field;
+      }
+    }
   }
 }
 

@@ -2,8 +2,11 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <variant>
+#include <vector>
 
 #include "wire/bytes.h"
+#include "wire/cm_mad.h"
 #include "wire/frame.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
@@ -77,6 +80,123 @@ std::string AethKindName(wire::AethKind kind) {
   return "reserved";
 }
 
+// --- CM MADs: a UD packet to QP1 whose management class is CM is named by its message --------------------------
+
+// One field of a CM message: text `key=value` (hex of at least `digits` digits, decimal when digits is 0) and
+// ` (name)` when named; JSON "key": value and "key_name": name.
+struct CmField {
+  const char* key;
+  uint64_t value;
+  int digits;
+  std::string_view name = {};
+};
+
+// What decode shows of a CM MAD: the message's name and fields (and the cma_hdr of a REQ or SIDR_REQ that has one),
+// or why it is not a CM message the kernel would take.
+struct CmSummary {
+  std::string_view message;
+  std::vector<CmField> fields;
+  std::optional<wire::CmaHeader> cma;
+  std::string_view malformed;  // empty when the MAD parsed
+};
+
+template <typename... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <typename... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+// The summary of a UD packet to QP1 whose payload has the CM management class; nullopt for any other packet.
+std::optional<CmSummary> SummarizeCm(const PacketView& p) {
+  if (!p.deth || p.bth.dest_qp != wire::kGsiQpn || p.payload.size() < 2 || p.payload[1] != wire::kMgmtClassCm) {
+    return std::nullopt;
+  }
+  CmSummary s;
+  auto mad = wire::ParseCmMad(p.payload);
+  if (!mad) {
+    s.malformed = wire::ToString(mad.error());
+    return s;
+  }
+  s.message = wire::ToString(wire::AttributeOf(mad->message));
+  auto ids = [](const auto& m) {
+    return std::vector<CmField>{{"comm", m.local_comm_id, 8}, {"remote", m.remote_comm_id, 8}};
+  };
+  std::visit(Overloaded{
+                 [&](const wire::CmReq& m) {
+                   s.fields = {{"comm", m.local_comm_id, 8},
+                               {"sid", m.service_id, 16},
+                               {"qpn", m.local_qpn, 1},
+                               {"psn", m.starting_psn, 1}};
+                   s.cma = wire::ParseCmaHeader(m.private_data);
+                 },
+                 [&](const wire::CmMra& m) {
+                   s.fields = ids(m);
+                   s.fields.push_back({"timeout", m.service_timeout, 0});
+                 },
+                 [&](const wire::CmRej& m) {
+                   s.fields = ids(m);
+                   s.fields.push_back({"reason", m.reason, 0, ToString(static_cast<wire::CmRejectReason>(m.reason))});
+                 },
+                 [&](const wire::CmRep& m) {
+                   s.fields = ids(m);
+                   s.fields.push_back({"qpn", m.local_qpn, 1});
+                   if (m.local_eecn != 0) s.fields.push_back({"eecn", m.local_eecn, 1});  // an XRC target's QPN
+                   s.fields.push_back({"psn", m.starting_psn, 1});
+                 },
+                 [&](const wire::CmDreq& m) {
+                   s.fields = ids(m);
+                   s.fields.push_back({"remote_qpn", m.remote_qpn, 1});
+                 },
+                 [&](const auto& m) { s.fields = ids(m); },  // RTU, DREP
+                 [&](const wire::CmSidrReq& m) {
+                   s.fields = {{"req", m.request_id, 8}, {"sid", m.service_id, 16}};
+                   s.cma = wire::ParseCmaHeader(m.private_data);
+                 },
+                 [&](const wire::CmSidrRep& m) {
+                   s.fields = {{"req", m.request_id, 8},
+                               {"status", static_cast<uint8_t>(m.status), 0, ToString(m.status)},
+                               {"qpn", m.qpn, 1},
+                               {"qkey", m.qkey, 8}};
+                 },
+             },
+             mad->message);
+  return s;
+}
+
+// " CM REQ comm=0x1234abcd sid=0x0000000001061c06 qpn=0x11 psn=0xabcdef cma 127.0.0.2:45678->127.0.0.1",
+// " CM REJ comm=0x00000000 remote=0x1234abcd reason=8 (INVALID_SERVICE_ID)", " CM malformed: <why>".
+std::string CmText(const CmSummary& s) {
+  if (!s.malformed.empty()) return " CM malformed: " + std::string(s.malformed);
+  std::string text = " CM " + std::string(s.message);
+  for (const CmField& f : s.fields) {
+    text += std::string(" ") + f.key + "=" + (f.digits != 0 ? Hex(f.value, f.digits) : std::to_string(f.value));
+    if (!f.name.empty()) text += " (" + std::string(f.name) + ")";
+  }
+  if (s.cma) {
+    text += " cma " + wire::UdpEndpoint{.addr = s.cma->src, .port = s.cma->src_port}.ToString() + "->" +
+            s.cma->dst.ToString();
+  }
+  return text;
+}
+
+// {"message": "REQ", "comm": ..., "cma": {"src": "127.0.0.2", "src_port": 45678, "dst": "127.0.0.1"}} or
+// {"malformed": "<why>"}.
+Json CmJson(const CmSummary& s) {
+  Json json;
+  if (!s.malformed.empty()) return json.Str("malformed", std::string(s.malformed));
+  json.Str("message", std::string(s.message));
+  for (const CmField& f : s.fields) {
+    json.Num(f.key, f.value);
+    if (!f.name.empty()) json.Str((std::string(f.key) + "_name").c_str(), std::string(f.name));
+  }
+  if (s.cma) {
+    json.Obj("cma",
+             Json().Str("src", s.cma->src.ToString()).Num("src_port", s.cma->src_port).Str("dst", s.cma->dst.ToString()));
+  }
+  return json;
+}
+
 std::string TextLine(uint64_t index, uint64_t timestamp_ns, const wire::IpUdpFrame& frame, const PacketView& p,
                      const wire::IcrcCheck& icrc) {
   const wire::Bth& bth = p.bth;
@@ -109,6 +229,7 @@ std::string TextLine(uint64_t index, uint64_t timestamp_ns, const wire::IpUdpFra
   } else {
     line += " icrc=bad (got " + Hex(icrc.got, 8) + ", want " + Hex(icrc.want, 8) + ")";
   }
+  if (auto cm = SummarizeCm(p)) line += CmText(*cm);
   return line;
 }
 
@@ -171,6 +292,7 @@ std::string JsonLine(uint64_t index, uint64_t timestamp_ns, const wire::IpUdpFra
   if (p.imm) json.Num("imm", ImmediateValue(*p.imm));
   if (p.ieth) json.Obj("ieth", Json().Num("rkey", p.ieth->rkey));
   json.Num("payload_len", p.payload.size()).Num("icrc", icrc.got).Num("icrc_want", icrc.want).Bool("icrc_ok", icrc.ok);
+  if (auto cm = SummarizeCm(p)) json.Obj("cm", CmJson(*cm));
   return json.Close();
 }
 

@@ -13,6 +13,17 @@
 // aeth{syndrome, kind, credits | rnr_timer + rnr_timer_us | nak_code + nak, msn}, atomicacketh{original}, imm,
 // ieth{rkey}; then payload_len, icrc (carried), icrc_want (computed), icrc_ok. A malformed packet is
 // {"index", "ts", "ts_ns", ["src", "dst",] "malformed": reason}. 64-bit values are plain JSON numbers.
+//
+// CM MADs (wire/cm_mad.h): a UD packet to QP1 whose payload has the CM management class (0x07) is named by its
+// message at the end of the line, with the cma_hdr of a REQ or SIDR_REQ when its private data has one:
+//   ... payload=256 icrc=ok CM REQ comm=0x1234abcd sid=0x0000000001061c06 qpn=0x11 psn=0xabcdef
+//      cma 127.0.0.2:45678->127.0.0.1
+//   REP comm remote qpn [eecn, when not 0: an XRC target's QPN] psn; RTU, DREP comm remote; DREQ comm remote
+//   remote_qpn; MRA comm remote timeout; REJ comm remote reason=8 (INVALID_SERVICE_ID); SIDR_REQ req sid [cma];
+//   SIDR_REP req status=1 (UNSUPPORTED) qpn qkey. A MAD the kernel would drop ends in "CM malformed: <why>".
+// In JSON the same fields are an object "cm": {"message": "REQ", "comm", "sid", "qpn", "psn", "cma": {"src",
+// "src_port", "dst"}}, a named number followed by "<key>_name" ("reason_name", "status_name"); or
+// "cm": {"malformed": why}. Every other packet prints as before.
 #pragma once
 
 #include <cstdint>

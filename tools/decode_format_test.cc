@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "wire/cm_mad.h"
 #include "wire/frame.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
@@ -27,8 +28,7 @@ wire::Flow V4Flow() {
 }
 
 // The IP packet carrying `spec` + `payload` in `flow`, ICRC sealed (or left zero).
-Bytes Frame(const wire::Flow& flow, const PacketSpec& spec, size_t payload_len, bool seal = true) {
-  Bytes payload(payload_len, 0x5A);
+Bytes Frame(const wire::Flow& flow, const PacketSpec& spec, std::span<const uint8_t> payload, bool seal = true) {
   Bytes udp(wire::EncodedLength(spec, payload.size()));
   auto n = wire::EncodePacket(spec, payload, udp);
   EXPECT_TRUE(n.has_value());
@@ -37,6 +37,18 @@ Bytes Frame(const wire::Flow& flow, const PacketSpec& spec, size_t payload_len, 
   Bytes ip(wire::IpUdpFrameLength(v6, udp.size()));
   EXPECT_NE(wire::BuildIpUdpFrame(flow, udp, ip), 0u);
   return ip;
+}
+
+// The same with `payload_len` bytes of 0x5A as payload.
+Bytes Frame(const wire::Flow& flow, const PacketSpec& spec, size_t payload_len, bool seal = true) {
+  return Frame(flow, spec, Bytes(payload_len, 0x5A), seal);
+}
+
+// The ICRC of a frame in V4Flow(), in decimal as the JSON format prints it.
+std::string IcrcOf(const Bytes& frame) {
+  auto parsed = wire::ParseIpUdpFrame(frame);
+  EXPECT_TRUE(parsed.has_value());
+  return parsed ? std::to_string(wire::ComputeIcrc(V4Flow(), parsed->udp_payload)) : "";
 }
 
 PacketSpec Spec(uint8_t opcode, uint32_t qpn, uint32_t psn) {
@@ -126,9 +138,7 @@ TEST(DecodeFormat, JsonGoldenLine) {
   read.bth.ack_req = true;
   read.reth = wire::Reth{.va = 0x1000, .rkey = 0x20, .dma_length = 65536};
   const Bytes frame = Frame(V4Flow(), read, 0);
-  auto parsed = wire::ParseIpUdpFrame(frame);
-  ASSERT_TRUE(parsed.has_value());
-  const std::string icrc = std::to_string(wire::ComputeIcrc(V4Flow(), parsed->udp_payload));
+  const std::string icrc = IcrcOf(frame);
   EXPECT_EQ(decoder.DecodeIp(1, kTs, frame).value_or(""),
             "{\"index\":1,\"ts\":1700000000.000000100,\"ts_ns\":1700000000000000100,\"src\":\"10.0.0.1:49153\","
             "\"dst\":\"10.0.0.2:4791\",\"opcode\":12,\"opcode_name\":\"RC_RDMA_READ_REQUEST\",\"transport\":\"RC\","
@@ -237,6 +247,115 @@ TEST(DecodeFormat, JsonLinesParseWithPython) {
       "assert n == " +
       std::to_string(lines.size()) + "\n' " + path;
   EXPECT_EQ(std::system(check.c_str()), 0) << "python3 rejected " << path;
+}
+
+// --- CM MADs ---------------------------------------------------------------------------------------------------
+
+// A CM MAD as the kernel sends it: UD SEND_ONLY to QP1 from QP1 with the GSI Q_Key, in V4Flow().
+Bytes CmFrame(const wire::CmMessage& message) {
+  PacketSpec spec = Spec(wire::opcode::kUdSendOnly, wire::kGsiQpn, 5);
+  spec.deth = wire::Deth{.qkey = wire::kGsiQkey, .src_qp = wire::kGsiQpn};
+  const auto mad = wire::EncodeCmMad({.transaction_id = 0x100000001, .message = message});
+  return Frame(V4Flow(), spec, mad);
+}
+
+constexpr char kGsiPrefix[] =
+    "#1 1700000000.000000100 10.0.0.1:49153 > 10.0.0.2:4791 UD_SEND_ONLY qp=0x000001 psn=0x000005 se=0 mig=0 "
+    "ackreq=0 pad=0 pkey=0xffff deth{qkey=0x80010000 src_qp=0x000001} payload=256 icrc=ok";
+
+wire::CmReq RpingReq() {
+  wire::CmReq req;
+  req.local_comm_id = 0x1234abcd;
+  req.service_id = wire::ServiceIdOf(wire::kPortSpaceTcp, 7174);
+  req.local_qpn = 0x11;
+  req.starting_psn = 0xabcdef;
+  const auto cma = wire::EncodeCmaHeader({.src_port = 45678, .src = V4Flow().src.addr, .dst = V4Flow().dst.addr});
+  std::copy(cma.begin(), cma.end(), req.private_data.begin());
+  return req;
+}
+
+TEST(DecodeFormat, CmMessagesAreNamedInText) {
+  wire::CmRep xrc_rep{.local_comm_id = 0xcafe0001, .remote_comm_id = 0x1234abcd, .local_eecn = 0x33,
+                      .starting_psn = 0x123456, .srq = true};
+  wire::CmSidrReq sidr_req{.request_id = 0x51, .service_id = wire::ServiceIdOf(wire::kPortSpaceUdp, 7174)};
+  const auto cma6 = wire::EncodeCmaHeader(
+      {.src_port = 1, .src = *wire::IpAddress::Parse("2001:db8::1"), .dst = *wire::IpAddress::Parse("2001:db8::2")});
+  std::copy(cma6.begin(), cma6.end(), sidr_req.private_data.begin());
+  const std::vector<std::pair<wire::CmMessage, std::string>> cases = {
+      {RpingReq(), " CM REQ comm=0x1234abcd sid=0x0000000001061c06 qpn=0x11 psn=0xabcdef cma 10.0.0.1:45678->10.0.0.2"},
+      {wire::CmReq{.local_comm_id = 1, .service_id = 2, .local_qpn = 3, .starting_psn = 4},  // AF_IB: no cma_hdr
+       " CM REQ comm=0x00000001 sid=0x0000000000000002 qpn=0x3 psn=0x4"},
+      {wire::CmMra{.local_comm_id = 7, .remote_comm_id = 8, .service_timeout = 24},
+       " CM MRA comm=0x00000007 remote=0x00000008 timeout=24"},
+      {wire::CmRej{.remote_comm_id = 0x1234abcd, .reason = 8},
+       " CM REJ comm=0x00000000 remote=0x1234abcd reason=8 (INVALID_SERVICE_ID)"},
+      {wire::CmRep{.local_comm_id = 0xcafe0001, .remote_comm_id = 0x1234abcd, .local_qpn = 0x22,
+                   .starting_psn = 0x123456},
+       " CM REP comm=0xcafe0001 remote=0x1234abcd qpn=0x22 psn=0x123456"},
+      {xrc_rep, " CM REP comm=0xcafe0001 remote=0x1234abcd qpn=0x0 eecn=0x33 psn=0x123456"},
+      {wire::CmRtu{.local_comm_id = 0x1234abcd, .remote_comm_id = 0xcafe0001},
+       " CM RTU comm=0x1234abcd remote=0xcafe0001"},
+      {wire::CmDreq{.local_comm_id = 0x1234abcd, .remote_comm_id = 0xcafe0001, .remote_qpn = 0x22},
+       " CM DREQ comm=0x1234abcd remote=0xcafe0001 remote_qpn=0x22"},
+      {wire::CmDrep{.local_comm_id = 0xcafe0001, .remote_comm_id = 0x1234abcd},
+       " CM DREP comm=0xcafe0001 remote=0x1234abcd"},
+      {sidr_req, " CM SIDR_REQ req=0x00000051 sid=0x0000000001111c06 cma [2001:db8::1]:1->2001:db8::2"},
+      {wire::CmSidrRep{.request_id = 0x51, .status = wire::SidrStatus::kUnsupported, .qpn = 0x99, .qkey = 0x01234567},
+       " CM SIDR_REP req=0x00000051 status=1 (UNSUPPORTED) qpn=0x99 qkey=0x01234567"},
+  };
+  for (const auto& [message, cm] : cases) {
+    PacketDecoder decoder(DecodeFormat::kText);
+    EXPECT_EQ(decoder.DecodeIp(1, kTs, CmFrame(message)).value_or(""), kGsiPrefix + cm);
+  }
+}
+
+TEST(DecodeFormat, CmMadsTheKernelWouldDropSayWhy) {
+  PacketDecoder decoder(DecodeFormat::kText);
+  PacketSpec spec = Spec(wire::opcode::kUdSendOnly, wire::kGsiQpn, 5);
+  spec.deth = wire::Deth{.qkey = wire::kGsiQkey, .src_qp = wire::kGsiQpn};
+  auto mad = wire::EncodeCmMad({.message = wire::CmRtu{}});
+  mad[2] = 1;  // class version 1
+  std::string line = decoder.DecodeIp(1, kTs, Frame(V4Flow(), spec, mad)).value_or("");
+  EXPECT_NE(line.find("icrc=ok CM malformed: " + std::string(wire::ToString(wire::MadError::kBadClassVersion))),
+            std::string::npos)
+      << line;
+  // Cut short: the kernel takes a MAD as 256 bytes.
+  mad[2] = wire::kCmClassVersion;
+  line = decoder.DecodeIp(2, kTs, Frame(V4Flow(), spec, std::span(mad).first(100))).value_or("");
+  EXPECT_NE(line.find("payload=100 icrc=ok CM malformed: " + std::string(wire::ToString(wire::MadError::kTruncated))),
+            std::string::npos)
+      << line;
+  // Another management class (subnet administration) to QP1, and a CM MAD to a QP other than 1: no CM part.
+  mad[1] = 0x03;
+  line = decoder.DecodeIp(3, kTs, Frame(V4Flow(), spec, mad)).value_or("");
+  EXPECT_TRUE(line.ends_with("payload=256 icrc=ok")) << line;
+  mad[1] = wire::kMgmtClassCm;
+  spec.bth.dest_qp = 2;
+  line = decoder.DecodeIp(4, kTs, Frame(V4Flow(), spec, mad)).value_or("");
+  EXPECT_TRUE(line.ends_with("payload=256 icrc=ok")) << line;
+}
+
+TEST(DecodeFormat, CmMessagesInJson) {
+  PacketDecoder decoder(DecodeFormat::kJson);
+  const Bytes frame = CmFrame(RpingReq());
+  const std::string icrc = IcrcOf(frame);
+  EXPECT_EQ(decoder.DecodeIp(1, kTs, frame).value_or(""),
+            "{\"index\":1,\"ts\":1700000000.000000100,\"ts_ns\":1700000000000000100,\"src\":\"10.0.0.1:49153\","
+            "\"dst\":\"10.0.0.2:4791\",\"opcode\":100,\"opcode_name\":\"UD_SEND_ONLY\",\"transport\":\"UD\","
+            "\"dest_qp\":1,\"psn\":5,\"se\":false,\"mig_req\":false,\"ack_req\":false,\"pad\":0,\"pkey\":65535,"
+            "\"tver\":0,\"fecn\":false,\"becn\":false,\"deth\":{\"qkey\":2147549184,\"src_qp\":1},"
+            "\"payload_len\":256,\"icrc\":" + icrc + ",\"icrc_want\":" + icrc + ",\"icrc_ok\":true,"
+            "\"cm\":{\"message\":\"REQ\",\"comm\":305441741,\"sid\":17177606,\"qpn\":17,\"psn\":11259375,"
+            "\"cma\":{\"src\":\"10.0.0.1\",\"src_port\":45678,\"dst\":\"10.0.0.2\"}}}");
+  const std::string rej = decoder.DecodeIp(2, kTs, CmFrame(wire::CmRej{.remote_comm_id = 9, .reason = 28})).value();
+  EXPECT_TRUE(rej.ends_with(",\"cm\":{\"message\":\"REJ\",\"comm\":0,\"remote\":9,\"reason\":28,"
+                            "\"reason_name\":\"CONSUMER_DEFINED\"}}"))
+      << rej;
+  const std::string sidr =
+      decoder.DecodeIp(3, kTs, CmFrame(wire::CmSidrRep{.request_id = 1, .qpn = 2, .qkey = 3})).value();
+  EXPECT_TRUE(sidr.ends_with(",\"cm\":{\"message\":\"SIDR_REP\",\"req\":1,\"status\":0,\"status_name\":\"SUCCESS\","
+                             "\"qpn\":2,\"qkey\":3}}"))
+      << sidr;
 }
 
 // Captures dumpcap made of a plain UDP socket sending three RC SEND_ONLY packets (ICRC computed by scapy for IPv4

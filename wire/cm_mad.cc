@@ -323,6 +323,57 @@ std::string_view ToString(CmAttribute a) {
   return other;
 }
 
+std::string_view ToString(CmRejectReason r) {
+  // IBTA table 109 in the kernel's words (enum ib_cm_rej_reason), indexed by reason.
+  static constexpr std::string_view kNames[] = {
+      "reserved",
+      "NO_QP",
+      "NO_EEC",
+      "NO_RESOURCES",
+      "TIMEOUT",
+      "UNSUPPORTED",
+      "INVALID_COMM_ID",
+      "INVALID_COMM_INSTANCE",
+      "INVALID_SERVICE_ID",
+      "INVALID_TRANSPORT_TYPE",
+      "STALE_CONN",
+      "RDC_NOT_EXIST",
+      "INVALID_GID",
+      "INVALID_LID",
+      "INVALID_SL",
+      "INVALID_TRAFFIC_CLASS",
+      "INVALID_HOP_LIMIT",
+      "INVALID_PACKET_RATE",
+      "INVALID_ALT_GID",
+      "INVALID_ALT_LID",
+      "INVALID_ALT_SL",
+      "INVALID_ALT_TRAFFIC_CLASS",
+      "INVALID_ALT_HOP_LIMIT",
+      "INVALID_ALT_PACKET_RATE",
+      "PORT_CM_REDIRECT",
+      "PORT_REDIRECT",
+      "INVALID_MTU",
+      "INSUFFICIENT_RESP_RESOURCES",
+      "CONSUMER_DEFINED",
+      "INVALID_RNR_RETRY",
+      "DUPLICATE_LOCAL_COMM_ID",
+      "INVALID_CLASS_VERSION",
+      "INVALID_FLOW_LABEL",
+      "INVALID_ALT_FLOW_LABEL",
+      "reserved",
+      "VENDOR_OPTION_NOT_SUPPORTED",
+  };
+  const auto i = static_cast<size_t>(r);
+  return i < std::size(kNames) ? kNames[i] : "reserved";
+}
+
+std::string_view ToString(SidrStatus s) {
+  static constexpr std::string_view kNames[] = {"SUCCESS",  "UNSUPPORTED", "REJECT",
+                                                "NO_QP",    "REDIRECT",    "UNSUPPORTED_VERSION"};
+  const auto i = static_cast<size_t>(s);
+  return i < std::size(kNames) ? kNames[i] : "reserved";
+}
+
 std::string_view ToString(MadError e) {
   switch (e) {
     case MadError::kTruncated: return "MAD shorter than 256 bytes";

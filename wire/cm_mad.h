@@ -134,6 +134,9 @@ enum class CmRejectReason : uint16_t {
   kConsumerDefined = 28,
   kVendorOptionNotSupported = 35,
 };
+// The kernel's name of any reason of table 109, named or not above ("NO_QP", "INVALID_SERVICE_ID", "STALE_CONN",
+// ...); "reserved" for 0, 34 and above 35.
+std::string_view ToString(CmRejectReason r);
 
 struct CmRej {
   uint32_t local_comm_id = 0;
@@ -205,6 +208,8 @@ enum class SidrStatus : uint8_t {
   kRedirect = 4,
   kUnsupportedVersion = 5,
 };
+// "SUCCESS", "UNSUPPORTED", "REJECT", "NO_QP", "REDIRECT", "UNSUPPORTED_VERSION"; "reserved" for others.
+std::string_view ToString(SidrStatus s);
 
 struct CmSidrRep {
   uint32_t request_id = 0;

@@ -388,6 +388,23 @@ TEST(CmMad, AttributeNames) {
   for (const auto& [id, name] : names) EXPECT_EQ(ToString(static_cast<CmAttribute>(id)), name);
 }
 
+TEST(CmMad, RejectReasonAndSidrStatusNames) {
+  // The reasons rdmacm.md 4.6 lists, in the kernel's words, and the edges of table 109.
+  EXPECT_EQ(ToString(CmRejectReason::kNoQp), "NO_QP");
+  EXPECT_EQ(ToString(CmRejectReason::kTimeout), "TIMEOUT");
+  EXPECT_EQ(ToString(CmRejectReason::kInvalidServiceId), "INVALID_SERVICE_ID");
+  EXPECT_EQ(ToString(CmRejectReason::kStaleConnection), "STALE_CONN");
+  EXPECT_EQ(ToString(CmRejectReason::kInvalidGid), "INVALID_GID");
+  EXPECT_EQ(ToString(CmRejectReason::kConsumerDefined), "CONSUMER_DEFINED");
+  EXPECT_EQ(ToString(CmRejectReason::kVendorOptionNotSupported), "VENDOR_OPTION_NOT_SUPPORTED");
+  EXPECT_EQ(ToString(static_cast<CmRejectReason>(33)), "INVALID_ALT_FLOW_LABEL");
+  for (uint16_t reserved : {0, 34, 36, 0xFFFF}) EXPECT_EQ(ToString(static_cast<CmRejectReason>(reserved)), "reserved");
+  EXPECT_EQ(ToString(SidrStatus::kSuccess), "SUCCESS");
+  EXPECT_EQ(ToString(SidrStatus::kUnsupported), "UNSUPPORTED");
+  EXPECT_EQ(ToString(SidrStatus::kUnsupportedVersion), "UNSUPPORTED_VERSION");
+  EXPECT_EQ(ToString(static_cast<SidrStatus>(6)), "reserved");
+}
+
 TEST(CmMad, ServiceIds) {
   EXPECT_EQ(ServiceIdOf(kPortSpaceTcp, 7174), 0x0000000001061C06u);  // rping
   EXPECT_EQ(ServiceIdOf(kPortSpaceTcp, 7471), 0x0000000001061D2Fu);  // ucmatose
