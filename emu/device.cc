@@ -50,7 +50,10 @@ bool PkeyMatches(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }  // only t
 }  // namespace
 
 Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
-    : config_(std::move(config)), transport_(transport), clock_(clock) {}
+    : config_(std::move(config)),
+      transport_(transport),
+      clock_(clock),
+      cm_(CmConfig{.ca_guid = config_.node_guid}, transport, clock) {}
 
 Device::~Device() = default;
 
@@ -82,14 +85,29 @@ std::string FormatCounters(const DeviceCounters& c) {
       {"rc_path_waits", &DeviceCounters::rc_path_waits},
       {"rc_congestion_signals", &DeviceCounters::rc_congestion_signals},
   };
+  static constexpr std::pair<const char*, uint64_t CmCounters::*> kCmFields[] = {
+      {"cm_mads_sent", &CmCounters::mads_sent},
+      {"cm_mads_received", &CmCounters::mads_received},
+      {"cm_retransmits", &CmCounters::retransmits},
+      {"cm_duplicates", &CmCounters::duplicates},
+      {"cm_dropped_malformed", &CmCounters::dropped_malformed},
+      {"cm_dropped_unmatched", &CmCounters::dropped_unmatched},
+      {"cm_rejected_no_listener", &CmCounters::rejected_no_listener},
+  };
   std::string out;
   for (const auto& [name, field] : kFields) out += std::string(name) + " " + std::to_string(c.*field) + "\n";
+  for (const auto& [name, field] : kCmFields) out += std::string(name) + " " + std::to_string(c.cm.*field) + "\n";
   return out;
 }
 
 DeviceCounters Device::counters() const {
-  std::lock_guard lock(mu_);
-  return counters_;
+  DeviceCounters c;
+  {
+    std::lock_guard lock(mu_);
+    c = counters_;
+  }
+  c.cm = cm_.counters();  // its own lock, taken without the device's
+  return c;
 }
 
 std::optional<PathWindow> Device::path_window(const wire::IpAddress& peer) const {
@@ -698,14 +716,16 @@ WcStatus Device::ScatterLocked(const QueuePair& qp, std::span<const Sge> sg_list
 
 void Device::OnDatagram(const wire::InDatagram& d) {
   OutBatch out;
+  std::optional<GsiMad> gsi;
   {
     std::lock_guard lock(mu_);
-    OnDatagramLocked(d, out);
+    OnDatagramLocked(d, out, gsi);
   }
   Transmit(out);
+  if (gsi) cm_.OnMad(gsi->peer, gsi->qkey, gsi->src_qp, gsi->mad);
 }
 
-void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out) {
+void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi) {
   ++counters_.rx_packets;
   counters_.rx_bytes += d.payload.size();
   auto parsed = wire::ParsePacket(d.payload);
@@ -737,6 +757,17 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out) {
     if (auto it = paths_.find(d.src.addr); it != paths_.end()) {
       it->second.OnCongestion();
       ++counters_.rc_congestion_signals;
+    }
+    return;
+  }
+  if (p.bth.dest_qp == wire::kGsiQpn) {
+    // QP1, the GSI: CM MADs for the connection manager (rdmacm.md 4.1), which checks Q_Key and source QP itself.
+    if (!PkeyMatches(p.bth.pkey)) {
+      ++counters_.rx_bad_pkey;
+    } else if (p.info->transport != wire::TransportKind::kUd || !p.deth) {
+      ++counters_.rx_wrong_transport;
+    } else {
+      gsi = GsiMad{d.src.addr, p.deth->qkey, p.deth->src_qp, std::vector<uint8_t>(p.payload.begin(), p.payload.end())};
     }
     return;
   }
@@ -976,6 +1007,8 @@ uint64_t Device::RunTimers() {
     poller_deadline_ = next;
   }
   Transmit(out);
+  const uint64_t cm_next = cm_.RunTimers();
+  if (cm_next != 0 && (next == 0 || cm_next < next)) next = cm_next;
   return next;
 }
 

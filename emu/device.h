@@ -25,6 +25,7 @@
 
 #include "emu/completion_queue.h"
 #include "emu/congestion.h"
+#include "emu/connection_manager.h"
 #include "emu/memory.h"
 #include "emu/queue_pair.h"
 #include "emu/srq.h"
@@ -103,6 +104,7 @@ struct DeviceCounters {
   uint64_t rc_rnr_naks_sent = 0;
   uint64_t rc_path_waits = 0;          // a requester stopped because the window towards its peer was full
   uint64_t rc_congestion_signals = 0;  // losses, timeouts and CNPs that cut a path's window
+  CmCounters cm;  // the connection manager's, filled in by Device::counters()
 };
 
 // "name value" lines of every counter, for `uroce run --stats` (UROCE_STATS=1).
@@ -122,6 +124,8 @@ class Device {
   // The shared window of the RC requesters towards `peer` (emu/congestion.h), if any has talked to it.
   std::optional<PathWindow> path_window(const wire::IpAddress& peer) const;
   void set_async_handler(std::function<void(const AsyncEvent&)> handler);
+  // The IB CM of this port (QP1's MADs go to it; its timers run in RunTimers).
+  ConnectionManager& connection_manager() { return cm_; }
 
   // --- objects ------------------------------------------------------------------------------------------------
   ProtectionDomain* AllocPd();
@@ -181,9 +185,9 @@ class Device {
   int PostRecv(QueuePair* qp, RecvWr&& wr);
 
   // --- network ------------------------------------------------------------------------------------------------
-  // Processes one received datagram.
+  // Processes one received datagram (a CM MAD for QP1 goes to the connection manager once the device lock is free).
   void OnDatagram(const wire::InDatagram& datagram);
-  // Runs expired timers; returns the next deadline, or 0 when none is pending.
+  // Runs expired timers, the connection manager's too; returns the next deadline, or 0 when none is pending.
   uint64_t RunTimers();
 
  private:
@@ -213,7 +217,13 @@ class Device {
   int PostSendUdLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
   int PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out);
   int ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
-  void OnDatagramLocked(const wire::InDatagram& d, OutBatch& out);
+  // A datagram for QP1, kept for the connection manager: handed over after the device lock is released.
+  struct GsiMad {
+    wire::IpAddress peer;
+    uint32_t qkey = 0, src_qp = 0;
+    std::vector<uint8_t> mad;
+  };
+  void OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi);
   void ReceiveUdLocked(QueuePair* qp, const wire::InDatagram& d, const wire::PacketView& p);
   void ReceiveUcLocked(QueuePair* qp, const wire::PacketView& p);
   void Transmit(OutBatch& out);
@@ -296,6 +306,7 @@ class Device {
   uint32_t next_cq_ = 1;
   uint32_t next_qpn_ = 0x11;
   uint64_t poller_deadline_ = 0;  // the deadline RunTimers last reported (0: none); earlier timers wake the poller  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
+  ConnectionManager cm_;  // its own lock, never taken with mu_ held
 };
 
 }  // namespace uroce::emu
