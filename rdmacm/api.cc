@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include "rdmacm/internal.h"
 
@@ -33,8 +35,9 @@ void AttachDevice(Lib& lib, IdPriv* p) {
   if (p->id.pd == nullptr) p->id.pd = lib.default_pd;
 }
 
-// Frees an event the application never saw.
-void DiscardEvent(Lib& lib, Event* e);
+// Frees an event the application never saw; the engine connections to destroy (outside the library's lock: the
+// connection manager's Destroy waits for a delivery in progress, whose sink takes that lock) are added to the list.
+void DiscardEvent(Lib& lib, Event* e, std::vector<uint32_t>* cm_ids_to_destroy);
 
 }  // namespace
 
@@ -50,7 +53,7 @@ int uroce::rdmacm::InitQpAttr(Lib& lib, IdPriv* p, ibv_qp_attr* a, int* mask) {
       if (t == IBV_QPT_UD) {
         a->qkey = RDMA_UDP_QKEY;
         *mask |= IBV_QP_QKEY;
-      } else if (t != IBV_QPT_XRC_SEND) {
+      } else {
         // Remote READ and atomics only when this side offers responder resources (cma_init_qp_attr).
         a->qp_access_flags = p->conn.valid ? IBV_ACCESS_REMOTE_WRITE : 0;
         if (p->conn.valid && p->conn.responder_resources > 0)
@@ -133,14 +136,14 @@ int ModifyQpRtrRts(Lib& lib, IdPriv* p) {
 
 // --- events --------------------------------------------------------------------------------------------------
 
-void DiscardEvent(Lib& lib, Event* e) {
+void DiscardEvent(Lib& lib, Event* e, std::vector<uint32_t>* cm_ids_to_destroy) {
   // A CONNECT_REQUEST nobody fetched takes its unreported child with it (REJ 28 on the wire).
   if (e->event.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->owner != nullptr && e->event.id != &e->owner->id) {
     IdPriv* child = Priv(e->event.id);
     if (child->listener) --child->listener->backlog_used;
     if (child->cm_id) {
       lib.by_cm_id.erase(child->cm_id);
-      lib.cm->Destroy(child->cm_id);
+      cm_ids_to_destroy->push_back(child->cm_id);
     }
     delete child;
   }
@@ -268,18 +271,29 @@ void BindEphemeral(Lib& lib, IdPriv* p, int family) {
   p->any_address = false;
 }
 
-wire::IpAddress PeerFor(Lib& lib, IdPriv* p) {
+// `grace`: how long a dial waits for a listener to appear on this host before it goes to our own device.
+wire::IpAddress PeerFor(Lib& lib, IdPriv* p, std::chrono::milliseconds grace) {
   const sockaddr* dst = Dst(p);
   const auto ip = IpOf(dst);
   if (ip && !IsAnyOrLoopback(dst) && *ip != lib.address) return *ip;
   // "This host": whichever uroce device on this host bound (ps, port); if none, our own device, whose CM then
   // answers REJ 8 at once (no listener), as the kernel does for a loopback dial.
-  if (auto owner = FindPortOwner(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(dst))) return *owner;
-  return lib.address;
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    if (auto owner = FindPortOwner(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(dst))) return *owner;
+    if (std::chrono::steady_clock::now() >= deadline) return lib.address;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
-void RefreshPeer(Lib& lib, IdPriv* p) {
-  p->conn.peer_cm = PeerFor(lib, p);
+// At rdma_connect a dial to this host waits up to this long for the listener. A server that closes one listener and
+// opens the next on the same port (perftest -R: first the handshake connection, then the test's) is found by a
+// client that dials in between, where the kernel's slower address resolution hides the gap; perftest's retry after
+// a REJ frees the ids it then uses. A dial with no server anywhere is still refused within this time.
+constexpr std::chrono::milliseconds kListenerGrace{200};
+
+void SetPeer(IdPriv* p, const wire::IpAddress& peer) {
+  p->conn.peer_cm = peer;
   p->conn.peer_gid = p->conn.peer_cm.bytes();
   std::memcpy(p->id.route.addr.addr.ibaddr.dgid.raw, p->conn.peer_gid.data(), 16);
 }
@@ -343,14 +357,17 @@ int rdma_destroy_id(rdma_cm_id* id) {
     p->id.event = nullptr;
   }
   p->state = IdState::kDestroying;
+  // Forget the engine's connection and listener first (the sink then ignores their events), destroy them with the
+  // lock released: ConnectionManager::Destroy waits for a delivery in progress, and the sink takes this lock.
+  std::vector<uint32_t> destroy;
   if (p->cm_id) {
     lib->by_cm_id.erase(p->cm_id);
-    lib->cm->Destroy(p->cm_id);
+    destroy.push_back(p->cm_id);
     p->cm_id = 0;
   }
   if (p->listen_id) {
     lib->by_listen_id.erase(p->listen_id);
-    lib->cm->StopListening(p->listen_id);
+    destroy.push_back(p->listen_id);
     p->listen_id = 0;
   }
   for (Multicast* m : p->multicasts) {
@@ -363,11 +380,14 @@ int rdma_destroy_id(rdma_cm_id* id) {
   }
   p->multicasts.clear();
   // Events queued and never returned are discarded (a child's CONNECT_REQUEST sits on its listener's channel).
-  for (Event* e : RemoveQueued(p->channel, p)) DiscardEvent(*lib, e);
+  for (Event* e : RemoveQueued(p->channel, p)) DiscardEvent(*lib, e, &destroy);
   if (p->listener) {
     --p->listener->backlog_used;
     p->listener = nullptr;
   }
+  lock.unlock();
+  for (uint32_t cm_id : destroy) lib->cm->Destroy(cm_id);  // a listener id stops listening
+  lock.lock();
   // Events returned to the application must be acked first (rdma_destroy_id(3)).
   lib->cv.wait(lock, [&] { return p->events_acked >= p->events_reported; });
   p->binding.Release();
@@ -410,7 +430,7 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
   AttachDevice(*lib, p);
   std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, lib->gid.data(), 16);
   p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
-  RefreshPeer(*lib, p);
+  SetPeer(p, PeerFor(*lib, p, std::chrono::milliseconds(0)));
   p->state = IdState::kAddrResolved;
   Enqueue(*lib, p->channel, NewEvent(p, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
   return Complete(*lib, lock, p);
@@ -422,7 +442,7 @@ int rdma_resolve_route(rdma_cm_id* id, int timeout_ms) {
   IdPriv* p = Priv(id);
   std::unique_lock lock(lib->mu);
   if (p->state != IdState::kAddrResolved) return Errno(EINVAL);
-  RefreshPeer(*lib, p);
+  SetPeer(p, PeerFor(*lib, p, std::chrono::milliseconds(0)));
   // RoCE: one path, built locally (the kernel's cma_resolve_iboe_route).
   p->path = std::make_unique<ibv_sa_path_rec>();
   ibv_sa_path_rec& r = *p->path;
@@ -491,7 +511,10 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
     if (param && param->initiator_depth != RDMA_MAX_INIT_DEPTH && param->initiator_depth > MaxInitiator(*lib))
       return Errno(EINVAL);
   }
-  RefreshPeer(*lib, p);
+  lock.unlock();  // the wait for a listener must not hold the library
+  const wire::IpAddress peer = PeerFor(*lib, p, kListenerGrace);
+  lock.lock();
+  SetPeer(p, peer);
   const wire::CmaHeader hdr{PortOfSockaddr(Src(p)), *IpOf(Src(p)), *IpOf(Dst(p))};
   const auto hdr_bytes = wire::EncodeCmaHeader(hdr);
   const size_t user_len = param ? param->private_data_len : 0;
