@@ -419,6 +419,52 @@ void ConnectionManager::WaitForDeliveriesLocked(std::unique_lock<std::mutex>& lo
   });
 }
 
+void ConnectionManager::OnPeerGone(const wire::IpAddress& peer) {
+  Work w;
+  {
+    std::lock_guard lock(mu_);
+    std::vector<uint32_t> ids;
+    for (const auto& [id, c] : connections_)
+      if (c->peer == peer && !c->destroyed) ids.push_back(id);
+    for (uint32_t id : ids) {
+      Connection* c = FindLocked(id);
+      if (c == nullptr) continue;
+      // What the dead peer's kernel would have sent when it destroyed its end (cm_destroy_id), handled as received.
+      switch (c->state) {
+        case CmState::kEstablished:
+        case CmState::kRepSent:
+        case CmState::kMraRepRcvd: {
+          wire::CmDreq dreq;
+          dreq.local_comm_id = c->remote_comm_id;
+          dreq.remote_comm_id = c->id;
+          dreq.remote_qpn = c->local_qpn;
+          HandleLocked(peer, 0, dreq, w);
+          break;
+        }
+        case CmState::kDreqSent: {
+          wire::CmDrep drep;
+          drep.local_comm_id = c->remote_comm_id;
+          drep.remote_comm_id = c->id;
+          HandleLocked(peer, 0, drep, w);
+          break;
+        }
+        case CmState::kReqSent:
+        case CmState::kMraReqRcvd: {
+          wire::CmRej rej;
+          rej.remote_comm_id = c->id;
+          rej.message_rejected = wire::CmMessageRef::kReq;
+          rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined);
+          HandleLocked(peer, 0, rej, w);
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+  Finish(w);
+}
+
 // --- received messages -----------------------------------------------------------------------------------------
 
 void ConnectionManager::OnMad(const wire::IpAddress& peer, uint32_t qkey, uint32_t src_qp,

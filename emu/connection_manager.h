@@ -168,6 +168,11 @@ class ConnectionManager {
   // inside the sink it does not wait). A listener id stops listening.
   virtual int Destroy(uint32_t id);
   virtual CmCounters counters() const;
+  // The device at `peer` is gone without a word (its process died; only a device on this host can be known to be).
+  // The kernel destroys a dying process's ids and its CM speaks for them; ours cannot, so the connections with
+  // `peer` end as if those messages had arrived: ESTABLISHED, REP_SENT → a DREQ (kDreqReceived), DREQ_SENT → a DREP
+  // (kDrepReceived), REQ_SENT → a REJ 28 (kRejReceived). Events are delivered on the calling thread.
+  virtual void OnPeerGone(const wire::IpAddress& peer);
 
   // --- from the Device ----------------------------------------------------------------------------------------
   // One packet for QP1 that passed the ICRC and P_Key checks: `qkey` and `src_qp` from its DETH, `mad` its payload.

@@ -628,6 +628,38 @@ TEST_F(CmTest, DreqToAVanishedPeerTimesOutThenTimewait) {
   EXPECT_EQ(b.Types(idb).back(), Type::kTimewaitExit);
 }
 
+// A peer whose process died (OnPeerGone): each connection with it ends at once, as the DREQ, DREP or REJ its kernel
+// would have sent for it — no retransmissions, no 15 x 4.6 s wait.
+TEST_F(CmTest, PeerGoneActsAsItsDreqOnAnEstablishedConnection) {
+  auto [ida, idb] = Establish();
+  a.cm.OnPeerGone(wire::IpAddress::V4(0x0a000063));  // another device: nothing happens
+  EXPECT_EQ(a.Types(ida), (std::vector<Type>{Type::kRepReceived}));
+  a.cm.OnPeerGone(Addr(nb));
+  EXPECT_EQ(a.Types(ida), (std::vector<Type>{Type::kRepReceived, Type::kDreqReceived}));
+  EXPECT_EQ(a.cm.State(ida), CmState::kTimewait);  // the consumer answered with SendDrep
+  (void)idb;
+}
+
+TEST_F(CmTest, PeerGoneActsAsTheDrepOfOurDreq) {
+  auto [ida, idb] = Establish();
+  na.transport->drop_if = DropFirst(CmAttribute::kDreq, -1);
+  ASSERT_EQ(a.cm.SendDreq(ida), 0);
+  a.cm.OnPeerGone(Addr(nb));
+  EXPECT_EQ(a.Types(ida), (std::vector<Type>{Type::kRepReceived, Type::kDrepReceived}));
+  EXPECT_EQ(a.cm.State(ida), CmState::kTimewait);
+  (void)idb;
+}
+
+TEST_F(CmTest, PeerGoneRejectsOurUnansweredReqWithReason28) {
+  na.transport->drop_if = DropFirst(CmAttribute::kReq, -1);
+  uint32_t ida = 0;
+  ASSERT_EQ(a.cm.SendReq(Addr(nb), MakeReq(), &a_context, &ida), 0);
+  a.cm.OnPeerGone(Addr(nb));
+  ASSERT_EQ(a.Types(ida), (std::vector<Type>{Type::kRejReceived}));
+  EXPECT_EQ(a.events.back().rej.reason, 28);
+  EXPECT_EQ(a.cm.State(ida), CmState::kIdle);
+}
+
 TEST_F(CmTest, TimewaitAnswersDuplicatesAndUnknownDreqsGetADrep) {
   auto [ida, idb] = Establish();
   ASSERT_EQ(a.cm.SendDreq(ida), 0);

@@ -513,6 +513,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   }
   lock.unlock();  // the wait for a listener must not hold the library
   const wire::IpAddress peer = PeerFor(*lib, p, kListenerGrace);
+  lib->peers.Watch(peer);
   lock.lock();
   SetPeer(p, peer);
   const wire::CmaHeader hdr{PortOfSockaddr(Src(p)), *IpOf(Src(p)), *IpOf(Dst(p))};

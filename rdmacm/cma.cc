@@ -154,6 +154,10 @@ Lib* GetLib() {
     return nullptr;
   }
   lib->cm->SetSink(&g_sink);
+  // Without the watch, connections with a killed process on this host would end only by timeouts; the library
+  // works without it.
+  emu::ConnectionManager* cm = lib->cm;
+  lib->peers.Start(lib->address, [cm](const wire::IpAddress& peer) { cm->OnPeerGone(peer); });
   g_lib = lib;
   return lib;
 }
@@ -177,6 +181,7 @@ IdPriv* NewChild(Lib& lib, IdPriv* listener, uint32_t cm_id, const wire::IpAddre
   c->listener = listener;
   c->seq_num = RandomPsn();
   c->conn.peer_cm = peer;
+  lib.peers.Watch(peer);
   ++listener->backlog_used;
   lib.by_cm_id[cm_id] = c;
   return c;

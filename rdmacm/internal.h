@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "emu/connection_manager.h"
+#include "rdmacm/peer_watch.h"
 #include "rdmacm/port_registry.h"
 #include "wire/address.h"
 #include "wire/cm_mad.h"
@@ -145,6 +146,7 @@ struct Lib {
   wire::Gid gid{};
   uint64_t node_guid = 0;
   emu::ConnectionManager* cm = nullptr;
+  PeerWatch peers;  // the uroce devices of this host we talk to: their death ends our connections with them
   std::map<uint32_t, IdPriv*> by_cm_id;      // live connections of the engine
   std::map<uint32_t, IdPriv*> by_listen_id;  // listeners
 };
