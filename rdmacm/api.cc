@@ -421,10 +421,15 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
       BindEphemeral(*lib, p, dst_addr->sa_family);
     }
   }
-  // A wildcard or loopback source becomes our device's address: that is what the peer sees.
+  // A wildcard or loopback source becomes our device's address, which is what the peer sees; an IPv6 dial from an
+  // IPv4 device keeps ::1, as the kernel's loopback resolution does (cma_resolve_loopback), so that the cma_hdr
+  // carries two addresses of one family.
   if (p->any_address) {
     const uint16_t port = PortOfSockaddr(Src(p));
-    SetSockaddr(&p->id.route.addr.src_storage, lib->address, port, dst_addr->sa_family);
+    static const wire::IpAddress kIpv6Loopback = *wire::IpAddress::Parse("::1");
+    const bool v6_from_v4 = dst_addr->sa_family == AF_INET6 && lib->address.is_v4();
+    SetSockaddr(&p->id.route.addr.src_storage, v6_from_v4 ? kIpv6Loopback : lib->address, port,
+                dst_addr->sa_family);
   }
   std::memcpy(Dst(p), dst_addr, SockaddrLen(dst_addr));
   AttachDevice(*lib, p);

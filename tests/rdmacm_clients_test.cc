@@ -103,6 +103,32 @@ TEST_F(RdmaCmClientsTest, RpingLargeMessages) {
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
 }
 
+// "This host" as the kernel's rdma_cm has it: a listener on the wildcard or any loopback address, IPv4 or IPv6, is
+// found by a dial to any other of them, whatever 127.0.0.N each process's device has.
+struct AddressCase {
+  std::string name, listen, dial;
+};
+void PrintTo(const AddressCase& c, std::ostream* os) { *os << c.name; }
+class RpingAddressTest : public RdmaCmClientsTest, public ::testing::WithParamInterface<AddressCase> {};
+
+TEST_P(RpingAddressTest, ConnectsAndPings) {
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({rping, "-s", "-a", GetParam().listen, "-p", p},
+                           {rping, "-c", "-a", GetParam().dial, "-C", "3", "-v", "-V", "-p", p}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  ExpectRpingClient(r.client, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(ThisHost, RpingAddressTest,
+                         ::testing::Values(AddressCase{"Ipv6Loopback", "::1", "::1"},
+                                           AddressCase{"Ipv6AnyFromIpv4Loopback", "::", "127.0.0.1"},
+                                           AddressCase{"Ipv4AnyFromOtherLoopback", "0.0.0.0", "127.0.0.5"},
+                                           AddressCase{"LoopbackFromAny", "127.0.0.7", "0.0.0.0"}),
+                         [](const ::testing::TestParamInfo<AddressCase>& i) { return i.param.name; });
+
 // -q: the client makes and moves its own QP with rdma_init_qp_attr, then rdma_establish (CONNECT_RESPONSE path).
 TEST_F(RdmaCmClientsTest, RpingSelfModifiedQp) {
   const std::string rping = Program("rping");
