@@ -187,8 +187,51 @@ void Present(Lib& lib, Event* e) {
   ++e->owner->events_reported;
 }
 
+wire::IpAddress PeerFor(Lib& lib, IdPriv* p);
+void SetPeer(IdPriv* p, const wire::IpAddress& peer);
+
+// A connect refused for want of a listener (REJ 8) within this long of rdma_connect is tried again, every 10 ms,
+// before the application hears of it. A server that closes one listener and opens the next on the same port
+// (perftest -R: first its handshake connection, then the test's) is then found by a client that dials in between;
+// perftest's own retry after a REJECTED frees the ids it goes on to use. A dial with no server anywhere is still
+// refused within this time.
+constexpr std::chrono::milliseconds kListenerGrace{200};
+
+// Whether `e` is such a refusal, and if so sends the REQ again (to the listener's device as known now) and frees `e`.
+// Called with the lock; releases it while it waits.
+bool RetriedForListener(Lib& lib, std::unique_lock<std::mutex>& lock, Event* e) {
+  IdPriv* p = Priv(e->event.id);
+  if (e->event.event != RDMA_CM_EVENT_REJECTED || e->owner != p || p->connect_req == nullptr ||
+      e->event.status != static_cast<int>(wire::CmRejectReason::kInvalidServiceId) ||
+      std::chrono::steady_clock::now() - p->connect_start >= kListenerGrace)
+    return false;
+  const uint32_t old_cm_id = p->cm_id;
+  lib.by_cm_id.erase(old_cm_id);
+  p->cm_id = 0;
+  delete e;
+  lock.unlock();
+  lib.cm->Destroy(old_cm_id);  // without the lock: Destroy waits for a delivery whose sink takes it
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  lock.lock();
+  if (p->state != IdState::kConnect || p->connect_req == nullptr) return true;  // destroyed or reset meanwhile
+  const wire::IpAddress peer = PeerFor(lib, p);
+  SetPeer(p, peer);
+  p->connect_req->primary.remote_gid = p->conn.peer_gid;
+  uint32_t cm_id = 0;
+  if (lib.cm->SendReq(peer, *p->connect_req, p, &cm_id) == 0) {
+    p->cm_id = cm_id;
+    lib.by_cm_id[cm_id] = p;
+  } else {
+    Enqueue(lib, p->channel, NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, -EHOSTUNREACH));
+  }
+  return true;
+}
+
 int GetEvent(Lib& lib, std::unique_lock<std::mutex>& lock, Channel* ch, Event** out) {
-  if (const int err = PopEvent(lib, lock, ch, out)) return err;
+  for (;;) {
+    if (const int err = PopEvent(lib, lock, ch, out)) return err;
+    if (!RetriedForListener(lib, lock, *out)) break;
+  }
   Present(lib, *out);
   return 0;
 }
@@ -230,8 +273,9 @@ Channel* NewChannel() {
 }
 
 void DeleteChannel(Channel* ch) {
-  close(ch->channel.fd);
-  delete ch;
+  Lib* lib = GetLib();
+  std::lock_guard lock(lib->mu);
+  DestroyChannelLocked(ch);
 }
 
 // --- binding ------------------------------------------------------------------------------------------------
@@ -271,26 +315,15 @@ void BindEphemeral(Lib& lib, IdPriv* p, int family) {
   p->any_address = false;
 }
 
-// `grace`: how long a dial waits for a listener to appear on this host before it goes to our own device.
-wire::IpAddress PeerFor(Lib& lib, IdPriv* p, std::chrono::milliseconds grace) {
+wire::IpAddress PeerFor(Lib& lib, IdPriv* p) {
   const sockaddr* dst = Dst(p);
   const auto ip = IpOf(dst);
   if (ip && !IsAnyOrLoopback(dst) && *ip != lib.address) return *ip;
   // "This host": whichever uroce device on this host bound (ps, port); if none, our own device, whose CM then
   // answers REJ 8 at once (no listener), as the kernel does for a loopback dial.
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  for (;;) {
-    if (auto owner = FindPortOwner(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(dst))) return *owner;
-    if (std::chrono::steady_clock::now() >= deadline) return lib.address;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  if (auto owner = FindPortOwner(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(dst))) return *owner;
+  return lib.address;
 }
-
-// At rdma_connect a dial to this host waits up to this long for the listener. A server that closes one listener and
-// opens the next on the same port (perftest -R: first the handshake connection, then the test's) is found by a
-// client that dials in between, where the kernel's slower address resolution hides the gap; perftest's retry after
-// a REJ frees the ids it then uses. A dial with no server anywhere is still refused within this time.
-constexpr std::chrono::milliseconds kListenerGrace{200};
 
 void SetPeer(IdPriv* p, const wire::IpAddress& peer) {
   p->conn.peer_cm = peer;
@@ -435,7 +468,7 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
   AttachDevice(*lib, p);
   std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, lib->gid.data(), 16);
   p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
-  SetPeer(p, PeerFor(*lib, p, std::chrono::milliseconds(0)));
+  SetPeer(p, PeerFor(*lib, p));
   p->state = IdState::kAddrResolved;
   Enqueue(*lib, p->channel, NewEvent(p, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
   return Complete(*lib, lock, p);
@@ -447,7 +480,7 @@ int rdma_resolve_route(rdma_cm_id* id, int timeout_ms) {
   IdPriv* p = Priv(id);
   std::unique_lock lock(lib->mu);
   if (p->state != IdState::kAddrResolved) return Errno(EINVAL);
-  SetPeer(p, PeerFor(*lib, p, std::chrono::milliseconds(0)));
+  SetPeer(p, PeerFor(*lib, p));
   // RoCE: one path, built locally (the kernel's cma_resolve_iboe_route).
   p->path = std::make_unique<ibv_sa_path_rec>();
   ibv_sa_path_rec& r = *p->path;
@@ -516,10 +549,8 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
     if (param && param->initiator_depth != RDMA_MAX_INIT_DEPTH && param->initiator_depth > MaxInitiator(*lib))
       return Errno(EINVAL);
   }
-  lock.unlock();  // the wait for a listener must not hold the library
-  const wire::IpAddress peer = PeerFor(*lib, p, kListenerGrace);
+  const wire::IpAddress peer = PeerFor(*lib, p);
   lib->peers.Watch(peer);
-  lock.lock();
   SetPeer(p, peer);
   const wire::CmaHeader hdr{PortOfSockaddr(Src(p)), *IpOf(Src(p)), *IpOf(Dst(p))};
   const auto hdr_bytes = wire::EncodeCmaHeader(hdr);
@@ -598,6 +629,8 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   p->cm_id = cm_id;
   lib->by_cm_id[cm_id] = p;
   p->state = IdState::kConnect;
+  p->connect_req = std::make_unique<wire::CmReq>(req);
+  p->connect_start = std::chrono::steady_clock::now();
   return Complete(*lib, lock, p);
 }
 

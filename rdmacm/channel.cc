@@ -53,6 +53,17 @@ std::vector<Event*> RemoveQueued(Channel* ch, IdPriv* id) {
   return out;
 }
 
+void DestroyChannelLocked(Channel* ch) {
+  if (ch->waiters > 0) {
+    ch->destroyed = true;
+    const uint64_t one = 1;
+    (void)!write(ch->channel.fd, &one, sizeof one);  // wake the pollers
+    return;
+  }
+  close(ch->channel.fd);
+  delete ch;
+}
+
 int PopEvent(Lib& lib, std::unique_lock<std::mutex>& lock, Channel* ch, Event** out) {
   (void)lib;
   for (;;) {
@@ -65,11 +76,24 @@ int PopEvent(Lib& lib, std::unique_lock<std::mutex>& lock, Channel* ch, Event** 
     const int flags = fcntl(ch->channel.fd, F_GETFL);
     if (flags >= 0 && (flags & O_NONBLOCK)) return EAGAIN;
     const int fd = ch->channel.fd;
+    ++ch->waiters;
     lock.unlock();
     pollfd p{fd, POLLIN, 0};
     const int r = poll(&p, 1, -1);
     const int err = errno;
     lock.lock();
+    --ch->waiters;
+    if (ch->destroyed) {
+      if (ch->waiters == 0) {
+        close(ch->channel.fd);
+        delete ch;
+      }
+      // As with the kernel's channel, whose read(2) stays blocked on a descriptor closed under it: the call never
+      // returns. (rping's CM thread is blocked here when its main thread destroys the channel and exits; an error
+      // would make that thread exit(2) the process with its own status first.)
+      lock.unlock();
+      for (;;) pause();
+    }
     if (r < 0 && err != EINTR) return err;
   }
 }

@@ -14,6 +14,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -51,6 +52,8 @@ struct Channel {
   rdma_event_channel channel{};  // first: the application's pointer is ours
   std::deque<Event*> queue;
   bool signalled = false;  // the eventfd holds a count
+  int waiters = 0;         // threads blocked in poll(2) on it (PopEvent)
+  bool destroyed = false;  // destroyed while threads waited: the last of them frees it
 };
 
 // Where an id stands in the rdma_cm layer (the kernel's enum rdma_cm_state).
@@ -118,7 +121,10 @@ struct IdPriv {
   // rdma_create_ep: the passive id's PD and QP attributes, given to every child rdma_get_request returns.
   ibv_pd* ep_pd = nullptr;
   std::unique_ptr<ibv_qp_init_attr> ep_qp_attr;
-  std::vector<uint8_t> connect_prefix;  // rdma_addrinfo.ai_connect: private data put before the application's
+  std::vector<uint8_t> connect_prefix;
+  // rdma_connect's REQ and when it left: a REJ 8 soon after is tried again (a listener about to appear).
+  std::unique_ptr<wire::CmReq> connect_req;
+  std::chrono::steady_clock::time_point connect_start;  // rdma_addrinfo.ai_connect: private data put before the application's
   ibv_ece local_ece{};
   ibv_ece remote_ece{};
   std::vector<struct Multicast*> multicasts;
@@ -160,6 +166,10 @@ void Enqueue(Lib& lib, Channel* ch, Event* ev);
 std::vector<Event*> RemoveQueued(Channel* ch, IdPriv* id);
 void ClearSignal(Channel* ch);
 int OpenChannelFd(Channel* ch);  // 0 or errno
+// rdma_destroy_event_channel: closes and frees the channel, or, while threads wait on it (rping's CM thread is
+// still blocked in rdma_get_cm_event when its main thread destroys the channel), wakes them and leaves the freeing
+// to the last one; their rdma_get_cm_event never returns, as on a kernel channel closed under a blocked read(2).
+void DestroyChannelLocked(Channel* ch);
 // Waits for the next event of `ch` (unless non-blocking: EAGAIN). Returns 0 or errno; the lock is released while
 // waiting.
 int PopEvent(Lib& lib, std::unique_lock<std::mutex>& lock, Channel* ch, Event** out);

@@ -41,7 +41,9 @@
 #include <thread>
 #include <vector>
 
+#include "rdmacm/port_registry.h"
 #include "tests/client_runner.h"
+#include "wire/cm_mad.h"
 
 namespace uroce::tests {
 namespace {
@@ -238,6 +240,15 @@ class RxeGuest : public ::testing::Environment {
     const ProcessResult r = Run("cat /proc/net/tcp /proc/net/tcp6");
     return r.Succeeded() && TcpTableListens(r.output, port);
   }
+  // Whether an rdma_cm id of the guest's kernel listens on `port` (any port space): `rdma resource show cm_id` lists
+  // "... state LISTEN ps TCP ... src-addr 10.199.0.2:7174 ...".
+  bool GuestCmListening(int port) const {
+    std::this_thread::sleep_for(milliseconds(50));
+    const ProcessResult r = Run("rdma resource show cm_id");
+    if (!r.Succeeded()) return false;
+    const std::regex listening(".*state LISTEN .*src-addr [0-9.:]*:" + std::to_string(port) + " .*");
+    return !MatchLine(r.output, listening).empty();
+  }
 
  private:
   void Boot() {
@@ -352,7 +363,9 @@ RxeGuest* const g_guest = static_cast<RxeGuest*>(::testing::AddGlobalTestEnviron
 // The cases
 // ---------------------------------------------------------------------------------------------------------------
 
-enum class Family { kPingpong, kPerftest, kVerify };
+// kRdmaCm: the connection is made by rdma_cm (uroce's librdmacm against the guest kernel's rdma_cm, IB CM MADs on
+// QP1); kPerftestCm: perftest with -R, its handshake and QPs through rdma_cm.
+enum class Family { kPingpong, kPerftest, kVerify, kRdmaCm, kPerftestCm };
 
 struct InteropCase {
   std::string name;
@@ -406,6 +419,14 @@ const std::vector<InteropCase>& Cases() {
       // Random WRITE / READ / FETCH_AND_ADD / CMP_AND_SWAP, every byte and every atomic result checked.
       {"RdmaVerify", Family::kVerify, "/usr/local/bin/rdma_verify", {"--mtu=" + mtu, "--ops=300", "--seed=7"},
        R"(rdma_verify client: OK ops=300 .* mismatches=0 server_mismatched_bytes=0 .*)"},
+      // rdma_cm: SEND + RDMA READ + RDMA WRITE per ping, checked (-V); connections from one event channel; UD via
+      // SIDR; perftest with its handshake over rdma_cm.
+      {"RpingCm", Family::kRdmaCm, "rping", {}, R"(ping data: rdma-ping-9: .*)"},
+      {"UcmatoseCm", Family::kRdmaCm, "ucmatose", {}, R"(return status 0\s*)"},
+      {"UdaddyCm", Family::kRdmaCm, "udaddy", {}, R"(return status 0\s*)"},
+      {"SendBwCm", Family::kPerftestCm, "ib_send_bw", {"-s", "65536", "-n", "200"}, row("65536", "200")},
+      {"WriteBwCm", Family::kPerftestCm, "ib_write_bw", {"-s", "65536", "-n", "200"}, row("65536", "200")},
+      {"ReadBwCm", Family::kPerftestCm, "ib_read_bw", {"-s", "65536", "-n", "200"}, row("65536", "200")},
   };
   return cases;
 }
@@ -451,8 +472,30 @@ class RxeInteropTest : public ClientTest, public ::testing::WithParamInterface<I
                                  server ? "--role=server" : "--role=client"});
         if (!server) argv.push_back("--host=" + peer);
         break;
+      case Family::kRdmaCm: {
+        // The address comes from rdma_cm: a server binds its own (rping) or any; a client dials the peer's.
+        const std::string self = on_guest ? kGuestAddr : kHostAddr;
+        if (c.program == "rping") {
+          argv.insert(argv.end(), {server ? "-s" : "-c", "-a", server ? self : peer, "-C", "10", "-v"});
+          if (!server) argv.push_back("-V");
+        } else if (!server) {
+          argv.insert(argv.end(), {"-s", peer});
+        }
+        if (c.program != "udaddy") argv.insert(argv.end(), {"-p", std::to_string(port)});  // udaddy: 7174 always
+        break;
+      }
+      case Family::kPerftestCm:
+        argv.insert(argv.end(), {"-d", dev, "-x", gid, "-p", std::to_string(port), "-F", "-R"});
+        if (!server) argv.push_back(peer);
+        break;
     }
     return argv;
+  }
+
+  // The port a case's server listens on: udaddy has no option for it.
+  static int ServerPort(const InteropCase& c, int port) { return c.program == "udaddy" ? 7174 : port; }
+  static uint16_t PortSpace(const InteropCase& c) {
+    return c.program == "udaddy" ? wire::kPortSpaceUdp : wire::kPortSpaceTcp;
   }
 };
 
@@ -481,10 +524,17 @@ TEST_P(RxeInteropTest, PairCompletesWithDataChecked) {
     return std::make_unique<GuestCommand>(g_guest->cmd_port(), guest_command);
   };
 
-  const PairResult r =
-      uroce_server ? RunStartedPair(start_host, [&] { return TcpPortListening(port); }, start_guest, kPairTimeout)
-                   : RunStartedPair(start_guest, [&] { return g_guest->GuestListening(port); }, start_host,
-                                    kPairTimeout);
+  const bool cm = c.family == Family::kRdmaCm || c.family == Family::kPerftestCm;
+  const int listen_port = ServerPort(c, port);
+  const auto host_listening = [&] {
+    return cm ? rdmacm::FindPortOwner(PortSpace(c), static_cast<uint16_t>(listen_port)).has_value()
+              : TcpPortListening(port);
+  };
+  const auto guest_listening = [&] {
+    return cm ? g_guest->GuestCmListening(listen_port) : g_guest->GuestListening(port);
+  };
+  const PairResult r = uroce_server ? RunStartedPair(start_host, host_listening, start_guest, kPairTimeout)
+                                    : RunStartedPair(start_guest, guest_listening, start_host, kPairTimeout);
   if (!r.Succeeded()) g_guest->KillAll(c.program.substr(c.program.rfind('/') + 1));
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   // uroce's counters (UROCE_STATS=1): every ICRC from rxe was good. rxe sends changing IPv4 IDs, which the socket
@@ -499,7 +549,7 @@ TEST_P(RxeInteropTest, PairCompletesWithDataChecked) {
   EXPECT_FALSE(MatchLine(r.client.output, std::regex(c.client_result)).empty())
       << "no line matching " << c.client_result << " from the client\n"
       << r.Describe();
-  if (c.family == Family::kPingpong) {
+  if (c.family == Family::kPingpong || (cm && c.program != "rping")) {
     // The server prints the same summary: its side completed every round trip too.
     EXPECT_FALSE(MatchLine(r.server.output, std::regex(c.client_result)).empty()) << r.Describe();
   }
