@@ -379,9 +379,37 @@ int Device::DestroyQp(QueuePair* qp) {
   if (it == qps_.end() || it->second.get() != qp) return EINVAL;
   if (--qp->references > 0) return 0;  // an opened XRC target lives on (ibv_open_qp(3))
   DetachSharedReceiveLocked(qp->init());
+  for (auto m = multicast_.begin(); m != multicast_.end();) {
+    std::erase(m->second, qp);
+    m = m->second.empty() ? multicast_.erase(m) : std::next(m);
+  }
   qp->mutable_attributes().qp_state = QpState::kReset;
   RcChargeLocked(qp);  // what it had in flight no longer counts against its path
   qps_.erase(it);
+  return 0;
+}
+
+static bool IsMulticastGroup(const wire::IpAddress& a) {
+  if (a.is_v4()) return (a.v4() >> 28) == 0xE;  // 224.0.0.0/4
+  return a.bytes()[0] == 0xFF;                   // ff00::/8
+}
+
+int Device::AttachMulticast(QueuePair* qp, const wire::IpAddress& group) {
+  if (qp == nullptr || qp->type() != QpType::kUd || !IsMulticastGroup(group)) return EINVAL;
+  std::lock_guard lock(mu_);
+  std::vector<QueuePair*>& qps = multicast_[group];
+  if (std::find(qps.begin(), qps.end(), qp) == qps.end()) qps.push_back(qp);  // attaching twice is one attachment
+  return 0;
+}
+
+int Device::DetachMulticast(QueuePair* qp, const wire::IpAddress& group) {
+  if (qp == nullptr || qp->type() != QpType::kUd) return EINVAL;
+  std::lock_guard lock(mu_);
+  auto it = multicast_.find(group);
+  if (it == multicast_.end() || std::find(it->second.begin(), it->second.end(), qp) == it->second.end())
+    return EINVAL;
+  std::erase(it->second, qp);
+  if (it->second.empty()) multicast_.erase(it);
   return 0;
 }
 
@@ -768,6 +796,23 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
       ++counters_.rx_wrong_transport;
     } else {
       gsi = GsiMad{d.src.addr, p.deth->qkey, p.deth->src_qp, std::vector<uint8_t>(p.payload.begin(), p.payload.end())};
+    }
+    return;
+  }
+  if (p.bth.dest_qp == wire::kMulticastQpn) {
+    // IBTA 10.5.2.3: a UD packet to the multicast QPN goes to every QP attached to its destination group.
+    auto m = multicast_.find(d.dst.addr);
+    if (m == multicast_.end() || p.info->transport != wire::TransportKind::kUd || !PkeyMatches(p.bth.pkey)) {
+      ++counters_.rx_unknown_qp;
+      return;
+    }
+    for (QueuePair* member : m->second) {
+      const QpState s = member->state();
+      if (s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd || s == QpState::kSqe) {
+        ReceiveUdLocked(member, d, p);
+      } else {
+        ++counters_.rx_bad_state;
+      }
     }
     return;
   }

@@ -178,6 +178,14 @@ class Device {
   int OpenQp(XrcDomain* xrcd, uint32_t qpn, QpType type, QueuePair** out);
   void SetQpOwner(QueuePair* qp, void* owner);
 
+  // --- multicast (IBTA 10.5, ibv_attach_mcast(3)) ---------------------------------------------------------------
+  // A UD QP joins the group of multicast GID `group` (an IPv4-mapped 224.0.0.0/4 or an ff00::/8 address): a UD
+  // packet to QPN 0xFFFFFF addressed to the group is delivered to every QP attached to it. EINVAL for another QP
+  // type, a GID that is not multicast, or (detach) a QP that is not attached. The network side (receiving the group's
+  // datagrams) is the caller's: this only keeps the attachments.
+  int AttachMulticast(QueuePair* qp, const wire::IpAddress& group);
+  int DetachMulticast(QueuePair* qp, const wire::IpAddress& group);
+
   // --- data path ----------------------------------------------------------------------------------------------
   // Posts one work request; a post-time error (bad state, too many SGEs, queue full) is returned and nothing is
   // queued. Errors found while executing (bad lkey, message too long) complete the WR with an error status.
@@ -298,6 +306,7 @@ class Device {
   std::map<uint32_t, std::unique_ptr<QueuePair>> qps_;
   std::map<wire::IpAddress, PathWindow> paths_;  // by peer address
   std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
+  std::map<wire::IpAddress, std::vector<QueuePair*>> multicast_;  // group -> attached UD QPs
   std::map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;  // by SRQ number
   std::map<XrcDomain*, std::unique_ptr<XrcDomain>> xrcds_;
   uint32_t next_srqn_ = 1;

@@ -381,5 +381,69 @@ TEST(Qp, PostSendBeforeRtsIsEinval) {
   EXPECT_EQ(n.device->PostRecv(qp, std::move(rwr)), EINVAL);  // RESET
 }
 
+// --- UD multicast (IBTA 10.5.2.3; ibv_attach_mcast(3)) ------------------------------------------------------------
+
+// A UD SEND to the multicast QPN of `group`, as it arrives from `src`:50000 (ICRC sealed for that flow, IPv4 ID 0).
+std::vector<uint8_t> MulticastSend(const wire::IpAddress& src, const wire::IpAddress& group, uint32_t qkey,
+                                   std::span<const uint8_t> payload) {
+  wire::PacketSpec spec;
+  spec.bth.opcode = 0x64;  // UD SEND_ONLY
+  spec.bth.pkey = 0xFFFF;
+  spec.bth.dest_qp = wire::kMulticastQpn;
+  spec.deth = wire::Deth{qkey, 0, 0x42};
+  std::vector<uint8_t> bytes(wire::EncodedLength(spec, payload.size()));
+  EXPECT_TRUE(wire::EncodePacket(spec, payload, bytes).has_value());
+  wire::SealIcrc(wire::Flow{{src, 50000}, {group, wire::kRoceV2UdpPort}, 0}, bytes);  // the ICRC covers ports
+  return bytes;
+}
+
+TEST(UdMulticast, AttachedQpsEachGetACopyAndDetachedOnesNone) {
+  UdPair t;
+  Device& dev = *t.b->device;
+  const wire::IpAddress group = *wire::IpAddress::Parse("239.4.5.6");
+  QueuePair* second = testing::CreateUdQp(dev, t.pb, t.cb, kQkey);
+  QueuePair* detached = testing::CreateUdQp(dev, t.pb, t.cb, kQkey);
+  ASSERT_EQ(dev.AttachMulticast(t.qb, group), 0);
+  ASSERT_EQ(dev.AttachMulticast(t.qb, group), 0);  // twice is once
+  ASSERT_EQ(dev.AttachMulticast(second, group), 0);
+  ASSERT_EQ(dev.AttachMulticast(detached, group), 0);
+  ASSERT_EQ(dev.DetachMulticast(detached, group), 0);
+  Buffer dst = testing::Register(dev, t.pb, 3 * (40 + 64), kLocalAll);
+  ASSERT_EQ(dev.PostRecv(t.qb, RecvWr{1, {dst.At(0, 104)}}), 0);
+  ASSERT_EQ(dev.PostRecv(second, RecvWr{2, {dst.At(104, 104)}}), 0);
+  ASSERT_EQ(dev.PostRecv(detached, RecvWr{3, {dst.At(208, 104)}}), 0);
+  std::vector<uint8_t> payload(64, 0x5a);
+  const wire::IpAddress src = t.a->device->config().address;
+  const std::vector<uint8_t> packet = MulticastSend(src, group, kQkey, payload);
+  dev.OnDatagram(wire::InDatagram{{src, 50000}, {group, wire::kRoceV2UdpPort}, packet, 0});
+  auto got = Drain(t.cb);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].wr_id + got[1].wr_id, 3u);  // wr 1 and wr 2, not 3
+  for (const auto& c : got) {
+    EXPECT_EQ(c.status, WcStatus::kSuccess);
+    EXPECT_EQ(c.byte_len, 40u + 64u);
+    EXPECT_EQ(c.src_qp, 0x42u);
+  }
+  // Another group, or a wrong Q_Key, reaches nobody.
+  dev.OnDatagram(wire::InDatagram{{src, 50000},
+                                  {*wire::IpAddress::Parse("239.4.5.7"), wire::kRoceV2UdpPort},
+                                  MulticastSend(src, *wire::IpAddress::Parse("239.4.5.7"), kQkey, payload), 0});
+  EXPECT_TRUE(Drain(t.cb).empty());
+}
+
+TEST(UdMulticast, AttachRules) {
+  UdPair t;
+  Device& dev = *t.b->device;
+  const wire::IpAddress group = *wire::IpAddress::Parse("239.4.5.6");
+  QueuePair* rc = testing::CreateConnectedQp(dev, QpType::kRc, t.pb, t.cb, t.a->device.get(), t.qa->qpn());
+  EXPECT_EQ(dev.AttachMulticast(rc, group), EINVAL);  // UD only
+  EXPECT_EQ(dev.AttachMulticast(t.qb, *wire::IpAddress::Parse("10.1.2.3")), EINVAL);  // not a multicast GID
+  EXPECT_EQ(dev.AttachMulticast(t.qb, *wire::IpAddress::Parse("ff0e::1")), 0);  // IPv6 multicast GIDs are groups
+  EXPECT_EQ(dev.DetachMulticast(t.qb, group), EINVAL);  // not attached
+  EXPECT_EQ(dev.AttachMulticast(t.qb, group), 0);
+  EXPECT_EQ(dev.DetachMulticast(t.qb, group), 0);
+  EXPECT_EQ(dev.DetachMulticast(t.qb, group), EINVAL);
+}
+
 }  // namespace
 }  // namespace uroce::emu

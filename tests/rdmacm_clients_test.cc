@@ -351,6 +351,31 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<PerftestCase>& i) { return i.param.name; });
 
 // ---------------------------------------------------------------------------------------------------------------
+// mckey: UD multicast (rdma_join_multicast_ex, ibv_attach_mcast, sends to QPN 0xFFFFFF) as IP multicast on loopback.
+// ---------------------------------------------------------------------------------------------------------------
+
+TEST_F(RdmaCmClientsTest, MckeyMulticast) {
+  const std::string mckey = Program("mckey");
+  const int port = Port();
+  if (mckey.empty() || port <= 0) return;
+  // A group of its own (parallel tests must not hear each other): 239.<from the free port>.
+  const std::string group =
+      "239.1." + std::to_string((port >> 8) & 0xFF) + "." + std::to_string(port & 0xFF);
+  Process receiver = Process::Start({"/usr/bin/stdbuf", "-oL", mckey, "-m", group, "-C", "20"}, env_);
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (receiver.OutputSoFar().find("receiving data transfers") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline && !receiver.Exited())
+    std::this_thread::sleep_for(milliseconds(20));
+  const ProcessResult sender = RunProcess({mckey, "-m", group, "-s", "-C", "20"}, env_, kPairTimeout);
+  const ProcessResult r = receiver.Wait(seconds(30));
+  ASSERT_TRUE(sender.Succeeded()) << sender.Describe() << r.Describe();
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  EXPECT_TRUE(HasLine(r.output, "mckey: joined dgid: ::ffff:" + group + " mlid 0x0 sl 0")) << r.Describe();
+  EXPECT_TRUE(HasLine(r.output, "data transfers complete")) << r.Describe();
+  EXPECT_TRUE(HasLine(sender.output, "return status 0")) << sender.Describe();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // A peer killed mid-run: the survivor's rdma_disconnect gets no DREP, its DREQ times out, and it still sees
 // DISCONNECTED and finishes.
 // ---------------------------------------------------------------------------------------------------------------

@@ -343,8 +343,28 @@ void Engine::ProgressLoop() {
   }
 }
 
+int Engine::JoinMulticast(const wire::IpAddress& group) {
+  std::lock_guard lock(multicast_mu_);
+  if (!multicast_) {
+    emu::Device* device = device_.get();
+    multicast_ = std::make_unique<wire::MulticastReceiver>(
+        address(), wire::kRoceV2UdpPort,
+        [device](const wire::InDatagram& d) { device->OnDatagram(d); });
+  }
+  return multicast_->Join(group);
+}
+
+void Engine::LeaveMulticast(const wire::IpAddress& group) {
+  std::lock_guard lock(multicast_mu_);
+  if (multicast_) multicast_->Leave(group);
+}
+
 Engine::~Engine() {
   PrintStatsOnce();
+  {
+    std::lock_guard lock(multicast_mu_);
+    multicast_.reset();  // its thread delivers into the device
+  }
   stop_.store(true, std::memory_order_release);
   // A Start that failed part-way leaves no thread and possibly no transport.
   if (transport_) transport_->Wake();

@@ -15,6 +15,7 @@
 #include "emu/device.h"
 #include "wire/address.h"
 #include "wire/fault_transport.h"
+#include "wire/multicast_receiver.h"
 #include "wire/pcap.h"
 #include "wire/transport.h"
 
@@ -59,6 +60,10 @@ class Engine {
   // Prints the counters (once) if UROCE_STATS asked for them: at the end of the engine or of the process.
   void PrintStatsOnce();
   const wire::IpAddress& address() const { return device_->config().address; }
+  // The network side of ibv_attach_mcast(3): receive the datagrams of IPv4 group `group` (counted; the first join
+  // starts the multicast receiver's thread). 0, or EINVAL (IPv6 group) / the errno of its socket.
+  int JoinMulticast(const wire::IpAddress& group);
+  void LeaveMulticast(const wire::IpAddress& group);
   // "io_uring" or "socket": the transport this engine runs on.
   const char* transport_name() const { return transport_name_; }
 
@@ -70,6 +75,8 @@ class Engine {
   std::unique_ptr<wire::PcapWriter> pcap_;  // outlives transport_, which writes to it
   std::unique_ptr<wire::Transport> transport_;
   std::unique_ptr<emu::Device> device_;
+  std::mutex multicast_mu_;
+  std::unique_ptr<wire::MulticastReceiver> multicast_;  // delivers into device_; stopped before it
   std::thread progress_;
   const char* transport_name_ = "";
   bool stats_ = false;

@@ -465,9 +465,30 @@ ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port
   return ibv_create_ah(pd, &attr);
 }
 
-// Multicast needs a group membership service; not modelled yet (README support table).
-int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+// UD multicast over RoCEv2 is IP multicast: the device keeps the attachments, the engine joins the IP group so that
+// its datagrams arrive (ibv_attach_mcast(3); `lid` has no meaning on RoCE).
+int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (qp == nullptr || gid == nullptr) return EINVAL;
+  return uroce::verbs::NoThrow(ENOMEM, [&] {
+    Context* ctx = Ctx(qp->context);
+    const wire::IpAddress group = wire::IpAddress::FromBytes(gid->raw);
+    if (int err = ctx->dev().AttachMulticast(ToQp(qp)->emu, group)) return err;
+    if (int err = ctx->engine->JoinMulticast(group)) {
+      ctx->dev().DetachMulticast(ToQp(qp)->emu, group);
+      return err;
+    }
+    return 0;
+  });
+}
+
+int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (qp == nullptr || gid == nullptr) return EINVAL;
+  Context* ctx = Ctx(qp->context);
+  const wire::IpAddress group = wire::IpAddress::FromBytes(gid->raw);
+  if (int err = ctx->dev().DetachMulticast(ToQp(qp)->emu, group)) return err;
+  ctx->engine->LeaveMulticast(group);
+  return 0;
+}
 
 }  // extern "C"
 

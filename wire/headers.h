@@ -16,6 +16,8 @@
 namespace uroce::wire {
 
 inline constexpr uint32_t kMask24 = 0xFFFFFF;
+// IBTA 10.5.2.3: the destination QPN of a UD packet to a multicast group (every QP attached to it receives it).
+inline constexpr uint32_t kMulticastQpn = 0xFFFFFF;
 inline constexpr uint16_t kDefaultPkey = 0xFFFF;  // IBTA 10.9.1.2: default partition, full membership.
 
 // Base Transport Header, 12 bytes (IBTA 9.2):

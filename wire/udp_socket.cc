@@ -79,6 +79,13 @@ int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* lo
   sa_len = sizeof sa;
   if (r == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &sa_len) < 0) r = -errno;
   if (r == 0 && !FromSockaddr(&sa, sa_len, local)) r = -EAFNOSUPPORT;
+  if (r == 0 && local->addr.is_v4()) {
+    // UD multicast leaves as IP multicast from the device's own interface (loopback for 127.x: without this the
+    // kernel would pick the default route's), looped back to this host's members (IP_MULTICAST_LOOP, the default).
+    in_addr ifaddr{};
+    ifaddr.s_addr = htonl(local->addr.v4());
+    if (family == AF_INET) setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifaddr, sizeof ifaddr);
+  }
   if (r < 0) {
     close(fd);
     return r;
