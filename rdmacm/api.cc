@@ -331,6 +331,19 @@ void SetPeer(IdPriv* p, const wire::IpAddress& peer) {
   std::memcpy(p->id.route.addr.addr.ibaddr.dgid.raw, p->conn.peer_gid.data(), 16);
 }
 
+// A REQ's or SIDR_REQ's private data: the cma_hdr, rdma_addrinfo's ai_connect prefix, then the application's bytes
+// (what is left: 56 bytes in a REQ, 180 in a SIDR_REQ, minus the prefix). False when they do not fit.
+template <size_t N>
+bool FillRequestPrivateData(std::array<uint8_t, N>& out, const std::array<uint8_t, wire::kCmaHeaderSize>& hdr,
+                            const std::vector<uint8_t>& prefix, const rdma_conn_param* param) {
+  const size_t user_len = param ? param->private_data_len : 0;
+  if (hdr.size() + prefix.size() + user_len > N) return false;
+  std::copy(hdr.begin(), hdr.end(), out.begin());
+  std::copy(prefix.begin(), prefix.end(), out.begin() + hdr.size());
+  if (user_len) std::memcpy(out.data() + hdr.size() + prefix.size(), param->private_data, user_len);
+  return true;
+}
+
 uint32_t FlowLabel(IdPriv* p) {
   return (uint32_t{PortOfSockaddr(Src(p))} * 31 + PortOfSockaddr(Dst(p))) & 0xFFFFF;
 }
@@ -522,7 +535,7 @@ int rdma_listen(rdma_cm_id* id, int backlog) {
   if (p->state != IdState::kAddrBound) return Errno(EINVAL);
   const uint64_t sid = wire::ServiceIdOf(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(Src(p)));
   uint32_t lid = 0;
-  if (const int err = lib->cm->Listen(sid, p, &lid)) return Errno(err == EADDRINUSE ? EADDRINUSE : err);
+  if (const int err = lib->cm->Listen(sid, p, &lid)) return Errno(err);
   if (const int err = p->binding.Publish(lib->address)) {
     lib->cm->StopListening(lid);
     return Errno(err);
@@ -554,18 +567,12 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   SetPeer(p, peer);
   const wire::CmaHeader hdr{PortOfSockaddr(Src(p)), *IpOf(Src(p)), *IpOf(Dst(p))};
   const auto hdr_bytes = wire::EncodeCmaHeader(hdr);
-  const size_t user_len = param ? param->private_data_len : 0;
   const uint64_t sid = wire::ServiceIdOf(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(Dst(p)));
 
   if (p->id.qp_type == IBV_QPT_UD) {
     wire::CmSidrReq req;
     req.service_id = sid;
-    if (wire::kCmaHeaderSize + p->connect_prefix.size() + user_len > req.private_data.size()) return Errno(EINVAL);
-    std::copy(hdr_bytes.begin(), hdr_bytes.end(), req.private_data.begin());
-    std::copy(p->connect_prefix.begin(), p->connect_prefix.end(), req.private_data.begin() + wire::kCmaHeaderSize);
-    if (user_len)
-      std::memcpy(req.private_data.data() + wire::kCmaHeaderSize + p->connect_prefix.size(), param->private_data,
-                  user_len);
+    if (!FillRequestPrivateData(req.private_data, hdr_bytes, p->connect_prefix, param)) return Errno(EINVAL);
     uint32_t cm_id = 0;
     if (const int err = lib->cm->SendSidrReq(p->conn.peer_cm, req, p, &cm_id)) return Errno(err);
     p->cm_id = cm_id;
@@ -611,12 +618,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   req.primary.traffic_class = p->tos;
   req.primary.hop_limit = kHopLimit;
   req.primary.local_ack_timeout = p->ack_timeout.value_or(kLocalAckTimeout);
-  if (wire::kCmaHeaderSize + p->connect_prefix.size() + user_len > req.private_data.size()) return Errno(EINVAL);
-  std::copy(hdr_bytes.begin(), hdr_bytes.end(), req.private_data.begin());
-  std::copy(p->connect_prefix.begin(), p->connect_prefix.end(), req.private_data.begin() + wire::kCmaHeaderSize);
-  if (user_len)
-    std::memcpy(req.private_data.data() + wire::kCmaHeaderSize + p->connect_prefix.size(), param->private_data,
-                user_len);
+  if (!FillRequestPrivateData(req.private_data, hdr_bytes, p->connect_prefix, param)) return Errno(EINVAL);
   // What this side's QP will use once the REP tells the peer's (min'ed with it then).
   p->conn.responder_resources = rr;
   p->conn.initiator_depth = id_;
