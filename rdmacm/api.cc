@@ -190,7 +190,7 @@ void Present(Lib& lib, Event* e) {
 wire::IpAddress PeerFor(Lib& lib, IdPriv* p);
 void SetPeer(IdPriv* p, const wire::IpAddress& peer);
 
-// A connect refused for want of a listener (REJ 8) within this long of rdma_connect is tried again, every 10 ms,
+// A connect refused for want of a listener (REJ 8, or SIDR_REP "unsupported") within this long of rdma_connect is tried again, every 10 ms,
 // before the application hears of it. A server that closes one listener and opens the next on the same port
 // (perftest -R: first its handshake connection, then the test's) is then found by a client that dials in between;
 // perftest's own retry after a REJECTED frees the ids it goes on to use. A dial with no server anywhere is still
@@ -201,9 +201,13 @@ constexpr std::chrono::milliseconds kListenerGrace{200};
 // Called with the lock; releases it while it waits.
 bool RetriedForListener(Lib& lib, std::unique_lock<std::mutex>& lock, Event* e) {
   IdPriv* p = Priv(e->event.id);
-  if (e->event.event != RDMA_CM_EVENT_REJECTED || e->owner != p || p->connect_req == nullptr ||
-      e->event.status != static_cast<int>(wire::CmRejectReason::kInvalidServiceId) ||
-      std::chrono::steady_clock::now() - p->connect_start >= kListenerGrace)
+  // REJ 8 for a REQ; SIDR_REP "unsupported" (delivered as UNREACHABLE with status 1) for a SIDR_REQ.
+  const bool no_listener =
+      (e->event.event == RDMA_CM_EVENT_REJECTED && p->connect_req != nullptr &&
+       e->event.status == static_cast<int>(wire::CmRejectReason::kInvalidServiceId)) ||
+      (e->event.event == RDMA_CM_EVENT_UNREACHABLE && p->connect_sidr != nullptr &&
+       e->event.status == static_cast<int>(wire::SidrStatus::kUnsupported));
+  if (!no_listener || e->owner != p || std::chrono::steady_clock::now() - p->connect_start >= kListenerGrace)
     return false;
   const uint32_t old_cm_id = p->cm_id;
   lib.by_cm_id.erase(old_cm_id);
@@ -213,16 +217,22 @@ bool RetriedForListener(Lib& lib, std::unique_lock<std::mutex>& lock, Event* e) 
   lib.cm->Destroy(old_cm_id);  // without the lock: Destroy waits for a delivery whose sink takes it
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   lock.lock();
-  if (p->state != IdState::kConnect || p->connect_req == nullptr) return true;  // destroyed or reset meanwhile
+  if (p->state != IdState::kConnect) return true;  // destroyed or moved on meanwhile
   const wire::IpAddress peer = PeerFor(lib, p);
   SetPeer(p, peer);
-  p->connect_req->primary.remote_gid = p->conn.peer_gid;
   uint32_t cm_id = 0;
-  if (lib.cm->SendReq(peer, *p->connect_req, p, &cm_id) == 0) {
+  int err = 0;
+  if (p->connect_req) {
+    p->connect_req->primary.remote_gid = p->conn.peer_gid;
+    err = lib.cm->SendReq(peer, *p->connect_req, p, &cm_id);
+  } else {
+    err = lib.cm->SendSidrReq(peer, *p->connect_sidr, p, &cm_id);
+  }
+  if (err == 0) {
     p->cm_id = cm_id;
     lib.by_cm_id[cm_id] = p;
   } else {
-    Enqueue(lib, p->channel, NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, -EHOSTUNREACH));
+    Enqueue(lib, p->channel, NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, -err));
   }
   return true;
 }
@@ -578,6 +588,8 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
     p->cm_id = cm_id;
     lib->by_cm_id[cm_id] = p;
     p->state = IdState::kConnect;
+    p->connect_sidr = std::make_unique<wire::CmSidrReq>(req);
+    p->connect_start = std::chrono::steady_clock::now();
     return Complete(*lib, lock, p);
   }
 

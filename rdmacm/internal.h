@@ -122,8 +122,10 @@ struct IdPriv {
   ibv_pd* ep_pd = nullptr;
   std::unique_ptr<ibv_qp_init_attr> ep_qp_attr;
   std::vector<uint8_t> connect_prefix;
-  // rdma_connect's REQ and when it left: a REJ 8 soon after is tried again (a listener about to appear).
+  // rdma_connect's REQ or SIDR_REQ and when it left: a REJ 8 / SIDR "unsupported" soon after is tried again (a
+  // listener about to appear).
   std::unique_ptr<wire::CmReq> connect_req;
+  std::unique_ptr<wire::CmSidrReq> connect_sidr;
   std::chrono::steady_clock::time_point connect_start;  // rdma_addrinfo.ai_connect: private data put before the application's
   ibv_ece local_ece{};
   ibv_ece remote_ece{};
