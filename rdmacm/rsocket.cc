@@ -1,56 +1,630 @@
-// rsockets (rsocket(7)) are not implemented: rsocket() fails with EOPNOTSUPP, so no descriptor is ever an rsocket,
-// and every call taking one answers as rsockets does for a descriptor it does not know (EBADF). rpoll and rselect
-// take ordinary descriptors too: with no rsockets they are poll(2) and select(2), which is what the rdmacm-utils
-// examples (common.c's do_poll) use them for. README's support table lists rsockets as unsupported.
+// rsockets (rsocket(7)): byte streams over RC QPs that rdma_cm connects, for programs written against sockets
+// (rstream). uroce-to-uroce only: the framing below is ours, not rdma-core's rsocket protocol.
+//
+// A stream rsocket is a connection id with one RC QP and one CQ. Each side pre-posts kSlots receive buffers of
+// kSlotBytes; a send copies up to kSlotBytes into one of kSlots send buffers and posts a SEND. The receiver reposts a
+// buffer once the application has read it; a sender that outruns it meets RNR NAKs, retried without limit (rnr_retry
+// 7) after the shortest RNR timer the receiver advertises, so no credit protocol is needed. The end of a stream is a
+// zero-length SEND with immediate kFin (rshutdown SHUT_WR, rclose). Progress needs no thread of ours: the engine
+// moves the data, and every call polls the CQ.
+//
+// Not supported (README): SOCK_DGRAM rsockets (udpong), riomap/riowrite (riostream), librspreload's fork support.
+// rpoll and rselect take ordinary descriptors as poll(2) and select(2) do; rdmacm-utils' common code uses them so.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
+#include <sys/eventfd.h>
 #include <sys/select.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdarg>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace {
+
+constexpr int kSlots = 32;
+constexpr uint32_t kSlotBytes = 16384;
+constexpr uint32_t kFin = 1;            // immediate data of the end-of-stream SEND
+constexpr uint8_t kShortestRnrTimer = 1;  // 0.01 ms (IBTA table 45): a sender that outran us retries soon
+constexpr uint64_t kRecvFlag = 1ull << 32;
+
 template <typename R = int>
-R BadDescriptor() {
-  errno = EBADF;
+R Fail(int err) {
+  errno = err;
   return static_cast<R>(-1);
 }
+
+struct RSocket {
+  int fd = -1;  // the descriptor the application holds (an eventfd nobody signals)
+  int family = AF_INET;
+  bool nonblocking = false;
+  bool listening = false;
+  bool connected = false;
+  bool peer_fin = false;
+  bool fin_sent = false;
+  int error = 0;
+  sockaddr_storage bound{};
+  bool has_bound = false;
+  rdma_event_channel* channel = nullptr;
+  rdma_cm_id* id = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_mr* recv_mr = nullptr;
+  ibv_mr* send_mr = nullptr;
+  std::vector<uint8_t> recv_buf, send_buf;
+  std::vector<int> free_send;                   // send slots not in flight
+  std::deque<std::pair<int, uint32_t>> ready;  // received slots, in order, with their lengths
+  uint32_t ready_offset = 0;                   // bytes of ready.front() already read
+  std::map<std::pair<int, int>, int> options;  // (level, name) -> value, for rgetsockopt
+};
+
+std::mutex g_mu;
+std::map<int, std::unique_ptr<RSocket>> g_sockets;
+
+RSocket* Find(int fd) {
+  auto it = g_sockets.find(fd);
+  return it == g_sockets.end() ? nullptr : it->second.get();
+}
+
+// Waits for the next event of `rs`'s own channel (blocking) and checks it is `want`. 0 or errno.
+int Expect(RSocket* rs, rdma_cm_event_type want) {
+  rdma_cm_event* e = nullptr;
+  if (rdma_get_cm_event(rs->channel, &e) != 0) return errno;
+  const rdma_cm_event_type got = e->event;
+  const int status = e->status;
+  rdma_ack_cm_event(e);
+  if (got == want) return 0;
+  if (got == RDMA_CM_EVENT_REJECTED) return ECONNREFUSED;
+  if (got == RDMA_CM_EVENT_UNREACHABLE || got == RDMA_CM_EVENT_ADDR_ERROR || got == RDMA_CM_EVENT_ROUTE_ERROR)
+    return status < 0 ? -status : EHOSTUNREACH;
+  return ECONNABORTED;
+}
+
+int PostRecv(RSocket* rs, int slot) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(rs->recv_buf.data()) + uint64_t(slot) * kSlotBytes, kSlotBytes,
+              rs->recv_mr->lkey};
+  ibv_recv_wr wr{}, *bad = nullptr;
+  wr.wr_id = kRecvFlag | uint32_t(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  return ibv_post_recv(rs->id->qp, &wr, &bad);
+}
+
+// The QP, CQ and buffers of a connection id, receives posted. 0 or errno.
+int SetUpQueues(RSocket* rs) {
+  rs->cq = ibv_create_cq(rs->id->verbs, 2 * kSlots + 2, nullptr, nullptr, 0);
+  if (rs->cq == nullptr) return errno;
+  ibv_qp_init_attr attr{};
+  attr.send_cq = rs->cq;
+  attr.recv_cq = rs->cq;
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = kSlots + 1;
+  attr.cap.max_recv_wr = kSlots;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  attr.sq_sig_all = 1;
+  if (rdma_create_qp(rs->id, nullptr, &attr) != 0) return errno;
+  rs->recv_buf.resize(size_t(kSlots) * kSlotBytes);
+  rs->send_buf.resize(size_t(kSlots) * kSlotBytes);
+  rs->recv_mr = ibv_reg_mr(rs->id->pd, rs->recv_buf.data(), rs->recv_buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  rs->send_mr = ibv_reg_mr(rs->id->pd, rs->send_buf.data(), rs->send_buf.size(), 0);
+  if (rs->recv_mr == nullptr || rs->send_mr == nullptr) return errno ? errno : ENOMEM;
+  for (int i = 0; i < kSlots; ++i) {
+    rs->free_send.push_back(i);
+    if (int err = PostRecv(rs, i)) return err;
+  }
+  return 0;
+}
+
+// Once connected: our responder's RNR timer as short as it goes (the QP is in RTS; no state change).
+void Connected(RSocket* rs) {
+  ibv_qp_attr a{};
+  a.min_rnr_timer = kShortestRnrTimer;
+  ibv_modify_qp(rs->id->qp, &a, IBV_QP_MIN_RNR_TIMER);
+  rs->connected = true;
+}
+
+void TearDown(RSocket* rs) {
+  if (rs->id) {
+    if (rs->connected) rdma_disconnect(rs->id);
+    if (rs->id->qp) ibv_destroy_qp(rs->id->qp);
+    rs->id->qp = nullptr;
+  }
+  if (rs->recv_mr) ibv_dereg_mr(rs->recv_mr);
+  if (rs->send_mr) ibv_dereg_mr(rs->send_mr);
+  if (rs->cq) ibv_destroy_cq(rs->cq);
+  if (rs->id) rdma_destroy_id(rs->id);
+  if (rs->channel) rdma_destroy_event_channel(rs->channel);
+  rs->id = nullptr;
+  rs->channel = nullptr;
+  rs->cq = nullptr;
+  rs->recv_mr = rs->send_mr = nullptr;
+}
+
+// Takes what the CQ holds: received slots to `ready`, finished sends back to `free_send`.
+void PollCq(RSocket* rs) {
+  if (rs->cq == nullptr) return;
+  ibv_wc wc[16];
+  int n;
+  while ((n = ibv_poll_cq(rs->cq, 16, wc)) > 0) {
+    for (int i = 0; i < n; ++i) {
+      const bool recv = wc[i].wr_id & kRecvFlag;
+      const int slot = int(wc[i].wr_id & 0xFFFFFFFF);
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        // Flushed after a disconnect, or the peer is gone: the stream has ended.
+        if (!rs->peer_fin && !rs->fin_sent) rs->error = ECONNRESET;
+        rs->peer_fin = true;
+        if (!recv && slot < kSlots) rs->free_send.push_back(slot);
+        continue;
+      }
+      if (!recv) {
+        if (slot < kSlots) rs->free_send.push_back(slot);  // the end-of-stream SEND has no slot
+      } else if ((wc[i].wc_flags & IBV_WC_WITH_IMM) && ntohl(wc[i].imm_data) == kFin) {
+        rs->peer_fin = true;
+      } else {
+        rs->ready.emplace_back(slot, wc[i].byte_len);
+      }
+    }
+  }
+}
+
+bool Readable(RSocket* rs) { return !rs->ready.empty() || rs->peer_fin || rs->error; }
+bool Writable(RSocket* rs) { return rs->connected && (!rs->free_send.empty() || rs->error); }
+
+// Whether a listener has a connection request waiting (its channel's descriptor is readable).
+bool Pending(RSocket* rs) {
+  pollfd p{rs->channel->fd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+// Blocks until `ready()` holds, polling every 50 us (with the lock released).
+template <typename F>
+void WaitUntil(std::unique_lock<std::mutex>& lock, F ready) {
+  while (!ready()) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lock.lock();
+  }
+}
+
+ssize_t Send(int fd, const void* buf, size_t len, int flags) {
+  std::unique_lock lock(g_mu);
+  RSocket* rs = Find(fd);
+  if (rs == nullptr) return Fail<ssize_t>(EBADF);
+  if (!rs->connected) return Fail<ssize_t>(ENOTCONN);
+  if (rs->fin_sent) return Fail<ssize_t>(EPIPE);
+  const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
+  size_t done = 0;
+  while (done < len) {
+    PollCq(rs);
+    if (rs->error) return done ? ssize_t(done) : Fail<ssize_t>(rs->error);
+    if (rs->free_send.empty()) {
+      if (done > 0 || !wait) break;
+      WaitUntil(lock, [&] {
+        PollCq(rs);
+        return !rs->free_send.empty() || rs->error;
+      });
+      continue;
+    }
+    const int slot = rs->free_send.back();
+    rs->free_send.pop_back();
+    const uint32_t n = uint32_t(std::min<size_t>(kSlotBytes, len - done));
+    uint8_t* dst = rs->send_buf.data() + size_t(slot) * kSlotBytes;
+    std::memcpy(dst, static_cast<const uint8_t*>(buf) + done, n);
+    ibv_sge sge{reinterpret_cast<uintptr_t>(dst), n, rs->send_mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = uint32_t(slot);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    if (int err = ibv_post_send(rs->id->qp, &wr, &bad)) {
+      rs->free_send.push_back(slot);
+      return done ? ssize_t(done) : Fail<ssize_t>(err);
+    }
+    done += n;
+  }
+  return done ? ssize_t(done) : Fail<ssize_t>(EAGAIN);
+}
+
+ssize_t Recv(int fd, void* buf, size_t len, int flags) {
+  std::unique_lock lock(g_mu);
+  RSocket* rs = Find(fd);
+  if (rs == nullptr) return Fail<ssize_t>(EBADF);
+  if (!rs->connected) return Fail<ssize_t>(ENOTCONN);
+  const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
+  size_t done = 0;
+  for (;;) {
+    PollCq(rs);
+    while (done < len && !rs->ready.empty()) {
+      auto& [slot, bytes] = rs->ready.front();
+      const uint32_t n = uint32_t(std::min<size_t>(bytes - rs->ready_offset, len - done));
+      std::memcpy(static_cast<uint8_t*>(buf) + done,
+                  rs->recv_buf.data() + size_t(slot) * kSlotBytes + rs->ready_offset, n);
+      done += n;
+      rs->ready_offset += n;
+      if (rs->ready_offset == bytes) {
+        const int s = slot;
+        rs->ready.pop_front();
+        rs->ready_offset = 0;
+        if (!rs->peer_fin) PostRecv(rs, s);
+      }
+    }
+    if (done == len || (done > 0 && !(flags & MSG_WAITALL))) return ssize_t(done);
+    if (rs->ready.empty() && rs->peer_fin) {
+      if (done > 0) return ssize_t(done);
+      return rs->error && rs->error != ECONNRESET ? Fail<ssize_t>(rs->error) : 0;  // end of stream
+    }
+    if (!wait) return done ? ssize_t(done) : Fail<ssize_t>(EAGAIN);
+    WaitUntil(lock, [&] {
+      PollCq(rs);
+      return Readable(rs);
+    });
+  }
+}
+
+// The end of our direction: a zero-length SEND with immediate kFin, once.
+void SendFin(RSocket* rs) {
+  if (rs->fin_sent || !rs->connected || rs->error) return;
+  PollCq(rs);
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = uint32_t(kSlots);  // not a send slot: its completion returns nothing
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.imm_data = htonl(kFin);
+  if (ibv_post_send(rs->id->qp, &wr, &bad) == 0) rs->fin_sent = true;
+}
+
 }  // namespace
 
 extern "C" {
 
-int rsocket(int, int, int) {
-  errno = EOPNOTSUPP;
-  return -1;
+int rsocket(int domain, int type, int protocol) {
+  if ((domain != AF_INET && domain != AF_INET6) || (protocol != 0 && protocol != IPPROTO_TCP)) return Fail(EINVAL);
+  if ((type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) != SOCK_STREAM) return Fail(EOPNOTSUPP);  // datagram rsockets
+  auto rs = std::make_unique<RSocket>();
+  rs->fd = eventfd(0, EFD_CLOEXEC);
+  if (rs->fd < 0) return -1;
+  rs->family = domain;
+  rs->nonblocking = type & SOCK_NONBLOCK;
+  std::lock_guard lock(g_mu);
+  const int fd = rs->fd;
+  g_sockets[fd] = std::move(rs);
+  return fd;
 }
-int rbind(int, const sockaddr*, socklen_t) { return BadDescriptor(); }
-int rlisten(int, int) { return BadDescriptor(); }
-int raccept(int, sockaddr*, socklen_t*) { return BadDescriptor(); }
-int rconnect(int, const sockaddr*, socklen_t) { return BadDescriptor(); }
-int rshutdown(int, int) { return BadDescriptor(); }
-int rclose(int) { return BadDescriptor(); }
-ssize_t rrecv(int, void*, size_t, int) { return BadDescriptor<ssize_t>(); }
-ssize_t rrecvfrom(int, void*, size_t, int, sockaddr*, socklen_t*) { return BadDescriptor<ssize_t>(); }
-ssize_t rrecvmsg(int, msghdr*, int) { return BadDescriptor<ssize_t>(); }
-ssize_t rsend(int, const void*, size_t, int) { return BadDescriptor<ssize_t>(); }
-ssize_t rsendto(int, const void*, size_t, int, const sockaddr*, socklen_t) { return BadDescriptor<ssize_t>(); }
-ssize_t rsendmsg(int, const msghdr*, int) { return BadDescriptor<ssize_t>(); }
-ssize_t rread(int, void*, size_t) { return BadDescriptor<ssize_t>(); }
-ssize_t rreadv(int, const iovec*, int) { return BadDescriptor<ssize_t>(); }
-ssize_t rwrite(int, const void*, size_t) { return BadDescriptor<ssize_t>(); }
-ssize_t rwritev(int, const iovec*, int) { return BadDescriptor<ssize_t>(); }
-int rpoll(pollfd* fds, nfds_t nfds, int timeout) { return poll(fds, nfds, timeout); }
+
+int rbind(int socket, const sockaddr* addr, socklen_t addrlen) {
+  std::lock_guard lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  if (addr == nullptr || addrlen > sizeof rs->bound) return Fail(EINVAL);
+  std::memcpy(&rs->bound, addr, addrlen);
+  rs->has_bound = true;
+  return 0;
+}
+
+int rlisten(int socket, int backlog) {
+  std::lock_guard lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  rs->channel = rdma_create_event_channel();
+  if (rs->channel == nullptr || rdma_create_id(rs->channel, &rs->id, rs, RDMA_PS_TCP) != 0) return -1;
+  if (rs->has_bound && rdma_bind_addr(rs->id, reinterpret_cast<sockaddr*>(&rs->bound)) != 0) return -1;
+  if (rdma_listen(rs->id, backlog) != 0) return -1;
+  // The listener's channel answers EAGAIN when nothing waits, so raccept can be non-blocking.
+  fcntl(rs->channel->fd, F_SETFL, fcntl(rs->channel->fd, F_GETFL) | O_NONBLOCK);
+  rs->listening = true;
+  return 0;
+}
+
+int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
+  std::unique_lock lock(g_mu);
+  RSocket* ls = Find(socket);
+  if (ls == nullptr) return Fail(EBADF);
+  if (!ls->listening) return Fail(EINVAL);
+  rdma_cm_event* e = nullptr;
+  for (;;) {
+    if (rdma_get_cm_event(ls->channel, &e) == 0) break;
+    if (errno != EAGAIN) return -1;
+    if (ls->nonblocking) return Fail(EAGAIN);
+    WaitUntil(lock, [&] { return Pending(ls); });
+  }
+  if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+    rdma_ack_cm_event(e);
+    return Fail(ECONNABORTED);
+  }
+  rdma_cm_id* child = e->id;
+  rdma_ack_cm_event(e);
+  auto rs = std::make_unique<RSocket>();
+  rs->fd = eventfd(0, EFD_CLOEXEC);
+  rs->family = ls->family;
+  rs->id = child;
+  rs->channel = rdma_create_event_channel();
+  int err = rs->fd < 0 || rs->channel == nullptr ? (errno ? errno : ENOMEM) : 0;
+  if (!err && rdma_migrate_id(child, rs->channel) != 0) err = errno;
+  if (!err) err = SetUpQueues(rs.get());
+  rdma_conn_param param{};
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;  // the receiver's buffers are the flow control: retry RNR without limit
+  if (!err && rdma_accept(child, &param) != 0) err = errno;
+  lock.unlock();  // the handshake's last step arrives on the engine's thread
+  if (!err) err = Expect(rs.get(), RDMA_CM_EVENT_ESTABLISHED);
+  lock.lock();
+  if (err) {
+    if (!rs->channel) rdma_reject(child, nullptr, 0);
+    TearDown(rs.get());
+    if (rs->fd >= 0) close(rs->fd);
+    return Fail(err);
+  }
+  Connected(rs.get());
+  if (addr && addrlen) {
+    const socklen_t n = std::min<socklen_t>(*addrlen, sizeof(sockaddr_storage));
+    std::memcpy(addr, &child->route.addr.dst_storage, n);
+    *addrlen = n;
+  }
+  const int fd = rs->fd;
+  g_sockets[fd] = std::move(rs);
+  return fd;
+}
+
+int rconnect(int socket, const sockaddr* addr, socklen_t addrlen) {
+  std::unique_lock lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  if (rs->connected || rs->listening) return Fail(EISCONN);
+  if (addr == nullptr || addrlen < sizeof(sockaddr_in)) return Fail(EINVAL);
+  rs->channel = rdma_create_event_channel();
+  if (rs->channel == nullptr || rdma_create_id(rs->channel, &rs->id, rs, RDMA_PS_TCP) != 0) return -1;
+  sockaddr_storage dst{};
+  std::memcpy(&dst, addr, std::min<size_t>(addrlen, sizeof dst));
+  // The whole handshake happens here, also for a non-blocking rsocket (which then never reports EINPROGRESS).
+  lock.unlock();
+  int err = 0;
+  if (rdma_resolve_addr(rs->id, rs->has_bound ? reinterpret_cast<sockaddr*>(&rs->bound) : nullptr,
+                        reinterpret_cast<sockaddr*>(&dst), 2000) != 0)
+    err = errno;
+  if (!err) err = Expect(rs, RDMA_CM_EVENT_ADDR_RESOLVED);
+  if (!err && rdma_resolve_route(rs->id, 2000) != 0) err = errno;
+  if (!err) err = Expect(rs, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  if (!err) err = SetUpQueues(rs);
+  rdma_conn_param param{};
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  if (!err && rdma_connect(rs->id, &param) != 0) err = errno;
+  if (!err) err = Expect(rs, RDMA_CM_EVENT_ESTABLISHED);
+  lock.lock();
+  if (err) {
+    TearDown(rs);
+    rs->error = err;
+    return Fail(err);
+  }
+  Connected(rs);
+  return 0;
+}
+
+int rshutdown(int socket, int how) {
+  std::lock_guard lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  if (!rs->connected) return Fail(ENOTCONN);
+  if (how == SHUT_WR || how == SHUT_RDWR) SendFin(rs);
+  return 0;
+}
+
+int rclose(int socket) {
+  std::unique_ptr<RSocket> rs;
+  {
+    std::lock_guard lock(g_mu);
+    auto it = g_sockets.find(socket);
+    if (it == g_sockets.end()) return Fail(EBADF);
+    rs = std::move(it->second);
+    g_sockets.erase(it);
+  }
+  // No longer in the table: nobody else reaches it. The end of stream (and what precedes it) leaves before the
+  // QP goes to ERR.
+  SendFin(rs.get());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (rs->fin_sent && !rs->error && rs->free_send.size() < size_t(kSlots) &&
+         std::chrono::steady_clock::now() < deadline) {
+    PollCq(rs.get());
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  TearDown(rs.get());
+  close(rs->fd);
+  return 0;
+}
+
+ssize_t rrecv(int socket, void* buf, size_t len, int flags) { return Recv(socket, buf, len, flags); }
+ssize_t rsend(int socket, const void* buf, size_t len, int flags) { return Send(socket, buf, len, flags); }
+ssize_t rread(int socket, void* buf, size_t count) { return Recv(socket, buf, count, 0); }
+ssize_t rwrite(int socket, const void* buf, size_t count) { return Send(socket, buf, count, 0); }
+
+ssize_t rreadv(int socket, const iovec* iov, int iovcnt) {
+  ssize_t total = 0;
+  for (int i = 0; i < iovcnt; ++i) {
+    const ssize_t n = Recv(socket, iov[i].iov_base, iov[i].iov_len, i ? MSG_DONTWAIT : 0);
+    if (n < 0) return total ? total : n;
+    total += n;
+    if (size_t(n) < iov[i].iov_len) break;
+  }
+  return total;
+}
+
+ssize_t rwritev(int socket, const iovec* iov, int iovcnt) {
+  ssize_t total = 0;
+  for (int i = 0; i < iovcnt; ++i) {
+    const ssize_t n = Send(socket, iov[i].iov_base, iov[i].iov_len, i ? MSG_DONTWAIT : 0);
+    if (n < 0) return total ? total : n;
+    total += n;
+    if (size_t(n) < iov[i].iov_len) break;
+  }
+  return total;
+}
+
+ssize_t rrecvmsg(int socket, msghdr* msg, int flags) {
+  if (msg == nullptr) return Fail<ssize_t>(EINVAL);
+  (void)flags;
+  return rreadv(socket, msg->msg_iov, int(msg->msg_iovlen));
+}
+
+ssize_t rsendmsg(int socket, const msghdr* msg, int flags) {
+  if (msg == nullptr) return Fail<ssize_t>(EINVAL);
+  (void)flags;
+  return rwritev(socket, msg->msg_iov, int(msg->msg_iovlen));
+}
+
+ssize_t rrecvfrom(int socket, void* buf, size_t len, int flags, sockaddr* src_addr, socklen_t* addrlen) {
+  if (src_addr && addrlen) *addrlen = 0;
+  return Recv(socket, buf, len, flags);
+}
+
+ssize_t rsendto(int socket, const void* buf, size_t len, int flags, const sockaddr*, socklen_t) {
+  return Send(socket, buf, len, flags);
+}
+
+int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout < 0 ? 0 : timeout);
+  for (;;) {
+    int ready = 0;
+    std::vector<pollfd> others;
+    std::vector<nfds_t> other_index;
+    {
+      std::lock_guard lock(g_mu);
+      for (nfds_t i = 0; i < nfds; ++i) {
+        fds[i].revents = 0;
+        RSocket* rs = Find(fds[i].fd);
+        if (rs == nullptr) {
+          others.push_back(fds[i]);
+          other_index.push_back(i);
+          continue;
+        }
+        PollCq(rs);
+        if (rs->listening) {
+          if ((fds[i].events & POLLIN) && Pending(rs)) fds[i].revents |= POLLIN;
+        } else {
+          if ((fds[i].events & POLLIN) && Readable(rs)) fds[i].revents |= POLLIN;
+          if ((fds[i].events & POLLOUT) && Writable(rs)) fds[i].revents |= POLLOUT;
+          if (rs->error) fds[i].revents |= POLLERR;
+          if (rs->peer_fin && rs->fin_sent) fds[i].revents |= POLLHUP;  // both directions ended, as TCP
+        }
+        if (fds[i].revents) ++ready;
+      }
+    }
+    if (!others.empty() && poll(others.data(), others.size(), 0) > 0) {
+      for (size_t k = 0; k < others.size(); ++k) {
+        fds[other_index[k]].revents = others[k].revents;
+        if (others[k].revents) ++ready;
+      }
+    }
+    if (ready > 0 || timeout == 0) return ready;
+    if (timeout > 0 && std::chrono::steady_clock::now() >= deadline) return 0;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, timeval* timeout) {
   return select(nfds, readfds, writefds, exceptfds, timeout);
 }
-int rgetpeername(int, sockaddr*, socklen_t*) { return BadDescriptor(); }
-int rgetsockname(int, sockaddr*, socklen_t*) { return BadDescriptor(); }
-int rsetsockopt(int, int, int, const void*, socklen_t) { return BadDescriptor(); }
-int rgetsockopt(int, int, int, void*, socklen_t*) { return BadDescriptor(); }
-int rfcntl(int, int, ...) { return BadDescriptor(); }
-off_t riomap(int, void*, size_t, int, int, off_t) { return BadDescriptor<off_t>(); }
-int riounmap(int, void*, size_t) { return BadDescriptor(); }
-size_t riowrite(int, const void*, size_t, off_t, int) {
-  errno = EBADF;
+
+int rgetpeername(int socket, sockaddr* addr, socklen_t* addrlen) {
+  std::lock_guard lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  if (!rs->connected || addr == nullptr || addrlen == nullptr) return Fail(rs->connected ? EINVAL : ENOTCONN);
+  const socklen_t n = std::min<socklen_t>(*addrlen, sizeof(sockaddr_storage));
+  std::memcpy(addr, &rs->id->route.addr.dst_storage, n);
+  *addrlen = n;
+  return 0;
+}
+
+int rgetsockname(int socket, sockaddr* addr, socklen_t* addrlen) {
+  std::lock_guard lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  if (addr == nullptr || addrlen == nullptr) return Fail(EINVAL);
+  const socklen_t n = std::min<socklen_t>(*addrlen, sizeof(sockaddr_storage));
+  std::memcpy(addr, rs->id ? &rs->id->route.addr.src_storage : &rs->bound, n);
+  *addrlen = n;
+  return 0;
+}
+
+int rsetsockopt(int socket, int level, int optname, const void* optval, socklen_t optlen) {
+  std::lock_guard lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  const bool known = (level == SOL_SOCKET && (optname == SO_REUSEADDR || optname == SO_SNDBUF ||
+                                              optname == SO_RCVBUF || optname == SO_KEEPALIVE ||
+                                              optname == SO_LINGER || optname == SO_OOBINLINE)) ||
+                     (level == IPPROTO_TCP && (optname == TCP_NODELAY || optname == TCP_KEEPIDLE ||
+                                               optname == TCP_MAXSEG)) ||
+                     (level == SOL_RDMA && optname >= RDMA_SQSIZE && optname <= RDMA_ROUTE);
+  if (!known) return Fail(ENOPROTOOPT);
+  // Buffers and queues have fixed sizes here; the values are kept for rgetsockopt.
+  if (optval != nullptr && optlen >= sizeof(int)) rs->options[{level, optname}] = *static_cast<const int*>(optval);
+  return 0;
+}
+
+int rgetsockopt(int socket, int level, int optname, void* optval, socklen_t* optlen) {
+  std::lock_guard lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  if (optval == nullptr || optlen == nullptr || *optlen < sizeof(int)) return Fail(EINVAL);
+  int value = 0;
+  if (level == SOL_SOCKET && optname == SO_ERROR) {
+    value = rs->error;
+    rs->error = 0;
+  } else if (auto it = rs->options.find({level, optname}); it != rs->options.end()) {
+    value = it->second;
+  } else if (level == SOL_SOCKET && (optname == SO_SNDBUF || optname == SO_RCVBUF)) {
+    value = int(kSlots * kSlotBytes);
+  } else if (!(level == SOL_SOCKET || level == IPPROTO_TCP || level == SOL_RDMA)) {
+    return Fail(ENOPROTOOPT);
+  }
+  *static_cast<int*>(optval) = value;
+  *optlen = sizeof(int);
+  return 0;
+}
+
+int rfcntl(int socket, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  const long arg = cmd == F_SETFL ? va_arg(ap, long) : 0;
+  va_end(ap);
+  std::lock_guard lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  switch (cmd) {
+    case F_GETFL:
+      return O_RDWR | (rs->nonblocking ? O_NONBLOCK : 0);
+    case F_SETFL:
+      rs->nonblocking = arg & O_NONBLOCK;
+      return 0;
+    default:
+      return Fail(EINVAL);
+  }
+}
+
+// riomap / riowrite (remote writes into a peer's mapped buffer, riostream) are not supported.
+off_t riomap(int socket, void*, size_t, int, int, off_t) {
+  std::lock_guard lock(g_mu);
+  return Fail<off_t>(Find(socket) ? EOPNOTSUPP : EBADF);
+}
+int riounmap(int socket, void*, size_t) {
+  std::lock_guard lock(g_mu);
+  return Fail(Find(socket) ? EOPNOTSUPP : EBADF);
+}
+size_t riowrite(int socket, const void*, size_t, off_t, int) {
+  std::lock_guard lock(g_mu);
+  errno = Find(socket) ? EOPNOTSUPP : EBADF;
   return 0;
 }
 

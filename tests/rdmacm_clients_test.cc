@@ -380,6 +380,45 @@ TEST_F(RdmaCmClientsTest, MckeyMulticast) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// rstream: stream rsockets (rsocket/rbind/rlisten/raccept/rconnect, rsend/rrecv, rpoll, rshutdown/rclose) over RC.
+// ---------------------------------------------------------------------------------------------------------------
+
+struct RstreamCase {
+  std::string name;
+  std::vector<std::string> args;  // the same on both sides
+};
+void PrintTo(const RstreamCase& c, std::ostream* os) { *os << c.name; }
+class RstreamTest : public RdmaCmClientsTest, public ::testing::WithParamInterface<RstreamCase> {};
+
+TEST_P(RstreamTest, TransfersAndReports) {
+  const std::string rstream = Program("rstream");
+  const int port = Port();
+  if (rstream.empty() || port <= 0) return;
+  std::vector<std::string> server = {rstream, "-p", std::to_string(port)};
+  server.insert(server.end(), GetParam().args.begin(), GetParam().args.end());
+  std::vector<std::string> client = server;
+  client.insert(client.begin() + 1, {"-s", "127.0.0.1"});
+  PairResult r = RunCmPair(server, client, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  // The header and one result line: "custom  4k  1k  1  7.8m  0.22s  0.30  108.04".
+  const std::string header = R"(name\s+bytes\s+xfers\s+iters\s+total\s+time\s+Gb/sec\s+usec/xfer\s*)";
+  const std::string result = R"(custom\s+\S+\s+\S+\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)";
+  for (const ProcessResult* side : {&r.server, &r.client}) {
+    EXPECT_TRUE(HasLine(side->output, header)) << r.Describe();
+    EXPECT_TRUE(HasLine(side->output, result)) << r.Describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rsockets, RstreamTest,
+    ::testing::Values(RstreamCase{"NonBlocking4k", {"-S", "4096", "-C", "1000"}},
+                      RstreamCase{"Verified64k", {"-S", "65536", "-C", "200", "-T", "v"}},
+                      RstreamCase{"Blocking100", {"-S", "100", "-C", "1000", "-T", "b"}},
+                      RstreamCase{"AsyncPoll4k", {"-S", "4096", "-C", "500", "-T", "a"}},
+                      RstreamCase{"VerifiedOneMegabyte", {"-S", "1000000", "-C", "20", "-T", "v"}}),
+    [](const ::testing::TestParamInfo<RstreamCase>& i) { return i.param.name; });
+
+// ---------------------------------------------------------------------------------------------------------------
 // A peer killed mid-run: the survivor's rdma_disconnect gets no DREP, its DREQ times out, and it still sees
 // DISCONNECTED and finishes.
 // ---------------------------------------------------------------------------------------------------------------
