@@ -8,7 +8,8 @@
 // zero-length SEND with immediate kFin (rshutdown SHUT_WR, rclose). Progress needs no thread of ours: the engine
 // moves the data, and every call polls the CQ.
 //
-// Not supported (README): SOCK_DGRAM rsockets (udpong), riomap/riowrite (riostream), librspreload's fork support.
+// riomap announces a registered buffer to the peer (a SEND with immediate kIomap); riowrite is then RDMA WRITEs into
+// it. Not supported (README): SOCK_DGRAM rsockets (udpong), librspreload's fork support.
 // rpoll and rselect take ordinary descriptors as poll(2) and select(2) do; rdmacm-utils' common code uses them so.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/select.h>
 #include <unistd.h>
 
@@ -38,6 +40,15 @@ namespace {
 constexpr int kSlots = 32;
 constexpr uint32_t kSlotBytes = 16384;
 constexpr uint32_t kFin = 1;            // immediate data of the end-of-stream SEND
+constexpr uint32_t kIomap = 2;          // immediate data of a SEND announcing a riomap'ed buffer (IomapAd)
+
+// What riomap tells the peer: its RDMA WRITEs to [offset, offset + length) land at addr with rkey.
+struct IomapAd {
+  uint64_t offset;
+  uint64_t addr;
+  uint32_t rkey;
+  uint32_t length;
+};
 constexpr uint8_t kShortestRnrTimer = 1;  // 0.01 ms (IBTA table 45): a sender that outran us retries soon
 constexpr uint64_t kRecvFlag = 1ull << 32;
 
@@ -68,6 +79,8 @@ struct RSocket {
   std::deque<std::pair<int, uint32_t>> ready;  // received slots, in order, with their lengths
   uint32_t ready_offset = 0;                   // bytes of ready.front() already read
   std::map<std::pair<int, int>, int> options;  // (level, name) -> value, for rgetsockopt
+  std::map<void*, ibv_mr*> local_maps;         // riomap'ed buffers, by address
+  std::vector<IomapAd> peer_maps;              // what the peer riomap'ed
 };
 
 std::mutex g_mu;
@@ -141,6 +154,8 @@ void TearDown(RSocket* rs) {
     if (rs->id->qp) ibv_destroy_qp(rs->id->qp);
     rs->id->qp = nullptr;
   }
+  for (auto& [addr, mr] : rs->local_maps) ibv_dereg_mr(mr);
+  rs->local_maps.clear();
   if (rs->recv_mr) ibv_dereg_mr(rs->recv_mr);
   if (rs->send_mr) ibv_dereg_mr(rs->send_mr);
   if (rs->cq) ibv_destroy_cq(rs->cq);
@@ -172,6 +187,12 @@ void PollCq(RSocket* rs) {
         if (slot < kSlots) rs->free_send.push_back(slot);  // the end-of-stream SEND has no slot
       } else if ((wc[i].wc_flags & IBV_WC_WITH_IMM) && ntohl(wc[i].imm_data) == kFin) {
         rs->peer_fin = true;
+      } else if ((wc[i].wc_flags & IBV_WC_WITH_IMM) && ntohl(wc[i].imm_data) == kIomap &&
+                 wc[i].byte_len == sizeof(IomapAd)) {
+        IomapAd ad;
+        std::memcpy(&ad, rs->recv_buf.data() + size_t(slot) * kSlotBytes, sizeof ad);
+        rs->peer_maps.push_back(ad);
+        PostRecv(rs, slot);
       } else {
         rs->ready.emplace_back(slot, wc[i].byte_len);
       }
@@ -613,19 +634,110 @@ int rfcntl(int socket, int cmd, ...) {
   }
 }
 
-// riomap / riowrite (remote writes into a peer's mapped buffer, riostream) are not supported.
-off_t riomap(int socket, void*, size_t, int, int, off_t) {
-  std::lock_guard lock(g_mu);
-  return Fail<off_t>(Find(socket) ? EOPNOTSUPP : EBADF);
+// riomap: the buffer is registered for remote writes and announced to the peer (a SEND with immediate kIomap,
+// ordered before whatever the application sends next), whose riowrite then lands in it.
+off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offset) {
+  (void)flags;
+  std::unique_lock lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail<off_t>(EBADF);
+  if (!rs->connected) return Fail<off_t>(ENOTCONN);
+  if (buf == nullptr || len == 0 || len > UINT32_MAX || !(prot & PROT_WRITE)) return Fail<off_t>(EINVAL);
+  if (offset == -1) offset = 0;  // our choice of offset: the buffer's start
+  ibv_mr* mr = ibv_reg_mr(rs->id->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (mr == nullptr) return -1;
+  PollCq(rs);
+  if (rs->free_send.empty()) {
+    if (rs->nonblocking) {
+      ibv_dereg_mr(mr);
+      return Fail<off_t>(EAGAIN);
+    }
+    WaitUntil(lock, [&] {
+      PollCq(rs);
+      return !rs->free_send.empty() || rs->error;
+    });
+    if (rs->error) {
+      ibv_dereg_mr(mr);
+      return Fail<off_t>(rs->error);
+    }
+  }
+  const int slot = rs->free_send.back();
+  rs->free_send.pop_back();
+  const IomapAd ad{uint64_t(offset), reinterpret_cast<uintptr_t>(buf), mr->rkey, uint32_t(len)};
+  uint8_t* dst = rs->send_buf.data() + size_t(slot) * kSlotBytes;
+  std::memcpy(dst, &ad, sizeof ad);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(dst), sizeof ad, rs->send_mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = uint32_t(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.imm_data = htonl(kIomap);
+  if (int err = ibv_post_send(rs->id->qp, &wr, &bad)) {
+    rs->free_send.push_back(slot);
+    ibv_dereg_mr(mr);
+    return Fail<off_t>(err);
+  }
+  rs->local_maps[buf] = mr;
+  return offset;
 }
-int riounmap(int socket, void*, size_t) {
+
+int riounmap(int socket, void* buf, size_t len) {
+  (void)len;
   std::lock_guard lock(g_mu);
-  return Fail(Find(socket) ? EOPNOTSUPP : EBADF);
-}
-size_t riowrite(int socket, const void*, size_t, off_t, int) {
-  std::lock_guard lock(g_mu);
-  errno = Find(socket) ? EOPNOTSUPP : EBADF;
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail(EBADF);
+  auto it = rs->local_maps.find(buf);
+  if (it == rs->local_maps.end()) return Fail(EINVAL);
+  ibv_dereg_mr(it->second);
+  rs->local_maps.erase(it);
   return 0;
+}
+
+// riowrite: RDMA WRITEs (of at most one send buffer each) into what the peer riomap'ed at `offset`.
+size_t riowrite(int socket, const void* buf, size_t count, off_t offset, int flags) {
+  std::unique_lock lock(g_mu);
+  RSocket* rs = Find(socket);
+  if (rs == nullptr) return Fail<size_t>(EBADF);
+  if (!rs->connected) return Fail<size_t>(ENOTCONN);
+  const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
+  size_t done = 0;
+  while (done < count) {
+    PollCq(rs);
+    if (rs->error) return done ? done : Fail<size_t>(rs->error);
+    const uint64_t at = uint64_t(offset) + done;
+    const IomapAd* map = nullptr;
+    for (const IomapAd& m : rs->peer_maps)
+      if (at >= m.offset && at < m.offset + m.length) map = &m;
+    if (map == nullptr) return done ? done : Fail<size_t>(EINVAL);  // nothing mapped there by the peer
+    if (rs->free_send.empty()) {
+      if (done > 0 || !wait) break;
+      WaitUntil(lock, [&] {
+        PollCq(rs);
+        return !rs->free_send.empty() || rs->error;
+      });
+      continue;
+    }
+    const int slot = rs->free_send.back();
+    rs->free_send.pop_back();
+    const uint32_t n = uint32_t(std::min<uint64_t>({kSlotBytes, count - done, map->offset + map->length - at}));
+    uint8_t* src = rs->send_buf.data() + size_t(slot) * kSlotBytes;
+    std::memcpy(src, static_cast<const uint8_t*>(buf) + done, n);
+    ibv_sge sge{reinterpret_cast<uintptr_t>(src), n, rs->send_mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = uint32_t(slot);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.wr.rdma.remote_addr = map->addr + (at - map->offset);
+    wr.wr.rdma.rkey = map->rkey;
+    if (int err = ibv_post_send(rs->id->qp, &wr, &bad)) {
+      rs->free_send.push_back(slot);
+      return done ? done : Fail<size_t>(err);
+    }
+    done += n;
+  }
+  return done ? done : Fail<size_t>(EAGAIN);
 }
 
 }  // extern "C"

@@ -380,18 +380,20 @@ TEST_F(RdmaCmClientsTest, MckeyMulticast) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// rstream: stream rsockets (rsocket/rbind/rlisten/raccept/rconnect, rsend/rrecv, rpoll, rshutdown/rclose) over RC.
+// rstream / riostream: stream rsockets (rsocket/rbind/rlisten/raccept/rconnect, rsend/rrecv, rpoll, rshutdown/rclose)
+// over RC, and riomap/riowrite.
 // ---------------------------------------------------------------------------------------------------------------
 
 struct RstreamCase {
   std::string name;
   std::vector<std::string> args;  // the same on both sides
+  std::string program = "rstream";
 };
 void PrintTo(const RstreamCase& c, std::ostream* os) { *os << c.name; }
 class RstreamTest : public RdmaCmClientsTest, public ::testing::WithParamInterface<RstreamCase> {};
 
 TEST_P(RstreamTest, TransfersAndReports) {
-  const std::string rstream = Program("rstream");
+  const std::string rstream = Program(GetParam().program);
   const int port = Port();
   if (rstream.empty() || port <= 0) return;
   std::vector<std::string> server = {rstream, "-p", std::to_string(port)};
@@ -415,7 +417,11 @@ INSTANTIATE_TEST_SUITE_P(
                       RstreamCase{"Verified64k", {"-S", "65536", "-C", "200", "-T", "v"}},
                       RstreamCase{"Blocking100", {"-S", "100", "-C", "1000", "-T", "b"}},
                       RstreamCase{"AsyncPoll4k", {"-S", "4096", "-C", "500", "-T", "a"}},
-                      RstreamCase{"VerifiedOneMegabyte", {"-S", "1000000", "-C", "20", "-T", "v"}}),
+                      RstreamCase{"VerifiedOneMegabyte", {"-S", "1000000", "-C", "20", "-T", "v"}},
+                      // riostream: riomap on both sides, riowrite into the peer's buffer, the last byte polled.
+                      RstreamCase{"Riostream4k", {"-S", "4096", "-C", "100"}, "riostream"},
+                      RstreamCase{"RiostreamVerified64k", {"-S", "65536", "-C", "100", "-T", "v"}, "riostream"},
+                      RstreamCase{"RiostreamBlocking100", {"-S", "100", "-C", "1000", "-T", "b"}, "riostream"}),
     [](const ::testing::TestParamInfo<RstreamCase>& i) { return i.param.name; });
 
 // ---------------------------------------------------------------------------------------------------------------
