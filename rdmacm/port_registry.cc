@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -79,10 +80,12 @@ int PortBinding::Bind(uint16_t ps, uint16_t port) {
   return 0;
 }
 
-int PortBinding::Publish(const wire::IpAddress& device) {
+int PortBinding::Publish(const wire::IpAddress& device, std::optional<uint32_t> tag) {
   if (!bound()) return EINVAL;
   if (info_fd_ >= 0) return 0;
-  const int info = BindAbstract(Prefix(port_space_, port_) + "@" + device.ToString());
+  std::string name = Prefix(port_space_, port_) + "@" + device.ToString();
+  if (tag) name += "#" + std::to_string(*tag);
+  const int info = BindAbstract(name);
   if (info < 0) return -info;
   info_fd_ = info;
   return 0;
@@ -95,7 +98,7 @@ void PortBinding::Release() {
   port_ = 0;
 }
 
-std::optional<wire::IpAddress> FindPortOwner(uint16_t ps, uint16_t port) {
+std::optional<PortOwner> FindPortOwnerWithTag(uint16_t ps, uint16_t port) {
   // /proc/net/unix lists abstract names as "@name" in the last column.
   std::ifstream in("/proc/net/unix");
   const std::string want = "@" + Prefix(ps, port) + "@";
@@ -105,8 +108,21 @@ std::optional<wire::IpAddress> FindPortOwner(uint16_t ps, uint16_t port) {
     if (at == std::string::npos) continue;
     std::string addr = line.substr(at + want.size());
     while (!addr.empty() && (addr.back() == '\n' || addr.back() == ' ' || addr.back() == '\r')) addr.pop_back();
-    if (auto ip = wire::IpAddress::Parse(addr)) return ip;
+    PortOwner owner;
+    if (const size_t hash = addr.find('#'); hash != std::string::npos) {
+      owner.tag = uint32_t(std::strtoul(addr.c_str() + hash + 1, nullptr, 10));
+      addr.resize(hash);
+    }
+    if (auto ip = wire::IpAddress::Parse(addr)) {
+      owner.device = *ip;
+      return owner;
+    }
   }
+  return std::nullopt;
+}
+
+std::optional<wire::IpAddress> FindPortOwner(uint16_t ps, uint16_t port) {
+  if (auto owner = FindPortOwnerWithTag(ps, port)) return owner->device;
   return std::nullopt;
 }
 

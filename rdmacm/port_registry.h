@@ -16,6 +16,10 @@
 
 namespace uroce::rdmacm {
 
+// Datagram rsockets' port space in the registry: ours, not one of rdma_cm's (0x0002, 0x0106, 0x0111, 0x013F); the
+// tag of a binding is the rsocket's UD QPN.
+inline constexpr uint16_t kRsocketDatagramPortSpace = 0x1111;
+
 class PortBinding {
  public:
   PortBinding() = default;
@@ -28,8 +32,9 @@ class PortBinding {
   // Binds (ps, port). port 0 picks a free one in 32768-60999 (ip_local_port_range's default).
   // 0, or EADDRINUSE when the port is taken, EMFILE/ENFILE/ENOMEM from socket(2).
   int Bind(uint16_t port_space, uint16_t port);
-  // Tells diallers on this host that `device` listens on the bound port. 0 or an errno of socket(2)/bind(2).
-  int Publish(const wire::IpAddress& device);
+  // Tells diallers on this host that `device` listens on the bound port, with a number of the binder's (`tag`: a
+  // datagram rsocket's QPN). 0 or an errno of socket(2)/bind(2).
+  int Publish(const wire::IpAddress& device, std::optional<uint32_t> tag = std::nullopt);
   void Release();
   bool bound() const { return exclusive_fd_ >= 0; }
   uint16_t port() const { return port_; }
@@ -41,7 +46,12 @@ class PortBinding {
   uint16_t port_ = 0;
 };
 
-// The device address of whoever on this host bound (ps, port), if anyone.
+// The device address of whoever on this host listens on (ps, port), if anyone; and the tag it published.
+struct PortOwner {
+  wire::IpAddress device;
+  std::optional<uint32_t> tag;
+};
 std::optional<wire::IpAddress> FindPortOwner(uint16_t port_space, uint16_t port);
+std::optional<PortOwner> FindPortOwnerWithTag(uint16_t port_space, uint16_t port);
 
 }  // namespace uroce::rdmacm

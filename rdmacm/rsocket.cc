@@ -9,7 +9,8 @@
 // moves the data, and every call polls the CQ.
 //
 // riomap announces a registered buffer to the peer (a SEND with immediate kIomap); riowrite is then RDMA WRITEs into
-// it. Not supported (README): SOCK_DGRAM rsockets (udpong), librspreload's fork support.
+// it. Datagram rsockets are UD QPs found through the host's port registry (below), uroce-to-uroce on one host.
+// Not supported (README): datagrams to other hosts, librspreload's fork support.
 // rpoll and rselect take ordinary descriptors as poll(2) and select(2) do; rdmacm-utils' common code uses them so.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -35,7 +36,13 @@
 #include <thread>
 #include <vector>
 
+#include "rdmacm/internal.h"
+#include "rdmacm/port_registry.h"
+#include "wire/address.h"
+
 namespace {
+
+using uroce::rdmacm::PortBinding;
 
 constexpr int kSlots = 32;
 constexpr uint32_t kSlotBytes = 16384;
@@ -81,6 +88,15 @@ struct RSocket {
   std::map<std::pair<int, int>, int> options;  // (level, name) -> value, for rgetsockopt
   std::map<void*, ibv_mr*> local_maps;         // riomap'ed buffers, by address
   std::vector<IomapAd> peer_maps;              // what the peer riomap'ed
+  // Datagram rsockets: a UD QP of their own, published in the host's port registry with its QPN.
+  bool dgram = false;
+  ibv_pd* pd = nullptr;
+  ibv_qp* ud_qp = nullptr;
+  PortBinding binding;
+  uroce::wire::IpAddress device;
+  size_t max_dgram = 0;                  // the largest datagram: the port's MTU less our header
+  std::optional<sockaddr_storage> peer;  // rconnect's destination
+  std::map<std::pair<uroce::wire::IpAddress, uint32_t>, ibv_ah*> ahs;
 };
 
 std::mutex g_mu;
@@ -112,7 +128,7 @@ int PostRecv(RSocket* rs, int slot) {
   wr.wr_id = kRecvFlag | uint32_t(slot);
   wr.sg_list = &sge;
   wr.num_sge = 1;
-  return ibv_post_recv(rs->id->qp, &wr, &bad);
+  return ibv_post_recv(rs->dgram ? rs->ud_qp : rs->id->qp, &wr, &bad);
 }
 
 // The QP, CQ and buffers of a connection id, receives posted. 0 or errno.
@@ -201,7 +217,7 @@ void PollCq(RSocket* rs) {
 }
 
 bool Readable(RSocket* rs) { return !rs->ready.empty() || rs->peer_fin || rs->error; }
-bool Writable(RSocket* rs) { return rs->connected && (!rs->free_send.empty() || rs->error); }
+bool Writable(RSocket* rs) { return (rs->connected || rs->dgram) && (!rs->free_send.empty() || rs->error); }
 
 // Whether a listener has a connection request waiting (its channel's descriptor is readable).
 bool Pending(RSocket* rs) {
@@ -219,10 +235,187 @@ void WaitUntil(std::unique_lock<std::mutex>& lock, F ready) {
   }
 }
 
-ssize_t Send(int fd, const void* buf, size_t len, int flags) {
+// --- datagram rsockets ------------------------------------------------------------------------------------------
+// Each is a UD QP on the process's device, bound to (port space kDgramPortSpace, port) in the host's registry with
+// its QPN as the tag, so a sender on this host finds the QP behind an ip:port. A datagram carries kDgramHeader bytes
+// first: the sender's port (be16), its address family, and its device's address, from which rrecvfrom builds the
+// source address the application replies to.
+constexpr uint16_t kDgramPortSpace = uroce::rdmacm::kRsocketDatagramPortSpace;
+constexpr size_t kDgramHeader = 20;
+constexpr size_t kGrh = 40;
+
+bool ThisHost(const sockaddr* sa) {
+  return uroce::rdmacm::IsAnyOrLoopback(sa);
+}
+
+// The UD QP, CQ, buffers and posted receives of a datagram rsocket. 0 or errno.
+int DgramSetUp(RSocket* rs) {
+  int n = 0;
+  ibv_context** devices = rdma_get_devices(&n);
+  if (devices == nullptr || n == 0) {
+    rdma_free_devices(devices);
+    return ENODEV;
+  }
+  ibv_context* verbs = devices[0];
+  rdma_free_devices(devices);
+  ibv_gid gid{};
+  if (ibv_query_gid(verbs, 1, 0, &gid) != 0) return ENODEV;
+  rs->device = uroce::wire::IpAddress::FromBytes(gid.raw);
+  ibv_port_attr port{};
+  if (ibv_query_port(verbs, 1, &port) != 0) return ENODEV;
+  rs->max_dgram = (size_t{128} << port.active_mtu) - kDgramHeader;  // IB MTU enum: 1 = 256 ... 5 = 4096
+  rs->pd = ibv_alloc_pd(verbs);
+  rs->cq = rs->pd ? ibv_create_cq(verbs, 2 * kSlots + 2, nullptr, nullptr, 0) : nullptr;
+  if (rs->cq == nullptr) return errno ? errno : ENOMEM;
+  ibv_qp_init_attr attr{};
+  attr.send_cq = attr.recv_cq = rs->cq;
+  attr.qp_type = IBV_QPT_UD;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = kSlots;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  attr.sq_sig_all = 1;
+  rs->ud_qp = ibv_create_qp(rs->pd, &attr);
+  if (rs->ud_qp == nullptr) return errno ? errno : ENOMEM;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = 1;
+  a.qkey = RDMA_UDP_QKEY;
+  int err = ibv_modify_qp(rs->ud_qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  if (!err) err = ibv_modify_qp(rs->ud_qp, &a, IBV_QP_STATE);
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;
+  if (!err) err = ibv_modify_qp(rs->ud_qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+  if (err) return err;
+  rs->recv_buf.resize(size_t(kSlots) * kSlotBytes);
+  rs->send_buf.resize(size_t(kSlots) * kSlotBytes);
+  rs->recv_mr = ibv_reg_mr(rs->pd, rs->recv_buf.data(), rs->recv_buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  rs->send_mr = ibv_reg_mr(rs->pd, rs->send_buf.data(), rs->send_buf.size(), 0);
+  if (rs->recv_mr == nullptr || rs->send_mr == nullptr) return errno ? errno : ENOMEM;
+  for (int i = 0; i < kSlots; ++i) {
+    rs->free_send.push_back(i);
+    if (int e = PostRecv(rs, i)) return e;
+  }
+  return 0;
+}
+
+void DgramTearDown(RSocket* rs) {
+  for (auto& [key, ah] : rs->ahs) ibv_destroy_ah(ah);
+  rs->ahs.clear();
+  if (rs->ud_qp) ibv_destroy_qp(rs->ud_qp);
+  if (rs->recv_mr) ibv_dereg_mr(rs->recv_mr);
+  if (rs->send_mr) ibv_dereg_mr(rs->send_mr);
+  if (rs->cq) ibv_destroy_cq(rs->cq);
+  if (rs->pd) ibv_dealloc_pd(rs->pd);
+  rs->ud_qp = nullptr;
+  rs->recv_mr = rs->send_mr = nullptr;
+  rs->cq = nullptr;
+  rs->pd = nullptr;
+  rs->binding.Release();
+}
+
+// Binds the datagram rsocket to `port` (0: an ephemeral one) and publishes its QPN. 0 or errno.
+int DgramBind(RSocket* rs, uint16_t port) {
+  if (rs->binding.bound()) return EINVAL;
+  if (int err = rs->binding.Bind(kDgramPortSpace, port)) return err;
+  return rs->binding.Publish(rs->device, rs->ud_qp->qp_num);
+}
+
+ssize_t DgramSend(RSocket* rs, std::unique_lock<std::mutex>& lock, const void* buf, size_t len, int flags,
+                  const sockaddr* dst) {
+  if (dst == nullptr) return Fail<ssize_t>(EDESTADDRREQ);
+  if (len > rs->max_dgram) return Fail<ssize_t>(EMSGSIZE);
+  if (!rs->binding.bound())
+    if (int err = DgramBind(rs, 0)) return Fail<ssize_t>(err);
+  // Only rsockets of this host are reachable: their device and QPN are in the registry under the port.
+  if (!ThisHost(dst) && uroce::rdmacm::IpOf(dst) != rs->device) return Fail<ssize_t>(EHOSTUNREACH);
+  const auto owner = uroce::rdmacm::FindPortOwnerWithTag(kDgramPortSpace, uroce::rdmacm::PortOfSockaddr(dst));
+  if (!owner || !owner->tag) return Fail<ssize_t>(ECONNREFUSED);
+  ibv_ah*& ah = rs->ahs[{owner->device, *owner->tag}];
+  if (ah == nullptr) {
+    ibv_ah_attr a{};
+    a.is_global = 1;
+    std::memcpy(a.grh.dgid.raw, owner->device.bytes().data(), 16);
+    a.grh.hop_limit = 64;
+    a.port_num = 1;
+    ah = ibv_create_ah(rs->pd, &a);
+    if (ah == nullptr) return -1;
+  }
+  const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
+  PollCq(rs);
+  if (rs->free_send.empty()) {
+    if (!wait) return Fail<ssize_t>(EAGAIN);
+    WaitUntil(lock, [&] {
+      PollCq(rs);
+      return !rs->free_send.empty();
+    });
+  }
+  const int slot = rs->free_send.back();
+  rs->free_send.pop_back();
+  uint8_t* out = rs->send_buf.data() + size_t(slot) * kSlotBytes;
+  const uint16_t port = htons(rs->binding.port());
+  std::memcpy(out, &port, 2);
+  out[2] = rs->device.is_v4() ? 4 : 6;
+  out[3] = 0;
+  std::memcpy(out + 4, rs->device.bytes().data(), 16);
+  std::memcpy(out + kDgramHeader, buf, len);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(out), uint32_t(kDgramHeader + len), rs->send_mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = uint32_t(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.wr.ud.ah = ah;
+  wr.wr.ud.remote_qpn = *owner->tag;
+  wr.wr.ud.remote_qkey = RDMA_UDP_QKEY;
+  if (int err = ibv_post_send(rs->ud_qp, &wr, &bad)) {
+    rs->free_send.push_back(slot);
+    return Fail<ssize_t>(err);
+  }
+  return ssize_t(len);
+}
+
+ssize_t DgramRecv(RSocket* rs, std::unique_lock<std::mutex>& lock, void* buf, size_t len, int flags, sockaddr* src,
+                  socklen_t* srclen) {
+  const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
+  PollCq(rs);
+  if (rs->ready.empty()) {
+    if (!wait) return Fail<ssize_t>(EAGAIN);
+    WaitUntil(lock, [&] {
+      PollCq(rs);
+      return !rs->ready.empty();
+    });
+  }
+  const auto [slot, bytes] = rs->ready.front();
+  rs->ready.pop_front();
+  const uint8_t* in = rs->recv_buf.data() + size_t(slot) * kSlotBytes + kGrh;
+  const size_t payload = bytes >= kGrh + kDgramHeader ? bytes - kGrh - kDgramHeader : 0;
+  const size_t n = std::min(len, payload);  // the rest of a longer datagram is discarded, as UDP's
+  std::memcpy(buf, in + kDgramHeader, n);
+  if (src && srclen) {
+    uint16_t port;
+    std::memcpy(&port, in, 2);
+    const auto from = uroce::wire::IpAddress::FromBytes(in + 4);
+    sockaddr_storage ss{};
+    uroce::rdmacm::SetSockaddr(&ss, from, ntohs(port), rs->family);
+    const socklen_t want = rs->family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    std::memcpy(src, &ss, std::min(*srclen, want));
+    *srclen = want;
+  }
+  PostRecv(rs, slot);
+  return ssize_t(n);
+}
+
+ssize_t Send(int fd, const void* buf, size_t len, int flags, const sockaddr* dst = nullptr) {
   std::unique_lock lock(g_mu);
   RSocket* rs = Find(fd);
   if (rs == nullptr) return Fail<ssize_t>(EBADF);
+  if (rs->dgram) {
+    if (dst == nullptr && rs->peer) dst = reinterpret_cast<const sockaddr*>(&*rs->peer);
+    return DgramSend(rs, lock, buf, len, flags, dst);
+  }
   if (!rs->connected) return Fail<ssize_t>(ENOTCONN);
   if (rs->fin_sent) return Fail<ssize_t>(EPIPE);
   const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
@@ -258,10 +451,11 @@ ssize_t Send(int fd, const void* buf, size_t len, int flags) {
   return done ? ssize_t(done) : Fail<ssize_t>(EAGAIN);
 }
 
-ssize_t Recv(int fd, void* buf, size_t len, int flags) {
+ssize_t Recv(int fd, void* buf, size_t len, int flags, sockaddr* src = nullptr, socklen_t* srclen = nullptr) {
   std::unique_lock lock(g_mu);
   RSocket* rs = Find(fd);
   if (rs == nullptr) return Fail<ssize_t>(EBADF);
+  if (rs->dgram) return DgramRecv(rs, lock, buf, len, flags, src, srclen);
   if (!rs->connected) return Fail<ssize_t>(ENOTCONN);
   const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
   size_t done = 0;
@@ -310,13 +504,25 @@ void SendFin(RSocket* rs) {
 extern "C" {
 
 int rsocket(int domain, int type, int protocol) {
-  if ((domain != AF_INET && domain != AF_INET6) || (protocol != 0 && protocol != IPPROTO_TCP)) return Fail(EINVAL);
-  if ((type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)) != SOCK_STREAM) return Fail(EOPNOTSUPP);  // datagram rsockets
+  if (domain != AF_INET && domain != AF_INET6) return Fail(EAFNOSUPPORT);
+  if (protocol != 0 && protocol != IPPROTO_TCP && protocol != IPPROTO_UDP) return Fail(EPROTONOSUPPORT);
+  const int kind = type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (kind != SOCK_STREAM && kind != SOCK_DGRAM) return Fail(EOPNOTSUPP);
+  if ((protocol == IPPROTO_TCP && kind != SOCK_STREAM) || (protocol == IPPROTO_UDP && kind != SOCK_DGRAM))
+    return Fail(EPROTONOSUPPORT);
   auto rs = std::make_unique<RSocket>();
   rs->fd = eventfd(0, EFD_CLOEXEC);
   if (rs->fd < 0) return -1;
   rs->family = domain;
   rs->nonblocking = type & SOCK_NONBLOCK;
+  rs->dgram = kind == SOCK_DGRAM;
+  if (rs->dgram) {
+    if (int err = DgramSetUp(rs.get())) {
+      DgramTearDown(rs.get());
+      close(rs->fd);
+      return Fail(err);
+    }
+  }
   std::lock_guard lock(g_mu);
   const int fd = rs->fd;
   g_sockets[fd] = std::move(rs);
@@ -330,6 +536,10 @@ int rbind(int socket, const sockaddr* addr, socklen_t addrlen) {
   if (addr == nullptr || addrlen > sizeof rs->bound) return Fail(EINVAL);
   std::memcpy(&rs->bound, addr, addrlen);
   rs->has_bound = true;
+  if (rs->dgram) {
+    if (!ThisHost(addr) && uroce::rdmacm::IpOf(addr) != rs->device) return Fail(EADDRNOTAVAIL);
+    if (int err = DgramBind(rs, uroce::rdmacm::PortOfSockaddr(addr))) return Fail(err);
+  }
   return 0;
 }
 
@@ -403,6 +613,14 @@ int rconnect(int socket, const sockaddr* addr, socklen_t addrlen) {
   if (rs == nullptr) return Fail(EBADF);
   if (rs->connected || rs->listening) return Fail(EISCONN);
   if (addr == nullptr || addrlen < sizeof(sockaddr_in)) return Fail(EINVAL);
+  if (rs->dgram) {  // a datagram rsocket only remembers its default destination (and gets a port)
+    sockaddr_storage dst{};
+    std::memcpy(&dst, addr, std::min<size_t>(addrlen, sizeof dst));
+    rs->peer = dst;
+    if (!rs->binding.bound())
+      if (int err = DgramBind(rs, 0)) return Fail(err);
+    return 0;
+  }
   rs->channel = rdma_create_event_channel();
   if (rs->channel == nullptr || rdma_create_id(rs->channel, &rs->id, rs, RDMA_PS_TCP) != 0) return -1;
   sockaddr_storage dst{};
@@ -449,6 +667,11 @@ int rclose(int socket) {
     if (it == g_sockets.end()) return Fail(EBADF);
     rs = std::move(it->second);
     g_sockets.erase(it);
+  }
+  if (rs->dgram) {
+    DgramTearDown(rs.get());
+    close(rs->fd);
+    return 0;
   }
   // No longer in the table: nobody else reaches it. The end of stream (and what precedes it) leaves before the
   // QP goes to ERR.
@@ -504,12 +727,11 @@ ssize_t rsendmsg(int socket, const msghdr* msg, int flags) {
 }
 
 ssize_t rrecvfrom(int socket, void* buf, size_t len, int flags, sockaddr* src_addr, socklen_t* addrlen) {
-  if (src_addr && addrlen) *addrlen = 0;
-  return Recv(socket, buf, len, flags);
+  return Recv(socket, buf, len, flags, src_addr, addrlen);  // a stream leaves the address alone
 }
 
-ssize_t rsendto(int socket, const void* buf, size_t len, int flags, const sockaddr*, socklen_t) {
-  return Send(socket, buf, len, flags);
+ssize_t rsendto(int socket, const void* buf, size_t len, int flags, const sockaddr* dest_addr, socklen_t) {
+  return Send(socket, buf, len, flags, dest_addr);  // a stream ignores the address, as TCP
 }
 
 int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
@@ -573,7 +795,13 @@ int rgetsockname(int socket, sockaddr* addr, socklen_t* addrlen) {
   if (rs == nullptr) return Fail(EBADF);
   if (addr == nullptr || addrlen == nullptr) return Fail(EINVAL);
   const socklen_t n = std::min<socklen_t>(*addrlen, sizeof(sockaddr_storage));
-  std::memcpy(addr, rs->id ? &rs->id->route.addr.src_storage : &rs->bound, n);
+  if (rs->dgram) {
+    sockaddr_storage ss{};
+    uroce::rdmacm::SetSockaddr(&ss, rs->device, rs->binding.port(), rs->family);
+    std::memcpy(addr, &ss, n);
+  } else {
+    std::memcpy(addr, rs->id ? &rs->id->route.addr.src_storage : &rs->bound, n);
+  }
   *addrlen = n;
   return 0;
 }

@@ -425,6 +425,40 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<RstreamCase>& i) { return i.param.name; });
 
 // ---------------------------------------------------------------------------------------------------------------
+// udpong: datagram rsockets (UD QPs found through the port registry); the server never exits by itself.
+// ---------------------------------------------------------------------------------------------------------------
+
+struct UdpongCase {
+  std::string name;
+  std::vector<std::string> args;
+};
+void PrintTo(const UdpongCase& c, std::ostream* os) { *os << c.name; }
+class UdpongTest : public RdmaCmClientsTest, public ::testing::WithParamInterface<UdpongCase> {};
+
+TEST_P(UdpongTest, Reports) {
+  const std::string udpong = Program("udpong");
+  const int port = Port();
+  if (udpong.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  Process server = Process::Start({udpong, "-p", p}, env_);
+  ASSERT_TRUE(WaitListening(rdmacm::kRsocketDatagramPortSpace, port, server)) << server.Kill().Describe();
+  std::vector<std::string> client = {udpong, "-s", "127.0.0.1", "-p", p};
+  client.insert(client.end(), GetParam().args.begin(), GetParam().args.end());
+  const ProcessResult c = RunProcess(client, env_, kPairTimeout);
+  const ProcessResult s = server.Kill();
+  ASSERT_TRUE(c.Succeeded()) << c.Describe() << s.Describe();
+  EXPECT_TRUE(HasLine(c.output, R"(name\s+bytes\s+xfers\s+total\s+time\s+Gb/sec\s+usec/xfer\s*)")) << c.Describe();
+  // "custom  1000  984  960k  0.11s  0.07  112.21": datagrams may be dropped (UD, as UDP), the line must be there.
+  EXPECT_TRUE(HasLine(c.output, R"(custom\s+\S+\s+[0-9]+k?\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)")) << c.Describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Rsockets, UdpongTest,
+                         ::testing::Values(UdpongCase{"Bandwidth", {"-S", "1000", "-C", "1000"}},
+                                           UdpongCase{"Echo", {"-T", "e", "-S", "500", "-C", "200"}},
+                                           UdpongCase{"Blocking", {"-T", "b", "-S", "64", "-C", "100"}}),
+                         [](const ::testing::TestParamInfo<UdpongCase>& i) { return i.param.name; });
+
+// ---------------------------------------------------------------------------------------------------------------
 // A peer killed mid-run: the survivor's rdma_disconnect gets no DREP, its DREQ times out, and it still sees
 // DISCONNECTED and finishes.
 // ---------------------------------------------------------------------------------------------------------------
