@@ -372,6 +372,39 @@ TEST(RcData, RdmaWriteMultiPacketStaysWithinTarget) {
   EXPECT_EQ(wb[0].psn, 2u);
 }
 
+// Receives with no SGE at all (rsockets and rdma_cm users post them): consumed by an RDMA WRITE WITH IMMEDIATE and by
+// a zero-length SEND; a SEND that carries bytes has nowhere to put them: local length error (IBTA 9.9.4 / 10.8).
+TEST(RcData, ZeroSgeReceivesTakeWriteWithImmediateAndEmptySendsOnly) {
+  Rc t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 4096, kMrAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 4096, kMrAll);
+  for (uint64_t id : {41, 42, 43}) ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{id, {}}), 0);
+  SendWr wr = Rdma(1, SendOpcode::kRdmaWriteWithImm, {src.At(0, 100)}, dst.mr.iova, dst.mr.rkey);
+  wr.imm_data = 7;
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  SendWr empty;
+  empty.wr_id = 2;
+  empty.opcode = SendOpcode::kSend;
+  empty.flags = send_flags::kSignaled;
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(empty)), 0);
+  t.fabric.Pump();
+  auto r = Drain(t.rb);
+  ASSERT_EQ(r.size(), 2u);
+  ExpectCompletion(r[0], 41, WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm, 100, t.qb->qpn());
+  ExpectCompletion(r[1], 42, WcStatus::kSuccess, WcOpcode::kRecv, 0, t.qb->qpn());
+  SendWr full;
+  full.wr_id = 3;
+  full.opcode = SendOpcode::kSend;
+  full.flags = send_flags::kSignaled;
+  full.sg_list = {src.At(0, 10)};
+  ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(full)), 0);
+  t.fabric.Pump();
+  r = Drain(t.rb);
+  ASSERT_FALSE(r.empty());
+  EXPECT_EQ(r[0].wr_id, 43u);
+  EXPECT_EQ(r[0].status, WcStatus::kLocLenErr);
+}
+
 TEST(RcData, RdmaWriteWithImmediateConsumesAReceive) {
   Rc t;
   Buffer src = testing::Register(*t.a->device, t.pa, 4096, kMrAll);
