@@ -131,6 +131,20 @@ int PostRecv(RSocket* rs, int slot) {
   return ibv_post_recv(rs->dgram ? rs->ud_qp : rs->id->qp, &wr, &bad);
 }
 
+// The send and receive buffers of an rsocket whose QP exists, every receive posted. 0 or errno.
+int SetUpBuffers(RSocket* rs, ibv_pd* pd) {
+  rs->recv_buf.resize(size_t(kSlots) * kSlotBytes);
+  rs->send_buf.resize(size_t(kSlots) * kSlotBytes);
+  rs->recv_mr = ibv_reg_mr(pd, rs->recv_buf.data(), rs->recv_buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  rs->send_mr = ibv_reg_mr(pd, rs->send_buf.data(), rs->send_buf.size(), 0);
+  if (rs->recv_mr == nullptr || rs->send_mr == nullptr) return errno ? errno : ENOMEM;
+  for (int i = 0; i < kSlots; ++i) {
+    rs->free_send.push_back(i);
+    if (int err = PostRecv(rs, i)) return err;
+  }
+  return 0;
+}
+
 // The QP, CQ and buffers of a connection id, receives posted. 0 or errno.
 int SetUpQueues(RSocket* rs) {
   rs->cq = ibv_create_cq(rs->id->verbs, 2 * kSlots + 2, nullptr, nullptr, 0);
@@ -144,16 +158,7 @@ int SetUpQueues(RSocket* rs) {
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
   attr.sq_sig_all = 1;
   if (rdma_create_qp(rs->id, nullptr, &attr) != 0) return errno;
-  rs->recv_buf.resize(size_t(kSlots) * kSlotBytes);
-  rs->send_buf.resize(size_t(kSlots) * kSlotBytes);
-  rs->recv_mr = ibv_reg_mr(rs->id->pd, rs->recv_buf.data(), rs->recv_buf.size(), IBV_ACCESS_LOCAL_WRITE);
-  rs->send_mr = ibv_reg_mr(rs->id->pd, rs->send_buf.data(), rs->send_buf.size(), 0);
-  if (rs->recv_mr == nullptr || rs->send_mr == nullptr) return errno ? errno : ENOMEM;
-  for (int i = 0; i < kSlots; ++i) {
-    rs->free_send.push_back(i);
-    if (int err = PostRecv(rs, i)) return err;
-  }
-  return 0;
+  return SetUpBuffers(rs, rs->id->pd);
 }
 
 // Once connected: our responder's RNR timer as short as it goes (the QP is in RTS; no state change).
@@ -235,6 +240,22 @@ void WaitUntil(std::unique_lock<std::mutex>& lock, F ready) {
   }
 }
 
+// A free send buffer, waiting for one when `wait`: its index, or -EAGAIN / -errno (the connection failed).
+int TakeSendSlot(RSocket* rs, std::unique_lock<std::mutex>& lock, bool wait) {
+  PollCq(rs);
+  if (rs->free_send.empty()) {
+    if (!wait) return -EAGAIN;
+    WaitUntil(lock, [&] {
+      PollCq(rs);
+      return !rs->free_send.empty() || rs->error;
+    });
+  }
+  if (rs->free_send.empty()) return -rs->error;
+  const int slot = rs->free_send.back();
+  rs->free_send.pop_back();
+  return slot;
+}
+
 // --- datagram rsockets ------------------------------------------------------------------------------------------
 // Each is a UD QP on the process's device, bound to (port space kDgramPortSpace, port) in the host's registry with
 // its QPN as the tag, so a sender on this host finds the QP behind an ip:port. A datagram carries kDgramHeader bytes
@@ -289,16 +310,7 @@ int DgramSetUp(RSocket* rs) {
   a.sq_psn = 0;
   if (!err) err = ibv_modify_qp(rs->ud_qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
   if (err) return err;
-  rs->recv_buf.resize(size_t(kSlots) * kSlotBytes);
-  rs->send_buf.resize(size_t(kSlots) * kSlotBytes);
-  rs->recv_mr = ibv_reg_mr(rs->pd, rs->recv_buf.data(), rs->recv_buf.size(), IBV_ACCESS_LOCAL_WRITE);
-  rs->send_mr = ibv_reg_mr(rs->pd, rs->send_buf.data(), rs->send_buf.size(), 0);
-  if (rs->recv_mr == nullptr || rs->send_mr == nullptr) return errno ? errno : ENOMEM;
-  for (int i = 0; i < kSlots; ++i) {
-    rs->free_send.push_back(i);
-    if (int e = PostRecv(rs, i)) return e;
-  }
-  return 0;
+  return SetUpBuffers(rs, rs->pd);
 }
 
 void DgramTearDown(RSocket* rs) {
@@ -343,17 +355,8 @@ ssize_t DgramSend(RSocket* rs, std::unique_lock<std::mutex>& lock, const void* b
     ah = ibv_create_ah(rs->pd, &a);
     if (ah == nullptr) return -1;
   }
-  const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
-  PollCq(rs);
-  if (rs->free_send.empty()) {
-    if (!wait) return Fail<ssize_t>(EAGAIN);
-    WaitUntil(lock, [&] {
-      PollCq(rs);
-      return !rs->free_send.empty();
-    });
-  }
-  const int slot = rs->free_send.back();
-  rs->free_send.pop_back();
+  const int slot = TakeSendSlot(rs, lock, !rs->nonblocking && !(flags & MSG_DONTWAIT));
+  if (slot < 0) return Fail<ssize_t>(-slot);
   uint8_t* out = rs->send_buf.data() + size_t(slot) * kSlotBytes;
   const uint16_t port = htons(rs->binding.port());
   std::memcpy(out, &port, 2);
@@ -874,23 +877,11 @@ off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offse
   if (offset == -1) offset = 0;  // our choice of offset: the buffer's start
   ibv_mr* mr = ibv_reg_mr(rs->id->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (mr == nullptr) return -1;
-  PollCq(rs);
-  if (rs->free_send.empty()) {
-    if (rs->nonblocking) {
-      ibv_dereg_mr(mr);
-      return Fail<off_t>(EAGAIN);
-    }
-    WaitUntil(lock, [&] {
-      PollCq(rs);
-      return !rs->free_send.empty() || rs->error;
-    });
-    if (rs->error) {
-      ibv_dereg_mr(mr);
-      return Fail<off_t>(rs->error);
-    }
+  const int slot = TakeSendSlot(rs, lock, !rs->nonblocking);
+  if (slot < 0) {
+    ibv_dereg_mr(mr);
+    return Fail<off_t>(-slot);
   }
-  const int slot = rs->free_send.back();
-  rs->free_send.pop_back();
   const IomapAd ad{uint64_t(offset), reinterpret_cast<uintptr_t>(buf), mr->rkey, uint32_t(len)};
   uint8_t* dst = rs->send_buf.data() + size_t(slot) * kSlotBytes;
   std::memcpy(dst, &ad, sizeof ad);

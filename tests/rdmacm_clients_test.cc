@@ -141,7 +141,9 @@ TEST_F(RdmaCmClientsTest, RpingSelfModifiedQp) {
   ExpectRpingClient(r.client, 3);
 }
 
-// -P: a persistent server takes two clients at once (two children of one listener).
+// -P: a persistent server serves two clients at once (two children of one listener). The second client dials once
+// the first is pinging: rping's persistent server keeps the newest request in one variable that its main thread
+// copies, so two requests handled back to back lose one of them (rping's own race, timing-dependent on any device).
 TEST_F(RdmaCmClientsTest, RpingPersistentServerTwoClients) {
   const std::string rping = Program("rping");
   const int port = Port();
@@ -149,13 +151,18 @@ TEST_F(RdmaCmClientsTest, RpingPersistentServerTwoClients) {
   const std::string p = std::to_string(port);
   Process server = Process::Start({rping, "-s", "-P", "-v", "-p", p}, env_);
   ASSERT_TRUE(WaitListening(kTcp, port, server)) << server.Kill().Describe();
-  Process a = Process::Start({rping, "-c", "-a", "127.0.0.1", "-C", "20", "-V", "-v", "-p", p}, env_);
+  Process a = Process::Start({"/usr/bin/stdbuf", "-oL", rping, "-c", "-a", "127.0.0.1", "-C", "2000", "-V", "-v", "-p", p},
+                             env_);
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (CountMatching(a.OutputSoFar(), std::regex(R"(ping data: .*)")) == 0 &&
+         std::chrono::steady_clock::now() < deadline && !a.Exited())
+    std::this_thread::sleep_for(milliseconds(5));
   Process b = Process::Start({rping, "-c", "-a", "127.0.0.1", "-C", "20", "-V", "-v", "-p", p}, env_);
-  const ProcessResult ra = a.Wait(kPairTimeout), rb = b.Wait(kPairTimeout);
+  const ProcessResult rb = b.Wait(kPairTimeout), ra = a.Wait(kPairTimeout);
   const ProcessResult rs = server.Kill();
   EXPECT_TRUE(ra.Succeeded()) << ra.Describe() << rs.Describe();
   EXPECT_TRUE(rb.Succeeded()) << rb.Describe() << rs.Describe();
-  ExpectRpingClient(ra, 20);
+  ExpectRpingClient(ra, 2000);
   ExpectRpingClient(rb, 20);
 }
 
