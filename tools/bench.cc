@@ -2,6 +2,7 @@
 // memcpy of the same 4 KiB packets, and the io_uring UDP transport against raw sendmmsg/recvmmsg on loopback.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -38,8 +39,10 @@ int BenchWire(double seconds) {
 }
 
 // Half the round trip of a 2-byte UDP datagram bounced between two threads on loopback: the floor under any
-// RoCE-over-UDP latency on this machine (the baseline `uroce bench rc` prints beside ib_send_lat).
-int BenchUdpLatency(double seconds) {
+// RoCE-over-UDP latency on this machine (the baseline `uroce bench rc` prints beside ib_send_lat and ib_write_lat).
+// `busy`: both threads spin on a non-blocking recv, as a polling RDMA application does — the floor the latency goal
+// is measured against; otherwise they block in the kernel and each message pays a thread wake-up.
+int BenchUdpLatency(double seconds, bool busy) {
   int a = socket(AF_INET, SOCK_DGRAM, 0), b = socket(AF_INET, SOCK_DGRAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -55,11 +58,23 @@ int BenchUdpLatency(double seconds) {
   connect(a, reinterpret_cast<sockaddr*>(&ba), sizeof ba);
   connect(b, reinterpret_cast<sockaddr*>(&aa), sizeof aa);
   std::atomic<bool> stop{false};
+  // One receive: spinning on MSG_DONTWAIT (busy) or blocking (bounded, so the echo thread notices the end).
+  auto receive = [&](int fd, char* buf, size_t size) -> ssize_t {
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (busy) {
+        const ssize_t n = recv(fd, buf, size, MSG_DONTWAIT);
+        if (n >= 0 || errno != EAGAIN) return n;
+      } else {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 100) == 1) return recv(fd, buf, size, 0);
+      }
+    }
+    return -1;
+  };
   std::thread echo([&] {
     char buf[16];
     while (!stop.load()) {
-      pollfd p{b, POLLIN, 0};
-      if (poll(&p, 1, 100) == 1 && recv(b, buf, sizeof buf, 0) > 0) send(b, buf, 2, 0);
+      if (receive(b, buf, sizeof buf) > 0) send(b, buf, 2, 0);
     }
   });
   char buf[16] = {1, 2};
@@ -68,7 +83,7 @@ int BenchUdpLatency(double seconds) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   while (elapsed() < seconds) {
     send(a, buf, 2, 0);
-    if (recv(a, buf, sizeof buf, 0) != 2) break;
+    if (receive(a, buf, sizeof buf) != 2) break;
     ++n;
   }
   const double t = elapsed();
@@ -80,11 +95,17 @@ int BenchUdpLatency(double seconds) {
   return 0;
 }
 
-// Raw UDP throughput with 4 KiB datagrams (sendmmsg/recvmmsg), the baseline beside ib_write_bw.
-int BenchUdpThroughput(double seconds) {
-  const auto t = uroce::wire::RunTransportBench(4096, seconds);
-  if (t.error != 0) return 1;
-  std::printf("%.3f\n", t.raw_gbps / 8);  // GB/s
+// Raw UDP throughput of `frame`-byte datagrams on loopback, two baselines for ib_write_bw, in GB/s on one line:
+// one datagram per packet (sendmmsg/recvmmsg) and the ceiling (UDP GSO sends received through UDP GRO).
+int BenchUdpThroughput(double seconds, size_t frame) {
+  const auto raw = uroce::wire::RunTransportBench(frame, seconds);
+  if (raw.error != 0) return 1;
+  const auto gso = uroce::wire::RunGsoBench(frame, seconds);
+  if (gso.error != 0) {
+    std::fprintf(stderr, "UDP GSO/GRO refused here: %s\n", std::strerror(-gso.error));
+    return 1;
+  }
+  std::printf("%.3f %.3f\n", raw.raw_gbps / 8, gso.gso_gbps / 8);
   return 0;
 }
 
@@ -92,17 +113,23 @@ int BenchUdpThroughput(double seconds) {
 
 int main(int argc, char** argv) {
   double seconds = 1.0;
+  size_t frame = 4136;  // a segment the size of a 4 KiB-MTU RoCEv2 packet (BTH + RETH + 4096 + ICRC) with room to spare
+  bool busy = false;
   std::string what;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
+    } else if (std::strcmp(argv[i], "--frame") == 0 && i + 1 < argc) {
+      frame = size_t(std::atol(argv[++i]));
+    } else if (std::strcmp(argv[i], "--busy") == 0) {
+      busy = true;
     } else {
       what = argv[i];
     }
   }
   if (what == "wire") return BenchWire(seconds);
-  if (what == "udp-lat") return BenchUdpLatency(seconds);
-  if (what == "udp-gbps") return BenchUdpThroughput(seconds);
-  std::fprintf(stderr, "usage: uroce_bench wire|udp-lat|udp-gbps [--seconds S]\n");
+  if (what == "udp-lat") return BenchUdpLatency(seconds, busy);
+  if (what == "udp-gbps") return BenchUdpThroughput(seconds, frame);
+  std::fprintf(stderr, "usage: uroce_bench wire|udp-lat [--busy]|udp-gbps [--frame BYTES] [--seconds S]\n");
   return 2;
 }

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -165,7 +166,94 @@ int RunRaw(size_t frame_bytes, double seconds, size_t window, TransportBenchResu
   return 0;
 }
 
+// UDP GSO + GRO: sends of as many whole `frame_bytes` segments as fit in one 64 KiB datagram, received coalesced.
+int RunGso(size_t frame_bytes, double seconds, size_t window, TransportBenchResult* out) {
+  sockaddr_in rx_addr, tx_addr;
+  const int rx = BoundLoopbackSocket(&rx_addr);
+  if (rx < 0) return rx;
+  const int tx = BoundLoopbackSocket(&tx_addr);
+  if (tx < 0) {
+    close(rx);
+    return tx;
+  }
+  const int on = 1;
+  const int segment = int(frame_bytes);
+  if (setsockopt(rx, IPPROTO_UDP, UDP_GRO, &on, sizeof on) < 0 ||
+      setsockopt(tx, IPPROTO_UDP, UDP_SEGMENT, &segment, sizeof segment) < 0) {
+    const int e = -errno;
+    close(rx);
+    close(tx);
+    return e;
+  }
+  const size_t per_send = std::max<size_t>(1, std::min<size_t>(65507 / frame_bytes, 64));  // UDP_MAX_SEGMENTS 64
+  Credit credit;
+  std::thread receiver([&] {
+    constexpr size_t kBuffer = 65536;
+    std::vector<uint8_t> buffers(size_t(kBatch) * kBuffer);
+    mmsghdr msgs[kBatch];
+    iovec iovs[kBatch];
+    alignas(cmsghdr) uint8_t control[kBatch][CMSG_SPACE(sizeof(int))];
+    while (!credit.stop.load(std::memory_order_relaxed)) {
+      for (int i = 0; i < kBatch; ++i) {
+        iovs[i] = iovec{buffers.data() + size_t(i) * kBuffer, kBuffer};
+        msgs[i] = mmsghdr{};
+        msgs[i].msg_hdr.msg_iov = &iovs[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        msgs[i].msg_hdr.msg_control = control[i];
+        msgs[i].msg_hdr.msg_controllen = sizeof control[i];
+      }
+      const int n = recvmmsg(rx, msgs, kBatch, MSG_WAITFORONE, nullptr);
+      uint64_t segments = 0;
+      for (int i = 0; i < n; ++i) {
+        size_t size = msgs[i].msg_len;  // one datagram unless the kernel says it coalesced several
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+          if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
+            int s;
+            std::memcpy(&s, CMSG_DATA(c), sizeof s);
+            size = size_t(s);
+          }
+        }
+        segments += size ? (msgs[i].msg_len + size - 1) / size : 1;
+      }
+      if (segments > 0) credit.Add(segments);
+    }
+  });
+  std::vector<uint8_t> payload(per_send * frame_bytes, 0x5a);
+  mmsghdr msgs[kBatch];
+  iovec iov{payload.data(), payload.size()};
+  constexpr int kSends = kBatch / 8;  // 4 super-datagrams per sendmmsg
+  for (int i = 0; i < kSends; ++i) {
+    msgs[i] = mmsghdr{};
+    msgs[i].msg_hdr.msg_name = &rx_addr;
+    msgs[i].msg_hdr.msg_namelen = sizeof rx_addr;
+    msgs[i].msg_hdr.msg_iov = &iov;
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  const HalfResult h = DriveSender(credit, seconds, std::max(window, kSends * per_send + kBatch), [&] {
+    const int n = sendmmsg(tx, msgs, kSends, 0);
+    return n > 0 ? int(size_t(n) * per_send) : n;
+  });
+  receiver.join();
+  close(rx);
+  close(tx);
+  out->gso_sent = h.sent;
+  out->gso_received = h.received;
+  out->gso_pps = double(h.received_in_time) / h.seconds;
+  out->gso_gbps = out->gso_pps * double(frame_bytes) * 8 / 1e9;
+  out->gso_loss = h.sent ? 1.0 - double(h.received) / double(h.sent) : 0;
+  return 0;
+}
+
 }  // namespace
+
+TransportBenchResult RunGsoBench(size_t frame_bytes, double seconds, size_t window) {
+  TransportBenchResult r;
+  r.frame_bytes = frame_bytes;
+  r.seconds = seconds;
+  r.window = std::max<size_t>(window, kBatch);
+  if (int e = RunGso(frame_bytes, seconds, r.window, &r); e < 0) r.error = e;
+  return r;
+}
 
 TransportBenchResult RunTransportBench(size_t frame_bytes, double seconds, size_t window) {
   TransportBenchResult r;
