@@ -3,6 +3,7 @@
 // build objects the way a verbs program does, so protocol tests read like RDMA programs.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -28,8 +29,13 @@ class ScriptedTransport final : public wire::Transport {
   }
   int Send(std::span<const wire::OutDatagram> batch) override;
   int Poll(const wire::DatagramHandler& handler, int64_t timeout_ns) override { return inner_->Poll(handler, timeout_ns); }
-  void Wake() override { inner_->Wake(); }
+  void Wake() override {
+    ++wakes_;
+    inner_->Wake();
+  }
+  void SetReceiveArmed(bool armed) override { inner_->SetReceiveArmed(armed); }
   uint64_t sent() const { return index_; }
+  uint64_t wakes() const { return wakes_; }  // Wake() calls: how often the device interrupted its poller
   size_t largest_batch() const { return largest_batch_; }  // the most datagrams handed over in one Send
 
   // What the node offered to the network, for tests that inspect packets on the wire (off unless `record`).
@@ -50,6 +56,7 @@ class ScriptedTransport final : public wire::Transport {
  private:
   std::unique_ptr<wire::Transport> inner_;
   uint64_t index_ = 0;
+  std::atomic<uint64_t> wakes_{0};
   size_t largest_batch_ = 0;
   std::vector<Sent> log_;
 };

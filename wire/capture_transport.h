@@ -41,6 +41,7 @@ class CaptureTransport final : public Transport {
   // Records each received datagram before handing it to `handler`.
   int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
   void Wake() override { inner_.Wake(); }
+  void SetReceiveArmed(bool armed) override { inner_.SetReceiveArmed(armed); }
 
   uint64_t captured() const { return captured_.load(std::memory_order_relaxed); }
   // Datagrams that could not be recorded (frame too large for IP, or the pcap write failed).

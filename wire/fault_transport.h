@@ -39,6 +39,7 @@ class FaultInjectingTransport final : public Transport {
   int Send(std::span<const OutDatagram> batch) override;
   int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
   void Wake() override;
+  void SetReceiveArmed(bool armed) override { inner_->SetReceiveArmed(armed); }
 
   FaultCounters send_counters() const;
   FaultCounters receive_counters() const;

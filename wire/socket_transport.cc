@@ -15,12 +15,6 @@ namespace {
 constexpr size_t kMaxSendChunk = 64;  // datagrams per sendmmsg, whatever Options::batch says (bounds the stack)
 }  // namespace
 
-struct SocketTransport::ReceiveSlot {
-  iovec iov{};
-  sockaddr_storage addr{};
-  alignas(cmsghdr) uint8_t control[kPktinfoControlBytes]{};
-};
-
 int SocketTransport::Create(const UdpEndpoint& bind, const Options& options, std::unique_ptr<SocketTransport>* out) {
   if (options.batch == 0 || options.max_datagram == 0) return -EINVAL;
   std::unique_ptr<SocketTransport> t(new SocketTransport());
@@ -36,15 +30,7 @@ int SocketTransport::Init(const UdpEndpoint& bind, const Options& options) {
   if (fd_ < 0) return fd_;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return -errno;
-  // Left uninitialised: the kernel writes a datagram before anything reads it, and untouched pages cost nothing.
-  receive_buffers_.reset(new (std::nothrow) uint8_t[size_t(options_.batch) * options_.max_datagram]);
-  if (!receive_buffers_) return -ENOMEM;
-  receive_slots_.resize(options_.batch);
-  receive_msgs_.resize(options_.batch);
-  for (unsigned i = 0; i < options_.batch; ++i) {
-    receive_slots_[i].iov = iovec{receive_buffers_.get() + size_t(i) * options_.max_datagram, options_.max_datagram};
-  }
-  return 0;
+  return receiver_.Init(options_.batch, options_.max_datagram);
 }
 
 SocketTransport::~SocketTransport() {
@@ -101,43 +87,10 @@ int SocketTransport::Send(std::span<const OutDatagram> batch) {
   return int(done);
 }
 
-int SocketTransport::ReceiveBatch(const DatagramHandler& handler) {
-  for (unsigned i = 0; i < options_.batch; ++i) {
-    ReceiveSlot& slot = receive_slots_[i];
-    msghdr& m = receive_msgs_[i].msg_hdr;
-    m = msghdr{};
-    m.msg_name = &slot.addr;
-    m.msg_namelen = sizeof slot.addr;
-    m.msg_iov = &slot.iov;
-    m.msg_iovlen = 1;
-    m.msg_control = slot.control;
-    m.msg_controllen = sizeof slot.control;
-  }
-  int n;
-  do {
-    n = recvmmsg(fd_, receive_msgs_.data(), options_.batch, MSG_DONTWAIT, nullptr);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return -EAGAIN;
-    const int e = -errno;
-    counters_.ReceiveFailed();
-    return e;
-  }
-  int delivered = 0;
-  for (int i = 0; i < n; ++i) {
-    const msghdr& m = receive_msgs_[size_t(i)].msg_hdr;
-    const auto* buffer = static_cast<const uint8_t*>(receive_slots_[size_t(i)].iov.iov_base);
-    // With MSG_TRUNC set, msg_len is the datagram's full length: never read past the buffer.
-    const size_t len = std::min<size_t>(receive_msgs_[size_t(i)].msg_len, options_.max_datagram);
-    if (DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local_, counters_)) ++delivered;
-  }
-  return delivered;
-}
-
 int SocketTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
   while (true) {
-    const int n = ReceiveBatch(handler);
+    const int n = receiver_.Receive(fd_, handler, local_, counters_);
     if (n > 0) return n;
     if (n == 0) continue;  // datagrams arrived but none was deliverable (truncated): look again
     if (n != -EAGAIN) return n;

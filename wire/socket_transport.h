@@ -59,12 +59,8 @@ class SocketTransport final : public Transport {
   int fd() const { return fd_; }
 
  private:
-  struct ReceiveSlot;
-
   SocketTransport() = default;
   int Init(const UdpEndpoint& bind, const Options& options);
-  // One recvmmsg: delivers what is queued. Returns the number delivered, -EAGAIN when nothing was queued, or -errno.
-  int ReceiveBatch(const DatagramHandler& handler);
 
   Options options_;
   UdpEndpoint local_;
@@ -73,10 +69,7 @@ class SocketTransport final : public Transport {
   int wake_fd_ = -1;
   UdpCounterSet counters_;
 
-  // Receive side: the polling thread only.
-  std::unique_ptr<uint8_t[]> receive_buffers_;
-  std::vector<ReceiveSlot> receive_slots_;
-  std::vector<mmsghdr> receive_msgs_;
+  DatagramReceiver receiver_;  // the polling thread only
 };
 
 }  // namespace uroce::wire

@@ -68,6 +68,13 @@ class Transport {
 
   // Makes a Poll blocked in another thread return promptly. Thread-safe, async-signal-unsafe.
   virtual void Wake() = 0;
+
+  // Whether receives stay armed in the kernel between Polls (the default). An armed receive (io_uring) takes a
+  // datagram the moment it arrives and wakes the thread that armed it, even when another thread is about to look;
+  // with `armed` false a datagram waits in the socket, waking no one, until a Poll from whichever thread (one at a
+  // time, as always) takes it. The engine disarms while application threads drive progress themselves
+  // (docs/ARCHITECTURE.md, "Progress"). Called between Polls; transports that arm nothing ignore it.
+  virtual void SetReceiveArmed(bool armed) { (void)armed; }
 };
 
 }  // namespace uroce::wire

@@ -168,4 +168,50 @@ void DrainEventFd(int fd) {
   }
 }
 
+int DatagramReceiver::Init(unsigned batch, size_t max_datagram) {
+  if (batch == 0 || max_datagram == 0) return -EINVAL;
+  max_datagram_ = max_datagram;
+  // Left uninitialised: the kernel writes a datagram before anything reads it, and untouched pages cost nothing.
+  buffers_.reset(new (std::nothrow) uint8_t[size_t(batch) * max_datagram]);
+  if (!buffers_) return -ENOMEM;
+  slots_.resize(batch);
+  msgs_.resize(batch);
+  for (unsigned i = 0; i < batch; ++i) slots_[i].iov = iovec{buffers_.get() + size_t(i) * max_datagram, max_datagram};
+  return 0;
+}
+
+int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpEndpoint& local,
+                              UdpCounterSet& counters) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    msghdr& m = msgs_[i].msg_hdr;
+    m = msghdr{};
+    m.msg_name = &slot.addr;
+    m.msg_namelen = sizeof slot.addr;
+    m.msg_iov = &slot.iov;
+    m.msg_iovlen = 1;
+    m.msg_control = slot.control;
+    m.msg_controllen = sizeof slot.control;
+  }
+  int n;
+  do {
+    n = recvmmsg(fd, msgs_.data(), unsigned(msgs_.size()), MSG_DONTWAIT, nullptr);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -EAGAIN;
+    const int e = -errno;
+    counters.ReceiveFailed();
+    return e;
+  }
+  int delivered = 0;
+  for (int i = 0; i < n; ++i) {
+    const msghdr& m = msgs_[size_t(i)].msg_hdr;
+    const auto* buffer = static_cast<const uint8_t*>(slots_[size_t(i)].iov.iov_base);
+    // With MSG_TRUNC set, msg_len is the datagram's full length: never read past the buffer.
+    const size_t len = std::min<size_t>(msgs_[size_t(i)].msg_len, max_datagram_);
+    if (DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, counters)) ++delivered;
+  }
+  return delivered;
+}
+
 }  // namespace uroce::wire

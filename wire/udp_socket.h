@@ -9,11 +9,14 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "wire/address.h"
 #include "wire/transport.h"
@@ -68,6 +71,29 @@ bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep);
 // `msg_flags`) or one with an unreadable source is counted and not delivered. Returns whether it was delivered.
 bool DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload,
                      int msg_flags, const UdpEndpoint& local, UdpCounterSet& counters);
+
+// Batched non-blocking receive straight from a UDP socket: one recvmmsg(MSG_DONTWAIT) of up to `batch` datagrams
+// into buffers it owns. SocketTransport receives only this way; UringTransport does while its receive side is
+// handed to the application (Transport::SetReceiveWatched). One thread at a time uses an instance.
+class DatagramReceiver {
+ public:
+  // 0, -EINVAL for a batch or size of 0, -ENOMEM.
+  int Init(unsigned batch, size_t max_datagram);
+  // Delivers what is queued on `fd`. Returns the number delivered (0 when every datagram received was dropped as
+  // truncated), -EAGAIN when nothing was queued, or -errno.
+  int Receive(int fd, const DatagramHandler& handler, const UdpEndpoint& local, UdpCounterSet& counters);
+
+ private:
+  struct Slot {
+    iovec iov{};
+    sockaddr_storage addr{};
+    alignas(cmsghdr) uint8_t control[kPktinfoControlBytes]{};
+  };
+  size_t max_datagram_ = 0;
+  std::unique_ptr<uint8_t[]> buffers_;
+  std::vector<Slot> slots_;
+  std::vector<mmsghdr> msgs_;
+};
 
 // Reads an eventfd until it is empty (the descriptor must be non-blocking).
 void DrainEventFd(int fd);

@@ -175,6 +175,42 @@ TYPED_TEST(UdpTransportTest, ThousandBatchedFourKiBDatagramsArriveIntactAndInOrd
   EXPECT_EQ(recv.receive_truncations, 0u);
 }
 
+// Application-driven progress: with receives disarmed, another thread's non-blocking Polls take every datagram —
+// those the armed receive had already taken first, then those that waited in the socket — in order, and re-arming
+// hands the socket back to a blocking Poll.
+TYPED_TEST(UdpTransportTest, DisarmedReceivesArePolledFromAnotherThreadInOrder) {
+  MAKE_OR_SKIP(a);
+  MAKE_OR_SKIP(b);
+  constexpr uint32_t kEach = 20;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (uint32_t i = 0; i < 3 * kEach; ++i) payloads.push_back(Numbered(i, 512));
+  auto send = [&](uint32_t first) {
+    for (uint32_t i = first; i < first + kEach; ++i) {
+      OutDatagram dg{b->local(), 0, payloads[i]};
+      ASSERT_EQ(a->Send({&dg, 1}), 1);
+    }
+  };
+  std::vector<std::vector<uint8_t>> got;
+  auto keep = [&](const InDatagram& in) { got.emplace_back(in.payload.begin(), in.payload.end()); };
+  EXPECT_EQ(b->Poll(keep, 0), 0);  // arms
+  send(0);
+  b->SetReceiveArmed(false);
+  send(kEach);
+  std::thread app([&] {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (got.size() < 2 * kEach && std::chrono::steady_clock::now() < give_up) ASSERT_GE(b->Poll(keep, 0), 0);
+  });
+  app.join();
+  ASSERT_EQ(got.size(), 2 * kEach);
+  b->SetReceiveArmed(true);
+  send(2 * kEach);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (got.size() < 3 * kEach && std::chrono::steady_clock::now() < give_up) ASSERT_GE(b->Poll(keep, 100'000'000), 0);
+  ASSERT_EQ(got.size(), 3 * kEach);
+  for (uint32_t i = 0; i < 3 * kEach; ++i) EXPECT_EQ(got[i], payloads[i]) << i;
+  EXPECT_EQ(b->counters().packets_received, 3 * kEach);
+}
+
 TYPED_TEST(UdpTransportTest, IPv6Loopback) {
   const UdpEndpoint v6{*IpAddress::Parse("::1"), 0};
   const int r = this->CreateResult(v6);

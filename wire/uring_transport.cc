@@ -341,7 +341,6 @@ int UringTransport::ArmReceives() {
 
 int UringTransport::ReapReceives(const DatagramHandler& handler) {
   io_uring* ring = receive_ring_.get();
-  int delivered = 0;
   io_uring_cqe* cqes[kReapBatch];
   const unsigned n = io_uring_peek_batch_cqe(ring, cqes, kReapBatch);
   if (n == 0) return 0;
@@ -349,7 +348,12 @@ int UringTransport::ReapReceives(const DatagramHandler& handler) {
   Completion done[kReapBatch];
   for (unsigned i = 0; i < n; ++i) done[i] = Completion{cqes[i]->user_data, cqes[i]->res, cqes[i]->flags};
   io_uring_cq_advance(ring, n);
+  return ProcessReceives({done, n}, handler);
+}
 
+int UringTransport::ProcessReceives(std::span<const Completion> done, const DatagramHandler& handler) {
+  const unsigned n = unsigned(done.size());
+  int delivered = 0;
   const int mask = buf_ring_ ? io_uring_buf_ring_mask(buf_count_) : 0;
   int returned = 0;
   bool fall_back = false;
@@ -409,13 +413,59 @@ int UringTransport::ReapReceives(const DatagramHandler& handler) {
   if (returned > 0) io_uring_buf_ring_advance(buf_ring_, returned);
   if (fall_back) multishot_ = false;
   // Re-arm: a multishot that ended (ENOBUFS, cancelled by an exiting submitter thread), fallback slots consumed.
-  if ((multishot_ && !multishot_armed_) || (!multishot_ && outstanding_receives_ == 0)) {
+  if (want_armed_ && ((multishot_ && !multishot_armed_) || (!multishot_ && outstanding_receives_ == 0))) {
     if (int r = ArmReceives(); r < 0 && delivered == 0) return r;
   }
   return delivered;
 }
 
+void UringTransport::SetReceiveArmed(bool armed) {
+  if (armed == want_armed_) return;
+  want_armed_ = armed;
+  if (armed) {
+    if (int r = ArmReceives(); r < 0) counters_.ReceiveFailed();  // the next Poll tries again
+    return;
+  }
+  armed_ = false;
+  if (outstanding_receives_ == 0) return;
+  // Cancel what is armed, and keep the completions that arrive meanwhile — data among them — for the next Poll, in
+  // order: they came before anything still in the socket.
+  io_uring* ring = receive_ring_.get();
+  if (io_uring_sqe* sqe = io_uring_get_sqe(ring)) {
+    io_uring_prep_cancel_fd(sqe, fd_, IORING_ASYNC_CANCEL_ALL);
+    io_uring_sqe_set_data64(sqe, kTagCancel);
+    io_uring_submit(ring);
+  }
+  unsigned left = outstanding_receives_;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (left > 0 && std::chrono::steady_clock::now() < give_up) {
+    io_uring_cqe* cqe = nullptr;
+    __kernel_timespec ts{0, 100'000'000};
+    if (io_uring_wait_cqe_timeout(ring, &cqe, &ts) < 0) continue;
+    unsigned head;
+    unsigned seen = 0;
+    io_uring_for_each_cqe(ring, head, cqe) {
+      ++seen;
+      const uint64_t tag = cqe->user_data & kTagMask;
+      if (tag == kTagCancel) continue;
+      if ((tag == kTagMultishot && !(cqe->flags & IORING_CQE_F_MORE)) || tag == kTagFallback) --left;
+      stashed_.push_back(Completion{cqe->user_data, cqe->res, cqe->flags});
+    }
+    io_uring_cq_advance(ring, seen);
+  }
+}
+
 int UringTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
+  if (!stashed_.empty()) {
+    std::vector<Completion> stashed;
+    stashed.swap(stashed_);
+    if (const int n = ProcessReceives(stashed, handler); n != 0) return n;
+  }
+  if (!want_armed_) {
+    // Receives are not armed in the kernel: take what the ring still holds, then what waits in the socket.
+    if (const int n = ReapReceives(handler); n != 0) return n;
+    return PollSocketDirectly(handler, timeout_ns);
+  }
   if (!armed_) {
     if (int r = ArmReceives(); r < 0) return r;
   }
@@ -448,6 +498,35 @@ int UringTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
     pollfd fds[2] = {{ring_event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const int r = ppoll(fds, 2, tsp, nullptr);
     if (r < 0 && errno != EINTR) return -errno;
+  }
+}
+
+int UringTransport::PollSocketDirectly(const DatagramHandler& handler, int64_t timeout_ns) {
+  if (!direct_ready_) {
+    if (int r = direct_.Init(32, options_.max_datagram); r < 0) return r;
+    direct_ready_ = true;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
+  while (true) {
+    const int n = direct_.Receive(fd_, handler, local_, counters_);
+    if (n > 0) return n;
+    if (n == 0) continue;  // only truncated datagrams: look again
+    if (n != -EAGAIN) return n;
+    if (timeout_ns == 0) return 0;
+    uint64_t v;
+    if (read(wake_fd_, &v, sizeof v) == sizeof v) return 0;
+    timespec ts{};
+    timespec* tsp = nullptr;
+    if (timeout_ns > 0) {
+      const int64_t left =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return 0;
+      ts.tv_sec = left / 1'000'000'000;
+      ts.tv_nsec = left % 1'000'000'000;
+      tsp = &ts;
+    }
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (ppoll(fds, 2, tsp, nullptr) < 0 && errno != EINTR) return -errno;
   }
 }
 

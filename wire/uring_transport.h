@@ -10,7 +10,9 @@
 //    single-shot recvmsg SQEs (linked so that completions keep the socket's arrival order). Poll sleeps in ppoll(2) on an eventfd registered with the ring (io_uring_register_eventfd(3))
 //    plus a wake-up eventfd, so an idle Poll blocks in the kernel, and dispatches the handler holding no lock (the
 //    handler may Send). Receives are armed by the first Poll, on the polling thread: io_uring cancels a request when
-//    the thread that submitted it exits, so they are re-armed on -ECANCELED too.
+//    the thread that submitted it exits, so they are re-armed on -ECANCELED too. SetReceiveArmed(false) cancels
+//    them for application-driven progress: an armed receive would wake the polling thread for every datagram that
+//    an application thread is about to read itself; meanwhile Poll reads the socket directly.
 //
 // The socket and its options, address conversion and received-datagram parsing are shared with SocketTransport
 // (wire/udp_socket.h).
@@ -22,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "wire/address.h"
@@ -67,6 +70,10 @@ class UringTransport final : public Transport {
   int Send(std::span<const OutDatagram> batch) override;
   int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
   void Wake() override;
+  // false: cancels the armed receives (what they had already taken stays for the next Poll), and Poll reads the
+  // socket directly with recvmmsg until true re-arms them. Call true from the thread that will keep polling: io_uring
+  // cancels a request when the thread that submitted it exits.
+  void SetReceiveArmed(bool armed) override;
 
   // True when receives use multishot recvmsg with a provided-buffer ring. Decided at Create (kernel probe, buffer
   // ring registration, options) and may turn false at the first Poll if the kernel rejects multishot recvmsg.
@@ -89,6 +96,8 @@ class UringTransport final : public Transport {
   void ReapSendsLocked();
   int ArmReceives();
   int ReapReceives(const DatagramHandler& handler);
+  int ProcessReceives(std::span<const Completion> done, const DatagramHandler& handler);
+  int PollSocketDirectly(const DatagramHandler& handler, int64_t timeout_ns);
   void CancelReceives();
 
   Options options_;
@@ -114,6 +123,10 @@ class UringTransport final : public Transport {
   bool receive_ring_ready_ = false;
   std::atomic<bool> multishot_{false};
   bool armed_ = false;
+  bool want_armed_ = true;             // SetReceiveArmed
+  std::vector<Completion> stashed_;    // receive completions reaped while disarming, delivered by the next Poll
+  DatagramReceiver direct_;            // reads the socket while receives are not armed
+  bool direct_ready_ = false;
   bool multishot_armed_ = false;
   bool multishot_delivered_ = false;  // a multishot completion has delivered data (so -EINVAL is not "unsupported")
   unsigned outstanding_receives_ = 0;
