@@ -1032,7 +1032,7 @@ Completion Device::MessageCompletion(const QueuePair& qp, uint64_t byte_len, con
   return c;
 }
 
-uint64_t Device::RunTimers() {
+uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
   OutBatch out;
   uint64_t next = 0;
   {
@@ -1049,7 +1049,8 @@ uint64_t Device::RunTimers() {
     // A requester that failed above may have left room for others: come back at once for them.
     for (auto& [peer, path] : paths_)
       if (path.MaySend() && !path.waiting().empty()) next = now;
-    poller_deadline_ = next;
+    poller_deadline_ = next == 0 || (poller_returns_by_ns != 0 && poller_returns_by_ns < next) ? poller_returns_by_ns
+                                                                                                 : next;
   }
   Transmit(out);
   const uint64_t cm_next = cm_.RunTimers();

@@ -196,7 +196,10 @@ class Device {
   // Processes one received datagram (a CM MAD for QP1 goes to the connection manager once the device lock is free).
   void OnDatagram(const wire::InDatagram& datagram);
   // Runs expired timers, the connection manager's too; returns the next deadline, or 0 when none is pending.
-  uint64_t RunTimers();
+  // `poller_returns_by_ns` (0: never) is when the caller will call again even if no timer is due: a timer armed for
+  // later than that does not wake the poller through Transport::Wake, which keeps wake-ups off the data path (every
+  // RC message arms a retransmit timer that its ACK disarms).
+  uint64_t RunTimers(uint64_t poller_returns_by_ns = 0);
 
  private:
   QueuePair* FindQpLocked(uint32_t qpn);
@@ -313,8 +316,10 @@ class Device {
   uint32_t next_xrcd_ = 1;
   uint32_t next_pd_ = 1;
   uint32_t next_cq_ = 1;
-  uint32_t next_qpn_ = 0x11;
-  uint64_t poller_deadline_ = 0;  // the deadline RunTimers last reported (0: none); earlier timers wake the poller  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
+  uint32_t next_qpn_ = 0x11;  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
+  // When the poller comes back on its own (0: never): the earlier of the deadline RunTimers last reported and the
+  // caller's poller_returns_by_ns. Arming an earlier timer wakes the poller.
+  uint64_t poller_deadline_ = 0;
   ConnectionManager cm_;  // its own lock, never taken with mu_ held
 };
 

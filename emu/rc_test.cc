@@ -1011,6 +1011,42 @@ TEST(RcTimeout, ZeroMeansNoRetransmissionTimer) {
   EXPECT_EQ(t.qa->state(), QpState::kRts);
 }
 
+// Every message arms the retransmit timer and its ACK disarms it: arming must not interrupt a poller that comes
+// back before that deadline anyway (a wake-up costs a thread switch per message), only one that would sleep past it.
+TEST(RcTimeout, ArmingWakesThePollerOnlyWhenItWouldSleepPastTheDeadline) {
+  Rc t(Attrs(), Attrs());  // timeout 14: 67 ms
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 64 * 20, kMrAll);
+  for (uint64_t i = 0; i < 20; ++i) ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{i, {dst.At(i * 64, 64)}}), 0);
+  Device& a = *t.a->device;
+  // A poller that sleeps until a packet arrives (no deadline) is woken by the first timer armed.
+  EXPECT_EQ(a.RunTimers(), 0u);
+  uint64_t wakes = t.a->transport->wakes();
+  ASSERT_EQ(a.PostSend(t.qa, Wr(1, SendOpcode::kSend, {src.At(0, 10)})), 0);
+  EXPECT_EQ(t.a->transport->wakes(), wakes + 1);
+  t.fabric.Pump();
+  ASSERT_EQ(Drain(t.sa).size(), 1u);
+  // A poller that comes back within 10 ms is not woken for 67 ms deadlines, message after message.
+  wakes = t.a->transport->wakes();
+  for (uint64_t i = 2; i < 12; ++i) {
+    EXPECT_EQ(a.RunTimers(t.now() + 10'000'000), 0u);
+    ASSERT_EQ(a.PostSend(t.qa, Wr(i, SendOpcode::kSend, {src.At(0, 10)})), 0);
+    t.fabric.Pump();
+  }
+  EXPECT_EQ(t.a->transport->wakes(), wakes);
+  EXPECT_EQ(Drain(t.sa).size(), 10u);
+  EXPECT_EQ(Drain(t.rb).size(), 11u);
+  // But a deadline before its return wakes it: timeout 8 is ~1 ms.
+  RcAttributes fast = Attrs();
+  fast.timeout = 8;
+  Rc u(fast, Attrs());
+  Buffer usrc = testing::Register(*u.a->device, u.pa, 64, kMrAll);
+  EXPECT_EQ(u.a->device->RunTimers(u.now() + 10'000'000), 0u);
+  wakes = u.a->transport->wakes();
+  ASSERT_EQ(u.a->device->PostSend(u.qa, Wr(20, SendOpcode::kRdmaWrite, {usrc.At(0, 10)})), 0);
+  EXPECT_EQ(u.a->transport->wakes(), wakes + 1);
+}
+
 // --- duplicates --------------------------------------------------------------------------------------------------
 
 TEST(RcDuplicate, LostReadResponseIsAnsweredAgainFromSavedState) {
