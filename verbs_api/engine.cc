@@ -296,6 +296,7 @@ int Engine::Start(const EngineConfig& config) {
   dc.node_guid = NodeGuid();
   dc.retry_cnt_7_infinite = config.retry_forever;
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::SystemClock::Instance());
+  handler_ = [dev = device_.get()](const wire::InDatagram& d) { dev->OnDatagram(d); };
   progress_ = std::thread([this] { ProgressLoop(); });
   stats_ = config.stats;
   if (stats_) {
@@ -321,6 +322,9 @@ void Engine::PrintStatsOnce() {
            " duplicated " + std::to_string(c.duplicated) + " reordered " + std::to_string(c.reordered) +
            " corrupted " + std::to_string(c.corrupted) + "\n";
   };
+  text += "progress_handovers " + std::to_string(handovers_.load()) + "\napplication_received " +
+          std::to_string(app_datagrams_.load()) + "\napplication_think_ns " + std::to_string(think_ns_.load()) +
+          "\n";
   if (faults_ != nullptr) {
     text += faults_line("faults_send", faults_->send_counters());
     text += faults_line("faults_receive", faults_->receive_counters());
@@ -331,16 +335,95 @@ void Engine::PrintStatsOnce() {
 void Engine::ProgressLoop() {
   pthread_setname_np(pthread_self(), "uroce-progress");
   emu::Device* dev = device_.get();
-  const wire::DatagramHandler handler = [dev](const wire::InDatagram& d) { dev->OnDatagram(d); };
+  const wire::Clock& clock = wire::SystemClock::Instance();
+  bool handed = false;  // the receive side is the applications'
   while (!stop_.load(std::memory_order_acquire)) {
-    const uint64_t deadline = dev->RunTimers();
-    int64_t timeout = -1;  // idle: block in the kernel until a packet or Wake()
-    if (deadline != 0) {
-      const uint64_t now = wire::SystemClock::Instance().NowNs();
-      timeout = deadline > now ? static_cast<int64_t>(deadline - now) : 0;
+    uint64_t now = clock.NowNs();
+    const uint64_t lease = lease_until_ns_.load(std::memory_order_acquire);
+    if (lease > now) {
+      if (!handed) HandReceiveToApplications(true);
+      handed = true;
+      // Applications receive and run timers; come back when the lease may have ended (or at a stop or an early end).
+      std::unique_lock lock(idle_mu_);
+      idle_cv_.wait_for(lock, std::chrono::nanoseconds(lease - now), [&] {
+        return stop_.load(std::memory_order_acquire) ||
+               lease_until_ns_.load(std::memory_order_acquire) <= clock.NowNs();
+      });
+      continue;
     }
-    transport_->Poll(handler, timeout);
+    if (handed) HandReceiveToApplications(false);
+    handed = false;
+    const uint64_t returns_by =
+        now - last_traffic_ns_.load(std::memory_order_relaxed) < kActiveNs ? now + kTickNs : 0;
+    const uint64_t deadline = dev->RunTimers(returns_by);
+    const uint64_t wake_at = deadline == 0 ? returns_by : returns_by == 0 ? deadline : std::min(deadline, returns_by);
+    int64_t timeout = -1;  // idle: block in the kernel until a packet or Wake()
+    if (wake_at != 0) {
+      now = clock.NowNs();
+      timeout = wake_at > now ? static_cast<int64_t>(wake_at - now) : 0;
+    }
+    int n;
+    {
+      std::lock_guard lock(receive_mu_);
+      n = transport_->Poll(handler_, timeout);
+    }
+    if (n > 0) last_traffic_ns_.store(clock.NowNs(), std::memory_order_relaxed);
   }
+  if (handed) HandReceiveToApplications(false);
+}
+
+void Engine::HandReceiveToApplications(bool to_applications) {
+  std::lock_guard lock(receive_mu_);
+  // Re-arming must happen on this thread: io_uring cancels requests whose submitting thread exits.
+  transport_->SetReceiveArmed(!to_applications);
+  receive_with_applications_ = to_applications;
+  if (to_applications) handovers_.fetch_add(1, std::memory_order_relaxed);
+}
+
+int Engine::DriveFromApplication() {
+  const uint64_t now = wire::SystemClock::Instance().NowNs();
+  const uint64_t last = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
+  if (now - last > kStreakGapNs) streak_start_ns_.store(now, std::memory_order_relaxed);
+  const uint64_t completed = last_completion_ns_.load(std::memory_order_relaxed);
+  uint64_t think = think_ns_.load(std::memory_order_relaxed);
+  if (completed > last && completed <= now) {  // the first empty poll since a completion
+    think = (think * 7 + (now - completed)) / 8;
+    think_ns_.store(think, std::memory_order_relaxed);
+  }
+  if (think >= kThinkNs && now - last_probe_ns_.load(std::memory_order_relaxed) > kProbeEveryNs) {
+    // Think times measured while the progress thread receives include its wake-ups: try engaging again now and then.
+    last_probe_ns_.store(now, std::memory_order_relaxed);
+    think_ns_.store(think = 0, std::memory_order_relaxed);
+  }
+  if (now - streak_start_ns_.load(std::memory_order_relaxed) < kEngageNs || think >= kThinkNs) return -1;
+  const uint64_t lease = lease_until_ns_.load(std::memory_order_relaxed);
+  if (lease < now + kLeaseNs / 2) {
+    lease_until_ns_.store(now + kLeaseNs, std::memory_order_release);
+    if (lease <= now) {
+      transport_->Wake();  // the progress thread, blocked in Poll, hands the receive side over
+      return -1;
+    }
+  }
+  std::unique_lock lock(receive_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || !receive_with_applications_) return -1;
+  const int n = transport_->Poll(handler_, 0);
+  if (n > 0) {
+    app_datagrams_.fetch_add(uint64_t(n), std::memory_order_relaxed);
+    last_traffic_ns_.store(now, std::memory_order_relaxed);
+  }
+  if (now >= app_timers_due_ns_.load(std::memory_order_relaxed)) {
+    app_timers_due_ns_.store(now + kAppTimersEveryNs, std::memory_order_relaxed);
+    // Until the lease ends, this or the progress thread comes back: timers armed later need no wake-up.
+    device_->RunTimers(lease_until_ns_.load(std::memory_order_relaxed));
+  }
+  return n > 0 ? n : 0;
+}
+
+void Engine::ApplicationSleeps() {
+  streak_start_ns_.store(wire::SystemClock::Instance().NowNs(), std::memory_order_relaxed);
+  if (lease_until_ns_.exchange(0, std::memory_order_acq_rel) == 0) return;
+  std::lock_guard lock(idle_mu_);
+  idle_cv_.notify_one();
 }
 
 int Engine::JoinMulticast(const wire::IpAddress& group) {
@@ -368,6 +451,10 @@ Engine::~Engine() {
   stop_.store(true, std::memory_order_release);
   // A Start that failed part-way leaves no thread and possibly no transport.
   if (transport_) transport_->Wake();
+  {
+    std::lock_guard lock(idle_mu_);
+    idle_cv_.notify_all();
+  }
   if (progress_.joinable()) progress_.join();
   device_.reset();
   transport_.reset();

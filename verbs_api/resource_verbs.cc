@@ -15,7 +15,14 @@ using namespace uroce::verbs;
 
 namespace {
 
-
+// A thread found `cq` empty. When applications hold the receive side (verbs_api/engine.h) it receives and processes
+// what is queued itself; otherwise it gives the CPU away once, because the progress thread that would fill the CQ
+// may be waiting for it (2 cores, several spinning threads). Returns the datagrams it processed (> 0: look again).
+int DriveOnEmptyCq(Cq* cq) {
+  const int n = Ctx(cq->cqx.context)->engine->DriveFromApplication();
+  if (n < 0) sched_yield();
+  return n;
+}
 
 constexpr uint64_t kSupportedWcFlags =
     IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
@@ -42,7 +49,9 @@ void ToWc(const emu::Completion& c, ibv_wc* wc) {
 int CqStartPoll(ibv_cq_ex* cqx, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
   Cq* cq = ToCq(cqx);
-  if (cq->emu->Poll(&cq->current, 1) == 0) return ENOENT;
+  if (cq->emu->Poll(&cq->current, 1) == 0 && (DriveOnEmptyCq(cq) <= 0 || cq->emu->Poll(&cq->current, 1) == 0))
+    return ENOENT;
+  Ctx(cqx->context)->engine->NoteCompletion();
   cqx->wr_id = cq->current.wr_id;
   cqx->status = static_cast<ibv_wc_status>(cq->current.status);
   return 0;
@@ -125,22 +134,24 @@ int PollCq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
   if (num_entries < 0) return -EINVAL;
   emu::Completion batch[32];
   int done = 0;
-  while (done < num_entries) {
-    const int want = std::min<int>(num_entries - done, 32);
-    const int n = ToCq(cq)->emu->Poll(batch, want);
-    for (int i = 0; i < n; ++i) ToWc(batch[i], &wc[done + i]);
-    done += n;
-    if (n < want) break;
+  for (int pass = 0; pass < 2; ++pass) {
+    while (done < num_entries) {
+      const int want = std::min<int>(num_entries - done, 32);
+      const int n = ToCq(cq)->emu->Poll(batch, want);
+      for (int i = 0; i < n; ++i) ToWc(batch[i], &wc[done + i]);
+      done += n;
+      if (n < want) break;
+    }
+    if (done > 0 || num_entries == 0 || DriveOnEmptyCq(ToCq(cq)) <= 0) break;
   }
-  if (done == 0) {
-    // An application spinning on an empty CQ competes for the CPU with the progress thread that would fill it; on a
-    // machine with few cores that costs a scheduler tick per packet. Give the CPU away once per empty poll.
-    sched_yield();
-  }
+  if (done > 0) Ctx(cq->context)->engine->NoteCompletion();
   return done;
 }
 
-int ReqNotifyCq(ibv_cq* cq, int solicited_only) { return ToCq(cq)->emu->RequestNotify(solicited_only != 0); }
+int ReqNotifyCq(ibv_cq* cq, int solicited_only) {
+  Ctx(cq->context)->engine->ApplicationSleeps();  // about to wait for an event: the progress thread must receive
+  return ToCq(cq)->emu->RequestNotify(solicited_only != 0);
+}
 
 static ibv_cq_ex* CreateCqExUnguarded(ibv_context* context, ibv_cq_init_attr_ex* a) {
   if (a->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
