@@ -1,13 +1,11 @@
 #include "wire/socket_transport.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 namespace uroce::wire {
@@ -88,28 +86,7 @@ int SocketTransport::Send(std::span<const OutDatagram> batch) {
 }
 
 int SocketTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
-  while (true) {
-    const int n = receiver_.Receive(fd_, handler, local_, counters_);
-    if (n > 0) return n;
-    if (n == 0) continue;  // datagrams arrived but none was deliverable (truncated): look again
-    if (n != -EAGAIN) return n;
-    uint64_t v;
-    if (read(wake_fd_, &v, sizeof v) == sizeof v) return 0;
-    if (timeout_ns == 0) return 0;
-    timespec ts{};
-    timespec* tsp = nullptr;
-    if (timeout_ns > 0) {
-      const int64_t left =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now()).count();
-      if (left <= 0) return 0;
-      ts.tv_sec = left / 1'000'000'000;
-      ts.tv_nsec = left % 1'000'000'000;
-      tsp = &ts;
-    }
-    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (ppoll(fds, 2, tsp, nullptr) < 0 && errno != EINTR) return -errno;
-  }
+  return receiver_.Poll(fd_, wake_fd_, handler, local_, counters_, timeout_ns);
 }
 
 void SocketTransport::Wake() {

@@ -3,10 +3,12 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace uroce::wire {
@@ -212,6 +214,32 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
     if (DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, counters)) ++delivered;
   }
   return delivered;
+}
+
+int DatagramReceiver::Poll(int fd, int wake_fd, const DatagramHandler& handler, const UdpEndpoint& local,
+                           UdpCounterSet& counters, int64_t timeout_ns) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
+  while (true) {
+    const int n = Receive(fd, handler, local, counters);
+    if (n > 0) return n;
+    if (n == 0) continue;  // datagrams arrived but none was deliverable (truncated): look again
+    if (n != -EAGAIN) return n;
+    uint64_t v;
+    if (read(wake_fd, &v, sizeof v) == sizeof v) return 0;
+    if (timeout_ns == 0) return 0;
+    timespec ts{};
+    timespec* tsp = nullptr;
+    if (timeout_ns > 0) {
+      const int64_t left =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return 0;
+      ts.tv_sec = left / 1'000'000'000;
+      ts.tv_nsec = left % 1'000'000'000;
+      tsp = &ts;
+    }
+    pollfd fds[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    if (ppoll(fds, 2, tsp, nullptr) < 0 && errno != EINTR) return -errno;
+  }
 }
 
 }  // namespace uroce::wire

@@ -82,6 +82,10 @@ class DatagramReceiver {
   // Delivers what is queued on `fd`. Returns the number delivered (0 when every datagram received was dropped as
   // truncated), -EAGAIN when nothing was queued, or -errno.
   int Receive(int fd, const DatagramHandler& handler, const UdpEndpoint& local, UdpCounterSet& counters);
+  // Transport::Poll on `fd` alone: Receive, and while nothing is queued sleep in ppoll(2) on `fd` and the eventfd
+  // `wake_fd` (whose token, once read, ends the Poll with 0) up to timeout_ns (0: do not wait; negative: no limit).
+  int Poll(int fd, int wake_fd, const DatagramHandler& handler, const UdpEndpoint& local, UdpCounterSet& counters,
+           int64_t timeout_ns);
 
  private:
   struct Slot {

@@ -212,6 +212,28 @@ TYPED_TEST(UdpTransportTest, DisarmedReceivesArePolledFromAnotherThreadInOrder) 
   EXPECT_EQ(b->counters().packets_received, 3 * kEach);
 }
 
+// Disarming consumes the cancelled receives' last completions itself: a transport destroyed before any Poll handled
+// them has nothing left to cancel (it used to wait for the 2 s cancel give-up), and re-arming right away works.
+TYPED_TEST(UdpTransportTest, DisarmedThenDestroyedOrRearmedBeforeAnyPoll) {
+  MAKE_OR_SKIP(a);
+  MAKE_OR_SKIP(b);
+  MAKE_OR_SKIP(c);
+  const auto p = Numbered(3, 100);
+  for (auto* t : {b.get(), c.get()}) {
+    EXPECT_EQ(t->Poll([](const InDatagram&) {}, 0), 0);  // arms
+    OutDatagram dg{t->local(), 0, p};
+    ASSERT_EQ(a->Send({&dg, 1}), 1);
+    t->SetReceiveArmed(false);
+  }
+  c->SetReceiveArmed(true);
+  OutDatagram again{c->local(), 0, p};
+  ASSERT_EQ(a->Send({&again, 1}), 1);
+  EXPECT_EQ(ReceiveN(*c, 2).size(), 2u);
+  const auto t0 = std::chrono::steady_clock::now();
+  b.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+}
+
 TYPED_TEST(UdpTransportTest, IPv6Loopback) {
   const UdpEndpoint v6{*IpAddress::Parse("::1"), 0};
   const int r = this->CreateResult(v6);

@@ -178,7 +178,7 @@ UringTransport::~UringTransport() {
 
 // Cancels outstanding receives and waits for their final completions, so the kernel never writes into buffers
 // after they are freed (ring teardown alone cancels asynchronously).
-void UringTransport::CancelReceives() {
+void UringTransport::CancelReceives(std::vector<Completion>* keep) {
   io_uring* ring = receive_ring_.get();
   if (outstanding_receives_ == 0) return;
   if (io_uring_sqe* sqe = io_uring_get_sqe(ring)) {
@@ -196,8 +196,16 @@ void UringTransport::CancelReceives() {
     io_uring_for_each_cqe(ring, head, cqe) {
       ++seen;
       const uint64_t tag = cqe->user_data & kTagMask;
-      if (tag == kTagMultishot && !(cqe->flags & IORING_CQE_F_MORE)) --outstanding_receives_;
-      if (tag == kTagFallback) --outstanding_receives_;
+      if (tag == kTagCancel) continue;
+      // Counted here, so that a later Cancel or re-arm sees the truth before the kept completions are handled
+      // (ProcessReceives is told they are counted).
+      if (tag == kTagMultishot && !(cqe->flags & IORING_CQE_F_MORE)) {
+        multishot_armed_ = false;
+        --outstanding_receives_;
+      } else if (tag == kTagFallback) {
+        --outstanding_receives_;
+      }
+      if (keep) keep->push_back(Completion{cqe->user_data, cqe->res, cqe->flags});
     }
     io_uring_cq_advance(ring, seen);
   }
@@ -348,10 +356,11 @@ int UringTransport::ReapReceives(const DatagramHandler& handler) {
   Completion done[kReapBatch];
   for (unsigned i = 0; i < n; ++i) done[i] = Completion{cqes[i]->user_data, cqes[i]->res, cqes[i]->flags};
   io_uring_cq_advance(ring, n);
-  return ProcessReceives({done, n}, handler);
+  return ProcessReceives({done, n}, handler, false);
 }
 
-int UringTransport::ProcessReceives(std::span<const Completion> done, const DatagramHandler& handler) {
+int UringTransport::ProcessReceives(std::span<const Completion> done, const DatagramHandler& handler,
+                                    bool counted) {
   const unsigned n = unsigned(done.size());
   int delivered = 0;
   const int mask = buf_ring_ ? io_uring_buf_ring_mask(buf_count_) : 0;
@@ -362,8 +371,10 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
     const uint64_t tag = c.user_data & kTagMask;
     if (tag == kTagMultishot) {
       if (!(c.flags & IORING_CQE_F_MORE)) {
-        multishot_armed_ = false;
-        --outstanding_receives_;
+        if (!counted) {
+          multishot_armed_ = false;
+          --outstanding_receives_;
+        }
       }
       if (c.flags & IORING_CQE_F_BUFFER) {
         const uint16_t bid = uint16_t(c.flags >> IORING_CQE_BUFFER_SHIFT);
@@ -398,7 +409,7 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
       }
     } else if (tag == kTagFallback) {
       const uint32_t index = uint32_t(c.user_data);
-      --outstanding_receives_;
+      if (!counted) --outstanding_receives_;
       ReceiveSlot& slot = receive_slots_[index];
       if (c.res >= 0) {
         if (DeliverReceived(handler, slot.msg, {slot.buffer, size_t(c.res)}, slot.msg.msg_flags, local_, counters_)) {
@@ -427,39 +438,16 @@ void UringTransport::SetReceiveArmed(bool armed) {
     return;
   }
   armed_ = false;
-  if (outstanding_receives_ == 0) return;
-  // Cancel what is armed, and keep the completions that arrive meanwhile — data among them — for the next Poll, in
-  // order: they came before anything still in the socket.
-  io_uring* ring = receive_ring_.get();
-  if (io_uring_sqe* sqe = io_uring_get_sqe(ring)) {
-    io_uring_prep_cancel_fd(sqe, fd_, IORING_ASYNC_CANCEL_ALL);
-    io_uring_sqe_set_data64(sqe, kTagCancel);
-    io_uring_submit(ring);
-  }
-  unsigned left = outstanding_receives_;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (left > 0 && std::chrono::steady_clock::now() < give_up) {
-    io_uring_cqe* cqe = nullptr;
-    __kernel_timespec ts{0, 100'000'000};
-    if (io_uring_wait_cqe_timeout(ring, &cqe, &ts) < 0) continue;
-    unsigned head;
-    unsigned seen = 0;
-    io_uring_for_each_cqe(ring, head, cqe) {
-      ++seen;
-      const uint64_t tag = cqe->user_data & kTagMask;
-      if (tag == kTagCancel) continue;
-      if ((tag == kTagMultishot && !(cqe->flags & IORING_CQE_F_MORE)) || tag == kTagFallback) --left;
-      stashed_.push_back(Completion{cqe->user_data, cqe->res, cqe->flags});
-    }
-    io_uring_cq_advance(ring, seen);
-  }
+  // What the cancelled receives had already taken came before anything still in the socket: the next Poll delivers
+  // it first.
+  CancelReceives(&stashed_);
 }
 
 int UringTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
   if (!stashed_.empty()) {
     std::vector<Completion> stashed;
     stashed.swap(stashed_);
-    if (const int n = ProcessReceives(stashed, handler); n != 0) return n;
+    if (const int n = ProcessReceives(stashed, handler, true); n != 0) return n;
   }
   if (!want_armed_) {
     // Receives are not armed in the kernel: take what the ring still holds, then what waits in the socket.
@@ -506,28 +494,7 @@ int UringTransport::PollSocketDirectly(const DatagramHandler& handler, int64_t t
     if (int r = direct_.Init(32, options_.max_datagram); r < 0) return r;
     direct_ready_ = true;
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
-  while (true) {
-    const int n = direct_.Receive(fd_, handler, local_, counters_);
-    if (n > 0) return n;
-    if (n == 0) continue;  // only truncated datagrams: look again
-    if (n != -EAGAIN) return n;
-    if (timeout_ns == 0) return 0;
-    uint64_t v;
-    if (read(wake_fd_, &v, sizeof v) == sizeof v) return 0;
-    timespec ts{};
-    timespec* tsp = nullptr;
-    if (timeout_ns > 0) {
-      const int64_t left =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now()).count();
-      if (left <= 0) return 0;
-      ts.tv_sec = left / 1'000'000'000;
-      ts.tv_nsec = left % 1'000'000'000;
-      tsp = &ts;
-    }
-    pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (ppoll(fds, 2, tsp, nullptr) < 0 && errno != EINTR) return -errno;
-  }
+  return direct_.Poll(fd_, wake_fd_, handler, local_, counters_, timeout_ns);
 }
 
 void UringTransport::Wake() {

@@ -96,9 +96,13 @@ class UringTransport final : public Transport {
   void ReapSendsLocked();
   int ArmReceives();
   int ReapReceives(const DatagramHandler& handler);
-  int ProcessReceives(std::span<const Completion> done, const DatagramHandler& handler);
+  // Delivers the data of receive completions, recycles their buffers and slots, and re-arms while wanted. `counted`:
+  // CancelReceives has already taken them off outstanding_receives_ / multishot_armed_.
+  int ProcessReceives(std::span<const Completion> done, const DatagramHandler& handler, bool counted);
   int PollSocketDirectly(const DatagramHandler& handler, int64_t timeout_ns);
-  void CancelReceives();
+  // Cancels the armed receives and waits (up to 2 s) for their last completions; with `keep`, the completions that
+  // arrive meanwhile (data among them) are appended to it for ProcessReceives, else they are dropped.
+  void CancelReceives(std::vector<Completion>* keep = nullptr);
 
   Options options_;
   UdpEndpoint local_;
