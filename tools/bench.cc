@@ -30,11 +30,11 @@ int BenchWire(double seconds) {
     std::fprintf(stderr, "transport bench failed: %s\n", std::strerror(-t.error));
     return 1;
   }
-  std::printf("io_uring UDP, 4 KiB:      %7.0f packets/s  %6.2f Gbit/s  loss %.4f%%  (%s receive)\n", t.uring_pps,
-              t.uring_gbps, 100 * t.uring_loss, t.uring_multishot ? "multishot" : "fallback");
-  std::printf("sendmmsg/recvmmsg, 4 KiB: %7.0f packets/s  %6.2f Gbit/s  loss %.4f%%\n", t.raw_pps, t.raw_gbps,
-              100 * t.raw_loss);
-  std::printf("  ratio io_uring / raw:   %7.2f\n", t.raw_pps > 0 ? t.uring_pps / t.raw_pps : 0.0);
+  std::printf("io_uring UDP, 4 KiB:      %7.0f packets/s  %6.2f Gbit/s  loss %.4f%%  (%s receive)\n", t.uring.pps,
+              t.uring.gbps, 100 * t.uring.loss, t.uring_multishot ? "multishot" : "fallback");
+  std::printf("sendmmsg/recvmmsg, 4 KiB: %7.0f packets/s  %6.2f Gbit/s  loss %.4f%%\n", t.raw.pps, t.raw.gbps,
+              100 * t.raw.loss);
+  std::printf("  ratio io_uring / raw:   %7.2f\n", t.raw.pps > 0 ? t.uring.pps / t.raw.pps : 0.0);
   return 0;
 }
 
@@ -105,7 +105,7 @@ int BenchUdpThroughput(double seconds, size_t frame) {
     std::fprintf(stderr, "UDP GSO/GRO refused here: %s\n", std::strerror(-gso.error));
     return 1;
   }
-  std::printf("%.3f %.3f\n", raw.raw_gbps / 8, gso.gso_gbps / 8);
+  std::printf("%.3f %.3f\n", raw.raw.gbps / 8, gso.gso.gbps / 8);
   return 0;
 }
 

@@ -51,6 +51,16 @@ struct Credit {
 struct HalfResult {
   uint64_t sent = 0, received_in_time = 0, received = 0;
   double seconds = 0;
+
+  StreamFigures Figures(size_t frame_bytes) const {
+    StreamFigures f;
+    f.sent = sent;
+    f.received = received;
+    f.pps = double(received_in_time) / seconds;
+    f.gbps = f.pps * double(frame_bytes) * 8 / 1e9;
+    f.loss = sent ? 1.0 - double(received) / double(sent) : 0;
+    return f;
+  }
 };
 
 // Drives `send_batch` for `seconds`, then lets the receiver drain briefly.
@@ -96,11 +106,7 @@ int RunUring(size_t frame_bytes, double seconds, size_t window, TransportBenchRe
   const HalfResult h = DriveSender(credit, seconds, window, [&] { return tx->Send(batch); });
   rx->Wake();
   receiver.join();
-  out->uring_sent = h.sent;
-  out->uring_received = h.received;
-  out->uring_pps = double(h.received_in_time) / h.seconds;
-  out->uring_gbps = out->uring_pps * double(frame_bytes) * 8 / 1e9;
-  out->uring_loss = h.sent ? 1.0 - double(h.received) / double(h.sent) : 0;
+  out->uring = h.Figures(frame_bytes);
   return 0;
 }
 
@@ -119,15 +125,36 @@ int BoundLoopbackSocket(sockaddr_in* addr) {
   return fd;
 }
 
-int RunRaw(size_t frame_bytes, double seconds, size_t window, TransportBenchResult* out) {
-  sockaddr_in rx_addr, tx_addr;
-  const int rx = BoundLoopbackSocket(&rx_addr);
-  if (rx < 0) return rx;
-  const int tx = BoundLoopbackSocket(&tx_addr);
-  if (tx < 0) {
-    close(rx);
-    return tx;
+// A receiving and a sending socket (BoundLoopbackSocket), closed with the pair.
+struct SocketPair {
+  int rx = -1, tx = -1;
+  sockaddr_in rx_addr{};
+  ~SocketPair() {
+    if (rx >= 0) close(rx);
+    if (tx >= 0) close(tx);
   }
+  int Open() {
+    sockaddr_in tx_addr;
+    if ((rx = BoundLoopbackSocket(&rx_addr)) < 0) return rx;
+    if ((tx = BoundLoopbackSocket(&tx_addr)) < 0) return tx;
+    return 0;
+  }
+  // Fills `msgs` to send `iov` to the receiver.
+  void AddressTo(mmsghdr* msgs, int n, iovec* iov) {
+    for (int i = 0; i < n; ++i) {
+      msgs[i] = mmsghdr{};
+      msgs[i].msg_hdr.msg_name = &rx_addr;
+      msgs[i].msg_hdr.msg_namelen = sizeof rx_addr;
+      msgs[i].msg_hdr.msg_iov = iov;
+      msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+  }
+};
+
+int RunRaw(size_t frame_bytes, double seconds, size_t window, TransportBenchResult* out) {
+  SocketPair sockets;
+  if (int r = sockets.Open(); r < 0) return r;
+  const int rx = sockets.rx, tx = sockets.tx;
   Credit credit;
   std::thread receiver([&] {
     std::vector<uint8_t> buffers(size_t(kBatch) * std::max<size_t>(frame_bytes, 64));
@@ -147,43 +174,23 @@ int RunRaw(size_t frame_bytes, double seconds, size_t window, TransportBenchResu
   std::vector<uint8_t> payload(frame_bytes, 0x5a);
   mmsghdr msgs[kBatch];
   iovec iov{payload.data(), payload.size()};
-  for (int i = 0; i < kBatch; ++i) {
-    msgs[i] = mmsghdr{};
-    msgs[i].msg_hdr.msg_name = &rx_addr;
-    msgs[i].msg_hdr.msg_namelen = sizeof rx_addr;
-    msgs[i].msg_hdr.msg_iov = &iov;
-    msgs[i].msg_hdr.msg_iovlen = 1;
-  }
+  sockets.AddressTo(msgs, kBatch, &iov);
   const HalfResult h = DriveSender(credit, seconds, window, [&] { return sendmmsg(tx, msgs, kBatch, 0); });
   receiver.join();
-  close(rx);
-  close(tx);
-  out->raw_sent = h.sent;
-  out->raw_received = h.received;
-  out->raw_pps = double(h.received_in_time) / h.seconds;
-  out->raw_gbps = out->raw_pps * double(frame_bytes) * 8 / 1e9;
-  out->raw_loss = h.sent ? 1.0 - double(h.received) / double(h.sent) : 0;
+  out->raw = h.Figures(frame_bytes);
   return 0;
 }
 
 // UDP GSO + GRO: sends of as many whole `frame_bytes` segments as fit in one 64 KiB datagram, received coalesced.
 int RunGso(size_t frame_bytes, double seconds, size_t window, TransportBenchResult* out) {
-  sockaddr_in rx_addr, tx_addr;
-  const int rx = BoundLoopbackSocket(&rx_addr);
-  if (rx < 0) return rx;
-  const int tx = BoundLoopbackSocket(&tx_addr);
-  if (tx < 0) {
-    close(rx);
-    return tx;
-  }
+  SocketPair sockets;
+  if (int r = sockets.Open(); r < 0) return r;
+  const int rx = sockets.rx, tx = sockets.tx;
   const int on = 1;
   const int segment = int(frame_bytes);
   if (setsockopt(rx, IPPROTO_UDP, UDP_GRO, &on, sizeof on) < 0 ||
       setsockopt(tx, IPPROTO_UDP, UDP_SEGMENT, &segment, sizeof segment) < 0) {
-    const int e = -errno;
-    close(rx);
-    close(tx);
-    return e;
+    return -errno;
   }
   const size_t per_send = std::max<size_t>(1, std::min<size_t>(65507 / frame_bytes, 64));  // UDP_MAX_SEGMENTS 64
   Credit credit;
@@ -222,25 +229,13 @@ int RunGso(size_t frame_bytes, double seconds, size_t window, TransportBenchResu
   mmsghdr msgs[kBatch];
   iovec iov{payload.data(), payload.size()};
   constexpr int kSends = kBatch / 8;  // 4 super-datagrams per sendmmsg
-  for (int i = 0; i < kSends; ++i) {
-    msgs[i] = mmsghdr{};
-    msgs[i].msg_hdr.msg_name = &rx_addr;
-    msgs[i].msg_hdr.msg_namelen = sizeof rx_addr;
-    msgs[i].msg_hdr.msg_iov = &iov;
-    msgs[i].msg_hdr.msg_iovlen = 1;
-  }
+  sockets.AddressTo(msgs, kSends, &iov);
   const HalfResult h = DriveSender(credit, seconds, std::max(window, kSends * per_send + kBatch), [&] {
     const int n = sendmmsg(tx, msgs, kSends, 0);
     return n > 0 ? int(size_t(n) * per_send) : n;
   });
   receiver.join();
-  close(rx);
-  close(tx);
-  out->gso_sent = h.sent;
-  out->gso_received = h.received;
-  out->gso_pps = double(h.received_in_time) / h.seconds;
-  out->gso_gbps = out->gso_pps * double(frame_bytes) * 8 / 1e9;
-  out->gso_loss = h.sent ? 1.0 - double(h.received) / double(h.sent) : 0;
+  out->gso = h.Figures(frame_bytes);
   return 0;
 }
 
@@ -271,9 +266,9 @@ std::string TransportBenchResult::ToString() const {
                 "UDP loopback, %zu-byte datagrams, %.2f s, window %zu:\n"
                 "  io_uring (%s receive): %.0f pkt/s, %.2f Gbit/s, loss %.4f%% (%llu sent)\n"
                 "  sendmmsg/recvmmsg x32: %.0f pkt/s, %.2f Gbit/s, loss %.4f%% (%llu sent)\n",
-                frame_bytes, seconds, window, uring_multishot ? "multishot" : "single-shot", uring_pps, uring_gbps,
-                uring_loss * 100, static_cast<unsigned long long>(uring_sent), raw_pps, raw_gbps, raw_loss * 100,
-                static_cast<unsigned long long>(raw_sent));
+                frame_bytes, seconds, window, uring_multishot ? "multishot" : "single-shot", uring.pps, uring.gbps,
+                uring.loss * 100, static_cast<unsigned long long>(uring.sent), raw.pps, raw.gbps, raw.loss * 100,
+                static_cast<unsigned long long>(raw.sent));
   std::string s = buf;
   if (error) s += "  error: " + std::string(strerror(-error)) + "\n";
   return s;

@@ -11,31 +11,26 @@
 
 namespace uroce::wire {
 
+// One stream's figures: what the sender sent and the receiver got in time.
+struct StreamFigures {
+  double pps = 0;   // datagrams (GSO: segments) received per second
+  double gbps = 0;  // payload gigabits received per second
+  uint64_t sent = 0, received = 0;
+  double loss = 0;  // 1 - received / sent, after a short drain
+};
+
 struct TransportBenchResult {
   size_t frame_bytes = 0;  // UDP payload bytes per datagram
   double seconds = 0;      // measured duration of each half
   size_t window = 0;       // datagrams allowed in flight
 
-  // UringTransport (multishot receive when the kernel has it).
-  double uring_pps = 0;   // datagrams received per second
-  double uring_gbps = 0;  // payload gigabits received per second
-  uint64_t uring_sent = 0, uring_received = 0;
-  double uring_loss = 0;  // 1 - received / sent, after a short drain
+  StreamFigures uring;  // UringTransport (multishot receive when the kernel has it)
   bool uring_multishot = false;
-
-  // Plain sockets, sendmmsg / recvmmsg, batch 32.
-  double raw_pps = 0;
-  double raw_gbps = 0;
-  uint64_t raw_sent = 0, raw_received = 0;
-  double raw_loss = 0;
-
+  StreamFigures raw;    // plain sockets, sendmmsg / recvmmsg, batch 32
   // Plain sockets with UDP GSO and GRO: each send is up to 64 KiB of `frame_bytes` segments (UDP_SEGMENT), which
   // the receiver takes back as coalesced buffers (UDP_GRO). Counted in segments, so comparable with the two above:
-  // the loopback ceiling for a stream of packets of this size.
-  double gso_pps = 0;
-  double gso_gbps = 0;
-  uint64_t gso_sent = 0, gso_received = 0;
-  double gso_loss = 0;
+  // the loopback ceiling for a stream of packets of this size (RunGsoBench only).
+  StreamFigures gso;
 
   int error = 0;  // -errno when a half could not be set up (its figures stay 0)
 
