@@ -1043,19 +1043,15 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     for (auto& [_, qp] : qps_) {
       if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) continue;  // the RC requesters
       RcTimersLocked(qp.get(), now, out);
-      const uint64_t d = RcNextDeadline(qp.get());
-      if (d != 0 && (next == 0 || d < next)) next = d;
+      next = wire::EarlierDeadline(next, RcNextDeadline(qp.get()));
     }
     // A requester that failed above may have left room for others: come back at once for them.
     for (auto& [peer, path] : paths_)
       if (path.MaySend() && !path.waiting().empty()) next = now;
-    poller_deadline_ = next == 0 || (poller_returns_by_ns != 0 && poller_returns_by_ns < next) ? poller_returns_by_ns
-                                                                                                 : next;
+    poller_deadline_ = wire::EarlierDeadline(next, poller_returns_by_ns);
   }
   Transmit(out);
-  const uint64_t cm_next = cm_.RunTimers();
-  if (cm_next != 0 && (next == 0 || cm_next < next)) next = cm_next;
-  return next;
+  return wire::EarlierDeadline(next, cm_.RunTimers());
 }
 
 void Device::WakeForTimer(uint64_t deadline) {

@@ -575,9 +575,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
 
 uint64_t Device::RcNextDeadline(QueuePair* qp) const {
   const RcRequester& r = qp->requester();
-  uint64_t d = r.retransmit_deadline_ns;
-  if (r.rnr_deadline_ns != 0 && (d == 0 || r.rnr_deadline_ns < d)) d = r.rnr_deadline_ns;
-  return d;
+  return wire::EarlierDeadline(r.retransmit_deadline_ns, r.rnr_deadline_ns);
 }
 
 void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {

@@ -64,14 +64,12 @@ bool Fabric::StepUntil(uint64_t deadline_ns) {
   }
   uint64_t next_timer = 0;
   for (auto& node : nodes_) {
-    const uint64_t t = node->device->RunTimers();
-    if (t != 0 && (next_timer == 0 || t < next_timer)) next_timer = t;
+    next_timer = wire::EarlierDeadline(next_timer, node->device->RunTimers());
   }
   last_delivered_ = n;
   if (n > 0) return true;
   auto next = network_.NextDeliveryNs();
-  uint64_t target = next ? *next : 0;
-  if (next_timer != 0 && (target == 0 || next_timer < target)) target = next_timer;
+  const uint64_t target = wire::EarlierDeadline(next ? *next : 0, next_timer);
   if (target == 0) return false;
   if (deadline_ns != 0 && target > deadline_ns) return false;
   if (target > clock_.NowNs()) clock_.Set(target);

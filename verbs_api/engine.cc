@@ -356,7 +356,7 @@ void Engine::ProgressLoop() {
     const uint64_t returns_by =
         now - last_traffic_ns_.load(std::memory_order_relaxed) < kActiveNs ? now + kTickNs : 0;
     const uint64_t deadline = dev->RunTimers(returns_by);
-    const uint64_t wake_at = deadline == 0 ? returns_by : returns_by == 0 ? deadline : std::min(deadline, returns_by);
+    const uint64_t wake_at = wire::EarlierDeadline(deadline, returns_by);
     int64_t timeout = -1;  // idle: block in the kernel until a packet or Wake()
     if (wake_at != 0) {
       now = clock.NowNs();
@@ -369,7 +369,6 @@ void Engine::ProgressLoop() {
     }
     if (n > 0) last_traffic_ns_.store(clock.NowNs(), std::memory_order_relaxed);
   }
-  if (handed) HandReceiveToApplications(false);
 }
 
 void Engine::HandReceiveToApplications(bool to_applications) {

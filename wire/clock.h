@@ -7,6 +7,9 @@
 
 namespace uroce::wire {
 
+// The earlier of two deadlines in a Clock's nanoseconds, where 0 means "none" (timers, pollers' returns).
+constexpr uint64_t EarlierDeadline(uint64_t a, uint64_t b) { return a == 0 ? b : b == 0 ? a : a < b ? a : b; }
+
 class Clock {
  public:
   virtual ~Clock() = default;
