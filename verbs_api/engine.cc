@@ -323,7 +323,7 @@ void Engine::PrintStatsOnce() {
            " corrupted " + std::to_string(c.corrupted) + "\n";
   };
   text += "progress_handovers " + std::to_string(handovers_.load()) + "\napplication_received " +
-          std::to_string(app_datagrams_.load()) + "\napplication_think_ns " + std::to_string(think_ns_.load()) +
+          std::to_string(app_datagrams_.load()) + "\napplication_think_ns " + std::to_string(poll_pattern_.think_ns()) +
           "\n";
   if (faults_ != nullptr) {
     text += faults_line("faults_send", faults_->send_counters());
@@ -381,20 +381,7 @@ void Engine::HandReceiveToApplications(bool to_applications) {
 
 int Engine::DriveFromApplication() {
   const uint64_t now = wire::SystemClock::Instance().NowNs();
-  const uint64_t last = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
-  if (now - last > kStreakGapNs) streak_start_ns_.store(now, std::memory_order_relaxed);
-  const uint64_t completed = last_completion_ns_.load(std::memory_order_relaxed);
-  uint64_t think = think_ns_.load(std::memory_order_relaxed);
-  if (completed > last && completed <= now) {  // the first empty poll since a completion
-    think = (think * 7 + (now - completed)) / 8;
-    think_ns_.store(think, std::memory_order_relaxed);
-  }
-  if (think >= kThinkNs && now - last_probe_ns_.load(std::memory_order_relaxed) > kProbeEveryNs) {
-    // Think times measured while the progress thread receives include its wake-ups: try engaging again now and then.
-    last_probe_ns_.store(now, std::memory_order_relaxed);
-    think_ns_.store(think = 0, std::memory_order_relaxed);
-  }
-  if (now - streak_start_ns_.load(std::memory_order_relaxed) < kEngageNs || think >= kThinkNs) return -1;
+  if (!poll_pattern_.OnEmptyPoll(now)) return -1;
   const uint64_t lease = lease_until_ns_.load(std::memory_order_relaxed);
   if (lease < now + kLeaseNs / 2) {
     lease_until_ns_.store(now + kLeaseNs, std::memory_order_release);
@@ -419,7 +406,7 @@ int Engine::DriveFromApplication() {
 }
 
 void Engine::ApplicationSleeps() {
-  streak_start_ns_.store(wire::SystemClock::Instance().NowNs(), std::memory_order_relaxed);
+  poll_pattern_.OnSleep(wire::SystemClock::Instance().NowNs());
   if (lease_until_ns_.exchange(0, std::memory_order_acq_rel) == 0) return;
   std::lock_guard lock(idle_mu_);
   idle_cv_.notify_one();

@@ -5,7 +5,7 @@
 //
 // Who receives (docs/ARCHITECTURE.md, "Progress"): by default the progress thread, blocked in the kernel between
 // packets. But a thread that keeps polling an empty CQ is a CPU already spent waiting, and waking a sleeping thread
-// costs ~30 us on these machines: once an application has polled an empty CQ for kEngageNs without stopping, the
+// costs ~30 us on these machines: once an application polls empty CQs the way PollPattern recognises, the
 // progress thread disarms the transport's receives and steps aside for a lease that every empty poll renews; the
 // polling thread then receives, processes and sends itself (DriveFromApplication), and nobody is woken per packet.
 // The lease ends when polling stops (kLeaseNs) or at once when the application arms a CQ to sleep
@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "emu/device.h"
+#include "verbs_api/poll_pattern.h"
 #include "wire/address.h"
 #include "wire/clock.h"
 #include "wire/fault_transport.h"
@@ -85,8 +86,8 @@ class Engine {
   // An application thread is about to sleep on a completion event (ibv_req_notify_cq): the receive side goes back to
   // the progress thread now instead of at the end of the lease.
   void ApplicationSleeps();
-  // A poll returned completions: the start of the application's think time (see kThinkNs).
-  void NoteCompletion() { last_completion_ns_.store(wire::SystemClock::Instance().NowNs(), std::memory_order_relaxed); }
+  // A poll returned completions: the start of the application's think time (PollPattern).
+  void NoteCompletion() { poll_pattern_.OnCompletion(wire::SystemClock::Instance().NowNs()); }
 
  private:
   Engine() = default;
@@ -95,15 +96,6 @@ class Engine {
   // The progress thread's side of the lease: hands the receive side to applications or takes it back.
   void HandReceiveToApplications(bool to_applications);
 
-  // An application takes over receiving when it has polled an empty CQ for kEngageNs without a gap above
-  // kStreakGapNs (a program that polls once and then sleeps never does), and when it comes back to poll soon after
-  // a completion: its think time (a completion to the next empty poll, averaged) is under kThinkNs. A program that
-  // polls a CQ and then waits elsewhere (ib_write_lat spins on memory for the peer's write) must not: nobody would
-  // receive for it until the lease ended.
-  static constexpr uint64_t kEngageNs = 20'000;
-  static constexpr uint64_t kStreakGapNs = 50'000;
-  static constexpr uint64_t kThinkNs = 6'000;
-  static constexpr uint64_t kProbeEveryNs = 20'000'000;  // a disengaged application is given another try this often
   static constexpr uint64_t kLeaseNs = 200'000;       // how long one empty poll keeps the receive side
   static constexpr uint64_t kAppTimersEveryNs = 250'000;  // how often polling applications run the device's timers
   // While packets flowed in the last kActiveNs the progress thread comes back every kTickNs even with no timer due,
@@ -127,11 +119,7 @@ class Engine {
   std::mutex receive_mu_;          // held by whichever thread calls transport_->Poll
   bool receive_with_applications_ = false;  // guarded by receive_mu_: receives disarmed, applications poll
   std::atomic<uint64_t> lease_until_ns_{0};        // applications hold the receive side until then
-  std::atomic<uint64_t> last_empty_poll_ns_{0};    // the streak of empty polls (kEngageNs)
-  std::atomic<uint64_t> streak_start_ns_{0};
-  std::atomic<uint64_t> last_completion_ns_{0};
-  std::atomic<uint64_t> think_ns_{0};  // moving average
-  std::atomic<uint64_t> last_probe_ns_{0};
+  PollPattern poll_pattern_;                       // whether a polling application should receive
   std::atomic<uint64_t> app_timers_due_ns_{0};
   std::atomic<uint64_t> last_traffic_ns_{0};       // when a Poll last delivered something (kActiveNs)
   std::mutex idle_mu_;                             // the progress thread waits on idle_cv_ during a lease

@@ -1,0 +1,29 @@
+#include "verbs_api/poll_pattern.h"
+
+#include <algorithm>
+
+namespace uroce::verbs {
+
+bool PollPattern::OnEmptyPoll(uint64_t now) {
+  const uint64_t last = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
+  if (now - last > kStreakGapNs) streak_start_ns_.store(now, std::memory_order_relaxed);
+  const uint64_t completed = last_completion_ns_.load(std::memory_order_relaxed);
+  uint64_t think = think_ns_.load(std::memory_order_relaxed);
+  // The first empty poll since a completion, which came while this process received for itself.
+  if (completed > last && completed <= now && engaged_.load(std::memory_order_relaxed)) {
+    const uint64_t before = think;
+    think = (think * 7 + std::min(now - completed, kThinkClipNs)) / 8;
+    think_ns_.store(think, std::memory_order_relaxed);
+    // Disengaged now: the next offer comes kProbeEveryNs from here.
+    if (before < kThinkNs && think >= kThinkNs) last_probe_ns_.store(now, std::memory_order_relaxed);
+  }
+  if (think >= kThinkNs && now - last_probe_ns_.load(std::memory_order_relaxed) > kProbeEveryNs) {
+    last_probe_ns_.store(now, std::memory_order_relaxed);
+    think_ns_.store(think = kThinkNs - 1, std::memory_order_relaxed);
+  }
+  const bool engage = now - streak_start_ns_.load(std::memory_order_relaxed) >= kEngageNs && think < kThinkNs;
+  engaged_.store(engage, std::memory_order_relaxed);
+  return engage;
+}
+
+}  // namespace uroce::verbs

@@ -1,0 +1,51 @@
+// PollPattern: from the timeline of an application's CQ polls, whether a thread that found a CQ empty should take
+// the receive side over from the progress thread (verbs_api/engine.h, docs/ARCHITECTURE.md "Progress: who
+// receives"). Lock-free; any number of application threads may report into one PollPattern.
+//
+// A thread engages when it has polled empty CQs without a gap above kStreakGapNs for kEngageNs (a program that polls
+// once and then sleeps never does), and when it comes back to poll soon after a completion: its think time, from a
+// poll that returned completions to the next empty poll, averaged, is under kThinkNs. A program that polls a CQ and
+// then waits elsewhere (ib_write_lat spins on memory for the peer's RDMA WRITE) must not engage: nobody would
+// receive for it until the lease ended.
+//
+// Think times are sampled only while the application holds the receive side. Measured while the progress thread
+// receives they mean nothing: its wake-ups inflate them for a ping-pong (ib_send_lat stayed disengaged, 40 us per
+// half round trip instead of 6), and for ib_write_lat they shrink, since one wake-up delivers the ACK and the peer's
+// WRITE together. A disengaged process is offered the receive side again every kProbeEveryNs, starting just under
+// kThinkNs, so that one long think ends the offer. Each sample is clipped at kThinkClipNs: one preemption (2 cores,
+// four busy threads) is a think time of a whole time slice, and must not end a ping-pong's engagement (it takes five
+// in a row from a think time of ~1 us; from the start, six long thinks disengage).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace uroce::verbs {
+
+class PollPattern {
+ public:
+  static constexpr uint64_t kEngageNs = 20'000;
+  static constexpr uint64_t kStreakGapNs = 50'000;
+  static constexpr uint64_t kThinkNs = 6'000;
+  static constexpr uint64_t kThinkClipNs = 2 * kThinkNs;
+  static constexpr uint64_t kProbeEveryNs = 100'000'000;
+
+  // A poll returned completions at `now_ns`: the start of a think time.
+  void OnCompletion(uint64_t now_ns) { last_completion_ns_.store(now_ns, std::memory_order_relaxed); }
+  // A poll found the CQ empty at `now_ns`. Returns true when the polling thread should hold the receive side.
+  bool OnEmptyPoll(uint64_t now_ns);
+  // The application arms a CQ to sleep on its channel (ibv_req_notify_cq): the streak of empty polls ends.
+  void OnSleep(uint64_t now_ns) { streak_start_ns_.store(now_ns, std::memory_order_relaxed); }
+  // The averaged think time (printed with the counters).
+  uint64_t think_ns() const { return think_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> last_empty_poll_ns_{0};
+  std::atomic<uint64_t> streak_start_ns_{0};
+  std::atomic<uint64_t> last_completion_ns_{0};
+  std::atomic<uint64_t> think_ns_{0};  // moving average of clipped samples taken while engaged
+  std::atomic<bool> engaged_{false};              // the last verdict of OnEmptyPoll
+  std::atomic<uint64_t> last_probe_ns_{0};
+};
+
+}  // namespace uroce::verbs
