@@ -44,7 +44,7 @@ class PollPattern {
   std::atomic<uint64_t> streak_start_ns_{0};
   std::atomic<uint64_t> last_completion_ns_{0};
   std::atomic<uint64_t> think_ns_{0};  // moving average of clipped samples taken while engaged
-  std::atomic<bool> engaged_{false};              // the last verdict of OnEmptyPoll
+  std::atomic<bool> engaged_{false};   // the last verdict of OnEmptyPoll
   std::atomic<uint64_t> last_probe_ns_{0};
 };
 

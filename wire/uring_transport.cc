@@ -176,6 +176,16 @@ UringTransport::~UringTransport() {
   if (buf_ring_) munmap(buf_ring_, buf_ring_bytes_);
 }
 
+void UringTransport::CountEndedReceive(const Completion& c) {
+  const uint64_t tag = c.user_data & kTagMask;
+  if (tag == kTagMultishot && !(c.flags & IORING_CQE_F_MORE)) {
+    multishot_armed_ = false;
+    --outstanding_receives_;
+  } else if (tag == kTagFallback) {
+    --outstanding_receives_;
+  }
+}
+
 // Cancels outstanding receives and waits for their final completions, so the kernel never writes into buffers
 // after they are freed (ring teardown alone cancels asynchronously).
 void UringTransport::CancelReceives(std::vector<Completion>* keep) {
@@ -197,15 +207,11 @@ void UringTransport::CancelReceives(std::vector<Completion>* keep) {
       ++seen;
       const uint64_t tag = cqe->user_data & kTagMask;
       if (tag == kTagCancel) continue;
+      const Completion c{cqe->user_data, cqe->res, cqe->flags};
       // Counted here, so that a later Cancel or re-arm sees the truth before the kept completions are handled
       // (ProcessReceives is told they are counted).
-      if (tag == kTagMultishot && !(cqe->flags & IORING_CQE_F_MORE)) {
-        multishot_armed_ = false;
-        --outstanding_receives_;
-      } else if (tag == kTagFallback) {
-        --outstanding_receives_;
-      }
-      if (keep) keep->push_back(Completion{cqe->user_data, cqe->res, cqe->flags});
+      CountEndedReceive(c);
+      if (keep) keep->push_back(c);
     }
     io_uring_cq_advance(ring, seen);
   }
@@ -369,13 +375,8 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
   for (unsigned i = 0; i < n; ++i) {
     const Completion& c = done[i];
     const uint64_t tag = c.user_data & kTagMask;
+    if (!counted) CountEndedReceive(c);
     if (tag == kTagMultishot) {
-      if (!(c.flags & IORING_CQE_F_MORE)) {
-        if (!counted) {
-          multishot_armed_ = false;
-          --outstanding_receives_;
-        }
-      }
       if (c.flags & IORING_CQE_F_BUFFER) {
         const uint16_t bid = uint16_t(c.flags >> IORING_CQE_BUFFER_SHIFT);
         uint8_t* buf = receive_buffers_ + size_t(bid) * buf_size_;
@@ -409,7 +410,6 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
       }
     } else if (tag == kTagFallback) {
       const uint32_t index = uint32_t(c.user_data);
-      if (!counted) --outstanding_receives_;
       ReceiveSlot& slot = receive_slots_[index];
       if (c.res >= 0) {
         if (DeliverReceived(handler, slot.msg, {slot.buffer, size_t(c.res)}, slot.msg.msg_flags, local_, counters_)) {

@@ -96,6 +96,8 @@ class UringTransport final : public Transport {
   void ReapSendsLocked();
   int ArmReceives();
   int ReapReceives(const DatagramHandler& handler);
+  // A receive's last completion (a multishot without IORING_CQE_F_MORE, any single-shot one): it is no longer armed.
+  void CountEndedReceive(const Completion& c);
   // Delivers the data of receive completions, recycles their buffers and slots, and re-arms while wanted. `counted`:
   // CancelReceives has already taken them off outstanding_receives_ / multishot_armed_.
   int ProcessReceives(std::span<const Completion> done, const DatagramHandler& handler, bool counted);
