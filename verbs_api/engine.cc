@@ -268,6 +268,11 @@ int Engine::Start(const EngineConfig& config) {
   }
   if (rc < 0) return -rc;
   transport_name_ = choice == TransportChoice::kSocket ? "socket" : "io_uring";
+  if (auto* uring = dynamic_cast<wire::UringTransport*>(transport_.get())) {
+    udp_counters_ = [uring] { return uring->counters(); };
+  } else if (auto* socket = dynamic_cast<wire::SocketTransport*>(transport_.get())) {
+    udp_counters_ = [socket] { return socket->counters(); };
+  }
   // Decorators, innermost first: faults act on what leaves and arrives; the capture records what the HCA sent and
   // what it was handed, so a dropped packet shows in the sender's capture and not in the receiver's.
   if (!config.faults.empty()) {
@@ -325,6 +330,13 @@ void Engine::PrintStatsOnce() {
   text += "progress_handovers " + std::to_string(handovers_.load()) + "\napplication_received " +
           std::to_string(app_datagrams_.load()) + "\napplication_think_ns " + std::to_string(poll_pattern_.think_ns()) +
           "\n";
+  if (udp_counters_) {
+    // What the socket saw: UDP_SEGMENT sends and UDP_GRO receives each carried a run of these datagrams.
+    const wire::UdpCounters u = udp_counters_();
+    text += "udp_datagrams_sent " + std::to_string(u.packets_sent) + "\nudp_segmented_sends " +
+            std::to_string(u.segmented_sends) + "\nudp_datagrams_received " + std::to_string(u.packets_received) +
+            "\nudp_coalesced_receives " + std::to_string(u.coalesced_receives) + "\n";
+  }
   if (faults_ != nullptr) {
     text += faults_line("faults_send", faults_->send_counters());
     text += faults_line("faults_receive", faults_->receive_counters());

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "wire/multicast_receiver.h"
 #include "wire/pcap.h"
 #include "wire/transport.h"
+#include "wire/udp_socket.h"
 
 namespace uroce::verbs {
 
@@ -112,6 +114,7 @@ class Engine {
   const char* transport_name_ = "";
   bool stats_ = false;
   std::atomic<bool> stats_printed_{false};
+  std::function<wire::UdpCounters()> udp_counters_;  // the UDP socket transport's, for UROCE_STATS
   wire::FaultInjectingTransport* faults_ = nullptr;  // the fault decorator inside transport_ (UROCE_FAULTS)
   std::atomic<bool> stop_{false};
 

@@ -18,7 +18,7 @@ void FaultInjectingTransport::ReleaseDueSendsLocked(uint64_t now) {
   if (held_sends_.empty() || held_sends_.begin()->first.first > now) return;
   std::vector<OutDatagram> out;
   for (auto it = held_sends_.begin(); it != held_sends_.end() && it->first.first <= now; ++it) {
-    out.push_back(OutDatagram{it->second.dst, it->second.src_port, it->second.payload});
+    out.push_back(OutDatagram{it->second.dst, it->second.src_port, it->second.payload, it->second.has_icrc});
   }
   const int sent = inner_->Send(out);
   // What the inner transport did not take stays held and is retried on the next call.
@@ -72,7 +72,8 @@ int FaultInjectingTransport::Send(std::span<const OutDatagram> batch) {
   for (const Pending& p : delayed) {
     if (p.owner >= accepted) break;
     held_sends_.emplace(std::make_pair(now + p.delay_ns, send_seq_++),
-                        HeldSend{p.dg.dst, p.dg.src_port, std::vector<uint8_t>(p.dg.payload.begin(), p.dg.payload.end())});
+                        HeldSend{p.dg.dst, p.dg.src_port, std::vector<uint8_t>(p.dg.payload.begin(), p.dg.payload.end()),
+                                 p.dg.has_icrc});
   }
   for (size_t i = 0; i < accepted; ++i) send_counters_.Count(decisions[i]);
   send_index_ += accepted;

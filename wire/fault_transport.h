@@ -56,6 +56,7 @@ class FaultInjectingTransport final : public Transport {
     UdpEndpoint dst;
     uint16_t src_port;
     std::vector<uint8_t> payload;
+    bool has_icrc = true;
   };
   struct HeldReceive {
     UdpEndpoint src;

@@ -297,6 +297,7 @@ struct IpIdSolver {
   size_t packet_size = 0;
   uint32_t basis[32] = {};
   uint16_t mask[32] = {};
+  uint32_t bit_change[16] = {};  // the ICRC change caused by ID bit i alone (IcrcIpIdChange)
 
   void Build(size_t size) {
     packet_size = size;
@@ -308,7 +309,8 @@ struct IpIdSolver {
     for (int i = 0; i < 16; ++i) {
       const uint16_t id = static_cast<uint16_t>(1u << i);
       const uint8_t bytes[2] = {static_cast<uint8_t>(id >> 8), static_cast<uint8_t>(id)};
-      Insert(MulModP(RawSliceBy8(0, bytes, 2), shift), id);
+      bit_change[i] = MulModP(RawSliceBy8(0, bytes, 2), shift);
+      Insert(bit_change[i], id);
     }
   }
   void Insert(uint32_t v, uint16_t m) {
@@ -334,6 +336,21 @@ struct IpIdSolver {
     return m;
   }
 };
+
+// The linear map for one packet length, cached per thread for the last few lengths seen: an RC stream mixes at least
+// three (FIRST with its RETH, MIDDLE/LAST, ACK), which must not evict one another.
+const IpIdSolver& SolverFor(size_t packet_size) {
+  constexpr size_t kWays = 8;
+  static thread_local IpIdSolver cache[kWays];
+  static thread_local size_t next_victim = 0;
+  for (IpIdSolver& solver : cache) {
+    if (solver.packet_size == packet_size) return solver;
+  }
+  IpIdSolver& solver = cache[next_victim];
+  next_victim = (next_victim + 1) % kWays;
+  solver.Build(packet_size);
+  return solver;
+}
 
 }  // namespace
 
@@ -374,10 +391,17 @@ std::optional<uint16_t> RecoverIpId(const Flow& flow, std::span<const uint8_t> p
     return std::nullopt;
   }
   // F(id) = F(0) ^ L(id) for a linear L; find id with L(id) == got ^ F(0).
-  static thread_local IpIdSolver cache[4];
-  IpIdSolver& solver = cache[(packet.size() / 4) % 4];
-  if (solver.packet_size != packet.size()) solver.Build(packet.size());
-  return solver.Solve(got ^ want);
+  return SolverFor(packet.size()).Solve(got ^ want);
+}
+
+uint32_t IcrcIpIdChange(size_t packet_size, uint16_t id_xor) {
+  if (packet_size < kMinPacketSize || id_xor == 0) return 0;
+  const IpIdSolver& solver = SolverFor(packet_size);
+  uint32_t change = 0;
+  for (int i = 0; i < 16; ++i) {
+    if ((id_xor >> i) & 1) change ^= solver.bit_change[i];
+  }
+  return change;
 }
 
 IcrcCheck VerifyIcrc(const Flow& flow, std::span<const uint8_t> packet) {

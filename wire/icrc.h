@@ -66,4 +66,11 @@ IcrcCheck VerifyIcrc(const Flow& flow, std::span<const uint8_t> packet);
 // Cost: one ComputeIcrc plus a few hundred operations (the linear map is cached per packet length, per thread).
 std::optional<uint16_t> RecoverIpId(const Flow& flow, std::span<const uint8_t> packet);
 
+// The change to a sealed ICRC (XOR it into the value stored in the last 4 bytes) when an IPv4 packet of
+// `packet_size` bytes (BTH through ICRC) leaves with an IP Identification that differs from the one it was sealed for
+// by `id_xor` bits. A transport that hands the kernel a run of datagrams in one UDP_SEGMENT send re-seals with it:
+// Linux numbers the segments' Identifications base, base+1, ... (wire/segmented_wire_test), and the ICRC covers them.
+// The CRC is linear, so this costs a table lookup per set bit (the table is cached per packet length, per thread).
+uint32_t IcrcIpIdChange(size_t packet_size, uint16_t id_xor);
+
 }  // namespace uroce::wire

@@ -234,6 +234,22 @@ TEST(Icrc, ZeroBytesAdvanceEqualsMultiplication) {
   }
 }
 
+TEST(Icrc, IpIdChangeReSealsForAnotherIdentification) {
+  std::mt19937 rng(9);
+  for (int i = 0; i < 200; ++i) {
+    // Random sizes, far more than the per-thread cache holds: a stale cached map would show.
+    const size_t size = 16 + 4 * (rng() % 300);
+    auto packet = RandomBytes(rng, size);
+    const uint16_t sealed_for = static_cast<uint16_t>(rng());
+    const uint16_t leaves_with = static_cast<uint16_t>(rng());
+    SealIcrc(V4Flow(sealed_for), packet);
+    const uint32_t stored = LoadLe32(packet.data() + size - 4);
+    EXPECT_EQ(stored ^ IcrcIpIdChange(size, sealed_for ^ leaves_with), ComputeIcrc(V4Flow(leaves_with), packet)) << i;
+  }
+  EXPECT_EQ(IcrcIpIdChange(4112, 0), 0u);
+  EXPECT_EQ(IcrcIpIdChange(8, 5), 0u);  // shorter than any packet
+}
+
 TEST(Icrc, RecoverIpId) {
   std::mt19937 rng(8);
   for (int i = 0; i < 200; ++i) {

@@ -8,11 +8,14 @@
 //    while its send buffer is full, as UringTransport waits for a free slot. A datagram the kernel refuses
 //    (EACCES for broadcast, ENETUNREACH, ...) is counted in send_errors / last_send_error and skipped, as a failed
 //    send completion is in UringTransport: this is a datagram network.
-//  - Poll: recvmmsg(MSG_DONTWAIT) of up to Options::batch datagrams into transport-owned buffers; when nothing is
-//    queued, ppoll(2) on the socket and a wake-up eventfd, so an idle Poll blocks in the kernel. The handler runs
-//    holding no lock (it may Send).
+//    Runs of equal-size datagrams to one destination leave as one UDP_SEGMENT message (wire/udp_socket.h), with each
+//    ICRC re-sealed for the IP ID its segment gets; a run the kernel refuses is sent again one datagram at a time.
+//  - Poll: recvmmsg(MSG_DONTWAIT) of up to Options::batch receives into transport-owned buffers (each a datagram, or
+//    a UDP_GRO run split back into its datagrams); when nothing is queued, ppoll(2) on the socket and a wake-up
+//    eventfd, so an idle Poll blocks in the kernel. The handler runs holding no lock (it may Send).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -25,9 +28,10 @@
 namespace uroce::wire {
 
 struct SocketTransportOptions {
-  unsigned batch = 64;                // datagrams per recvmmsg / sendmmsg call
+  unsigned batch = 64;                // receives per recvmmsg, datagrams per sendmmsg call
   size_t max_datagram = 9216;         // larger received datagrams are truncated: counted and not delivered
   int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
+  bool udp_offloads = true;           // UDP_SEGMENT sends and UDP_GRO receives where the kernel has them
 };
 
 class SocketTransport final : public Transport {
@@ -57,6 +61,8 @@ class SocketTransport final : public Transport {
 
   UdpCounters counters() const { return counters_.Snapshot(); }
   int fd() const { return fd_; }
+  bool segmenting() const { return gso_.load(std::memory_order_relaxed); }  // UDP_SEGMENT in use
+  bool coalescing() const { return gro_; }                                   // UDP_GRO in use
 
  private:
   SocketTransport() = default;
@@ -68,6 +74,9 @@ class SocketTransport final : public Transport {
   int family_ = 0;
   int wake_fd_ = -1;
   UdpCounterSet counters_;
+  // Turned off for good when the kernel refuses a UDP_SEGMENT send with EIO (no checksum offload on the route).
+  std::atomic<bool> gso_{false};
+  bool gro_ = false;
 
   DatagramReceiver receiver_;  // the polling thread only
 };

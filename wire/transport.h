@@ -23,6 +23,10 @@ struct OutDatagram {
   UdpEndpoint dst;
   uint16_t src_port = 0;  // Wanted UDP source port (RoCEv2 flow entropy); see Transport::OutgoingFlow.
   std::span<const uint8_t> payload;
+  // The last 4 bytes are an ICRC sealed for OutgoingFlow. A transport that sends a run of datagrams in one UDP_SEGMENT
+  // send, whose segments Linux numbers with IPv4 Identifications 0, 1, 2, ..., re-seals each for the ID it will
+  // carry (wire::IcrcIpIdChange). false: opaque bytes, sent exactly as given (tests, non-RoCE traffic).
+  bool has_icrc = true;
 };
 
 // One received datagram, valid only during the handler call.

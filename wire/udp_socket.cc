@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <time.h>
 #include <unistd.h>
@@ -10,6 +11,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+
+#include "wire/bytes.h"
+#include "wire/icrc.h"
 
 namespace uroce::wire {
 namespace {
@@ -41,8 +45,8 @@ int SetOptions(int fd, int family, int buffer_bytes) {
 
 }  // namespace
 
-void UdpCounterSet::Sent(size_t bytes) {
-  packets_sent_.fetch_add(1, std::memory_order_relaxed);
+void UdpCounterSet::Sent(size_t bytes, uint64_t packets) {
+  packets_sent_.fetch_add(packets, std::memory_order_relaxed);
   bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
@@ -58,6 +62,8 @@ void UdpCounterSet::Received(size_t bytes) {
 
 UdpCounters UdpCounterSet::Snapshot() const {
   UdpCounters c;
+  c.segmented_sends = segmented_sends_.load();
+  c.coalesced_receives = coalesced_receives_.load();
   c.packets_sent = packets_sent_.load();
   c.bytes_sent = bytes_sent_.load();
   c.send_errors = send_errors_.load();
@@ -93,6 +99,48 @@ int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* lo
     return r;
   }
   return fd;
+}
+
+void EnableUdpOffloads(int fd, bool* gso, bool* gro) {
+  // UDP_SEGMENT as a socket option sets a default segment size; 0 keeps every send whole unless its control message
+  // says otherwise, and the option's acceptance is how to tell that the kernel knows UDP_SEGMENT at all.
+  const int zero = 0, one = 1;
+  *gso = setsockopt(fd, SOL_UDP, UDP_SEGMENT, &zero, sizeof zero) == 0;
+  *gro = setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
+}
+
+size_t GsoRunLength(std::span<const OutDatagram> batch) {
+  if (batch.empty()) return 0;
+  const OutDatagram& first = batch[0];
+  const size_t size = first.payload.size();
+  if (size == 0) return 1;
+  size_t n = 1, bytes = size;
+  while (n < batch.size() && n < kMaxGsoSegments) {
+    const OutDatagram& next = batch[n];
+    const size_t len = next.payload.size();
+    if (len == 0 || len > size || next.dst != first.dst || bytes + len > kMaxGsoBytes) break;
+    bytes += len;
+    ++n;
+    if (len < size) break;  // only the last segment may be shorter
+  }
+  return n;
+}
+
+uint32_t GsoSegmentTrailer(const OutDatagram& dg, size_t k) {
+  const size_t size = dg.payload.size();
+  const uint32_t stored = size >= 4 ? LoadLe32(dg.payload.data() + size - 4) : 0;
+  if (!dg.has_icrc || !dg.dst.addr.is_v4()) return stored;
+  return stored ^ IcrcIpIdChange(size, static_cast<uint16_t>(k));  // sealed for ID 0 (Transport::OutgoingFlow)
+}
+
+void SetUdpSegmentControl(msghdr* msg, uint8_t* control, uint16_t segment_size) {
+  msg->msg_control = control;
+  msg->msg_controllen = kUdpSegmentControlBytes;
+  cmsghdr* c = CMSG_FIRSTHDR(msg);
+  c->cmsg_level = SOL_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof segment_size);
+  std::memcpy(CMSG_DATA(c), &segment_size, sizeof segment_size);
 }
 
 int ToSockaddr(const UdpEndpoint& ep, int family, sockaddr_storage* sa, socklen_t* len) {
@@ -131,18 +179,19 @@ bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep) {
   return false;
 }
 
-bool DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload,
-                     int msg_flags, const UdpEndpoint& local, UdpCounterSet& counters) {
+int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload, int msg_flags,
+                    const UdpEndpoint& local, size_t max_datagram, UdpCounterSet& counters) {
   if (msg_flags & MSG_TRUNC) {
     counters.Truncated();
-    return false;
+    return 0;
   }
   InDatagram in;
   if (!FromSockaddr(msg.msg_name, msg.msg_namelen, &in.src)) {
     counters.ReceiveFailed();
-    return false;
+    return 0;
   }
   in.dst = local;
+  size_t segment = payload.size();
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c)) {
     if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO && c->cmsg_len >= CMSG_LEN(sizeof(in_pktinfo))) {
       in_pktinfo pi;
@@ -153,15 +202,30 @@ bool DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::spa
       in6_pktinfo pi;
       std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
       in.dst.addr = IpAddress::FromBytes(pi.ipi6_addr.s6_addr);
+    } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+      int gso_size = 0;
+      std::memcpy(&gso_size, CMSG_DATA(c), sizeof gso_size);
+      if (gso_size > 0) segment = std::min(segment, size_t(gso_size));
     }
   }
-  in.payload = payload;
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   in.timestamp_ns = uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
-  counters.Received(payload.size());
-  handler(in);
-  return true;
+  if (segment < payload.size()) counters.CoalescedReceive();
+  int delivered = 0;
+  size_t at = 0;
+  do {  // once for an empty datagram
+    in.payload = payload.subspan(at, std::min(segment, payload.size() - at));
+    at += in.payload.size();
+    if (in.payload.size() > max_datagram) {
+      counters.Truncated();
+      continue;
+    }
+    counters.Received(in.payload.size());
+    handler(in);
+    ++delivered;
+  } while (at < payload.size());
+  return delivered;
 }
 
 void DrainEventFd(int fd) {
@@ -170,15 +234,18 @@ void DrainEventFd(int fd) {
   }
 }
 
-int DatagramReceiver::Init(unsigned batch, size_t max_datagram) {
+int DatagramReceiver::Init(unsigned batch, size_t max_datagram, bool gro) {
   if (batch == 0 || max_datagram == 0) return -EINVAL;
   max_datagram_ = max_datagram;
+  // A coalesced run longer than its buffer would be truncated, all of its datagrams lost: with UDP_GRO on, every
+  // buffer holds the longest run. A longer single datagram is still refused (DeliverReceived checks max_datagram).
+  buffer_bytes_ = gro ? std::max(max_datagram, kMaxGroBytes) : max_datagram;
   // Left uninitialised: the kernel writes a datagram before anything reads it, and untouched pages cost nothing.
-  buffers_.reset(new (std::nothrow) uint8_t[size_t(batch) * max_datagram]);
+  buffers_.reset(new (std::nothrow) uint8_t[size_t(batch) * buffer_bytes_]);
   if (!buffers_) return -ENOMEM;
   slots_.resize(batch);
   msgs_.resize(batch);
-  for (unsigned i = 0; i < batch; ++i) slots_[i].iov = iovec{buffers_.get() + size_t(i) * max_datagram, max_datagram};
+  for (unsigned i = 0; i < batch; ++i) slots_[i].iov = iovec{buffers_.get() + size_t(i) * buffer_bytes_, buffer_bytes_};
   return 0;
 }
 
@@ -210,8 +277,8 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
     const msghdr& m = msgs_[size_t(i)].msg_hdr;
     const auto* buffer = static_cast<const uint8_t*>(slots_[size_t(i)].iov.iov_base);
     // With MSG_TRUNC set, msg_len is the datagram's full length: never read past the buffer.
-    const size_t len = std::min<size_t>(msgs_[size_t(i)].msg_len, max_datagram_);
-    if (DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, counters)) ++delivered;
+    const size_t len = std::min<size_t>(msgs_[size_t(i)].msg_len, buffer_bytes_);
+    delivered += DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, max_datagram_, counters);
   }
   return delivered;
 }

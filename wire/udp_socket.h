@@ -23,8 +23,20 @@
 
 namespace uroce::wire {
 
-// Room for one IP_PKTINFO and one IPV6_PKTINFO control message (an IPv6 socket may carry either).
-inline constexpr size_t kPktinfoControlBytes = 128;
+// Room for the control messages of one receive: IP_PKTINFO or IPV6_PKTINFO (an IPv6 socket may carry either) and
+// UDP_GRO.
+inline constexpr size_t kReceiveControlBytes = 128;
+
+// UDP segmentation offload (udp(7)). One sendmsg with a UDP_SEGMENT control message (Linux 4.18) carries a run of
+// datagrams of one size (the last may be shorter) to one destination; the kernel sends each as its own datagram, so a
+// peer cannot tell, but pays for one system call and one trip through the stack. With UDP_GRO set (Linux 5.0) one
+// receive returns such a run whole, with its segment size in a control message. On loopback and veth a run crosses
+// whole; where it is split in software or by a NIC, IPv4 segment k carries Identification base + k, base being 0 for
+// DF datagrams from an unconnected socket (wire/segmented_wire_test shows it), so a sender re-seals each ICRC for it.
+inline constexpr size_t kMaxGsoSegments = 64;  // UDP_MAX_SEGMENTS (later kernels take 128)
+inline constexpr size_t kMaxGsoBytes = 65507;  // the largest IPv4 UDP payload: 65535 - 20 (IP) - 8 (UDP)
+inline constexpr size_t kMaxGroBytes = 65535;  // room for the largest run one receive can return
+inline constexpr size_t kUdpSegmentControlBytes = CMSG_SPACE(sizeof(uint16_t));
 
 struct UdpCounters {
   uint64_t packets_sent = 0;  // datagrams the kernel accepted
@@ -35,14 +47,18 @@ struct UdpCounters {
   uint64_t bytes_received = 0;
   uint64_t receive_truncations = 0;  // datagrams longer than max_datagram (dropped)
   uint64_t receive_errors = 0;       // receives that failed or carried an unreadable source address
+  uint64_t segmented_sends = 0;      // UDP_SEGMENT sends (each carried 2 or more of packets_sent)
+  uint64_t coalesced_receives = 0;   // receives that returned a run of 2 or more of packets_received (UDP_GRO)
 };
 
 // The counters a transport updates from any thread.
 class UdpCounterSet {
  public:
-  void Sent(size_t bytes);
+  void Sent(size_t bytes, uint64_t packets = 1);
   void SendFailed(int negative_errno);
+  void SegmentedSend() { segmented_sends_.fetch_add(1, std::memory_order_relaxed); }
   void Received(size_t bytes);
+  void CoalescedReceive() { coalesced_receives_.fetch_add(1, std::memory_order_relaxed); }
   void Truncated() { receive_truncations_.fetch_add(1, std::memory_order_relaxed); }
   void ReceiveFailed() { receive_errors_.fetch_add(1, std::memory_order_relaxed); }
   UdpCounters Snapshot() const;
@@ -51,12 +67,28 @@ class UdpCounterSet {
   std::atomic<uint64_t> packets_sent_{0}, bytes_sent_{0}, send_errors_{0};
   std::atomic<int> last_send_error_{0};
   std::atomic<uint64_t> packets_received_{0}, bytes_received_{0}, receive_truncations_{0}, receive_errors_{0};
+  std::atomic<uint64_t> segmented_sends_{0}, coalesced_receives_{0};
 };
 
 // Opens a UDP socket (blocking, close-on-exec) with the options above, bound to `bind` (port 0: an ephemeral port),
 // and stores the bound endpoint in *local. `buffer_bytes` is the SO_RCVBUF / SO_SNDBUF wanted (0: the system
 // default). Returns the descriptor, or -errno (-EADDRINUSE, -EADDRNOTAVAIL, -EAFNOSUPPORT, ...).
 int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* local);
+
+// Asks for UDP_SEGMENT sends and UDP_GRO receives on `fd`; *gso and *gro tell which the kernel has.
+void EnableUdpOffloads(int fd, bool* gso, bool* gro);
+
+// How many datagrams from the start of `batch` one UDP_SEGMENT send can carry: the same destination, the first's size
+// for all but a last that may be shorter, at most kMaxGsoSegments and kMaxGsoBytes. 1: the first goes alone.
+size_t GsoRunLength(std::span<const OutDatagram> batch);
+
+// The last 4 bytes datagram k of a UDP_SEGMENT run must carry: its ICRC re-sealed for IPv4 Identification k when it
+// has one (OutDatagram::has_icrc, an IPv4 destination), else as given. Little-endian, as stored.
+uint32_t GsoSegmentTrailer(const OutDatagram& dg, size_t k);
+
+// Writes the UDP_SEGMENT control message for segments of `segment_size` bytes into `control`
+// (kUdpSegmentControlBytes, cmsghdr-aligned) and points `msg` at it.
+void SetUdpSegmentControl(msghdr* msg, uint8_t* control, uint16_t segment_size);
 
 // The socket family OpenRoceUdpSocket uses for `bind`.
 inline int SocketFamily(const UdpEndpoint& bind) { return bind.addr.is_v4() ? AF_INET : AF_INET6; }
@@ -66,19 +98,22 @@ int ToSockaddr(const UdpEndpoint& ep, int family, sockaddr_storage* sa, socklen_
 // Reads an AF_INET / AF_INET6 socket address; false for anything else or a short length.
 bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep);
 
-// Hands one received datagram to `handler`: source from msg_name, destination `local` with the address of the
-// IP_PKTINFO / IPV6_PKTINFO control message, arrival time on CLOCK_MONOTONIC. A truncated datagram (MSG_TRUNC in
-// `msg_flags`) or one with an unreadable source is counted and not delivered. Returns whether it was delivered.
-bool DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload,
-                     int msg_flags, const UdpEndpoint& local, UdpCounterSet& counters);
+// Hands what one receive returned to `handler`, one datagram at a time (a UDP_GRO run is split at the segment size
+// its control message gives): source from msg_name, destination `local` with the address of the IP_PKTINFO /
+// IPV6_PKTINFO control message, arrival time on CLOCK_MONOTONIC. A truncated receive (MSG_TRUNC in `msg_flags`), a
+// datagram longer than `max_datagram` or an unreadable source is counted and not delivered. Returns how many
+// datagrams were delivered.
+int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload, int msg_flags,
+                    const UdpEndpoint& local, size_t max_datagram, UdpCounterSet& counters);
 
 // Batched non-blocking receive straight from a UDP socket: one recvmmsg(MSG_DONTWAIT) of up to `batch` datagrams
 // into buffers it owns. SocketTransport receives only this way; UringTransport does while its receive side is
 // handed to the application (Transport::SetReceiveWatched). One thread at a time uses an instance.
 class DatagramReceiver {
  public:
-  // 0, -EINVAL for a batch or size of 0, -ENOMEM.
-  int Init(unsigned batch, size_t max_datagram);
+  // `batch` receives per recvmmsg, each of up to max_datagram bytes, or of a whole UDP_GRO run (kMaxGroBytes) when
+  // `gro` (EnableUdpOffloads said the socket has it). 0, -EINVAL for a batch or size of 0, -ENOMEM.
+  int Init(unsigned batch, size_t max_datagram, bool gro);
   // Delivers what is queued on `fd`. Returns the number delivered (0 when every datagram received was dropped as
   // truncated), -EAGAIN when nothing was queued, or -errno.
   int Receive(int fd, const DatagramHandler& handler, const UdpEndpoint& local, UdpCounterSet& counters);
@@ -91,9 +126,10 @@ class DatagramReceiver {
   struct Slot {
     iovec iov{};
     sockaddr_storage addr{};
-    alignas(cmsghdr) uint8_t control[kPktinfoControlBytes]{};
+    alignas(cmsghdr) uint8_t control[kReceiveControlBytes]{};
   };
   size_t max_datagram_ = 0;
+  size_t buffer_bytes_ = 0;  // per receive
   std::unique_ptr<uint8_t[]> buffers_;
   std::vector<Slot> slots_;
   std::vector<mmsghdr> msgs_;

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <functional>
 
+#include "wire/bytes.h"
+
 namespace uroce::wire {
 namespace {
 
@@ -23,7 +25,7 @@ constexpr uint64_t kTagFallback = 2ull << 32;
 constexpr uint64_t kTagCancel = 3ull << 32;
 constexpr uint64_t kTagMask = 0xffffffffull << 32;
 constexpr uint16_t kBufferGroup = 0;
-constexpr size_t kControlBytes = kPktinfoControlBytes;
+constexpr size_t kControlBytes = kReceiveControlBytes;
 constexpr unsigned kReapBatch = 64;
 
 size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -34,7 +36,9 @@ struct UringTransport::SendSlot {
   msghdr msg{};
   iovec iov{};
   sockaddr_storage addr{};
+  alignas(cmsghdr) uint8_t control[kUdpSegmentControlBytes]{};
   uint8_t* buffer = nullptr;
+  uint32_t datagrams = 0;  // 2 or more: a UDP_SEGMENT run
 };
 
 struct UringTransport::ReceiveSlot {
@@ -65,6 +69,12 @@ int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
 
   fd_ = OpenRoceUdpSocket(bind, options_.socket_buffer_bytes, &local_);
   if (fd_ < 0) return fd_;
+  if (options_.udp_offloads) {
+    bool gso = false;
+    EnableUdpOffloads(fd_, &gso, &gro_);
+    gso_ = gso;
+  }
+  receive_bytes_ = gro_ ? std::max(options_.max_datagram, kMaxGroBytes) : options_.max_datagram;
 
   // Send ring and its slots.
   send_ring_ = std::make_unique<io_uring>();
@@ -73,7 +83,10 @@ int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
   params.cq_entries = options_.ring_entries * 2;
   if (int r = io_uring_queue_init_params(options_.ring_entries, send_ring_.get(), &params); r < 0) return r;
   send_ring_ready_ = true;
-  send_buffers_bytes_ = AlignUp(size_t(options_.send_slots) * options_.max_datagram, 4096);
+  // Mapped, not touched: the slots in use are taken from the top of a stack, so few pages of the larger GSO slots
+  // are ever touched.
+  send_slot_bytes_ = gso_ ? std::max(options_.max_datagram, kMaxGsoBytes) : options_.max_datagram;
+  send_buffers_bytes_ = AlignUp(size_t(options_.send_slots) * send_slot_bytes_, 4096);
   send_buffers_ = static_cast<uint8_t*>(
       mmap(nullptr, send_buffers_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (send_buffers_ == MAP_FAILED) {
@@ -82,7 +95,7 @@ int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
   }
   send_slots_.resize(options_.send_slots);
   for (uint32_t i = 0; i < options_.send_slots; ++i) {
-    send_slots_[i].buffer = send_buffers_ + size_t(i) * options_.max_datagram;
+    send_slots_[i].buffer = send_buffers_ + size_t(i) * send_slot_bytes_;
     free_send_slots_.push_back(options_.send_slots - 1 - i);
   }
 
@@ -117,10 +130,14 @@ int UringTransport::SetUpMultishot() {
   if (!recvmsg) return -ENOSYS;
 
   unsigned count = 1;
-  while (count < options_.receive_buffers && count < 32768) count <<= 1;
+  // With UDP_GRO each buffer holds a whole run (64 KiB): at most 64 of them, 4 MiB. When they are all taken the
+  // multishot receive ends (-ENOBUFS) and is re-armed once the Poll has handed them back; the socket buffer holds
+  // what arrives meanwhile.
+  const unsigned wanted = gro_ ? std::min(options_.receive_buffers, 64u) : options_.receive_buffers;
+  while (count < wanted && count < 32768) count <<= 1;
   buf_count_ = count;
   // Each buffer holds io_uring_recvmsg_out, the source address, the control messages, then the payload.
-  buf_size_ = AlignUp(sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_storage) + kControlBytes + options_.max_datagram, 64);
+  buf_size_ = AlignUp(sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_storage) + kControlBytes + receive_bytes_, 64);
   buf_ring_bytes_ = AlignUp(sizeof(io_uring_buf) * buf_count_, 4096);
   void* ring_mem = mmap(nullptr, buf_ring_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (ring_mem == MAP_FAILED) return -ENOMEM;
@@ -225,11 +242,17 @@ void UringTransport::ReapSendsLocked() {
     if (n == 0) return;
     for (unsigned i = 0; i < n; ++i) {
       const int res = cqes[i]->res;
-      free_send_slots_.push_back(uint32_t(cqes[i]->user_data));
+      const uint32_t index = uint32_t(cqes[i]->user_data);
+      const uint32_t datagrams = send_slots_[index].datagrams;
+      free_send_slots_.push_back(index);
       if (res < 0) {
-        counters_.SendFailed(res);
+        // EIO: the route cannot checksum segments, it never will. (EINVAL, a segment above the path MTU, is what
+        // each datagram alone would have met as EMSGSIZE: lost either way.)
+        if (datagrams > 1 && res == -EIO) gso_ = false;
+        for (uint32_t k = 0; k < datagrams; ++k) counters_.SendFailed(res);
       } else {
-        counters_.Sent(size_t(res));
+        if (datagrams > 1) counters_.SegmentedSend();
+        counters_.Sent(size_t(res), datagrams);
       }
     }
     io_uring_cq_advance(ring, n);
@@ -283,17 +306,30 @@ int UringTransport::Send(std::span<const OutDatagram> batch) {
     const uint32_t index = free_send_slots_.back();
     free_send_slots_.pop_back();
     SendSlot& slot = send_slots_[index];
-    std::memcpy(slot.buffer, dg.payload.data(), dg.payload.size());
+    // A run of datagrams shares the slot, each re-sealed for the IP ID its segment will carry; the rest of a run is
+    // no longer than its first, so it fits max_datagram too.
+    const size_t run = gso_.load(std::memory_order_relaxed) ? GsoRunLength(batch.subspan(done)) : 1;
+    size_t bytes = 0;
+    for (size_t k = 0; k < run; ++k) {
+      const OutDatagram& d = batch[done + k];
+      uint8_t* at = slot.buffer + bytes;
+      std::memcpy(at, d.payload.data(), d.payload.size());
+      if (k > 0 && d.payload.size() >= 4) StoreLe32(at + d.payload.size() - 4, GsoSegmentTrailer(d, k));
+      bytes += d.payload.size();
+    }
+    slot.datagrams = uint32_t(run);
     slot.addr = sa;
-    slot.iov = iovec{slot.buffer, dg.payload.size()};
+    slot.iov = iovec{slot.buffer, bytes};
     slot.msg = msghdr{};
     slot.msg.msg_name = &slot.addr;
     slot.msg.msg_namelen = sa_len;
     slot.msg.msg_iov = &slot.iov;
     slot.msg.msg_iovlen = 1;
+    if (run > 1) SetUdpSegmentControl(&slot.msg, slot.control, uint16_t(dg.payload.size()));
     io_uring_prep_sendmsg(sqe, fd_, &slot.msg, 0);
     io_uring_sqe_set_data64(sqe, index);
     ++queued;
+    done += run - 1;  // the loop's ++done takes the last
   }
   if (queued > 0) {
     // One submit per batch. The SQEs stay in the SQ if the kernel is briefly out of room (-EAGAIN/-EBUSY) and go
@@ -332,8 +368,8 @@ int UringTransport::ArmReceives() {
       const uint32_t index = idle_receive_slots_.back();
       idle_receive_slots_.pop_back();
       ReceiveSlot& slot = receive_slots_[index];
-      if (!slot.buffer) slot.buffer = new uint8_t[options_.max_datagram];
-      slot.iov = iovec{slot.buffer, options_.max_datagram};
+      if (!slot.buffer) slot.buffer = new uint8_t[receive_bytes_];
+      slot.iov = iovec{slot.buffer, receive_bytes_};
       slot.msg = msghdr{};
       slot.msg.msg_name = &slot.addr;
       slot.msg.msg_namelen = sizeof slot.addr;
@@ -395,9 +431,8 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
             const size_t len = io_uring_recvmsg_payload_length(out, c.res, multishot_msg_.get());
             // The kernel sets MSG_TRUNC in out->flags and payloadlen to the datagram's full length.
             const auto* payload = static_cast<const uint8_t*>(io_uring_recvmsg_payload(out, multishot_msg_.get()));
-            if (DeliverReceived(handler, msg, {payload, len}, int(out->flags), local_, counters_)) {
-              ++delivered;
-            }
+            delivered += DeliverReceived(handler, msg, {payload, len}, int(out->flags), local_, options_.max_datagram,
+                                         counters_);
           }
         }
         io_uring_buf_ring_add(buf_ring_, buf, unsigned(buf_size_), bid, mask, returned++);
@@ -412,9 +447,8 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
       const uint32_t index = uint32_t(c.user_data);
       ReceiveSlot& slot = receive_slots_[index];
       if (c.res >= 0) {
-        if (DeliverReceived(handler, slot.msg, {slot.buffer, size_t(c.res)}, slot.msg.msg_flags, local_, counters_)) {
-          ++delivered;
-        }
+        delivered += DeliverReceived(handler, slot.msg, {slot.buffer, size_t(c.res)}, slot.msg.msg_flags, local_,
+                                     options_.max_datagram, counters_);
       } else if (c.res != -ECANCELED) {
         counters_.ReceiveFailed();
       }
@@ -491,7 +525,7 @@ int UringTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
 
 int UringTransport::PollSocketDirectly(const DatagramHandler& handler, int64_t timeout_ns) {
   if (!direct_ready_) {
-    if (int r = direct_.Init(32, options_.max_datagram); r < 0) return r;
+    if (int r = direct_.Init(32, options_.max_datagram, gro_); r < 0) return r;
     direct_ready_ = true;
   }
   return direct_.Poll(fd_, wake_fd_, handler, local_, counters_, timeout_ns);

@@ -3,11 +3,13 @@
 // Two rings, so that no lock sits between the senders and the receiver:
 //  - the send ring takes batched IORING_OP_SENDMSG SQEs from any thread (guarded by one mutex: liburing's SQ and CQ
 //    are not thread-safe); payloads are copied into transport-owned slots, so the caller may reuse its memory, and
-//    each Send submits once. Send completions are reaped by later Sends, by Poll and by counters(); errors are
+//    each Send submits once. A run of equal-size datagrams to one destination shares a slot and one UDP_SEGMENT
+//    sendmsg (wire/udp_socket.h), each ICRC re-sealed there for the IP ID its segment gets. Send completions are reaped by later Sends, by Poll and by counters(); errors are
 //    counted (send_errors, last_send_error), not lost.
 //  - the receive ring belongs to the polling thread: a multishot IORING_OP_RECVMSG with a provided-buffer ring
 //    (Linux 6.0+) or, when the kernel lacks it or Options::force_fallback_receive is set, a chain of N linked
-//    single-shot recvmsg SQEs (linked so that completions keep the socket's arrival order). Poll sleeps in ppoll(2) on an eventfd registered with the ring (io_uring_register_eventfd(3))
+//    single-shot recvmsg SQEs (linked so that completions keep the socket's arrival order). With UDP_GRO a receive
+//    may return a run of datagrams, split back into datagrams for the handler; its buffers then hold kMaxGroBytes. Poll sleeps in ppoll(2) on an eventfd registered with the ring (io_uring_register_eventfd(3))
 //    plus a wake-up eventfd, so an idle Poll blocks in the kernel, and dispatches the handler holding no lock (the
 //    handler may Send). Receives are armed by the first Poll, on the polling thread: io_uring cancels a request when
 //    the thread that submitted it exits, so they are re-armed on -ECANCELED too. SetReceiveArmed(false) cancels
@@ -44,6 +46,7 @@ struct UringTransportOptions {
   size_t max_datagram = 9216;         // larger received datagrams are truncated: counted and not delivered
   int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
   bool force_fallback_receive = false;
+  bool udp_offloads = true;           // UDP_SEGMENT sends and UDP_GRO receives where the kernel has them
 };
 
 class UringTransport final : public Transport {
@@ -80,6 +83,8 @@ class UringTransport final : public Transport {
   bool multishot_active() const { return multishot_.load(std::memory_order_relaxed); }
   UdpCounters counters() const;  // reaps pending send completions first
   int fd() const { return fd_; }
+  bool segmenting() const { return gso_.load(std::memory_order_relaxed); }  // UDP_SEGMENT in use
+  bool coalescing() const { return gro_; }                                   // UDP_GRO in use
 
  private:
   struct SendSlot;
@@ -114,6 +119,11 @@ class UringTransport final : public Transport {
   int wake_fd_ = -1;
 
   UdpCounterSet counters_;
+  // Turned off for good when the kernel refuses a UDP_SEGMENT send with EIO (no checksum offload on the route); the
+  // refused run's datagrams are lost, as any refused send's are.
+  std::atomic<bool> gso_{false};
+  bool gro_ = false;
+  size_t receive_bytes_ = 0;  // per receive buffer: max_datagram, or kMaxGroBytes with UDP_GRO
 
   // Send side, guarded by send_mu_.
   mutable std::mutex send_mu_;
@@ -123,6 +133,7 @@ class UringTransport final : public Transport {
   std::vector<uint32_t> free_send_slots_;
   uint8_t* send_buffers_ = nullptr;
   size_t send_buffers_bytes_ = 0;
+  size_t send_slot_bytes_ = 0;  // max_datagram, or kMaxGsoBytes for a UDP_SEGMENT run
 
   // Receive side: the polling thread only (and Create / the destructor).
   std::unique_ptr<io_uring> receive_ring_;
