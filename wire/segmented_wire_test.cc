@@ -6,10 +6,7 @@
 // tx-udp-segmentation off`), and reads the segments with a packet socket there.
 #include <arpa/inet.h>
 #include <linux/ethtool.h>
-#include <linux/filter.h>
-#include <linux/if_packet.h>
 #include <linux/sockios.h>
-#include <net/ethernet.h>
 #include <net/if.h>
 #include <netinet/ip.h>
 #include <netinet/udp.h>
@@ -118,38 +115,11 @@ class SegmentedWireTest : public testing::Test {
     if (!skip_.empty()) GTEST_SKIP() << skip_;
   }
 
-  // A packet socket on lo that sees only UDP datagrams to `port`.
-  static int CaptureTo(uint16_t port) {
-    const int ps = socket(AF_PACKET, SOCK_DGRAM | SOCK_CLOEXEC, htons(ETH_P_IP));
-    if (ps < 0) return -errno;
-    sock_filter code[] = {
-        BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 9),  // IPv4 protocol
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 4),
-        BPF_STMT(BPF_LDX | BPF_B | BPF_MSH, 0),  // X = IPv4 header length
-        BPF_STMT(BPF_LD | BPF_H | BPF_IND, 2),   // UDP destination port
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, port, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, 0xffff),
-        BPF_STMT(BPF_RET | BPF_K, 0),
-    };
-    sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
-    sockaddr_ll ll{};
-    ll.sll_family = AF_PACKET;
-    ll.sll_protocol = htons(ETH_P_IP);
-    ll.sll_ifindex = int(if_nametoindex("lo"));
-    if (setsockopt(ps, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog) < 0 ||
-        bind(ps, reinterpret_cast<sockaddr*>(&ll), sizeof ll) < 0) {
-      const int e = -errno;
-      close(ps);
-      return e;
-    }
-    return ps;
-  }
-
   // Sends a run of 20 RoCE packets of 1036 bytes and a shorter last one from `a` to `b`, and checks each segment on
   // the wire: its own datagram, Identification k, ICRC correct for it; and that `b` receives all of them.
   template <typename T>
   void CheckRun(T& a, T& b) {
-    const int ps = CaptureTo(b.local().port);
+    const int ps = CaptureUdpOnLoopback(b.local().port);
     ASSERT_GE(ps, 0) << strerror(-ps);
     constexpr uint32_t kCount = 21;
     std::vector<std::vector<uint8_t>> packets;

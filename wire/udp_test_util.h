@@ -1,6 +1,16 @@
-// Helpers of the UDP transport tests (udp_transport_test, uring_transport_test, socket_transport_test): numbered
-// payloads and a bounded receive loop.
+// Helpers of the UDP transport tests (udp_transport_test, uring_transport_test, socket_transport_test,
+// segmented_wire_test): numbered payloads, a bounded receive loop, a packet-socket capture of what reaches lo.
 #pragma once
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/if_packet.h>
+#include <net/ethernet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -16,6 +26,35 @@
 namespace uroce::wire {
 
 inline const UdpEndpoint kLoopbackAnyPort{IpAddress::V4(0x7f000001), 0};
+
+// A packet socket on lo (SOCK_DGRAM: frames from the IPv4 header on) that sees only UDP datagrams to `port`: the
+// rest of lo's traffic (other tests run in parallel and stream gigabytes) would fill its buffer and crowd out the
+// datagrams looked for. Returns the descriptor or -errno (-EPERM without CAP_NET_RAW).
+inline int CaptureUdpOnLoopback(uint16_t port) {
+  const int ps = socket(AF_PACKET, SOCK_DGRAM | SOCK_CLOEXEC, htons(ETH_P_IP));
+  if (ps < 0) return -errno;
+  sock_filter code[] = {
+      BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 9),  // IPv4 protocol
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 4),
+      BPF_STMT(BPF_LDX | BPF_B | BPF_MSH, 0),  // X = IPv4 header length
+      BPF_STMT(BPF_LD | BPF_H | BPF_IND, 2),   // UDP destination port
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, port, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, 0xffff),
+      BPF_STMT(BPF_RET | BPF_K, 0),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+  sockaddr_ll ll{};
+  ll.sll_family = AF_PACKET;
+  ll.sll_protocol = htons(ETH_P_IP);
+  ll.sll_ifindex = int(if_nametoindex("lo"));
+  if (ll.sll_ifindex == 0 || setsockopt(ps, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog) < 0 ||
+      bind(ps, reinterpret_cast<sockaddr*>(&ll), sizeof ll) < 0) {
+    const int e = errno != 0 ? -errno : -ENODEV;
+    close(ps);
+    return e;
+  }
+  return ps;
+}
 
 inline std::vector<uint8_t> Numbered(uint32_t n, size_t size) {
   std::vector<uint8_t> p(size);

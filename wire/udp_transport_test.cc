@@ -362,29 +362,8 @@ TYPED_TEST(UdpTransportTest, FailedSendCompletionsAreCounted) {
 TYPED_TEST(UdpTransportTest, IPv4DatagramsLeaveWithDfAndIdZero) {
   MAKE_OR_SKIP(a);
   MAKE_OR_SKIP(b);
-  const int ps = socket(AF_PACKET, SOCK_DGRAM | SOCK_CLOEXEC, htons(ETH_P_IP));
-  if (ps < 0) GTEST_SKIP() << "no packet socket: " << strerror(errno);
-  // Only UDP datagrams to b's port reach the packet socket: the rest of lo's traffic (other tests run in parallel and
-  // stream gigabytes) would fill its buffer and crowd out the three datagrams looked for.
-  sock_filter code[] = {
-      BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 9),  // IPv4 protocol
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 4),
-      BPF_STMT(BPF_LDX | BPF_B | BPF_MSH, 0),  // X = IPv4 header length
-      BPF_STMT(BPF_LD | BPF_H | BPF_IND, 2),   // UDP destination port
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, b->local().port, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, 0xffff),
-      BPF_STMT(BPF_RET | BPF_K, 0),
-  };
-  sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
-  sockaddr_ll ll{};
-  ll.sll_family = AF_PACKET;
-  ll.sll_protocol = htons(ETH_P_IP);
-  ll.sll_ifindex = int(if_nametoindex("lo"));
-  if (setsockopt(ps, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog) < 0 || ll.sll_ifindex == 0 ||
-      bind(ps, reinterpret_cast<sockaddr*>(&ll), sizeof ll) < 0) {
-    close(ps);
-    GTEST_SKIP() << "cannot bind a filtered packet socket to lo";
-  }
+  const int ps = CaptureUdpOnLoopback(b->local().port);
+  if (ps < 0) GTEST_SKIP() << "no packet socket on lo: " << strerror(-ps);
   const auto p = Numbered(1, 200);
   OutDatagram dg{b->local(), 0, p};
   std::vector<uint16_t> ids;
