@@ -122,12 +122,8 @@ class SegmentedWireTest : public testing::Test {
     const int ps = CaptureUdpOnLoopback(b.local().port);
     ASSERT_GE(ps, 0) << strerror(-ps);
     constexpr uint32_t kCount = 21;
-    std::vector<std::vector<uint8_t>> packets;
+    const std::vector<std::vector<uint8_t>> packets = SealedRun(a, b.local(), kCount);
     std::vector<OutDatagram> batch;
-    for (uint32_t i = 0; i < kCount; ++i) {
-      packets.push_back(Numbered(i, i + 1 < kCount ? 1036 : 520));
-      SealIcrc(a.OutgoingFlow(b.local(), 0), packets.back());
-    }
     for (auto& p : packets) batch.push_back({b.local(), 0, p});
     ASSERT_EQ(a.Send(batch), int(kCount));
     ASSERT_TRUE(a.segmenting()) << "the kernel refused UDP_SEGMENT";

@@ -54,6 +54,7 @@ int SocketTransport::Send(std::span<const OutDatagram> batch) {
   alignas(cmsghdr) uint8_t controls[kMaxSendChunk][kUdpSegmentControlBytes];
   const size_t chunk = std::min<size_t>(options_.batch, kMaxSendChunk);
   size_t done = 0;
+  size_t singles_until = 0;  // datagrams before this index go one per message (their run was refused whole)
   int error = 0;
   while (done < batch.size() && error == 0) {
     // Prepare up to `chunk` datagrams, stopping before one this transport cannot send at all.
@@ -71,7 +72,9 @@ int SocketTransport::Send(std::span<const OutDatagram> batch) {
         break;
       }
       // The rest of a run is no longer than its first: it fits max_datagram too.
-      const size_t run = gso ? GsoRunLength(batch.subspan(done + n, std::min(chunk - n, batch.size() - done - n))) : 1;
+      const size_t run = gso && done + n >= singles_until
+                             ? GsoRunLength(batch.subspan(done + n, std::min(chunk - n, batch.size() - done - n)))
+                             : 1;
       mmsghdr& m = msgs[messages];
       m = mmsghdr{};
       m.msg_hdr.msg_name = &addrs[messages];
@@ -101,8 +104,11 @@ int SocketTransport::Send(std::span<const OutDatagram> batch) {
       if (r < 0 && errno == EINTR) continue;
       if (r < 0 && runs[sent] > 1) {
         // A run refused as a whole (EIO: the route cannot checksum segments; EINVAL: a segment above the path MTU,
-        // ...): stop here and send its datagrams one by one, so that each gets the error a lone datagram would.
+        // ...): stop here; its datagrams are prepared again one per message, so that each meets the error a lone
+        // datagram would.
         if (errno == EIO) gso_ = false;
+        singles_until = done + sent_datagrams + runs[sent];
+        error = 0;  // a datagram that stopped this preparation stops the next one again
         break;
       }
       if (r < 0) {
@@ -119,32 +125,6 @@ int SocketTransport::Send(std::span<const OutDatagram> batch) {
       }
     }
     done += sent_datagrams;
-    if (sent < messages) {
-      // The refused run goes alone, one datagram per message.
-      const size_t run = runs[sent];
-      for (size_t k = 0; k < run; ++k) {
-        const OutDatagram& d = batch[done + k];
-        msghdr m{};
-        socklen_t len;
-        ToSockaddr(d.dst, family_, &addrs[0], &len);
-        m.msg_name = &addrs[0];
-        m.msg_namelen = len;
-        iovec iov{const_cast<uint8_t*>(d.payload.data()), d.payload.size()};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        ssize_t r;
-        do {
-          r = sendmsg(fd_, &m, 0);
-        } while (r < 0 && errno == EINTR);
-        if (r < 0) {
-          counters_.SendFailed(-errno);
-        } else {
-          counters_.Sent(d.payload.size());
-        }
-      }
-      done += run;
-      error = 0;
-    }
   }
   if (done == 0 && error) return error;
   return int(done);

@@ -237,9 +237,7 @@ void DrainEventFd(int fd) {
 int DatagramReceiver::Init(unsigned batch, size_t max_datagram, bool gro) {
   if (batch == 0 || max_datagram == 0) return -EINVAL;
   max_datagram_ = max_datagram;
-  // A coalesced run longer than its buffer would be truncated, all of its datagrams lost: with UDP_GRO on, every
-  // buffer holds the longest run. A longer single datagram is still refused (DeliverReceived checks max_datagram).
-  buffer_bytes_ = gro ? std::max(max_datagram, kMaxGroBytes) : max_datagram;
+  buffer_bytes_ = ReceiveBufferBytes(max_datagram, gro);
   // Left uninitialised: the kernel writes a datagram before anything reads it, and untouched pages cost nothing.
   buffers_.reset(new (std::nothrow) uint8_t[size_t(batch) * buffer_bytes_]);
   if (!buffers_) return -ENOMEM;

@@ -38,6 +38,13 @@ inline constexpr size_t kMaxGsoBytes = 65507;  // the largest IPv4 UDP payload: 
 inline constexpr size_t kMaxGroBytes = 65535;  // room for the largest run one receive can return
 inline constexpr size_t kUdpSegmentControlBytes = CMSG_SPACE(sizeof(uint16_t));
 
+// The bytes one receive buffer needs: a datagram of up to max_datagram, or with UDP_GRO a whole run (a run longer
+// than its buffer would be truncated, all its datagrams lost). A single datagram above max_datagram is still refused
+// (DeliverReceived).
+inline size_t ReceiveBufferBytes(size_t max_datagram, bool gro) {
+  return gro && max_datagram < kMaxGroBytes ? kMaxGroBytes : max_datagram;
+}
+
 struct UdpCounters {
   uint64_t packets_sent = 0;  // datagrams the kernel accepted
   uint64_t bytes_sent = 0;

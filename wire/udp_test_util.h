@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "wire/icrc.h"
 #include "wire/transport.h"
 
 namespace uroce::wire {
@@ -74,6 +75,29 @@ struct Received {
   std::vector<uint8_t> payload;
   std::optional<uint16_t> ip_id;
 };
+
+// Sends all of `batch`, calling Send again for what a call did not take. Returns how many were sent: fewer than
+// batch.size() when a Send returned an error or took nothing.
+inline size_t SendAll(Transport& t, std::span<const OutDatagram> batch) {
+  size_t sent = 0;
+  while (sent < batch.size()) {
+    const int n = t.Send(batch.subspan(sent));
+    if (n <= 0) break;
+    sent += size_t(n);
+  }
+  return sent;
+}
+
+// RoCE-shaped packets of one UDP_SEGMENT run from `from` to `to`: `count` - 1 numbered packets of 1036 bytes and a
+// shorter last one of 520, each sealed for the flow `from` says it will leave with (IPv4 ID 0).
+inline std::vector<std::vector<uint8_t>> SealedRun(const Transport& from, const UdpEndpoint& to, uint32_t count) {
+  std::vector<std::vector<uint8_t>> packets;
+  for (uint32_t i = 0; i < count; ++i) {
+    packets.push_back(Numbered(i, i + 1 < count ? 1036 : 520));
+    SealIcrc(from.OutgoingFlow(to, 0), packets.back());
+  }
+  return packets;
+}
 
 // Polls until `count` datagrams arrived or 10 s passed.
 inline std::vector<Received> ReceiveN(Transport& t, size_t count) {

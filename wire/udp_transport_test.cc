@@ -155,12 +155,7 @@ TYPED_TEST(UdpTransportTest, ThousandBatchedFourKiBDatagramsArriveIntactAndInOrd
     std::vector<OutDatagram> batch;
     // Opaque bytes (no ICRC to re-seal), so that they arrive exactly as sent whether or not they travel as a run.
     for (uint32_t i = first; i < first + kBatch; ++i) batch.push_back({b->local(), 0, payloads[i], false});
-    size_t sent = 0;
-    while (sent < batch.size()) {
-      const int n = a->Send(std::span(batch).subspan(sent));
-      ASSERT_GT(n, 0);
-      sent += size_t(n);
-    }
+    ASSERT_EQ(SendAll(*a, batch), batch.size());
     // Sends copied the payloads: scribbling on them now changes nothing on the wire.
     std::vector<std::vector<uint8_t>> saved(payloads.begin() + first, payloads.begin() + first + kBatch);
     for (uint32_t i = first; i < first + kBatch; ++i) std::fill(payloads[i].begin(), payloads[i].end(), 0xEE);
@@ -296,12 +291,7 @@ TYPED_TEST(UdpTransportTest, TwoSendingThreadsWhilePolling) {
         std::vector<OutDatagram> batch;
         for (uint32_t k = i; k < i + 10; ++k) ps.push_back(Numbered(s << 24 | k, 64));
         for (auto& p : ps) batch.push_back({rx->local(), 0, p});
-        size_t sent = 0;
-        while (sent < batch.size()) {
-          const int n = tx->Send(std::span(batch).subspan(sent));
-          ASSERT_GT(n, 0);
-          sent += size_t(n);
-        }
+        ASSERT_EQ(SendAll(*tx, batch), batch.size());
       }
     });
   }
@@ -442,18 +432,14 @@ TYPED_TEST(UdpTransportTest, OneSendOfManyDatagrams) {
 
 // Equal-size RoCE packets to one peer leave as one UDP_SEGMENT run where the kernel has it (a shorter last packet
 // ends the run) and arrive as separate datagrams, in order, whole; packet k's ICRC is re-sealed for the IPv4
-// Identification Linux gives segment k of a run, k (the kernel's numbering itself is checked where the kernel splits the run, by
-// wire/segmented_wire_test). The receiver tells the ID by solving the ICRC for it.
+// Identification Linux gives segment k of a run, k (the kernel's numbering itself is checked where the kernel splits
+// the run, by wire/segmented_wire_test). The receiver tells the ID by solving the ICRC for it.
 TYPED_TEST(UdpTransportTest, RunsOfPacketsLeaveSegmentedEachSealedForItsIpId) {
   MAKE_OR_SKIP(a);
   MAKE_OR_SKIP(b);
   constexpr uint32_t kCount = 21;
-  std::vector<std::vector<uint8_t>> ps;
+  const std::vector<std::vector<uint8_t>> ps = SealedRun(*a, b->local(), kCount);
   std::vector<OutDatagram> batch;
-  for (uint32_t i = 0; i < kCount; ++i) {
-    ps.push_back(Numbered(i, i + 1 < kCount ? 1036 : 520));
-    SealIcrc(a->OutgoingFlow(b->local(), 0), ps.back());
-  }
   for (auto& p : ps) batch.push_back({b->local(), 0, p});
   ASSERT_EQ(a->Send(batch), int(kCount));
   auto got = ReceiveN(*b, kCount);
@@ -485,12 +471,7 @@ TYPED_TEST(UdpTransportTest, LongRunsOfOpaqueDatagramsArriveUnchanged) {
   std::vector<OutDatagram> batch;
   for (uint32_t i = 0; i < kCount; ++i) ps.push_back(Numbered(i, 256));
   for (auto& p : ps) batch.push_back({b->local(), 0, p, false});
-  size_t sent = 0;
-  while (sent < batch.size()) {
-    const int n = a->Send(std::span(batch).subspan(sent));
-    ASSERT_GT(n, 0);
-    sent += size_t(n);
-  }
+  ASSERT_EQ(SendAll(*a, batch), batch.size());
   auto got = ReceiveN(*b, kCount);
   ASSERT_EQ(got.size(), kCount);
   for (uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(got[i].payload, ps[i]) << i;

@@ -74,7 +74,7 @@ int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
     EnableUdpOffloads(fd_, &gso, &gro_);
     gso_ = gso;
   }
-  receive_bytes_ = gro_ ? std::max(options_.max_datagram, kMaxGroBytes) : options_.max_datagram;
+  receive_bytes_ = ReceiveBufferBytes(options_.max_datagram, gro_);
 
   // Send ring and its slots.
   send_ring_ = std::make_unique<io_uring>();
