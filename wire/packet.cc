@@ -105,10 +105,18 @@ size_t EncodedLength(const PacketSpec& spec, size_t payload_len) {
 
 Expected<size_t, EncodeError> EncodePacket(const PacketSpec& spec, std::span<const uint8_t> payload,
                                            std::span<uint8_t> out) {
+  return EncodePacketGathered(spec, std::span<const std::span<const uint8_t>>(&payload, 1), out);
+}
+
+Expected<size_t, EncodeError> EncodePacketGathered(const PacketSpec& spec,
+                                                   std::span<const std::span<const uint8_t>> pieces,
+                                                   std::span<uint8_t> out) {
   const OpcodeInfo* info = FindOpcode(spec.bth.opcode);
   if (info == nullptr) return Unexpected(EncodeError::kUnknownOpcode);
-  if (!info->has_payload && !payload.empty()) return Unexpected(EncodeError::kPayloadUnexpected);
-  if (info->fixed_payload != 0 && payload.size() != info->fixed_payload)
+  size_t payload_len = 0;
+  for (const auto& piece : pieces) payload_len += piece.size();
+  if (!info->has_payload && payload_len != 0) return Unexpected(EncodeError::kPayloadUnexpected);
+  if (info->fixed_payload != 0 && payload_len != info->fixed_payload)
     return Unexpected(EncodeError::kBadPayloadLength);
 
   const uint32_t headers = info->headers;
@@ -120,8 +128,8 @@ Expected<size_t, EncodeError> EncodePacket(const PacketSpec& spec, std::span<con
       missing(kIeth, spec.ieth.has_value()))
     return Unexpected(EncodeError::kMissingHeader);
 
-  const uint8_t pad = PadFor(payload.size());
-  const size_t total = Bth::kSize + ExtHeadersLength(headers) + payload.size() + pad + kIcrcSize;
+  const uint8_t pad = PadFor(payload_len);
+  const size_t total = Bth::kSize + ExtHeadersLength(headers) + payload_len + pad + kIcrcSize;
   if (out.size() < total) return Unexpected(EncodeError::kBufferTooSmall);
 
   uint8_t* p = out.data();
@@ -145,8 +153,10 @@ Expected<size_t, EncodeError> EncodePacket(const PacketSpec& spec, std::span<con
   put(kAtomicAckEth, spec.atomic_ack);
   put(kImmDt, spec.imm);
   put(kIeth, spec.ieth);
-  if (!payload.empty()) std::memcpy(p + off, payload.data(), payload.size());
-  off += payload.size();
+  for (const auto& piece : pieces) {
+    if (!piece.empty()) std::memcpy(p + off, piece.data(), piece.size());
+    off += piece.size();
+  }
   std::memset(p + off, 0, pad + kIcrcSize);
   return total;
 }

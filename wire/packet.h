@@ -96,5 +96,10 @@ size_t EncodedLength(const PacketSpec& spec, size_t payload_len);
 // ICRC with SealIcrc(flow, out.first(n)).
 Expected<size_t, EncodeError> EncodePacket(const PacketSpec& spec, std::span<const uint8_t> payload,
                                            std::span<uint8_t> out);
+// The same with the payload gathered from `pieces`, in order (a message's bytes straight from registered memory:
+// one copy, into `out`).
+Expected<size_t, EncodeError> EncodePacketGathered(const PacketSpec& spec,
+                                                   std::span<const std::span<const uint8_t>> pieces,
+                                                   std::span<uint8_t> out);
 
 }  // namespace uroce::wire

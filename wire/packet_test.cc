@@ -161,6 +161,22 @@ TEST(Packet, EncodeErrors) {
   EXPECT_EQ(*EncodePacket(s, sixteen, big), 32u);
 }
 
+TEST(Packet, GatheredPayloadEncodesAsTheSameBytesInOnePiece) {
+  PacketSpec s;
+  s.bth.opcode = 0x0A;  // RC_RDMA_WRITE_ONLY
+  s.bth.psn = 77;
+  s.reth = Reth{0x1000, 0x42, 11};
+  const std::vector<uint8_t> all = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  const std::span<const uint8_t> v(all);
+  const std::span<const uint8_t> pieces[] = {v.subspan(0, 3), v.subspan(3, 0), v.subspan(3, 7), v.subspan(10)};
+  std::vector<uint8_t> one(EncodedLength(s, all.size())), gathered(one.size());
+  ASSERT_EQ(*EncodePacket(s, all, one), one.size());
+  ASSERT_EQ(*EncodePacketGathered(s, pieces, gathered), one.size());
+  EXPECT_EQ(gathered, one);  // pad computed from the total, not from the last piece
+  std::vector<uint8_t> small(one.size() - 1);
+  EXPECT_EQ(EncodePacketGathered(s, pieces, small).error(), EncodeError::kBufferTooSmall);
+}
+
 TEST(Packet, EncodeIgnoresPadCountAndVersionInSpec) {
   PacketSpec s;
   s.bth.opcode = 0x04;
