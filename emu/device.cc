@@ -321,6 +321,9 @@ int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
   int err;
   {
     std::lock_guard lock(mu_);
+    // A real HCA would have sent a held ACK long before the QP leaves the states that send (AckTiming::kHeld).
+    const QpState next = (mask & attr::kState) ? attr.qp_state : qp->state();
+    if (next == QpState::kReset || next == QpState::kErr) RcSendHeldAckLocked(qp, out);
     err = ModifyQpLocked(qp, attr, mask);
     // Work posted while the QP could not send (SQD) goes out once it can.
     if (err == 0 && (qp->type() == QpType::kRc || qp->type() == QpType::kXrcSend) && qp->state() == QpState::kRts)
@@ -374,18 +377,24 @@ int Device::QueryQp(QueuePair* qp, QpAttributes* attr) {
 }
 
 int Device::DestroyQp(QueuePair* qp) {
-  std::lock_guard lock(mu_);
-  auto it = qps_.find(qp->qpn());
-  if (it == qps_.end() || it->second.get() != qp) return EINVAL;
-  if (--qp->references > 0) return 0;  // an opened XRC target lives on (ibv_open_qp(3))
-  DetachSharedReceiveLocked(qp->init());
-  for (auto m = multicast_.begin(); m != multicast_.end();) {
-    std::erase(m->second, qp);
-    m = m->second.empty() ? multicast_.erase(m) : std::next(m);
+  OutBatch out;
+  {
+    std::lock_guard lock(mu_);
+    auto it = qps_.find(qp->qpn());
+    if (it == qps_.end() || it->second.get() != qp) return EINVAL;
+    if (--qp->references > 0) return 0;  // an opened XRC target lives on (ibv_open_qp(3))
+    // The ACK of the last message received leaves (ibv_rc_pingpong destroys its QP right after that message).
+    RcSendHeldAckLocked(qp, out);
+    DetachSharedReceiveLocked(qp->init());
+    for (auto m = multicast_.begin(); m != multicast_.end();) {
+      std::erase(m->second, qp);
+      m = m->second.empty() ? multicast_.erase(m) : std::next(m);
+    }
+    qp->mutable_attributes().qp_state = QpState::kReset;
+    RcChargeLocked(qp);  // what it had in flight no longer counts against its path
+    qps_.erase(it);
   }
-  qp->mutable_attributes().qp_state = QpState::kReset;
-  RcChargeLocked(qp);  // what it had in flight no longer counts against its path
-  qps_.erase(it);
+  Transmit(out);
   return 0;
 }
 
@@ -742,12 +751,20 @@ WcStatus Device::ScatterLocked(const QueuePair& qp, std::span<const Sge> sg_list
   return done == data.size() ? WcStatus::kSuccess : WcStatus::kLocLenErr;
 }
 
-void Device::OnDatagram(const wire::InDatagram& d) {
+void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
   OutBatch out;
   std::optional<GsiMad> gsi;
   {
     std::lock_guard lock(mu_);
+    ack_timing_ = acks;
     OnDatagramLocked(d, out, gsi);
+    ack_timing_ = AckTiming::kNow;
+    if (acks == AckTiming::kNow) {
+      if (!acks_held_.empty()) SendHeldAcksLocked(UINT64_MAX, out);
+    } else {
+      const uint64_t due = next_held_ack_due_ns_.load(std::memory_order_relaxed);
+      if (due != 0 && due <= clock_.NowNs()) SendHeldAcksLocked(clock_.NowNs(), out);
+    }
   }
   Transmit(out);
   if (gsi) cm_.OnMad(gsi->peer, gsi->qkey, gsi->src_qp, gsi->mad);
@@ -1032,12 +1049,26 @@ Completion Device::MessageCompletion(const QueuePair& qp, uint64_t byte_len, con
   return c;
 }
 
+void Device::SendHeldAcks(uint64_t due_by_ns) {
+  const uint64_t due = next_held_ack_due_ns_.load(std::memory_order_relaxed);
+  if (due == 0 || due > due_by_ns) return;
+  OutBatch out;
+  {
+    std::lock_guard lock(mu_);
+    SendHeldAcksLocked(due_by_ns, out);
+  }
+  Transmit(out);
+}
+
 uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
   OutBatch out;
   uint64_t next = 0;
   {
     std::lock_guard lock(mu_);
     const uint64_t now = clock_.NowNs();
+    // Held ACKs whose time is up leave (AckTiming::kHeld); the poller comes back for the next one.
+    SendHeldAcksLocked(now, out);
+    next = next_held_ack_due_ns_.load(std::memory_order_relaxed);
     // Requesters waiting for room freed outside the completer first: what they send arms timers counted below.
     for (auto& [peer, path] : paths_) RcWakeWaitersLocked(path, out);
     for (auto& [_, qp] : qps_) {

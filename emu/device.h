@@ -193,8 +193,25 @@ class Device {
   int PostRecv(QueuePair* qp, RecvWr&& wr);
 
   // --- network ------------------------------------------------------------------------------------------------
+  // When the RC responder sends the ACK a request asked for (AckReq).
+  enum class AckTiming {
+    kNow,  // before OnDatagram returns
+    // Held until the QP's requester sends (the ACK follows its packets), another ACK, NAK or response of the QP
+    // covers or precedes it, SendHeldAcks, or its time is up (kAckHoldNs, kAckCoalesceNs). For a thread whose
+    // application may answer at once: a ping-pong's reply then leaves before the ACK of the request it answers, so
+    // the peer, polling for that ACK, finds the reply already placed (ib_write_lat, ib_send_lat), and one syscall
+    // carries both. ACKs a QP owes meanwhile leave as one (coalesced, IBTA 9.7.5.1.2).
+    kHeld,
+  };
+  // How long the ACK of a one-packet message may wait for a reply to take it along.
+  static constexpr uint64_t kAckHoldNs = 20'000;
+  // How long the ACK of a longer message, or of a QP whose ACKs are already held, may wait: a stream's requester
+  // must see its window move (ib_write_bw 64 KiB lost a third of its rate with 20 us here).
+  static constexpr uint64_t kAckCoalesceNs = 3'000;
   // Processes one received datagram (a CM MAD for QP1 goes to the connection manager once the device lock is free).
-  void OnDatagram(const wire::InDatagram& datagram);
+  void OnDatagram(const wire::InDatagram& datagram, AckTiming acks = AckTiming::kNow);
+  // Sends the held ACKs (AckTiming::kHeld) due by `due_by_ns`, all of them by default. Cheap when none is due.
+  void SendHeldAcks(uint64_t due_by_ns = UINT64_MAX);
   // Runs expired timers, the connection manager's too; returns the next deadline, or 0 when none is pending.
   // `poller_returns_by_ns` (0: never) is when the caller will call again even if no timer is due: a timer armed for
   // later than that does not wake the poller through Transport::Wake, which keeps wake-ups off the data path (every
@@ -286,14 +303,24 @@ class Device {
   uint64_t RcNextDeadline(QueuePair* qp) const;
   void RcCompleteInOrderLocked(QueuePair* qp);
   void RcFailLocked(QueuePair* qp, size_t wqe_index, WcStatus status);
+  // Sends an ACK or NAK now; it covers an ACK the QP holds, which is dropped.
   void RcSendAck(QueuePair* qp, uint32_t psn, const wire::Aeth& aeth, OutBatch& out);
+  // The ACK for requests up to `psn`, of a message of one packet or not: sent now or held, as ack_timing_ says.
+  void RcAcknowledgeLocked(QueuePair* qp, uint32_t psn, bool one_packet, OutBatch& out);
+  // Sends the ACK `qp` holds, if any (drops it in the error state).
+  void RcSendHeldAckLocked(QueuePair* qp, OutBatch& out);
+  // `qp` holds no ACK any more (sent, covered, or not to be sent).
+  void RcDropHeldAckLocked(QueuePair* qp);
+  // Sends the held ACKs due by `due_by_ns`; keeps next_held_ack_due_ns_ current.
+  void SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out);
   void RcSendReadResponses(QueuePair* qp, const ResponderResource& r, uint32_t from_psn, OutBatch& out);
   void RcArmRetransmitLocked(QueuePair* qp);
   wire::UdpEndpoint PeerOf(const QueuePair& qp) const;
   uint16_t SourcePortOf(const QueuePair& qp) const;
-  // Copies message bytes [offset, offset+len) of a send WR into out; false if an SGE is refused.
+  // Where message bytes [offset, offset+len) of a send WR are: the pieces of registered memory (or inline data) that
+  // hold them, in order, valid while the lock is held; false if an SGE is refused.
   bool GatherRangeLocked(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
-                         std::vector<uint8_t>& out);
+                         std::vector<std::span<const uint8_t>>& pieces);
   void WakeForTimer(uint64_t deadline);
 
   DeviceConfig config_;
@@ -320,6 +347,10 @@ class Device {
   // When the poller comes back on its own (0: never): the earlier of the deadline RunTimers last reported and the
   // caller's poller_returns_by_ns. Arming an earlier timer wakes the poller.
   uint64_t poller_deadline_ = 0;
+  AckTiming ack_timing_ = AckTiming::kNow;  // of the datagram being processed
+  std::vector<uint32_t> acks_held_;  // QPNs holding an ACK (one reset since no longer holds and is skipped)
+  // The earliest held_due_ns among them (0: none), or earlier when that ACK has left: read without the lock.
+  std::atomic<uint64_t> next_held_ack_due_ns_{0};
   ConnectionManager cm_;  // its own lock, never taken with mu_ held
 };
 

@@ -98,27 +98,27 @@ void Device::RcWakeWaitersLocked(PathWindow& path, OutBatch& out) {
 }
 
 bool Device::GatherRangeLocked(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
-                               std::vector<uint8_t>& out) {
-  out.clear();
+                               std::vector<std::span<const uint8_t>>& pieces) {
+  pieces.clear();
   if (wr.flags & send_flags::kInline) {
-    out.assign(wr.inline_data.begin() + offset, wr.inline_data.begin() + offset + len);
+    pieces.emplace_back(wr.inline_data.data() + offset, len);
     return true;
   }
-  out.reserve(len);
-  uint64_t skip = offset;
+  uint64_t skip = offset, got = 0;
   for (const Sge& sge : wr.sg_list) {
-    if (out.size() == len) break;
+    if (got == len) break;
     if (skip >= sge.length) {
       skip -= sge.length;
       continue;
     }
-    const uint64_t n = std::min<uint64_t>(sge.length - skip, len - out.size());
+    const uint64_t n = std::min<uint64_t>(sge.length - skip, len - got);
     AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, 0);
     if (!r.ok()) return false;
-    out.insert(out.end(), r.host, r.host + n);
+    pieces.emplace_back(r.host, n);
+    got += n;
     skip = 0;
   }
-  return out.size() == len;
+  return got == len;
 }
 
 // --- requester ---------------------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
   };
 
   bool sent = false;
-  std::vector<uint8_t> payload;
+  std::vector<std::span<const uint8_t>> payload;  // the next packet's bytes, in registered memory
   PathWindow& path = PathOf(*qp);
   // Marks PSNs before `next` as sent and charges what is new to the path at once, so the next packet sees the window
   // as it is.
@@ -348,7 +348,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
         return;
       }
       ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
-      out.Add(transport_, spec, payload, dst, sport);
+      out.AddGathered(transport_, spec, payload, dst, sport);
       sent_up_to(PsnAdd(psn, 1));
       if (++r.cursor_pkt == w.npsn) {
         ++r.cursor_wqe;
@@ -358,6 +358,8 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
     sent = true;
   }
   if (sent && r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+  // A held ACK of this QP's responder follows the requests just queued (Device::AckTiming::kHeld).
+  if (sent && qp->responder().ack_held) RcSendHeldAckLocked(qp, out);
 }
 
 void Device::RcFailLocked(QueuePair* qp, size_t index, WcStatus status) {
@@ -621,6 +623,9 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
 // --- responder ---------------------------------------------------------------------------------------------------
 
 void Device::RcSendAck(QueuePair* qp, uint32_t psn, const wire::Aeth& aeth, OutBatch& out) {
+  // A held ACK is covered: this ACK or NAK names a PSN no older than the held one (the newest received, or the one
+  // expected).
+  RcDropHeldAckLocked(qp);
   wire::PacketSpec spec;
   spec.bth.opcode = rcop::kAcknowledge;
   spec.bth.dest_qp = qp->attributes().dest_qp_num;
@@ -628,6 +633,61 @@ void Device::RcSendAck(QueuePair* qp, uint32_t psn, const wire::Aeth& aeth, OutB
   spec.aeth = aeth;
   ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
   out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+}
+
+void Device::RcAcknowledgeLocked(QueuePair* qp, uint32_t psn, bool one_packet, OutBatch& out) {
+  RcResponder& R = qp->responder();
+  if (ack_timing_ == AckTiming::kNow) {
+    RcSendAck(qp, psn, wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
+    return;
+  }
+  const uint64_t due = clock_.NowNs() + (one_packet && !R.ack_held ? kAckHoldNs : kAckCoalesceNs);
+  if (!R.ack_held) {
+    R.ack_held = true;
+    R.held_due_ns = due;
+    acks_held_.push_back(qp->qpn());
+  }
+  R.held_due_ns = std::min(R.held_due_ns, due);
+  R.held_psn = psn;
+  R.held_msn = R.msn;
+  const uint64_t next = next_held_ack_due_ns_.load(std::memory_order_relaxed);
+  if (next == 0 || R.held_due_ns < next) next_held_ack_due_ns_.store(R.held_due_ns, std::memory_order_relaxed);
+}
+
+void Device::RcSendHeldAckLocked(QueuePair* qp, OutBatch& out) {
+  const RcResponder& R = qp->responder();
+  if (!R.ack_held) return;
+  if (qp->attributes().qp_state == QpState::kErr) {
+    RcDropHeldAckLocked(qp);  // a QP in the error state sends nothing (IBTA 10.3.1.9); its peer's retries decide
+    return;
+  }
+  RcSendAck(qp, R.held_psn, wire::Aeth::Ack(wire::kInvalidCredits, R.held_msn), out);
+}
+
+void Device::RcDropHeldAckLocked(QueuePair* qp) {
+  RcResponder& R = qp->responder();
+  if (!R.ack_held) return;
+  R.ack_held = false;
+  if (const auto it = std::find(acks_held_.begin(), acks_held_.end(), qp->qpn()); it != acks_held_.end())
+    acks_held_.erase(it);
+}
+
+void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
+  std::vector<uint32_t> held;
+  held.swap(acks_held_);  // what leaves is dropped from acks_held_ on the way; the rest goes back
+  uint64_t next = 0;
+  for (const uint32_t qpn : held) {
+    QueuePair* qp = FindQpLocked(qpn);
+    if (qp == nullptr || !qp->responder().ack_held) continue;  // destroyed or reset since
+    const RcResponder& R = qp->responder();
+    if (R.held_due_ns <= due_by_ns || qp->attributes().qp_state == QpState::kErr) {
+      RcSendHeldAckLocked(qp, out);
+      continue;
+    }
+    next = wire::EarlierDeadline(next, R.held_due_ns);
+    acks_held_.push_back(qpn);
+  }
+  next_held_ack_due_ns_.store(next, std::memory_order_relaxed);
 }
 
 void Device::RcSendReadResponses(QueuePair* qp, const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
@@ -665,6 +725,8 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
   const uint32_t psn = p.bth.psn;
   const int32_t d = PsnDiff(psn, a.rq_psn);
   const wire::Operation op = p.info->op;
+  // A READ response or atomic ACK answers in PSN order after the ACK held for earlier requests.
+  if (R.ack_held && op != wire::Operation::kSend && op != wire::Operation::kRdmaWrite) RcSendHeldAckLocked(qp, out);
   const uint32_t mtu = MtuBytes(a.path_mtu);
   auto nak = [&](wire::NakCode code) { RcSendAck(qp, a.rq_psn, wire::Aeth::Nak(code, R.msn), out); };
   // Errors that end the connection: NAK, then the responder's QP enters the error state (IBTA 9.7.5.2.x).
@@ -705,7 +767,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         }
     } else if (p.bth.ack_req) {
       // SEND/WRITE already executed: acknowledge again, with the newest PSN (9.7.5.1.3).
-      RcSendAck(qp, PsnAdd(a.rq_psn, -1), wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
+      RcAcknowledgeLocked(qp, PsnAdd(a.rq_psn, -1), /*one_packet=*/false, out);
     }
     return;
   }
@@ -806,7 +868,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       }
       m = InboundMessage{};
     }
-    if (p.bth.ack_req) RcSendAck(qp, psn, wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
+    if (p.bth.ack_req) RcAcknowledgeLocked(qp, psn, starts && ends, out);
     return;
   }
 

@@ -71,6 +71,12 @@ struct RcResponder {
   bool nak_outstanding = false;  // a PSN sequence error NAK was sent for the current expected PSN
   bool comm_established = false;
   std::deque<ResponderResource> resources;  // most recent last
+  // An ACK held back (Device::AckTiming::kHeld): the newest PSN it acknowledges, the MSN then, and when it must
+  // leave at the latest. Any later ACK or NAK of this responder covers it (IBTA 9.7.5.1.2: an ACK acknowledges
+  // every earlier PSN; a NAK every PSN before its own).
+  bool ack_held = false;
+  uint32_t held_psn = 0, held_msn = 0;
+  uint64_t held_due_ns = 0;
 };
 
 }  // namespace uroce::emu

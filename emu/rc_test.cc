@@ -1047,6 +1047,159 @@ TEST(RcTimeout, ArmingWakesThePollerOnlyWhenItWouldSleepPastTheDeadline) {
   EXPECT_EQ(u.a->transport->wakes(), wakes + 1);
 }
 
+// --- held ACKs (Device::AckTiming::kHeld) ----------------------------------------------------------------------------
+
+// Steps the fabric until `n` has received `packets` datagrams; returns the clock then.
+uint64_t StepUntilReceived(Rc& t, const Node& n, uint64_t packets) {
+  for (int i = 0; i < 1000 && n.device->counters().rx_packets < packets; ++i) t.fabric.Step();
+  EXPECT_GE(n.device->counters().rx_packets, packets);
+  return t.now();
+}
+
+TEST(RcHeldAck, AReplyOnTheSameQpLeavesFirstWithTheAckBehindIt) {
+  Rc t;
+  t.b->ack_timing = Device::AckTiming::kHeld;
+  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  Fill(la.bytes, 3);
+  Fill(lb.bytes, 4);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
+  StepUntilReceived(t, *t.b, 1);
+  EXPECT_EQ(0, std::memcmp(lb.bytes.data(), la.bytes.data(), 8));  // placed at once
+  EXPECT_TRUE(Wire(*t.b).empty());                                  // the ACK is held
+  // b answers, as ib_write_lat does once it sees the bytes: its WRITE leaves, then the ACK of a's.
+  ASSERT_EQ(t.b->device->PostSend(t.qb, Rdma(2, SendOpcode::kRdmaWrite, {lb.At(32, 8)}, la.mr.iova + 32, la.mr.rkey)),
+            0);
+  const auto wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 2u);
+  EXPECT_EQ(wb[0].opcode, rcop::kWriteOnly);
+  EXPECT_TRUE(IsAck(wb[1]));
+  EXPECT_EQ(wb[1].psn, Wire(*t.a)[0].psn);
+  EXPECT_EQ(wb[0].time_ns, wb[1].time_ns);  // in the same batch
+  t.fabric.Pump();
+  auto sa = Drain(t.sa), sb = Drain(t.sb);
+  ASSERT_EQ(sa.size(), 1u);
+  ASSERT_EQ(sb.size(), 1u);
+  EXPECT_EQ(sa[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(sb[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(0, std::memcmp(la.bytes.data() + 32, lb.bytes.data() + 32, 8));
+  const auto after = Wire(*t.b);
+  EXPECT_EQ(std::count_if(after.begin(), after.end(), IsAck), 1);  // not acknowledged twice
+}
+
+TEST(RcHeldAck, WithoutAReplyTheAckOfAOnePacketMessageLeavesAfterTheHoldTime) {
+  Rc t;
+  t.b->ack_timing = Device::AckTiming::kHeld;
+  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
+  const uint64_t received = StepUntilReceived(t, *t.b, 1);
+  t.fabric.Pump();
+  const auto wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 1u);
+  EXPECT_TRUE(IsAck(wb[0]));
+  EXPECT_EQ(wb[0].time_ns, received + Device::kAckHoldNs);  // not before, and the timer brings it out on time
+  ASSERT_EQ(Drain(t.sa).size(), 1u);
+  EXPECT_EQ(Wire(*t.a).size(), 1u);  // well inside the requester's ACK timeout: nothing resent
+}
+
+TEST(RcHeldAck, AStreamsAcksAreCoalescedIntoOneForAShortTime) {
+  Rc t;  // MTU 1024
+  t.b->ack_timing = Device::AckTiming::kHeld;
+  Buffer la = testing::Register(*t.a->device, t.pa, 16384, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, 16384, kMrAll);
+  Fill(la.bytes, 9);
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(i, SendOpcode::kRdmaWrite, {la.At(i * 4096, 4096)},
+                                               lb.mr.iova + i * 4096, lb.mr.rkey)),
+              0);
+  const uint64_t received = StepUntilReceived(t, *t.b, 12);  // three messages of four packets, each asking for an ACK
+  EXPECT_TRUE(Wire(*t.b).empty());
+  t.fabric.Pump();
+  const auto wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 1u);  // one ACK for all three
+  EXPECT_TRUE(IsAck(wb[0]));
+  EXPECT_EQ(wb[0].psn, 11u);
+  EXPECT_EQ(wb[0].time_ns, received + Device::kAckCoalesceNs);
+  EXPECT_EQ(Drain(t.sa).size(), 3u);
+  EXPECT_EQ(0, std::memcmp(lb.bytes.data(), la.bytes.data(), 3 * 4096));
+}
+
+TEST(RcHeldAck, AReadOrAtomicResponseFollowsTheHeldAckAndANakCoversIt) {
+  Rc t;
+  t.b->ack_timing = Device::AckTiming::kHeld;
+  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(2, SendOpcode::kRdmaRead, {la.At(16, 8)}, lb.mr.iova + 16, lb.mr.rkey)),
+            0);
+  StepUntilReceived(t, *t.b, 2);
+  auto wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 2u);  // at once, in PSN order
+  EXPECT_TRUE(IsAck(wb[0]));
+  EXPECT_EQ(wb[0].psn, 0u);
+  EXPECT_EQ(wb[1].opcode, rcop::kReadResponseOnly);
+  EXPECT_EQ(wb[1].psn, 1u);
+  t.fabric.Pump();
+  EXPECT_EQ(Drain(t.sa).size(), 2u);
+
+  // A held ACK, then a gap: the sequence NAK acknowledges everything before the PSN it names, the held ACK too.
+  t.b->transport->ClearLog();
+  t.a->transport->drop_if = [](uint64_t index, std::span<const uint8_t>) { return index == 3; };
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(3, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(4, SendOpcode::kRdmaWrite, {la.At(8, 8)}, lb.mr.iova + 8, lb.mr.rkey)),
+            0);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(5, SendOpcode::kRdmaWrite, {la.At(16, 8)}, lb.mr.iova + 16, lb.mr.rkey)),
+            0);
+  StepUntilReceived(t, *t.b, 4);  // PSN 2, not 3, then 4
+  wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 1u);
+  EXPECT_TRUE(IsNak(wb[0], wire::NakCode::kPsnSeqError));
+  EXPECT_EQ(wb[0].psn, 3u);
+  t.fabric.Pump();
+  EXPECT_EQ(Drain(t.sa).size(), 3u);
+}
+
+TEST(RcHeldAck, DestroyingTheQpSendsItsHeldAck) {
+  Rc t;
+  t.b->ack_timing = Device::AckTiming::kHeld;
+  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
+  StepUntilReceived(t, *t.b, 1);
+  ASSERT_TRUE(Wire(*t.b).empty());
+  // ibv_rc_pingpong destroys its QP right after the last message: that message's ACK must still leave.
+  ASSERT_EQ(t.b->device->DestroyQp(t.qb), 0);
+  auto wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 1u);
+  EXPECT_TRUE(IsAck(wb[0]));
+  t.fabric.Pump();
+  auto sa = Drain(t.sa);
+  ASSERT_EQ(sa.size(), 1u);
+  EXPECT_EQ(sa[0].status, WcStatus::kSuccess);
+}
+
+TEST(RcHeldAck, MovingTheQpToErrorSendsItsHeldAckFirst) {
+  Rc t;
+  t.b->ack_timing = Device::AckTiming::kHeld;
+  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
+  StepUntilReceived(t, *t.b, 1);
+  // An HCA that acknowledges at once would have sent it before the application's modify: so does the held one.
+  QpAttributes err;
+  err.qp_state = QpState::kErr;
+  ASSERT_EQ(t.b->device->ModifyQp(t.qb, err, attr::kState), 0);
+  const auto wb = Wire(*t.b);
+  ASSERT_EQ(wb.size(), 1u);
+  EXPECT_TRUE(IsAck(wb[0]));
+  t.fabric.Pump();
+  EXPECT_EQ(Wire(*t.b).size(), 1u);  // and nothing from the QP in the error state afterwards
+  auto sa = Drain(t.sa);
+  ASSERT_EQ(sa.size(), 1u);
+  EXPECT_EQ(sa[0].status, WcStatus::kSuccess);
+}
+
 // --- duplicates --------------------------------------------------------------------------------------------------
 
 TEST(RcDuplicate, LostReadResponseIsAnsweredAgainFromSavedState) {

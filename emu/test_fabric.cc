@@ -60,7 +60,8 @@ bool Fabric::StepUntil(uint64_t deadline_ns) {
   int n = 0;
   for (auto& node : nodes_) {
     Device* dev = node->device.get();
-    n += node->transport->Poll([dev](const wire::InDatagram& d) { dev->OnDatagram(d); }, 0);
+    const Device::AckTiming acks = node->ack_timing;
+    n += node->transport->Poll([dev, acks](const wire::InDatagram& d) { dev->OnDatagram(d, acks); }, 0);
   }
   uint64_t next_timer = 0;
   for (auto& node : nodes_) {

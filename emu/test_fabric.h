@@ -65,6 +65,7 @@ struct Node {
   std::unique_ptr<ScriptedTransport> transport;
   std::unique_ptr<Device> device;
   std::vector<AsyncEvent> events;
+  Device::AckTiming ack_timing = Device::AckTiming::kNow;  // how the fabric delivers to this node
 };
 
 class Fabric {
