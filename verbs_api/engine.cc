@@ -301,19 +301,23 @@ int Engine::Start(const EngineConfig& config) {
   dc.node_guid = NodeGuid();
   dc.retry_cnt_7_infinite = config.retry_forever;
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::SystemClock::Instance());
-  handler_ = [dev = device_.get()](const wire::InDatagram& d) { dev->OnDatagram(d); };
+  // Received requests' ACKs are held a little (Device::AckTiming::kHeld): whoever receives, the application may
+  // answer at once, and its reply then leaves first with the ACK behind it.
+  handler_ = [dev = device_.get()](const wire::InDatagram& d) { dev->OnDatagram(d, emu::Device::AckTiming::kHeld); };
   progress_ = std::thread([this] { ProgressLoop(); });
   stats_ = config.stats;
-  if (stats_) {
-    // A program may exit without closing the device: print then too.
-    static std::once_flag once;
-    std::call_once(once, [] {
-      std::atexit([] {
-        std::lock_guard lock(g_engine_mu);
-        if (auto e = g_engine.lock()) e->PrintStatsOnce();
-      });
+  // A program may exit without closing the device: the ACKs still held leave (its peer's last messages would be
+  // retried until they fail otherwise), and the counters are printed then too.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::atexit([] {
+      std::lock_guard lock(g_engine_mu);
+      if (auto e = g_engine.lock()) {
+        e->device_->SendHeldAcks();
+        e->PrintStatsOnce();
+      }
     });
-  }
+  });
   return 0;
 }
 
@@ -348,13 +352,16 @@ void Engine::ProgressLoop() {
   pthread_setname_np(pthread_self(), "uroce-progress");
   emu::Device* dev = device_.get();
   const wire::Clock& clock = wire::SystemClock::Instance();
-  bool handed = false;  // the receive side is the applications'
+  bool handed = false;    // the receive side is the applications'
+  bool spinning = false;  // receives disarmed: this thread polls the socket without sleeping (kSpinNs)
+  uint64_t timers_due = 0;  // while spinning, the device's timers run every kAppTimersEveryNs
   while (!stop_.load(std::memory_order_acquire)) {
     uint64_t now = clock.NowNs();
     const uint64_t lease = lease_until_ns_.load(std::memory_order_acquire);
     if (lease > now) {
       if (!handed) HandReceiveToApplications(true);
       handed = true;
+      spinning = false;  // the receives are re-armed when the lease ends
       // Applications receive and run timers; come back when the lease may have ended (or at a stop or an early end).
       std::unique_lock lock(idle_mu_);
       idle_cv_.wait_for(lock, std::chrono::nanoseconds(lease - now), [&] {
@@ -363,8 +370,32 @@ void Engine::ProgressLoop() {
       });
       continue;
     }
-    if (handed) HandReceiveToApplications(false);
+    if (handed) {
+      HandReceiveToApplications(false);
+      dev->SendHeldAcks();  // held by applications that have stopped polling
+    }
     handed = false;
+    const uint64_t last_traffic = last_traffic_ns_.load(std::memory_order_relaxed);
+    const bool spin = now - last_traffic < kSpinNs && now - poll_pattern_.last_empty_poll_ns() > kAppPollingNs;
+    if (spin != spinning) {
+      std::lock_guard lock(receive_mu_);
+      transport_->SetReceiveArmed(!spin);  // spinning: recvmmsg straight from the socket, nobody woken per packet
+      spinning = spin;
+    }
+    if (spin) {
+      if (now >= timers_due) {
+        timers_due = now + kAppTimersEveryNs;
+        dev->RunTimers(timers_due);
+      }
+      int n;
+      {
+        std::lock_guard lock(receive_mu_);
+        n = transport_->Poll(handler_, 0);
+      }
+      dev->SendHeldAcks(clock.NowNs());
+      if (n > 0) last_traffic_ns_.store(clock.NowNs(), std::memory_order_relaxed);
+      continue;
+    }
     const uint64_t returns_by =
         now - last_traffic_ns_.load(std::memory_order_relaxed) < kActiveNs ? now + kTickNs : 0;
     const uint64_t deadline = dev->RunTimers(returns_by);
@@ -379,6 +410,7 @@ void Engine::ProgressLoop() {
       std::lock_guard lock(receive_mu_);
       n = transport_->Poll(handler_, timeout);
     }
+    dev->SendHeldAcks(clock.NowNs());
     if (n > 0) last_traffic_ns_.store(clock.NowNs(), std::memory_order_relaxed);
   }
 }
@@ -404,6 +436,8 @@ int Engine::DriveFromApplication() {
   }
   std::unique_lock lock(receive_mu_, std::try_to_lock);
   if (!lock.owns_lock() || !receive_with_applications_) return -1;
+  // ACKs held in an earlier poll that no reply has taken along in their time.
+  device_->SendHeldAcks(now);
   const int n = transport_->Poll(handler_, 0);
   if (n > 0) {
     app_datagrams_.fetch_add(uint64_t(n), std::memory_order_relaxed);
@@ -419,6 +453,7 @@ int Engine::DriveFromApplication() {
 
 void Engine::ApplicationSleeps() {
   poll_pattern_.OnSleep(wire::SystemClock::Instance().NowNs());
+  device_->SendHeldAcks();  // nobody replies while it sleeps
   if (lease_until_ns_.exchange(0, std::memory_order_acq_rel) == 0) return;
   std::lock_guard lock(idle_mu_);
   idle_cv_.notify_one();
@@ -441,6 +476,7 @@ void Engine::LeaveMulticast(const wire::IpAddress& group) {
 }
 
 Engine::~Engine() {
+  if (device_) device_->SendHeldAcks();
   PrintStatsOnce();
   {
     std::lock_guard lock(multicast_mu_);

@@ -6,13 +6,15 @@ namespace uroce::verbs {
 
 bool PollPattern::OnEmptyPoll(uint64_t now) {
   const uint64_t last = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
-  if (now - last > kStreakGapNs) streak_start_ns_.store(now, std::memory_order_relaxed);
+  const uint64_t inside = inside_since_poll_ns_.exchange(0, std::memory_order_relaxed);
+  if (now - last - std::min(now - last, inside) > kStreakGapNs) streak_start_ns_.store(now, std::memory_order_relaxed);
   const uint64_t completed = last_completion_ns_.load(std::memory_order_relaxed);
   uint64_t think = think_ns_.load(std::memory_order_relaxed);
   // The first empty poll since a completion, which came while this process received for itself.
   if (completed > last && completed <= now && engaged_.load(std::memory_order_relaxed)) {
     const uint64_t before = think;
-    think = (think * 7 + std::min(now - completed, kThinkClipNs)) / 8;
+    const uint64_t outside = now - completed - std::min(now - completed, inside_ns_.load(std::memory_order_relaxed));
+    think = (think * 7 + std::min(outside, kThinkClipNs)) / 8;
     think_ns_.store(think, std::memory_order_relaxed);
     // Disengaged now: the next offer comes kProbeEveryNs from here.
     if (before < kThinkNs && think >= kThinkNs) last_probe_ns_.store(now, std::memory_order_relaxed);

@@ -5,13 +5,16 @@
 // A thread engages when it has polled empty CQs without a gap above kStreakGapNs for kEngageNs (a program that polls
 // once and then sleeps never does), and when it comes back to poll soon after a completion: its think time, from a
 // poll that returned completions to the next empty poll, averaged, is under kThinkNs. A program that polls a CQ and
-// then waits elsewhere (ib_write_lat spins on memory for the peer's RDMA WRITE) must not engage: nobody would
-// receive for it until the lease ended.
+// then waits elsewhere (spinning on memory for an RDMA WRITE that would arrive after its completion) must not engage:
+// nobody would receive for it until the lease ended. ib_write_lat polls its send CQ and then spins on memory, but
+// the peer's WRITE arrives before the ACK that completes its own (held ACKs, emu::Device::AckTiming::kHeld), so its
+// think times stay short.
 //
-// Think times are sampled only while the application holds the receive side. Measured while the progress thread
-// receives they mean nothing: its wake-ups inflate them for a ping-pong (ib_send_lat stayed disengaged, 40 us per
-// half round trip instead of 6), and for ib_write_lat they shrink, since one wake-up delivers the ACK and the peer's
-// WRITE together. A disengaged process is offered the receive side again every kProbeEveryNs, starting just under
+// The think time leaves out the time spent inside data-path verbs (OnTimeInside). Think times are sampled only while
+// the application holds the receive side. Measured while the progress thread receives they mean nothing: its
+// wake-ups inflate them for a ping-pong (ib_send_lat stayed disengaged, 40 us per half round trip instead of 6), and
+// for one that waits on memory they shrink, since one wake-up delivers the ACK and the peer's WRITE together. A
+// disengaged process is offered the receive side again every kProbeEveryNs, starting just under
 // kThinkNs, so that one long think ends the offer. Each sample is clipped at kThinkClipNs: one preemption (2 cores,
 // four busy threads) is a think time of a whole time slice, and must not end a ping-pong's engagement (it takes five
 // in a row from a think time of ~1 us; from the start, six long thinks disengage).
@@ -31,11 +34,24 @@ class PollPattern {
   static constexpr uint64_t kProbeEveryNs = 100'000'000;
 
   // A poll returned completions at `now_ns`: the start of a think time.
-  void OnCompletion(uint64_t now_ns) { last_completion_ns_.store(now_ns, std::memory_order_relaxed); }
+  void OnCompletion(uint64_t now_ns) {
+    inside_ns_.store(0, std::memory_order_relaxed);
+    last_completion_ns_.store(now_ns, std::memory_order_relaxed);
+  }
+  // The application spent `ns` inside a data-path verb (ibv_post_send, ibv_post_recv, ...): not think time, since
+  // the library does that work whoever receives. Without this, ib_write_bw's think time (reposting after each
+  // completion) sat right at kThinkNs. Nor does it break a streak of empty polls: ib_write_bw's posts of 64 KiB
+  // messages (16 packets sent from the posting thread) took longer than kStreakGapNs, and it never engaged.
+  void OnTimeInside(uint64_t ns) {
+    inside_ns_.fetch_add(ns, std::memory_order_relaxed);
+    inside_since_poll_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
   // A poll found the CQ empty at `now_ns`. Returns true when the polling thread should hold the receive side.
   bool OnEmptyPoll(uint64_t now_ns);
   // The application arms a CQ to sleep on its channel (ibv_req_notify_cq): the streak of empty polls ends.
   void OnSleep(uint64_t now_ns) { streak_start_ns_.store(now_ns, std::memory_order_relaxed); }
+  // When a poll last found a CQ empty (0: never): an application thread is spinning on CQs.
+  uint64_t last_empty_poll_ns() const { return last_empty_poll_ns_.load(std::memory_order_relaxed); }
   // The averaged think time (printed with the counters).
   uint64_t think_ns() const { return think_ns_.load(std::memory_order_relaxed); }
 
@@ -43,6 +59,8 @@ class PollPattern {
   std::atomic<uint64_t> last_empty_poll_ns_{0};
   std::atomic<uint64_t> streak_start_ns_{0};
   std::atomic<uint64_t> last_completion_ns_{0};
+  std::atomic<uint64_t> inside_ns_{0};  // time inside data-path verbs since the last completion
+  std::atomic<uint64_t> inside_since_poll_ns_{0};  // ... and since the last empty poll
   std::atomic<uint64_t> think_ns_{0};  // moving average of clipped samples taken while engaged
   std::atomic<bool> engaged_{false};   // the last verdict of OnEmptyPoll
   std::atomic<uint64_t> last_probe_ns_{0};

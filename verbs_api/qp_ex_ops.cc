@@ -163,6 +163,7 @@ int CheckBatch(Qp* qp, const std::vector<emu::SendWr>& wrs) {
 }
 
 int WrComplete(ibv_qp_ex* x) {
+  Engine::VerbTimer timer(*ToContext(x->qp_base.context)->engine);
   SendOpsBatch& b = BatchOf(x);
   if (!InsideBatch(b)) return EINVAL;  // no ibv_wr_start() on this thread
   Qp* qp = OfQpx(x);

@@ -210,6 +210,7 @@ static int PostSendUnguarded(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) 
 }
 
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  Engine::VerbTimer timer(*Ctx(qp->context)->engine);
   return NoThrow<int>(ENOMEM, [&] { return PostSendUnguarded(qp, wr, bad_wr); });
 }
 
@@ -233,6 +234,7 @@ static int PostRecvUnguarded(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) 
 }
 
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  Engine::VerbTimer timer(*Ctx(qp->context)->engine);
   return NoThrow<int>(ENOMEM, [&] { return PostRecvUnguarded(qp, wr, bad_wr); });
 }
 

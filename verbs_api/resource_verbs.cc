@@ -19,8 +19,12 @@ namespace {
 // what is queued itself; otherwise it gives the CPU away once, because the progress thread that would fill the CQ
 // may be waiting for it (2 cores, several spinning threads). Returns the datagrams it processed (> 0: look again).
 int DriveOnEmptyCq(Cq* cq) {
-  const int n = Ctx(cq->cqx.context)->engine->DriveFromApplication();
-  if (n < 0) sched_yield();
+  Engine& engine = *Ctx(cq->cqx.context)->engine;
+  const int n = engine.DriveFromApplication();
+  if (n < 0) {
+    Engine::VerbTimer timer(engine);  // the time given away is ours, not a pause in the application's polling
+    sched_yield();
+  }
   return n;
 }
 
