@@ -43,6 +43,7 @@
 
 #include "rdmacm/port_registry.h"
 #include "tests/client_runner.h"
+#include "wire/address.h"
 #include "wire/cm_mad.h"
 
 namespace uroce::tests {
@@ -444,6 +445,25 @@ std::vector<InteropParam> Params() {
   return out;
 }
 
+// Whether UDP kHostAddr:4791 can be bound, waiting up to `wait` for it. The previous case's uroce process may hold
+// it for a moment after it was reaped: io_uring releases a ring's files from a kernel worker once the process has
+// exited, so its socket closes a little later.
+bool RoceV2PortFreeWithin(std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (true) {
+    const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(wire::kRoceV2UdpPort);
+    inet_pton(AF_INET, kHostAddr, &sa.sin_addr);
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    close(fd);
+    if (free || std::chrono::steady_clock::now() >= deadline) return free;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 class RxeInteropTest : public ClientTest, public ::testing::WithParamInterface<InteropParam> {
  protected:
   void SetUp() override {
@@ -517,6 +537,7 @@ TEST_P(RxeInteropTest, PairCompletesWithDataChecked) {
   }
   const int port = Port();
   ASSERT_GT(port, 0);
+  ASSERT_TRUE(RoceV2PortFreeWithin(std::chrono::seconds(5))) << "UDP " << kHostAddr << ":4791 is still in use";
   const std::vector<std::string> host_argv = Argv(c, host_program, false, uroce_server, port);
   std::string guest_command;
   for (const std::string& a : Argv(c, c.program, true, !uroce_server, port)) {
