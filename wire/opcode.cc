@@ -140,6 +140,36 @@ constexpr std::array<uint8_t, 256> BuildIndex() {
   return index;
 }
 constexpr std::array<uint8_t, 256> kIndex = BuildIndex();
+
+// (transport, operation, position, suffix) -> index into kTable + 1 (0 = not defined), built at compile time: the
+// reverse of kIndex, so a requester or responder choosing an opcode reads this table and no copy of it.
+enum class Suffix : uint8_t { kNone, kImmediate, kInvalidate };
+constexpr size_t kTransports = 6, kOperations = 10, kPositions = 4, kSuffixes = 3;
+constexpr size_t MessageKey(T transport, O op, P position, Suffix suffix) {
+  return ((static_cast<size_t>(transport) * kOperations + static_cast<size_t>(op)) * kPositions +
+          static_cast<size_t>(position)) *
+             kSuffixes +
+         static_cast<size_t>(suffix);
+}
+constexpr Suffix SuffixOf(const OpcodeInfo& info) {
+  return info.has_immediate ? Suffix::kImmediate : info.has_invalidate ? Suffix::kInvalidate : Suffix::kNone;
+}
+using MessageIndex = std::array<uint8_t, kTransports * kOperations * kPositions * kSuffixes>;
+constexpr MessageIndex BuildMessageIndex() {
+  MessageIndex index{};
+  for (size_t i = 0; i < kTable.size(); ++i)
+    index[MessageKey(kTable[i].transport, kTable[i].op, kTable[i].position, SuffixOf(kTable[i]))] =
+        static_cast<uint8_t>(i + 1);
+  return index;
+}
+constexpr MessageIndex kMessageIndex = BuildMessageIndex();
+constexpr bool MessageKeysAreUnique() {
+  size_t filled = 0;
+  for (uint8_t i : kMessageIndex) filled += i != 0;
+  return filled == kTable.size();
+}
+static_assert(MessageKeysAreUnique(), "two opcodes for one (transport, operation, position, suffix)");
+static_assert(static_cast<size_t>(T::kXrc) + 1 == kTransports && static_cast<size_t>(O::kCnp) + 1 == kOperations);
 static_assert(kTable.size() < 255);
 
 constexpr bool TableIsSorted() {
@@ -232,5 +262,24 @@ const OpcodeInfo* FindOpcode(uint8_t code) {
 }
 
 std::span<const OpcodeInfo> AllOpcodes() { return kTable; }
+
+MsgPosition PositionInMessage(uint64_t k, uint64_t packets) {
+  const bool first = k == 0, last = k + 1 >= packets;
+  return first && last ? P::kOnly : first ? P::kFirst : last ? P::kLast : P::kMiddle;
+}
+
+std::optional<uint8_t> MessageOpcode(TransportKind transport, Operation op, MsgPosition position, bool immediate,
+                                     bool invalidate) {
+  // ImmDt and IETH ride on a message's last packet only (IBTA 9.2: they follow the BTH of *_LAST and *_ONLY).
+  const bool ends = position == P::kLast || position == P::kOnly;
+  if (ends && immediate && invalidate) return std::nullopt;
+  const Suffix suffix = !ends        ? Suffix::kNone
+                        : immediate  ? Suffix::kImmediate
+                        : invalidate ? Suffix::kInvalidate
+                                     : Suffix::kNone;
+  const uint8_t i = kMessageIndex[MessageKey(transport, op, position, suffix)];
+  if (i == 0) return std::nullopt;
+  return kTable[i - 1].code;
+}
 
 }  // namespace uroce::wire

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -84,6 +85,14 @@ struct OpcodeInfo {
 const OpcodeInfo* FindOpcode(uint8_t code);
 // Every entry, in ascending code order.
 std::span<const OpcodeInfo> AllOpcodes();
+// Where packet `k` (from 0) of a message of `packets` packets sits (a message of 0 bytes is one packet).
+MsgPosition PositionInMessage(uint64_t k, uint64_t packets);
+// The opcode of the packet at `position` in a message of `op` on `transport`, its last (or only) packet carrying
+// immediate data or an IETH as asked (ignored for FIRST and MIDDLE packets): the table's entry, looked up in a
+// compile-time index. nullopt when the transport does not define it (UC has no READ, UD no WRITE, nothing has both
+// an ImmDt and an IETH).
+std::optional<uint8_t> MessageOpcode(TransportKind transport, Operation op, MsgPosition position,
+                                     bool immediate = false, bool invalidate = false);
 
 // Opcode constants for the codes the engine builds most; the table is the authority for everything else.
 namespace opcode {

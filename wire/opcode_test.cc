@@ -139,5 +139,40 @@ TEST(Opcode, HeaderSizes) {
   EXPECT_EQ(ToString(MsgPosition::kMiddle), "middle");
 }
 
+TEST(Opcode, MessageOpcodeIsTheTableReadBackwards) {
+  for (const OpcodeInfo& info : AllOpcodes()) {
+    SCOPED_TRACE(std::string(info.name));
+    EXPECT_EQ(MessageOpcode(info.transport, info.op, info.position, info.has_immediate, info.has_invalidate),
+              info.code);
+  }
+}
+
+TEST(Opcode, MessageOpcodeChoices) {
+  using O = Operation;
+  using P = MsgPosition;
+  using T = TransportKind;
+  EXPECT_EQ(MessageOpcode(T::kRc, O::kSend, P::kOnly, true, false), opcode::kRcSendOnlyWithImmediate);
+  EXPECT_EQ(MessageOpcode(T::kRc, O::kSend, P::kLast, false, true), opcode::kRcSendLastWithInvalidate);
+  // ImmDt and IETH belong to the last packet: asked for on a FIRST or MIDDLE packet, they are left off.
+  EXPECT_EQ(MessageOpcode(T::kRc, O::kRdmaWrite, P::kFirst, true, false), opcode::kRcRdmaWriteFirst);
+  EXPECT_EQ(MessageOpcode(T::kUc, O::kSend, P::kMiddle, false, true), opcode::kUcBase | opcode::kRcSendMiddle);
+  EXPECT_EQ(MessageOpcode(T::kUc, O::kRdmaWrite, P::kLast, true, false), 0x29);  // UC_RDMA_WRITE_LAST_WITH_IMMEDIATE
+  EXPECT_EQ(MessageOpcode(T::kUd, O::kSend, P::kOnly, true, false), opcode::kUdSendOnlyWithImmediate);
+  EXPECT_EQ(MessageOpcode(T::kXrc, O::kReadResponse, P::kMiddle), 0xAE);
+  // What a transport does not define.
+  EXPECT_EQ(MessageOpcode(T::kUc, O::kReadRequest, P::kOnly), std::nullopt);
+  EXPECT_EQ(MessageOpcode(T::kUd, O::kSend, P::kFirst), std::nullopt);
+  EXPECT_EQ(MessageOpcode(T::kUc, O::kSend, P::kLast, false, true), std::nullopt);  // UC has no SEND with invalidate
+  EXPECT_EQ(MessageOpcode(T::kRc, O::kRdmaWrite, P::kOnly, false, true), std::nullopt);
+  EXPECT_EQ(MessageOpcode(T::kRc, O::kSend, P::kOnly, true, true), std::nullopt);
+}
+
+TEST(Opcode, PositionInMessage) {
+  EXPECT_EQ(PositionInMessage(0, 1), MsgPosition::kOnly);
+  EXPECT_EQ(PositionInMessage(0, 3), MsgPosition::kFirst);
+  EXPECT_EQ(PositionInMessage(1, 3), MsgPosition::kMiddle);
+  EXPECT_EQ(PositionInMessage(2, 3), MsgPosition::kLast);
+}
+
 }  // namespace
 }  // namespace uroce::wire
