@@ -8,12 +8,12 @@
 #include "wire/bytes.h"
 #include "wire/frame.h"
 #include "wire/headers.h"
+#include "wire/opcode.h"
 #include "wire/packet.h"
 
 namespace uroce::emu {
 namespace {
 
-constexpr uint8_t kUdSendOnly = 0x64;
 constexpr uint64_t kNsPerMs = 1'000'000;
 // What the kernel's rdma_cm puts in the MRA it answers a duplicate REQ with: CMA_CM_MRA_SETTING without the
 // IB_CM_MRA_FLAG_DELAY bit, 4.096 us x 2^24 (the peer waits ms(24) = 65536 ms more).
@@ -343,7 +343,7 @@ void ConnectionManager::SendLocked(const wire::IpAddress& peer, const wire::CmMa
 void ConnectionManager::SendBytesLocked(const wire::IpAddress& peer, std::span<const uint8_t> mad, Work& w) {
   // rdmacm.md 4.1: a UD SEND_ONLY from QP1 to QP1 with the GSI Q_Key, the full 256 bytes.
   wire::PacketSpec spec;
-  spec.bth.opcode = kUdSendOnly;
+  spec.bth.opcode = wire::opcode::kUdSendOnly;
   spec.bth.pkey = wire::kDefaultPkey;
   spec.bth.dest_qp = wire::kGsiQpn;
   spec.bth.psn = gsi_psn_;

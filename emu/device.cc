@@ -16,15 +16,6 @@
 namespace uroce::emu {
 namespace {
 
-// Low 5 bits of the opcodes shared by RC, UC and XRC (IBTA table 38).
-namespace op5 {
-constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSendLastImm = 0x03, kSendOnly = 0x04,
-                  kSendOnlyImm = 0x05, kWriteFirst = 0x06, kWriteMiddle = 0x07, kWriteLast = 0x08,
-                  kWriteLastImm = 0x09, kWriteOnly = 0x0A, kWriteOnlyImm = 0x0B;
-}
-constexpr uint8_t kUcBase = 0x20;
-constexpr uint8_t kUdSendOnly = 0x64, kUdSendOnlyImm = 0x65;
-
 // RoCEv2 places the IP header of a received UD datagram in the 40-byte GRH slot at the head of the receive buffer;
 // for IPv4 the 20-byte header fills the slot's last 20 bytes (rdma-core's ibv_init_ah_from_wc reads it there).
 constexpr size_t kGrhSize = 40;
@@ -606,7 +597,7 @@ int Device::PostSendUdLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
     return 0;
   }
   wire::PacketSpec spec;
-  spec.bth.opcode = wr.opcode == SendOpcode::kSendWithImm ? kUdSendOnlyImm : kUdSendOnly;
+  spec.bth.opcode = wr.opcode == SendOpcode::kSendWithImm ? wire::opcode::kUdSendOnlyWithImmediate : wire::opcode::kUdSendOnly;
   spec.bth.solicited = wr.flags & send_flags::kSolicited;
   spec.bth.dest_qp = wr.remote_qpn;
   spec.bth.psn = qp->NextSendPsn();
@@ -649,20 +640,12 @@ int Device::PostSendUcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
   const size_t packets = total == 0 ? 1 : (total + mtu - 1) / mtu;
   for (size_t i = 0; i < packets; ++i) {
     const bool first = i == 0, last = i + 1 == packets;
-    uint8_t low;
-    if (is_send) {
-      low = first && last ? (imm ? op5::kSendOnlyImm : op5::kSendOnly)
-            : first       ? op5::kSendFirst
-            : last        ? (imm ? op5::kSendLastImm : op5::kSendLast)
-                          : op5::kSendMiddle;
-    } else {
-      low = first && last ? (imm ? op5::kWriteOnlyImm : op5::kWriteOnly)
-            : first       ? op5::kWriteFirst
-            : last        ? (imm ? op5::kWriteLastImm : op5::kWriteLast)
-                          : op5::kWriteMiddle;
-    }
     wire::PacketSpec spec;
-    spec.bth.opcode = kUcBase | low;
+    // UC defines SEND and WRITE, with and without immediate (IBTA table 38); the opcode checks above let no other
+    // operation through.
+    spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kUc,
+                                           is_send ? wire::Operation::kSend : wire::Operation::kRdmaWrite,
+                                           wire::PositionInMessage(i, packets), imm);
     spec.bth.solicited = last && (wr.flags & send_flags::kSolicited);
     spec.bth.dest_qp = a.dest_qp_num;
     spec.bth.psn = qp->NextSendPsn();
@@ -1071,11 +1054,23 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     next = next_held_ack_due_ns_.load(std::memory_order_relaxed);
     // Requesters waiting for room freed outside the completer first: what they send arms timers counted below.
     for (auto& [peer, path] : paths_) RcWakeWaitersLocked(path, out);
-    for (auto& [_, qp] : qps_) {
-      if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) continue;  // the RC requesters
-      RcTimersLocked(qp.get(), now, out);
-      next = wire::EarlierDeadline(next, RcNextDeadline(qp.get()));
+    // The RC requesters with a timer armed. Those that still have one afterwards are listed again; a timer armed
+    // meanwhile (another QP's progress) lists its QP in timed_qps_ already.
+    std::vector<uint32_t> timed;
+    timed.swap(timed_qps_);
+    for (uint32_t qpn : timed)
+      if (QueuePair* qp = FindQpLocked(qpn)) qp->requester().timer_listed = false;
+    for (uint32_t qpn : timed) {
+      QueuePair* qp = FindQpLocked(qpn);
+      if (qp == nullptr || (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend)) continue;
+      RcTimersLocked(qp, now, out);
+      if (RcNextDeadline(qp) != 0 && !qp->requester().timer_listed) {
+        qp->requester().timer_listed = true;
+        timed_qps_.push_back(qpn);
+      }
     }
+    for (uint32_t qpn : timed_qps_)
+      if (QueuePair* qp = FindQpLocked(qpn)) next = wire::EarlierDeadline(next, RcNextDeadline(qp));
     // A requester that failed above may have left room for others: come back at once for them.
     for (auto& [peer, path] : paths_)
       if (path.MaySend() && !path.waiting().empty()) next = now;

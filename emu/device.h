@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -322,6 +323,9 @@ class Device {
   bool GatherRangeLocked(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
                          std::vector<std::span<const uint8_t>>& pieces);
   void WakeForTimer(uint64_t deadline);
+  // `qp`'s requester armed a timer for `deadline`: RunTimers visits it (timed_qps_) and the poller is woken if it
+  // would sleep past it.
+  void RcTimerArmedLocked(QueuePair* qp, uint64_t deadline);
 
   DeviceConfig config_;
   wire::Transport& transport_;
@@ -333,11 +337,12 @@ class Device {
   KeyTable keys_;
   std::map<uint32_t, std::unique_ptr<ProtectionDomain>> pds_;
   std::map<uint32_t, std::unique_ptr<CompletionQueue>> cqs_;
-  std::map<uint32_t, std::unique_ptr<QueuePair>> qps_;
+  // Looked up for every packet received (by BTH destination QP, XRCETH SRQ number): hashed, not ordered.
+  std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
   std::map<wire::IpAddress, PathWindow> paths_;  // by peer address
   std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
   std::map<wire::IpAddress, std::vector<QueuePair*>> multicast_;  // group -> attached UD QPs
-  std::map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;  // by SRQ number
+  std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;  // by SRQ number
   std::map<XrcDomain*, std::unique_ptr<XrcDomain>> xrcds_;
   uint32_t next_srqn_ = 1;
   uint32_t next_xrcd_ = 1;
@@ -348,6 +353,9 @@ class Device {
   // caller's poller_returns_by_ns. Arming an earlier timer wakes the poller.
   uint64_t poller_deadline_ = 0;
   AckTiming ack_timing_ = AckTiming::kNow;  // of the datagram being processed
+  // QPNs of RC requesters with a retransmit or RNR timer armed: RunTimers visits these, not every QP, so a timer
+  // pass costs what is armed (thousands of idle QPs cost nothing). A QPN destroyed since is skipped.
+  std::vector<uint32_t> timed_qps_;
   std::vector<uint32_t> acks_held_;  // QPNs holding an ACK (one reset since no longer holds and is skipped)
   // The earliest held_due_ns among them (0: none), or earlier when that ACK has left: read without the lock.
   std::atomic<uint64_t> next_held_ack_due_ns_{0};

@@ -16,16 +16,6 @@
 namespace uroce::emu {
 namespace {
 
-// RC opcodes (IBTA table 38).
-namespace rcop {
-constexpr uint8_t kSendFirst = 0x00, kSendMiddle = 0x01, kSendLast = 0x02, kSendLastImm = 0x03, kSendOnly = 0x04,
-                  kSendOnlyImm = 0x05, kWriteFirst = 0x06, kWriteMiddle = 0x07, kWriteLast = 0x08,
-                  kWriteLastImm = 0x09, kWriteOnly = 0x0A, kWriteOnlyImm = 0x0B, kReadRequest = 0x0C,
-                  kReadResponseFirst = 0x0D, kReadResponseMiddle = 0x0E, kReadResponseLast = 0x0F,
-                  kReadResponseOnly = 0x10, kAcknowledge = 0x11, kAtomicAcknowledge = 0x12, kCompareSwap = 0x13,
-                  kFetchAdd = 0x14, kSendLastInv = 0x16, kSendOnlyInv = 0x17;
-}
-
 // Packets in flight per QP beyond the oldest unacknowledged PSN. Bounds what one QP pushes into the peer's socket
 // buffer; IBTA leaves the window to the implementation (the PSN space allows 2^23).
 constexpr int32_t kWindowPackets = 512;
@@ -162,7 +152,16 @@ void Device::RcArmRetransmitLocked(QueuePair* qp) {
     return;
   }
   r.retransmit_deadline_ns = clock_.NowNs() + t;
-  WakeForTimer(r.retransmit_deadline_ns);
+  RcTimerArmedLocked(qp, r.retransmit_deadline_ns);
+}
+
+void Device::RcTimerArmedLocked(QueuePair* qp, uint64_t deadline) {
+  RcRequester& r = qp->requester();
+  if (!r.timer_listed) {
+    r.timer_listed = true;
+    timed_qps_.push_back(qp->qpn());
+  }
+  WakeForTimer(deadline);
 }
 
 void Device::RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out) {
@@ -170,7 +169,7 @@ void Device::RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pk
   const uint64_t off = uint64_t{from_pkt} * mtu;
   const uint64_t end = std::min(w.length, uint64_t{ReadSegmentEnd(w, from_pkt)} * mtu);
   wire::PacketSpec spec;
-  spec.bth.opcode = rcop::kReadRequest;
+  spec.bth.opcode = wire::opcode::kRcRdmaReadRequest;
   spec.bth.dest_qp = qp->attributes().dest_qp_num;
   spec.bth.psn = PsnAdd(w.first_psn, from_pkt);
   spec.bth.ack_req = true;
@@ -204,7 +203,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
   auto outstanding_rd_atomic = [&]() {
     uint32_t n = 0;
     for (const SendWqe& w : r.sq)
-      if (w.started && !w.acked && (w.is_read() || w.is_atomic())) ++n;
+      if (w.in_flight() && (w.is_read() || w.is_atomic())) ++n;
     return n;
   };
 
@@ -219,7 +218,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
   };
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
-    if (!w.started && (w.wr.opcode == SendOpcode::kBindMw || w.wr.opcode == SendOpcode::kLocalInv)) {
+    if (!w.started() && (w.wr.opcode == SendOpcode::kBindMw || w.wr.opcode == SendOpcode::kLocalInv)) {
       if (a.qp_state == QpState::kSqd) break;
       // A local operation takes no PSN: it happens when the queue reaches it and completes in order.
       const WcStatus st = ExecuteLocalOpLocked(qp, w.wr);
@@ -227,8 +226,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
         RcFailLocked(qp, r.cursor_wqe, st);
         return;
       }
-      w.started = true;
-      w.acked = true;
+      w.state = WqeState::kDone;
       w.first_psn = a.sq_psn;
       w.npsn = 0;
       ++r.cursor_wqe;
@@ -236,7 +234,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       RcCompleteInOrderLocked(qp);
       continue;
     }
-    if (!w.started) {
+    if (!w.started()) {
       if (a.qp_state == QpState::kSqd) break;  // SQD: nothing new starts
       if ((w.is_read() || w.is_atomic()) && outstanding_rd_atomic() >= std::max<uint32_t>(a.max_rd_atomic, 1)) break;
       // IBV_SEND_FENCE (IBTA 10.8.3.3): wait until every earlier READ and atomic has completed.
@@ -261,7 +259,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       w.npsn = w.is_atomic() ? 1 : PacketsFor(w.length, mtu);
       w.first_psn = a.sq_psn;
       a.sq_psn = PsnAdd(a.sq_psn, w.npsn);
-      w.started = true;
+      w.state = WqeState::kInFlight;
       r.cursor_pkt = 0;
     }
     const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
@@ -283,7 +281,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
     if (w.is_read()) {
       // What has arrived is never asked for again (go-back-N may pass a READ already answered in full); the next
       // segment waits for the previous one.
-      if (w.acked) {
+      if (w.done()) {
         ++r.cursor_wqe;
         r.cursor_pkt = 0;
         continue;
@@ -301,7 +299,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       }
     } else if (w.is_atomic()) {
       const bool cas = w.wr.opcode == SendOpcode::kAtomicCmpAndSwp;
-      spec.bth.opcode = cas ? rcop::kCompareSwap : rcop::kFetchAdd;
+      spec.bth.opcode = cas ? wire::opcode::kRcCompareSwap : wire::opcode::kRcFetchAdd;
       spec.bth.ack_req = true;
       spec.atomic = wire::AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
                                     cas ? w.wr.compare_add : 0};
@@ -317,18 +315,11 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
                            w.wr.opcode == SendOpcode::kSendWithInv;
       const bool imm = w.wr.opcode == SendOpcode::kSendWithImm || w.wr.opcode == SendOpcode::kRdmaWriteWithImm;
       const bool inv = w.wr.opcode == SendOpcode::kSendWithInv;
-      if (is_send) {
-        spec.bth.opcode = first && last ? (imm ? rcop::kSendOnlyImm : inv ? rcop::kSendOnlyInv : rcop::kSendOnly)
-                          : first       ? rcop::kSendFirst
-                          : last        ? (imm ? rcop::kSendLastImm : inv ? rcop::kSendLastInv : rcop::kSendLast)
-                                        : rcop::kSendMiddle;
-      } else {
-        spec.bth.opcode = first && last ? (imm ? rcop::kWriteOnlyImm : rcop::kWriteOnly)
-                          : first       ? rcop::kWriteFirst
-                          : last        ? (imm ? rcop::kWriteLastImm : rcop::kWriteLast)
-                                        : rcop::kWriteMiddle;
-        if (first) spec.reth = wire::Reth{w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
-      }
+      // Every SEND and WRITE variant is defined on RC (IBTA table 38).
+      spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kRc,
+                                             is_send ? wire::Operation::kSend : wire::Operation::kRdmaWrite,
+                                             wire::PositionInMessage(k, w.npsn), imm, inv);
+      if (!is_send && first) spec.reth = wire::Reth{w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
       spec.bth.solicited = last && (w.wr.flags & send_flags::kSolicited);
       // AckReq where the requester will stop after this packet too -- the QP's window or the path's is full --
       // or nothing would ever acknowledge what it has in flight and it would wait for a timeout.
@@ -364,9 +355,12 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
 
 void Device::RcFailLocked(QueuePair* qp, size_t index, WcStatus status) {
   RcRequester& r = qp->requester();
-  for (size_t i = 0; i < index && i < r.sq.size(); ++i) r.sq[i].acked = true;
+  // Everything before `index` has been sent (the cursor is past it): it completes before the failure.
+  for (size_t i = 0; i < index && i < r.sq.size(); ++i) r.sq[i].state = WqeState::kDone;
   if (index < r.sq.size()) {
-    r.sq[index].acked = true;
+    // A WQE that failed before it started (a bad lkey, a length above max_msg_sz) is completed with its status by
+    // the flush below, in order.
+    if (r.sq[index].started()) r.sq[index].state = WqeState::kDone;
     r.sq[index].status = status;
   }
   RcCompleteInOrderLocked(qp);
@@ -376,7 +370,7 @@ void Device::RcFailLocked(QueuePair* qp, size_t index, WcStatus status) {
 
 void Device::RcCompleteInOrderLocked(QueuePair* qp) {
   RcRequester& r = qp->requester();
-  while (!r.sq.empty() && r.sq.front().started && r.sq.front().acked) {
+  while (!r.sq.empty() && r.sq.front().done()) {
     SendWqe w = std::move(r.sq.front());
     r.sq.pop_front();
     if (r.cursor_wqe > 0) {
@@ -387,7 +381,7 @@ void Device::RcCompleteInOrderLocked(QueuePair* qp) {
     CompleteSendLocked(qp, w.wr, w.status);
   }
   QpAttributes& a = qp->mutable_attributes();
-  const bool idle = r.sq.empty() || !r.sq.front().started;
+  const bool idle = r.sq.empty() || !r.sq.front().started();
   if (idle) r.retransmit_deadline_ns = 0;
   if (idle && a.qp_state == QpState::kSqd && a.sq_draining) {
     a.sq_draining = false;
@@ -413,10 +407,10 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
   auto ack_before = [&](uint32_t limit, bool inclusive) {
     for (size_t i = 0; i < r.sq.size(); ++i) {
       SendWqe& w = r.sq[i];
-      if (!w.started) break;
+      if (!w.started()) break;
       const int32_t d = PsnDiff(w.last_psn(), limit);
       if (inclusive ? d > 0 : d >= 0) break;
-      if (w.acked) continue;
+      if (w.done()) continue;
       if (w.is_read()) {
         // Its missing responses were lost: ask for the rest of that segment again, once per gap, and go on -- the
         // requests after it were answered, so going back to resend them all would only multiply the traffic.
@@ -428,7 +422,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         r.cursor_pkt = 0;
         break;
       }
-      w.acked = true;
+      w.state = WqeState::kDone;
       progressed = true;
     }
   };
@@ -441,7 +435,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
   auto find_containing = [&](uint32_t q) -> size_t {
     for (size_t i = 0; i < r.sq.size(); ++i) {
       const SendWqe& w = r.sq[i];
-      if (!w.started) break;
+      if (!w.started()) break;
       if (PsnDiff(q, w.first_psn) >= 0 && PsnDiff(q, w.last_psn()) <= 0) return i;
     }
     return r.sq.size();
@@ -468,7 +462,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         r.cursor_pkt = static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn));
         r.retransmit_deadline_ns = 0;
         r.rnr_deadline_ns = clock_.NowNs() + uint64_t{wire::RnrTimerMicros(aeth.rnr_timer())} * 1000;
-        WakeForTimer(r.rnr_deadline_ns);
+        RcTimerArmedLocked(qp, r.rnr_deadline_ns);
         RcCompleteInOrderLocked(qp);
         return;
       }
@@ -507,7 +501,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     }
   } else if (p.info->op == wire::Operation::kReadResponse) {
     const size_t i = find_containing(psn);
-    if (i == r.sq.size() || !r.sq[i].is_read() || r.sq[i].acked) return;  // duplicate or stale
+    if (i == r.sq.size() || !r.sq[i].is_read() || r.sq[i].done()) return;  // duplicate or stale
     SendWqe& w = r.sq[i];
     const uint32_t expected = PsnAdd(w.first_psn, w.read_next);
     if (psn != expected) {
@@ -533,13 +527,13 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       return;
     }
     ++w.read_next;
-    if (w.read_next == w.npsn) w.acked = true;
+    if (w.read_next == w.npsn) w.state = WqeState::kDone;
     advance_acked(PsnAdd(psn, 1));
     if (r.cursor_wqe == i && r.cursor_pkt < w.read_next) r.cursor_pkt = w.read_next;
     progressed = true;
   } else if (p.info->op == wire::Operation::kAtomicAcknowledge) {
     const size_t i = find_containing(psn);
-    if (i == r.sq.size() || !r.sq[i].is_atomic() || r.sq[i].acked) return;
+    if (i == r.sq.size() || !r.sq[i].is_atomic() || r.sq[i].done()) return;
     if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return;
     ack_before(psn, false);
     SendWqe& w = r.sq[i];
@@ -550,7 +544,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       RcFailLocked(qp, i, st);
       return;
     }
-    w.acked = true;
+    w.state = WqeState::kDone;
     advance_acked(PsnAdd(psn, 1));
   } else {
     return;
@@ -566,7 +560,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
   RcProgressLocked(qp, out);
   // Still waiting for something: keep the timer running.
   for (const SendWqe& w : r.sq) {
-    if (w.started && !w.acked) {
+    if (w.in_flight()) {
       if (r.retransmit_deadline_ns == 0 && r.rnr_deadline_ns == 0) RcArmRetransmitLocked(qp);
       break;
     }
@@ -594,8 +588,8 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
   if (r.retransmit_deadline_ns == 0 || now < r.retransmit_deadline_ns) return;
   r.retransmit_deadline_ns = 0;
   size_t i = 0;
-  while (i < r.sq.size() && r.sq[i].started && r.sq[i].acked) ++i;
-  if (i == r.sq.size() || !r.sq[i].started) return;  // nothing outstanding
+  while (i < r.sq.size() && r.sq[i].done()) ++i;
+  if (i == r.sq.size() || !r.sq[i].started()) return;  // nothing outstanding
   if (r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0) {
     // Everything it sent is acknowledged and it waits for its turn in the path's window, not for the peer: no retry
     // is spent, the timer just runs again.
@@ -627,7 +621,7 @@ void Device::RcSendAck(QueuePair* qp, uint32_t psn, const wire::Aeth& aeth, OutB
   // expected).
   RcDropHeldAckLocked(qp);
   wire::PacketSpec spec;
-  spec.bth.opcode = rcop::kAcknowledge;
+  spec.bth.opcode = wire::opcode::kRcAcknowledge;
   spec.bth.dest_qp = qp->attributes().dest_qp_num;
   spec.bth.psn = psn;
   spec.aeth = aeth;
@@ -701,10 +695,8 @@ void Device::RcSendReadResponses(QueuePair* qp, const ResponderResource& res, ui
     const uint64_t len = std::min<uint64_t>(mtu, res.length - std::min<uint64_t>(off, res.length));
     wire::PacketSpec spec;
     const bool f = k == 0, l = k + 1 == res.npsn;
-    spec.bth.opcode = f && l ? rcop::kReadResponseOnly
-                      : f    ? rcop::kReadResponseFirst
-                      : l    ? rcop::kReadResponseLast
-                             : rcop::kReadResponseMiddle;
+    spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kRc, wire::Operation::kReadResponse,
+                                           wire::PositionInMessage(k, res.npsn));
     spec.bth.dest_qp = qp->attributes().dest_qp_num;
     spec.bth.psn = PsnAdd(res.psn, k);
     if (f || l) spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
@@ -756,7 +748,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       for (const ResponderResource& res : R.resources)
         if (res.atomic && res.psn == psn) {
           wire::PacketSpec spec;
-          spec.bth.opcode = rcop::kAtomicAcknowledge;
+          spec.bth.opcode = wire::opcode::kRcAtomicAcknowledge;
           spec.bth.dest_qp = a.dest_qp_num;
           spec.bth.psn = psn;
           spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
@@ -930,7 +922,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     if (R.resources.size() > kSavedResponses) R.resources.pop_front();
     a.rq_psn = PsnAdd(psn, 1);
     wire::PacketSpec spec;
-    spec.bth.opcode = rcop::kAtomicAcknowledge;
+    spec.bth.opcode = wire::opcode::kRcAtomicAcknowledge;
     spec.bth.dest_qp = a.dest_qp_num;
     spec.bth.psn = psn;
     spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, R.msn);

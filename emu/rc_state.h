@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <string_view>
 
 #include "emu/work_request.h"
 
@@ -15,17 +16,35 @@ inline uint32_t PsnAdd(uint32_t psn, int64_t n) { return static_cast<uint32_t>(p
 // Signed distance a - b in the 24-bit PSN space.
 inline int32_t PsnDiff(uint32_t a, uint32_t b) { return static_cast<int32_t>((a - b) << 8) >> 8; }
 
+// Where a send WQE of an RC QP is between post and completion. It completes (CQE, leaves the queue) when it is
+// kDone and every WQE before it has completed: RC completes in order (IBTA 9.7.5.1.2).
+enum class WqeState : uint8_t {
+  kPosted,    // queued; no PSN range yet (the requester has not reached it, or a window or fence holds it)
+  kInFlight,  // has a PSN range and its first packet left: waits for its ACK, READ responses or atomic ACK
+  kDone,      // acknowledged, answered in full, executed locally (bind, local invalidate) or failed
+};
+constexpr std::string_view ToString(WqeState state) {
+  switch (state) {
+    case WqeState::kPosted: return "posted";
+    case WqeState::kInFlight: return "in-flight";
+    case WqeState::kDone: return "done";
+  }
+  return "?";
+}
+
 // A send WQE of an RC QP from post to completion.
 struct SendWqe {
   SendWr wr;
-  bool started = false;      // has a PSN range (first packet sent)
+  WqeState state = WqeState::kPosted;
   uint32_t first_psn = 0;
   uint32_t npsn = 0;         // PSNs it occupies: packets, or for a READ the response packets
   uint64_t length = 0;       // message bytes
-  bool acked = false;        // the responder has acknowledged it (or, READ/atomic, answered it fully)
   uint32_t read_next = 0;    // READ: index of the next response packet expected
   uint32_t rerequested_from = ~0u;  // READ: where the latest request after a lost response started (one per gap)
   WcStatus status = WcStatus::kSuccess;
+  bool started() const { return state != WqeState::kPosted; }
+  bool in_flight() const { return state == WqeState::kInFlight; }
+  bool done() const { return state == WqeState::kDone; }
   bool is_read() const { return wr.opcode == SendOpcode::kRdmaRead; }
   bool is_atomic() const {
     return wr.opcode == SendOpcode::kAtomicCmpAndSwp || wr.opcode == SendOpcode::kAtomicFetchAndAdd;
@@ -48,6 +67,7 @@ struct RcRequester {
   bool waiting_for_path = false;  // queued on the path's waiting list
   uint64_t retransmit_deadline_ns = 0;  // local ACK timeout (0: not armed)
   uint64_t rnr_deadline_ns = 0;         // waiting out an RNR NAK (0: not waiting)
+  bool timer_listed = false;            // in Device::timed_qps_
   int retries_left = 0;
   int rnr_retries_left = 0;
   bool drained_event_pending = false;   // SQD entered with en_sqd_async_notify
