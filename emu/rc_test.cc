@@ -1056,15 +1056,24 @@ uint64_t StepUntilReceived(Rc& t, const Node& n, uint64_t packets) {
   return t.now();
 }
 
-TEST(RcHeldAck, AReplyOnTheSameQpLeavesFirstWithTheAckBehindIt) {
+// b holds its ACKs, and one 8-byte WRITE from a (la[0, 8) to lb[0, 8)) has reached b at `received`: its ACK waits.
+class RcHeldAck : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    t.b->ack_timing = Device::AckTiming::kHeld;
+    Fill(la.bytes, 3);
+    Fill(lb.bytes, 4);
+    ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)),
+              0);
+    received = StepUntilReceived(t, *t.b, 1);
+  }
   Rc t;
-  t.b->ack_timing = Device::AckTiming::kHeld;
   Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
   Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
-  Fill(la.bytes, 3);
-  Fill(lb.bytes, 4);
-  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
-  StepUntilReceived(t, *t.b, 1);
+  uint64_t received = 0;
+};
+
+TEST_F(RcHeldAck, AReplyOnTheSameQpLeavesFirstWithTheAckBehindIt) {
   EXPECT_EQ(0, std::memcmp(lb.bytes.data(), la.bytes.data(), 8));  // placed at once
   EXPECT_TRUE(Wire(*t.b).empty());                                  // the ACK is held
   // b answers, as ib_write_lat does once it sees the bytes: its WRITE leaves, then the ACK of a's.
@@ -1087,13 +1096,7 @@ TEST(RcHeldAck, AReplyOnTheSameQpLeavesFirstWithTheAckBehindIt) {
   EXPECT_EQ(std::count_if(after.begin(), after.end(), IsAck), 1);  // not acknowledged twice
 }
 
-TEST(RcHeldAck, WithoutAReplyTheAckOfAOnePacketMessageLeavesAfterTheHoldTime) {
-  Rc t;
-  t.b->ack_timing = Device::AckTiming::kHeld;
-  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
-  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
-  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
-  const uint64_t received = StepUntilReceived(t, *t.b, 1);
+TEST_F(RcHeldAck, WithoutAReplyTheAckOfAOnePacketMessageLeavesAfterTheHoldTime) {
   t.fabric.Pump();
   const auto wb = Wire(*t.b);
   ASSERT_EQ(wb.size(), 1u);
@@ -1103,7 +1106,7 @@ TEST(RcHeldAck, WithoutAReplyTheAckOfAOnePacketMessageLeavesAfterTheHoldTime) {
   EXPECT_EQ(Wire(*t.a).size(), 1u);  // well inside the requester's ACK timeout: nothing resent
 }
 
-TEST(RcHeldAck, AStreamsAcksAreCoalescedIntoOneForAShortTime) {
+TEST(RcHeldAckStream, AStreamsAcksAreCoalescedIntoOneForAShortTime) {
   Rc t;  // MTU 1024
   t.b->ack_timing = Device::AckTiming::kHeld;
   Buffer la = testing::Register(*t.a->device, t.pa, 16384, kMrAll);
@@ -1125,7 +1128,7 @@ TEST(RcHeldAck, AStreamsAcksAreCoalescedIntoOneForAShortTime) {
   EXPECT_EQ(0, std::memcmp(lb.bytes.data(), la.bytes.data(), 3 * 4096));
 }
 
-TEST(RcHeldAck, AReadOrAtomicResponseFollowsTheHeldAckAndANakCoversIt) {
+TEST(RcHeldAckStream, AReadOrAtomicResponseFollowsTheHeldAckAndANakCoversIt) {
   Rc t;
   t.b->ack_timing = Device::AckTiming::kHeld;
   Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
@@ -1160,13 +1163,7 @@ TEST(RcHeldAck, AReadOrAtomicResponseFollowsTheHeldAckAndANakCoversIt) {
   EXPECT_EQ(Drain(t.sa).size(), 3u);
 }
 
-TEST(RcHeldAck, DestroyingTheQpSendsItsHeldAck) {
-  Rc t;
-  t.b->ack_timing = Device::AckTiming::kHeld;
-  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
-  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
-  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
-  StepUntilReceived(t, *t.b, 1);
+TEST_F(RcHeldAck, DestroyingTheQpSendsItsHeldAck) {
   ASSERT_TRUE(Wire(*t.b).empty());
   // ibv_rc_pingpong destroys its QP right after the last message: that message's ACK must still leave.
   ASSERT_EQ(t.b->device->DestroyQp(t.qb), 0);
@@ -1179,13 +1176,7 @@ TEST(RcHeldAck, DestroyingTheQpSendsItsHeldAck) {
   EXPECT_EQ(sa[0].status, WcStatus::kSuccess);
 }
 
-TEST(RcHeldAck, MovingTheQpToErrorSendsItsHeldAckFirst) {
-  Rc t;
-  t.b->ack_timing = Device::AckTiming::kHeld;
-  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
-  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
-  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
-  StepUntilReceived(t, *t.b, 1);
+TEST_F(RcHeldAck, MovingTheQpToErrorSendsItsHeldAckFirst) {
   // An HCA that acknowledges at once would have sent it before the application's modify: so does the held one.
   QpAttributes err;
   err.qp_state = QpState::kErr;
