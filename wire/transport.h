@@ -67,7 +67,8 @@ class Transport {
 
   // Delivers received datagrams to `handler` on the calling thread. Waits up to timeout_ns for the first one
   // (0: do not wait; negative: wait until one arrives or Wake()). Returns how many were delivered (0 on timeout or
-  // wake-up), or -errno. One thread polls at a time.
+  // wake-up), or -errno. One thread polls at a time. A Wake() while no Poll waits makes the next Poll that would
+  // wait return at once (a Poll that may not wait leaves it pending).
   virtual int Poll(const DatagramHandler& handler, int64_t timeout_ns) = 0;
 
   // Makes a Poll blocked in another thread return promptly. Thread-safe, async-signal-unsafe.

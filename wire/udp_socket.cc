@@ -283,15 +283,19 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
 
 int DatagramReceiver::Poll(int fd, int wake_fd, const DatagramHandler& handler, const UdpEndpoint& local,
                            UdpCounterSet& counters, int64_t timeout_ns) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
+  // A poll that may not wait (an application's, or the spinning progress thread's) reads no clock and leaves a
+  // Wake() pending for the next poll that would block: one recvmmsg is all it costs, since its loop is what a
+  // packet waits for.
+  const auto deadline = timeout_ns > 0 ? std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns)
+                                       : std::chrono::steady_clock::time_point{};
   while (true) {
     const int n = Receive(fd, handler, local, counters);
     if (n > 0) return n;
     if (n == 0) continue;  // datagrams arrived but none was deliverable (truncated): look again
     if (n != -EAGAIN) return n;
+    if (timeout_ns == 0) return 0;
     uint64_t v;
     if (read(wake_fd, &v, sizeof v) == sizeof v) return 0;
-    if (timeout_ns == 0) return 0;
     timespec ts{};
     timespec* tsp = nullptr;
     if (timeout_ns > 0) {

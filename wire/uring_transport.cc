@@ -496,14 +496,15 @@ int UringTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
     std::unique_lock lock(send_mu_, std::try_to_lock);
     if (lock.owns_lock()) ReapSendsLocked();
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns > 0 ? timeout_ns : 0);
+  const auto deadline = timeout_ns > 0 ? std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns)
+                                       : std::chrono::steady_clock::time_point{};
   while (true) {
     const int n = ReapReceives(handler);
     if (n != 0) return n;
     if (io_uring_cq_ready(receive_ring_.get()) > 0) continue;  // completions without data (re-arm, errors)
+    if (timeout_ns == 0) return 0;  // a Wake() stays pending for the next poll that would block
     uint64_t v;
     if (read(wake_fd_, &v, sizeof v) == sizeof v) return 0;
-    if (timeout_ns == 0) return 0;
     // Clear the ring's eventfd before the last look at the CQ: a completion after that look signals it again.
     DrainEventFd(ring_event_fd_);
     if (io_uring_cq_ready(receive_ring_.get()) > 0) continue;
