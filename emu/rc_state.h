@@ -2,6 +2,7 @@
 // state, and the responder's expected PSN, MSN and saved READ/atomic responses.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -51,6 +52,20 @@ struct SendWqe {
   }
   uint32_t last_psn() const { return (first_psn + npsn - 1) & 0xffffff; }
 };
+
+// Packets a message of `length` bytes takes at path MTU `mtu` (a message of 0 bytes is one packet).
+inline uint32_t PacketsFor(uint64_t length, uint32_t mtu) {
+  return length == 0 ? 1 : static_cast<uint32_t>((length + mtu - 1) / mtu);
+}
+
+// A READ is requested in segments of at most this many response packets, the next one once the previous has
+// arrived, so what one READ has in flight towards the requester is bounded like the window of a WRITE. On the wire a
+// segment is a READ request for part of the message, as a retried READ is (IBTA 9.7.4.1.4).
+inline constexpr uint32_t kReadSegmentPackets = 64;
+// One past the last response packet of the READ segment that holds response packet `k`.
+inline uint32_t ReadSegmentEnd(const SendWqe& w, uint32_t k) {
+  return std::min(w.npsn, (k / kReadSegmentPackets + 1) * kReadSegmentPackets);
+}
 
 struct RcRequester {
   std::deque<SendWqe> sq;  // posted and not yet completed, in order

@@ -1,0 +1,406 @@
+// The RC requester (IBTA vol1 9.7.1-9.7.4): turns send WQEs into packets within the QP's window and the path's,
+// gives each WQE its PSN range when it starts, and goes back to the oldest unacknowledged WQE (go-back-N) on a local
+// ACK timeout, a PSN sequence error NAK, or after an RNR NAK's delay (the timers below). Completing WQEs in order is
+// here too (RcCompleteInOrderLocked), since a local operation completes when the requester reaches it.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "emu/device.h"
+#include "emu/out_batch.h"
+#include "wire/frame.h"
+#include "wire/headers.h"
+#include "wire/opcode.h"
+
+namespace uroce::emu {
+namespace {
+
+// Packets in flight per QP beyond the oldest unacknowledged PSN. Bounds what one QP pushes into the peer's socket
+// buffer; IBTA leaves the window to the implementation (the PSN space allows 2^23).
+constexpr int32_t kWindowPackets = 512;
+// AckReq on the last packet of each message and on every 64th packet of a long one (IBTA 9.7.4.1.2).
+constexpr uint32_t kAckReqEvery = 64;
+// The local ACK timeout: 4.096 us x 2^timeout (IBTA 9.7.6.1.3; 0 means none).
+uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096} << timeout; }
+
+}  // namespace
+
+void Device::RcChargeLocked(QueuePair* qp) {
+  if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) return;
+  RcChargeLocked(qp, PathOf(*qp));
+}
+
+void Device::RcChargeLocked(QueuePair* qp, PathWindow& path) {
+  RcRequester& r = qp->requester();
+  const QpState s = qp->state();
+  const int64_t now =
+      s == QpState::kRts || s == QpState::kSqd ? std::max(0, PsnDiff(r.sent_psn_next, r.acked_psn_next)) : 0;
+  if (now == r.charged) return;
+  path.Charge(now - r.charged);
+  // Room freed outside the completer (an error, a reset, a destroyed QP): have the timer pass wake the waiters.
+  if (now < r.charged && !path.waiting().empty()) WakeForTimer(clock_.NowNs());
+  r.charged = now;
+}
+
+void Device::RcWakeWaitersLocked(PathWindow& path, OutBatch& out) {
+  while (path.MaySend() && !path.waiting().empty()) {
+    const uint32_t qpn = path.waiting().front();
+    path.waiting().pop_front();
+    QueuePair* qp = FindQpLocked(qpn);
+    if (qp == nullptr || !qp->requester().waiting_for_path) continue;  // destroyed or reset since
+    qp->requester().waiting_for_path = false;
+    RcProgressLocked(qp, out);
+  }
+}
+
+bool Device::GatherRangeLocked(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
+                               std::vector<std::span<const uint8_t>>& pieces) {
+  pieces.clear();
+  if (wr.flags & send_flags::kInline) {
+    pieces.emplace_back(wr.inline_data.data() + offset, len);
+    return true;
+  }
+  uint64_t skip = offset, got = 0;
+  for (const Sge& sge : wr.sg_list) {
+    if (got == len) break;
+    if (skip >= sge.length) {
+      skip -= sge.length;
+      continue;
+    }
+    const uint64_t n = std::min<uint64_t>(sge.length - skip, len - got);
+    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, 0);
+    if (!r.ok()) return false;
+    pieces.emplace_back(r.host, n);
+    got += n;
+    skip = 0;
+  }
+  return got == len;
+}
+
+int Device::PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
+  switch (wr.opcode) {
+    case SendOpcode::kSend:
+    case SendOpcode::kSendWithImm:
+    case SendOpcode::kSendWithInv:
+    case SendOpcode::kRdmaWrite:
+    case SendOpcode::kRdmaWriteWithImm:
+      break;
+    case SendOpcode::kRdmaRead:
+      if (wr.flags & send_flags::kInline) return EINVAL;  // nothing to send inline: the data comes back
+      break;
+    case SendOpcode::kAtomicCmpAndSwp:
+    case SendOpcode::kAtomicFetchAndAdd:
+      // IBTA 9.4.5: atomics are 8 bytes on an 8-byte aligned address; the local buffer receives the original value.
+      if ((wr.flags & send_flags::kInline) || wr.TotalLength() != 8 || (wr.remote_addr & 7)) return EINVAL;
+      break;
+    case SendOpcode::kLocalInv:
+    case SendOpcode::kBindMw:
+      break;  // local operations, executed in order when the send queue reaches them
+    default:
+      return EINVAL;
+  }
+  RcRequester& r = qp->requester();
+  if (r.sq.size() >= qp->attributes().cap.max_send_wr) return ENOMEM;
+  SendWqe w;
+  w.wr = std::move(wr);
+  r.sq.push_back(std::move(w));
+  RcProgressLocked(qp, out);
+  return 0;
+}
+
+void Device::RcArmRetransmitLocked(QueuePair* qp) {
+  const uint64_t t = AckTimeoutNs(qp->attributes().timeout);
+  RcRequester& r = qp->requester();
+  if (t == 0) {
+    r.retransmit_deadline_ns = 0;  // timeout 0: wait forever (IBTA 11.2.4.2)
+    return;
+  }
+  r.retransmit_deadline_ns = clock_.NowNs() + t;
+  RcTimerArmedLocked(qp, r.retransmit_deadline_ns);
+}
+
+void Device::RcTimerArmedLocked(QueuePair* qp, uint64_t deadline) {
+  RcRequester& r = qp->requester();
+  if (!r.timer_listed) {
+    r.timer_listed = true;
+    timed_qps_.push_back(qp->qpn());
+  }
+  WakeForTimer(deadline);
+}
+
+void Device::RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out) {
+  const uint32_t mtu = MtuBytes(qp->attributes().path_mtu);
+  const uint64_t off = uint64_t{from_pkt} * mtu;
+  const uint64_t end = std::min(w.length, uint64_t{ReadSegmentEnd(w, from_pkt)} * mtu);
+  wire::PacketSpec spec;
+  spec.bth.opcode = wire::opcode::kRcRdmaReadRequest;
+  spec.bth.dest_qp = qp->attributes().dest_qp_num;
+  spec.bth.psn = PsnAdd(w.first_psn, from_pkt);
+  spec.bth.ack_req = true;
+  // A re-issued READ asks only for what has not arrived yet (IBTA 9.7.4.1.4), up to the end of its segment.
+  spec.reth = wire::Reth{w.wr.remote_addr + off, w.wr.rkey, static_cast<uint32_t>(end - std::min(off, end))};
+  ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
+  out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+}
+
+void Device::RcCongestionLocked(QueuePair* qp) {
+  PathOf(*qp).OnCongestion();
+  ++counters_.rc_congestion_signals;
+}
+
+void Device::RcRerequestReadLocked(QueuePair* qp, SendWqe& w, OutBatch& out) {
+  if (w.rerequested_from == w.read_next) return;  // already asked since this gap opened
+  w.rerequested_from = w.read_next;
+  RcCongestionLocked(qp);
+  RcSendReadRequestLocked(qp, w, w.read_next, out);
+}
+
+void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
+  RcRequester& r = qp->requester();
+  QpAttributes& a = qp->mutable_attributes();
+  if (a.qp_state != QpState::kRts && a.qp_state != QpState::kSqd) return;
+  if (r.rnr_deadline_ns != 0) return;  // waiting out an RNR NAK
+  const uint32_t mtu = MtuBytes(a.path_mtu);
+  const wire::UdpEndpoint dst = PeerOf(*qp);
+  const uint16_t sport = SourcePortOf(*qp);
+
+  auto outstanding_rd_atomic = [&]() {
+    uint32_t n = 0;
+    for (const SendWqe& w : r.sq)
+      if (w.in_flight() && (w.is_read() || w.is_atomic())) ++n;
+    return n;
+  };
+
+  bool sent = false;
+  std::vector<std::span<const uint8_t>> payload;  // the next packet's bytes, in registered memory
+  PathWindow& path = PathOf(*qp);
+  // Marks PSNs before `next` as sent and charges what is new to the path at once, so the next packet sees the window
+  // as it is.
+  auto sent_up_to = [&](uint32_t next) {
+    if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
+    RcChargeLocked(qp, path);
+  };
+  while (r.cursor_wqe < r.sq.size()) {
+    SendWqe& w = r.sq[r.cursor_wqe];
+    if (!w.started() && (w.wr.opcode == SendOpcode::kBindMw || w.wr.opcode == SendOpcode::kLocalInv)) {
+      if (a.qp_state == QpState::kSqd) break;
+      // A local operation takes no PSN: it happens when the queue reaches it and completes in order.
+      const WcStatus st = ExecuteLocalOpLocked(qp, w.wr);
+      if (st != WcStatus::kSuccess) {
+        RcFailLocked(qp, r.cursor_wqe, st);
+        return;
+      }
+      w.state = WqeState::kDone;
+      w.first_psn = a.sq_psn;
+      w.npsn = 0;
+      ++r.cursor_wqe;
+      r.cursor_pkt = 0;
+      RcCompleteInOrderLocked(qp);
+      continue;
+    }
+    if (!w.started()) {
+      if (a.qp_state == QpState::kSqd) break;  // SQD: nothing new starts
+      if ((w.is_read() || w.is_atomic()) && outstanding_rd_atomic() >= std::max<uint32_t>(a.max_rd_atomic, 1)) break;
+      // IBV_SEND_FENCE (IBTA 10.8.3.3): wait until every earlier READ and atomic has completed.
+      if ((w.wr.flags & send_flags::kFence) && outstanding_rd_atomic() > 0) break;
+      w.length = w.wr.TotalLength();
+      if (w.length > config_.limits.max_msg_sz) {
+        RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocLenErr);
+        return;
+      }
+      // Validate every local buffer now: a bad lkey is a local protection error (IBTA 10.6.3.1), and a READ or
+      // atomic needs local write access to land its data.
+      const uint32_t needed = (w.is_read() || w.is_atomic()) ? access::kLocalWrite : 0;
+      if (!(w.wr.flags & send_flags::kInline)) {
+        for (const Sge& sge : w.wr.sg_list) {
+          if (sge.length == 0) continue;
+          if (!keys_.CheckLocal(sge.lkey, qp->init().pd, sge.addr, sge.length, needed).ok()) {
+            RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocProtErr);
+            return;
+          }
+        }
+      }
+      w.npsn = w.is_atomic() ? 1 : PacketsFor(w.length, mtu);
+      w.first_psn = a.sq_psn;
+      a.sq_psn = PsnAdd(a.sq_psn, w.npsn);
+      w.state = WqeState::kInFlight;
+      r.cursor_pkt = 0;
+    }
+    const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
+    if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) break;  // the QP's window is full
+    if (PsnDiff(psn, r.sent_psn_next) >= 0 && !path.MaySend()) {
+      // The window shared by every QP towards this peer is full: wait to be woken as it opens (retransmissions of
+      // what is already in flight never wait).
+      if (!r.waiting_for_path) {
+        r.waiting_for_path = true;
+        path.waiting().push_back(qp->qpn());
+        ++counters_.rc_path_waits;
+      }
+      break;
+    }
+
+    wire::PacketSpec spec;
+    spec.bth.dest_qp = a.dest_qp_num;
+    spec.bth.psn = psn;
+    if (w.is_read()) {
+      // What has arrived is never asked for again (go-back-N may pass a READ already answered in full); the next
+      // segment waits for the previous one.
+      if (w.done()) {
+        ++r.cursor_wqe;
+        r.cursor_pkt = 0;
+        continue;
+      }
+      r.cursor_pkt = std::max(r.cursor_pkt, w.read_next);
+      if (r.cursor_pkt > w.read_next) break;
+      const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
+      RcSendReadRequestLocked(qp, w, r.cursor_pkt, out);
+      sent_up_to(PsnAdd(w.first_psn, end));
+      if (end == w.npsn) {
+        ++r.cursor_wqe;
+        r.cursor_pkt = 0;
+      } else {
+        r.cursor_pkt = end;
+      }
+    } else if (w.is_atomic()) {
+      const bool cas = w.wr.opcode == SendOpcode::kAtomicCmpAndSwp;
+      spec.bth.opcode = cas ? wire::opcode::kRcCompareSwap : wire::opcode::kRcFetchAdd;
+      spec.bth.ack_req = true;
+      spec.atomic = wire::AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
+                                    cas ? w.wr.compare_add : 0};
+      ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
+      out.Add(transport_, spec, {}, dst, sport);
+      sent_up_to(PsnAdd(psn, 1));
+      ++r.cursor_wqe;
+      r.cursor_pkt = 0;
+    } else {
+      const uint32_t k = r.cursor_pkt;
+      const bool first = k == 0, last = k + 1 == w.npsn;
+      const bool is_send = w.wr.opcode == SendOpcode::kSend || w.wr.opcode == SendOpcode::kSendWithImm ||
+                           w.wr.opcode == SendOpcode::kSendWithInv;
+      const bool imm = w.wr.opcode == SendOpcode::kSendWithImm || w.wr.opcode == SendOpcode::kRdmaWriteWithImm;
+      const bool inv = w.wr.opcode == SendOpcode::kSendWithInv;
+      // Every SEND and WRITE variant is defined on RC (IBTA table 38).
+      spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kRc,
+                                             is_send ? wire::Operation::kSend : wire::Operation::kRdmaWrite,
+                                             wire::PositionInMessage(k, w.npsn), imm, inv);
+      if (!is_send && first) spec.reth = wire::Reth{w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
+      spec.bth.solicited = last && (w.wr.flags & send_flags::kSolicited);
+      // AckReq where the requester will stop after this packet too -- the QP's window or the path's is full --
+      // or nothing would ever acknowledge what it has in flight and it would wait for a timeout.
+      const uint32_t next_psn = PsnAdd(psn, 1);
+      const bool is_new = PsnDiff(psn, r.sent_psn_next) >= 0;
+      const bool stops_after =
+          PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets ||
+          (PsnDiff(next_psn, r.sent_psn_next) >= 0 && path.in_flight() + (is_new ? 1 : 0) >= path.window());
+      spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;
+      if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
+      if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
+      const uint64_t off = uint64_t{k} * mtu;
+      const uint64_t len = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
+      if (!GatherRangeLocked(*qp, w.wr, off, len, payload)) {
+        // The memory was deregistered after the WQE started.
+        RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocProtErr);
+        return;
+      }
+      ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
+      out.AddGathered(transport_, spec, payload, dst, sport);
+      sent_up_to(PsnAdd(psn, 1));
+      if (++r.cursor_pkt == w.npsn) {
+        ++r.cursor_wqe;
+        r.cursor_pkt = 0;
+      }
+    }
+    sent = true;
+  }
+  if (sent && r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+  // A held ACK of this QP's responder follows the requests just queued (Device::AckTiming::kHeld).
+  if (sent && qp->responder().ack_held) RcSendHeldAckLocked(qp, out);
+}
+
+void Device::RcFailLocked(QueuePair* qp, size_t index, WcStatus status) {
+  RcRequester& r = qp->requester();
+  // Everything before `index` has been sent (the cursor is past it): it completes before the failure.
+  for (size_t i = 0; i < index && i < r.sq.size(); ++i) r.sq[i].state = WqeState::kDone;
+  if (index < r.sq.size()) {
+    // A WQE that failed before it started (a bad lkey, a length above max_msg_sz) is completed with its status by
+    // the flush below, in order.
+    if (r.sq[index].started()) r.sq[index].state = WqeState::kDone;
+    r.sq[index].status = status;
+  }
+  RcCompleteInOrderLocked(qp);
+  // A requester error moves the QP to the error state; what is left is flushed (IBTA 10.8.3.3 / 11.6.2).
+  EnterErrorLocked(qp);
+}
+
+void Device::RcCompleteInOrderLocked(QueuePair* qp) {
+  RcRequester& r = qp->requester();
+  while (!r.sq.empty() && r.sq.front().done()) {
+    SendWqe w = std::move(r.sq.front());
+    r.sq.pop_front();
+    if (r.cursor_wqe > 0) {
+      --r.cursor_wqe;
+    } else {
+      r.cursor_pkt = 0;  // the cursor was inside the WQE just completed (a late ACK after go-back-N): next one
+    }
+    CompleteSendLocked(qp, w.wr, w.status);
+  }
+  QpAttributes& a = qp->mutable_attributes();
+  const bool idle = r.sq.empty() || !r.sq.front().started();
+  if (idle) r.retransmit_deadline_ns = 0;
+  if (idle && a.qp_state == QpState::kSqd && a.sq_draining) {
+    a.sq_draining = false;
+    if (r.drained_event_pending) {
+      r.drained_event_pending = false;
+      RaiseLocked({AsyncEventType::kSqDrained, qp});
+    }
+  }
+}
+
+// --- timers ------------------------------------------------------------------------------------------------------
+
+uint64_t Device::RcNextDeadline(QueuePair* qp) const {
+  const RcRequester& r = qp->requester();
+  return wire::EarlierDeadline(r.retransmit_deadline_ns, r.rnr_deadline_ns);
+}
+
+void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
+  RcRequester& r = qp->requester();
+  if (qp->state() != QpState::kRts && qp->state() != QpState::kSqd) {
+    r.retransmit_deadline_ns = r.rnr_deadline_ns = 0;
+    return;
+  }
+  if (r.rnr_deadline_ns != 0 && now >= r.rnr_deadline_ns) {
+    r.rnr_deadline_ns = 0;
+    RcProgressLocked(qp, out);
+    if (r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+  }
+  if (r.retransmit_deadline_ns == 0 || now < r.retransmit_deadline_ns) return;
+  r.retransmit_deadline_ns = 0;
+  size_t i = 0;
+  while (i < r.sq.size() && r.sq[i].done()) ++i;
+  if (i == r.sq.size() || !r.sq[i].started()) return;  // nothing outstanding
+  if (r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0) {
+    // Everything it sent is acknowledged and it waits for its turn in the path's window, not for the peer: no retry
+    // is spent, the timer just runs again.
+    RcArmRetransmitLocked(qp);
+    return;
+  }
+  // Local ACK timeout (IBTA 9.7.6.1.3 / C9-140): spend a retry, then go back to the oldest unacknowledged WQE.
+  if (r.retries_left == 0) {
+    RcFailLocked(qp, i, WcStatus::kRetryExcErr);
+    return;
+  }
+  if (!(config_.retry_cnt_7_infinite && qp->attributes().retry_cnt == 7)) --r.retries_left;
+  ++counters_.rc_retransmit_timeouts;
+  RcCongestionLocked(qp);
+  r.cursor_wqe = i;
+  // Resume at the first unacknowledged PSN within the WQE (a coalesced ACK may have covered its beginning).
+  const int32_t into = PsnDiff(r.acked_psn_next, r.sq[i].first_psn);
+  r.cursor_pkt = r.sq[i].is_read() ? r.sq[i].read_next
+                 : (into > 0 && into < static_cast<int32_t>(r.sq[i].npsn)) ? static_cast<uint32_t>(into)
+                                                                            : 0;
+  RcProgressLocked(qp, out);
+  if (r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+}
+
+}  // namespace uroce::emu
