@@ -71,6 +71,7 @@ std::string FormatCounters(const DeviceCounters& c) {
       {"rx_cnp", &DeviceCounters::rx_cnp},
       {"cq_overflows", &DeviceCounters::cq_overflows},
       {"rc_retransmit_timeouts", &DeviceCounters::rc_retransmit_timeouts},
+      {"rc_early_retransmits", &DeviceCounters::rc_early_retransmits},
       {"rc_duplicates", &DeviceCounters::rc_duplicates},
       {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
       {"rc_path_waits", &DeviceCounters::rc_path_waits},
@@ -517,6 +518,7 @@ void Device::FlushLocked(QueuePair* qp) {
   rq_state.cursor_wqe = 0;
   rq_state.cursor_pkt = 0;
   rq_state.retransmit_deadline_ns = rq_state.rnr_deadline_ns = 0;
+  rq_state.rtt_sent_ns = 0;
 }
 
 uint8_t* Device::WriteTargetLocked(const QueuePair& qp, const InboundMessage& m, size_t len) {

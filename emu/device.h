@@ -48,6 +48,14 @@ struct DeviceConfig {
   // IBTA C9-141: retry_cnt counts retries, so a dead peer fails the WR with RETRY_EXC_ERR after retry_cnt + 1
   // timeouts. Kernel rxe instead treats retry_cnt 7 as "forever"; true reproduces that (UROCE_RETRY_FOREVER=1).
   bool retry_cnt_7_infinite = false;
+  // A requester that has heard nothing for a few round trips (Device::kProbeRoundTrips times its smoothed RTT, at
+  // least Device::kMinProbeNs) goes back to its oldest unacknowledged packet at once instead of waiting out the local
+  // ACK timeout (4.096 us x 2^timeout: 67 ms for perftest's 14). Resending is always safe in RC: the responder
+  // acknowledges or answers a duplicate again and never executes it twice. This resend spends no retry, so the
+  // timeout still decides when a dead peer fails the WR (RETRY_EXC_ERR after retry_cnt + 1 timeouts). What it
+  // recovers fast: a lost sequence NAK (the responder NAKs a gap once and then drops what follows in silence) and a
+  // lost last ACK or READ response. false: only the timeout, as rxe.
+  bool early_retransmit = true;
 };
 
 // Values of enum ibv_event_type.
@@ -101,6 +109,7 @@ struct DeviceCounters {
   uint64_t tx_errors = 0;
   uint64_t cq_overflows = 0;
   uint64_t rc_retransmit_timeouts = 0;  // local ACK timeouts that resent
+  uint64_t rc_early_retransmits = 0;    // go-back-N before the timeout, spending no retry (early_retransmit)
   uint64_t rc_duplicates = 0;           // duplicate requests answered again (or dropped)
   uint64_t rc_rnr_naks_sent = 0;
   uint64_t rc_path_waits = 0;          // a requester stopped because the window towards its peer was full
@@ -209,6 +218,12 @@ class Device {
   // How long the ACK of a longer message, or of a QP whose ACKs are already held, may wait: a stream's requester
   // must see its window move (ib_write_bw 64 KiB lost a third of its rate with 20 us here).
   static constexpr uint64_t kAckCoalesceNs = 3'000;
+  // Early retransmission (DeviceConfig::early_retransmit) waits kProbeRoundTrips smoothed round trips without an
+  // ACK, at least kMinProbeNs (above kAckHoldNs with room), assuming kInitialRttNs before the first sample; the
+  // wait doubles after each early retransmission until the timeout.
+  static constexpr uint64_t kProbeRoundTrips = 4;
+  static constexpr uint64_t kMinProbeNs = 200'000;
+  static constexpr uint64_t kInitialRttNs = 250'000;
   // Processes one received datagram (a CM MAD for QP1 goes to the connection manager once the device lock is free).
   void OnDatagram(const wire::InDatagram& datagram, AckTiming acks = AckTiming::kNow);
   // Sends the held ACKs (AckTiming::kHeld) due by `due_by_ns`, all of them by default. Cheap when none is due.
@@ -316,6 +331,17 @@ class Device {
   void SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out);
   void RcSendReadResponses(QueuePair* qp, const ResponderResource& r, uint32_t from_psn, OutBatch& out);
   void RcArmRetransmitLocked(QueuePair* qp);
+  // Round-trip timing: `psn` (sent for the first time, asking for an ACK) is timed unless one is already; an ACK up to
+  // (not including) `next` ends the timing of a packet before it.
+  void RcTimeRoundTripLocked(QueuePair* qp, uint32_t psn);
+  void RcAckedUpToLocked(QueuePair* qp, uint32_t next);
+  // Moves the requester's cursor back to packet `packet` of WQE `index` (go-back-N) and drops the timed packet.
+  void RcGoBackLocked(QueuePair* qp, size_t index, uint32_t packet);
+  // The oldest started WQE not done and, in *packet, its first unacknowledged packet (a READ: the first response
+  // missing); sq.size() when nothing is outstanding.
+  size_t RcOldestUnacknowledgedLocked(QueuePair* qp, uint32_t* packet) const;
+  // Everything sent is acknowledged and the requester waits for room in the path's window, not for its peer.
+  bool RcOnlyWaitsForPathLocked(QueuePair* qp) const;
   wire::UdpEndpoint PeerOf(const QueuePair& qp) const;
   uint16_t SourcePortOf(const QueuePair& qp) const;
   // Where message bytes [offset, offset+len) of a send WR are: the pieces of registered memory (or inline data) that

@@ -43,8 +43,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         continue;
       }
       if (w.is_atomic()) {
-        r.cursor_wqe = i;
-        r.cursor_pkt = 0;
+        RcGoBackLocked(qp, i, 0);
         break;
       }
       w.state = WqeState::kDone;
@@ -55,6 +54,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     if (PsnDiff(next, r.acked_psn_next) > 0) {
       r.acked_psn_next = next;
       progressed = true;
+      RcAckedUpToLocked(qp, next);
     }
   };
   auto find_containing = [&](uint32_t q) -> size_t {
@@ -83,8 +83,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
           return;
         }
         if (a.rnr_retry != kInfiniteRnrRetry) --r.rnr_retries_left;
-        r.cursor_wqe = i;
-        r.cursor_pkt = static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn));
+        RcGoBackLocked(qp, i, static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn)));
         r.retransmit_deadline_ns = 0;
         r.rnr_deadline_ns = clock_.NowNs() + uint64_t{wire::RnrTimerMicros(aeth.rnr_timer())} * 1000;
         RcTimerArmedLocked(qp, r.rnr_deadline_ns);
@@ -100,8 +99,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
           RcCongestionLocked(qp);
           advance_acked(psn);
           if (i < r.sq.size()) {
-            r.cursor_wqe = i;
-            r.cursor_pkt = static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn));
+            RcGoBackLocked(qp, i, static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn)));
             if (r.sq[i].is_read()) r.sq[i].read_next = r.cursor_pkt;
           }
           // The resend re-arms the ACK timer. Only a PSN that advanced (advance_acked) is progress that restores

@@ -23,6 +23,7 @@ constexpr uint32_t kAckReqEvery = 64;
 // The local ACK timeout: 4.096 us x 2^timeout (IBTA 9.7.6.1.3; 0 means none).
 uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096} << timeout; }
 
+
 }  // namespace
 
 void Device::RcChargeLocked(QueuePair* qp) {
@@ -115,8 +116,59 @@ void Device::RcArmRetransmitLocked(QueuePair* qp) {
     r.retransmit_deadline_ns = 0;  // timeout 0: wait forever (IBTA 11.2.4.2)
     return;
   }
-  r.retransmit_deadline_ns = clock_.NowNs() + t;
+  const uint64_t now = clock_.NowNs();
+  r.retransmit_deadline_ns = now + t;
+  r.probe_deadline_ns = 0;
+  if (config_.early_retransmit) {
+    r.probe_wait_ns = std::max(kMinProbeNs, kProbeRoundTrips * (r.srtt_ns != 0 ? r.srtt_ns : kInitialRttNs));
+    if (r.probe_wait_ns < t) r.probe_deadline_ns = now + r.probe_wait_ns;
+  }
+  // Only the timeout wakes a sleeping poller: it comes back on its own within 10 ms while packets flow (Engine's
+  // tick, Device::RunTimers) and then finds the probe, which may be late but must not cost a wake-up per message.
   RcTimerArmedLocked(qp, r.retransmit_deadline_ns);
+}
+
+void Device::RcTimeRoundTripLocked(QueuePair* qp, uint32_t psn) {
+  RcRequester& r = qp->requester();
+  if (r.rtt_sent_ns == 0) {
+    r.rtt_sent_ns = clock_.NowNs();
+    r.rtt_psn = psn;
+  }
+}
+
+void Device::RcAckedUpToLocked(QueuePair* qp, uint32_t next) {
+  RcRequester& r = qp->requester();
+  if (r.rtt_sent_ns == 0 || PsnDiff(next, r.rtt_psn) <= 0) return;
+  const uint64_t now = clock_.NowNs();
+  const uint64_t sample = now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1;
+  r.srtt_ns = r.srtt_ns == 0 ? sample : r.srtt_ns - r.srtt_ns / 8 + sample / 8;
+  r.rtt_sent_ns = 0;
+}
+
+void Device::RcGoBackLocked(QueuePair* qp, size_t index, uint32_t packet) {
+  RcRequester& r = qp->requester();
+  r.cursor_wqe = index;
+  r.cursor_pkt = packet;
+  r.rtt_sent_ns = 0;  // what is timed now may be sent twice: its ACK would time the wrong sending (Karn)
+}
+
+bool Device::RcOnlyWaitsForPathLocked(QueuePair* qp) const {
+  const RcRequester& r = qp->requester();
+  return r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0;
+}
+
+size_t Device::RcOldestUnacknowledgedLocked(QueuePair* qp, uint32_t* packet) const {
+  const RcRequester& r = qp->requester();
+  size_t i = 0;
+  while (i < r.sq.size() && r.sq[i].done()) ++i;
+  if (i == r.sq.size() || !r.sq[i].started()) return r.sq.size();  // nothing outstanding
+  // The first unacknowledged PSN within the WQE (a coalesced ACK may have covered its beginning).
+  const SendWqe& w = r.sq[i];
+  const int32_t into = PsnDiff(r.acked_psn_next, w.first_psn);
+  *packet = w.is_read()                                                   ? w.read_next
+            : (into > 0 && into < static_cast<int32_t>(w.npsn)) ? static_cast<uint32_t>(into)
+                                                                          : 0;
+  return i;
 }
 
 void Device::RcTimerArmedLocked(QueuePair* qp, uint64_t deadline) {
@@ -293,6 +345,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
           PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets ||
           (PsnDiff(next_psn, r.sent_psn_next) >= 0 && path.in_flight() + (is_new ? 1 : 0) >= path.window());
       spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;
+      if (spec.bth.ack_req && is_new) RcTimeRoundTripLocked(qp, psn);
       if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
       if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
       const uint64_t off = uint64_t{k} * mtu;
@@ -360,7 +413,8 @@ void Device::RcCompleteInOrderLocked(QueuePair* qp) {
 
 uint64_t Device::RcNextDeadline(QueuePair* qp) const {
   const RcRequester& r = qp->requester();
-  return wire::EarlierDeadline(r.retransmit_deadline_ns, r.rnr_deadline_ns);
+  const uint64_t probe = r.retransmit_deadline_ns != 0 ? r.probe_deadline_ns : 0;
+  return wire::EarlierDeadline(wire::EarlierDeadline(r.retransmit_deadline_ns, r.rnr_deadline_ns), probe);
 }
 
 void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
@@ -374,12 +428,26 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
     RcProgressLocked(qp, out);
     if (r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
   }
-  if (r.retransmit_deadline_ns == 0 || now < r.retransmit_deadline_ns) return;
+  if (r.retransmit_deadline_ns == 0) return;
+  if (now < r.retransmit_deadline_ns) {
+    if (r.probe_deadline_ns == 0 || now < r.probe_deadline_ns) return;
+    // Early retransmission (DeviceConfig::early_retransmit): nothing heard for a few round trips.
+    r.probe_wait_ns *= 2;
+    r.probe_deadline_ns = now + r.probe_wait_ns < r.retransmit_deadline_ns ? now + r.probe_wait_ns : 0;
+    uint32_t packet = 0;
+    const size_t i = RcOldestUnacknowledgedLocked(qp, &packet);
+    if (i == r.sq.size() || RcOnlyWaitsForPathLocked(qp)) return;
+    ++counters_.rc_early_retransmits;
+    RcCongestionLocked(qp);
+    RcGoBackLocked(qp, i, packet);
+    RcProgressLocked(qp, out);
+    return;
+  }
   r.retransmit_deadline_ns = 0;
-  size_t i = 0;
-  while (i < r.sq.size() && r.sq[i].done()) ++i;
-  if (i == r.sq.size() || !r.sq[i].started()) return;  // nothing outstanding
-  if (r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0) {
+  uint32_t packet = 0;
+  const size_t i = RcOldestUnacknowledgedLocked(qp, &packet);
+  if (i == r.sq.size()) return;  // nothing outstanding
+  if (RcOnlyWaitsForPathLocked(qp)) {
     // Everything it sent is acknowledged and it waits for its turn in the path's window, not for the peer: no retry
     // is spent, the timer just runs again.
     RcArmRetransmitLocked(qp);
@@ -393,12 +461,7 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
   if (!(config_.retry_cnt_7_infinite && qp->attributes().retry_cnt == 7)) --r.retries_left;
   ++counters_.rc_retransmit_timeouts;
   RcCongestionLocked(qp);
-  r.cursor_wqe = i;
-  // Resume at the first unacknowledged PSN within the WQE (a coalesced ACK may have covered its beginning).
-  const int32_t into = PsnDiff(r.acked_psn_next, r.sq[i].first_psn);
-  r.cursor_pkt = r.sq[i].is_read() ? r.sq[i].read_next
-                 : (into > 0 && into < static_cast<int32_t>(r.sq[i].npsn)) ? static_cast<uint32_t>(into)
-                                                                            : 0;
+  RcGoBackLocked(qp, i, packet);
   RcProgressLocked(qp, out);
   if (r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
 }

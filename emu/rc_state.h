@@ -83,6 +83,15 @@ struct RcRequester {
   uint64_t retransmit_deadline_ns = 0;  // local ACK timeout (0: not armed)
   uint64_t rnr_deadline_ns = 0;         // waiting out an RNR NAK (0: not waiting)
   bool timer_listed = false;            // in Device::timed_qps_
+  // Early retransmission (DeviceConfig::early_retransmit): while the retransmit timer runs, the time of the next
+  // go-back-N that spends no retry (0: none), and the wait before it, doubled after each.
+  uint64_t probe_deadline_ns = 0;
+  uint64_t probe_wait_ns = 0;
+  // Round-trip time: one packet at a time is timed from its first sending to the ACK that covers it (never a packet
+  // sent again: Karn's rule), smoothed as TCP does (RFC 6298: srtt += (sample - srtt) / 8). 0: no sample yet.
+  uint64_t srtt_ns = 0;
+  uint64_t rtt_sent_ns = 0;  // when the timed packet left (0: none timed)
+  uint32_t rtt_psn = 0;
   int retries_left = 0;
   int rnr_retries_left = 0;
   bool drained_event_pending = false;   // SQD entered with en_sqd_async_notify

@@ -932,6 +932,14 @@ TEST(RcRnr, RetryBudgetIsRestoredByForwardProgress) {
 
 // IBTA C9-141: retry_cnt counts retries, 7 included (only rnr_retry 7 means forever): a peer that stopped answering
 // fails the oldest WR with RETRY_EXC_ERR after exactly retry_cnt + 1 timeouts, and the rest is flushed.
+// The local ACK timeout alone, without early retransmission (DeviceConfig::early_retransmit), as these tests count
+// every retransmission.
+DeviceConfig TimeoutsOnly() {
+  DeviceConfig c;
+  c.early_retransmit = false;
+  return c;
+}
+
 TEST(RcTimeout, RetryCountExhaustsWithRetryExceeded) {
   constexpr uint8_t kTimeout = 10;  // 4.096 us << 10 = 4.19 ms
   const uint64_t T = AckTimeoutNs(kTimeout);
@@ -940,7 +948,7 @@ TEST(RcTimeout, RetryCountExhaustsWithRetryExceeded) {
     RcAttributes ra = Attrs();
     ra.timeout = kTimeout;
     ra.retry_cnt = n;
-    Rc t(ra, Attrs());
+    Rc t(ra, Attrs(), Mtu::k1024, TimeoutsOnly());
     Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
     Buffer dst = testing::Register(*t.b->device, t.pb, 64, kMrAll);
     ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{5, {dst.At(0, 64)}}), 0);
@@ -969,7 +977,7 @@ TEST(RcTimeout, RetryCountExhaustsWithRetryExceeded) {
 TEST(RcTimeout, RetryCountSevenRetriesForeverWhenConfiguredAsRxe) {
   RcAttributes ra = Attrs();
   ra.timeout = 8;
-  DeviceConfig rxe_like;
+  DeviceConfig rxe_like = TimeoutsOnly();
   rxe_like.retry_cnt_7_infinite = true;
   Rc t(ra, Attrs(), Mtu::k1024, rxe_like);  // retry_cnt 7
   const uint64_t T = AckTimeoutNs(8);
@@ -1045,6 +1053,94 @@ TEST(RcTimeout, ArmingWakesThePollerOnlyWhenItWouldSleepPastTheDeadline) {
   wakes = u.a->transport->wakes();
   ASSERT_EQ(u.a->device->PostSend(u.qa, Wr(20, SendOpcode::kRdmaWrite, {usrc.At(0, 10)})), 0);
   EXPECT_EQ(u.a->transport->wakes(), wakes + 1);
+}
+
+// --- early retransmission (DeviceConfig::early_retransmit) ------------------------------------------------------
+
+// A lost NAK leaves the responder dropping everything after the gap in silence (it NAKs a sequence error once):
+// without early retransmission only the local ACK timeout (67 ms at timeout 14) would end it.
+TEST(RcEarlyRetransmit, ALostNakIsRecoveredInRoundTripsNotByTheTimeout) {
+  Rc t(Attrs(), Attrs());  // timeout 14, retry_cnt 7
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 3 * 64, kMrAll);
+  Fill(src.bytes, 21);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{i, {dst.At(i * 64, 64)}}), 0);
+  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 0; };  // PSN 0
+  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 0; };  // the NAK it causes
+  const uint64_t t0 = t.now();
+  for (uint64_t i = 0; i < 3; ++i)
+    ASSERT_EQ(t.a->device->PostSend(t.qa, Wr(i, SendOpcode::kSend, {src.At(0, 64)})), 0);
+  t.fabric.Pump();
+  auto s = Drain(t.sa);
+  ASSERT_EQ(s.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) ExpectCompletion(s[i], i, WcStatus::kSuccess, WcOpcode::kSend, 64, t.qa->qpn());
+  ASSERT_EQ(Drain(t.rb).size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(0, std::memcmp(dst.bytes.data() + i * 64, src.bytes.data(), 64));
+  const auto wb = Wire(*t.b);
+  ASSERT_FALSE(wb.empty());
+  EXPECT_TRUE(wb[0].dropped);
+  EXPECT_TRUE(IsNak(wb[0], wire::NakCode::kPsnSeqError));
+  // No RTT sample yet (nothing was ever acknowledged): four assumed round trips.
+  const uint64_t probe = Device::kProbeRoundTrips * Device::kInitialRttNs;
+  EXPECT_EQ(t.now(), t0 + probe);
+  const auto wa = Wire(*t.a);
+  ASSERT_EQ(wa.size(), 6u);  // PSN 0 (lost), 1, 2, then all three again from PSN 0
+  EXPECT_EQ(wa[3].psn, 0u);
+  EXPECT_EQ(wa[3].time_ns, t0 + probe);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
+  EXPECT_EQ(t.qa->requester().retries_left, 7);  // no retry spent
+}
+
+// The wait before an early retransmission follows the measured round trip, and never goes below kMinProbeNs.
+TEST(RcEarlyRetransmit, TheWaitFollowsTheMeasuredRoundTrip) {
+  Rc t(Attrs(), Attrs());
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {src.At(0, 8)}, dst.mr.iova, dst.mr.rkey)), 0);
+  t.fabric.Pump();
+  ASSERT_EQ(Drain(t.sa).size(), 1u);
+  const uint64_t srtt = t.qa->requester().srtt_ns;
+  EXPECT_GT(srtt, 0u);  // timed: the WRITE's first sending to its ACK
+  EXPECT_LT(srtt, Device::kMinProbeNs / Device::kProbeRoundTrips);  // the simulated network is fast
+  // Its ACK is lost: the write is sent again after kMinProbeNs, not after four assumed round trips.
+  t.b->transport->drop_if = [](uint64_t, std::span<const uint8_t>) { return true; };
+  const uint64_t t0 = t.now();
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(2, SendOpcode::kRdmaWrite, {src.At(0, 8)}, dst.mr.iova, dst.mr.rkey)), 0);
+  t.fabric.PumpUntil(t0 + Device::kMinProbeNs - 1);  // the ACK is lost; nothing else happens yet
+  EXPECT_EQ(Wire(*t.a).size(), 2u);
+  t.b->transport->drop_if = nullptr;
+  t.fabric.Pump();
+  ASSERT_EQ(Drain(t.sa).size(), 1u);
+  const auto wa = Wire(*t.a);
+  ASSERT_EQ(wa.size(), 3u);
+  EXPECT_EQ(wa[2].psn, wa[1].psn);
+  EXPECT_EQ(wa[2].time_ns, t0 + Device::kMinProbeNs);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
+}
+
+// A dead peer is found exactly as without early retransmission: RETRY_EXC_ERR after retry_cnt + 1 local ACK
+// timeouts, the early retransmissions between them spending no retry.
+TEST(RcEarlyRetransmit, ADeadPeerStillFailsAfterRetryCountPlusOneTimeouts) {
+  constexpr uint8_t kTimeout = 10;  // 4.19 ms
+  const uint64_t T = AckTimeoutNs(kTimeout);
+  RcAttributes ra = Attrs();
+  ra.timeout = kTimeout;
+  ra.retry_cnt = 2;
+  Rc t(ra, Attrs());
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  t.a->transport->drop_if = [](uint64_t, std::span<const uint8_t>) { return true; };
+  const uint64_t t0 = t.now();
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Wr(1, SendOpcode::kSend, {src.At(0, 10)})), 0);
+  t.fabric.Pump();
+  auto s = Drain(t.sa);
+  ASSERT_EQ(s.size(), 1u);
+  ExpectCompletion(s[0], 1, WcStatus::kRetryExcErr, WcOpcode::kSend, 10, t.qa->qpn());
+  EXPECT_EQ(t.now(), t0 + 3 * T);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 2u);
+  // 1 ms, 2 ms after each start of the timer (then 4 ms would pass the timeout): two per timeout period.
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 6u);
+  EXPECT_EQ(t.qa->state(), QpState::kErr);
 }
 
 // --- held ACKs (Device::AckTiming::kHeld) ----------------------------------------------------------------------------
@@ -1206,8 +1302,11 @@ TEST(RcDuplicate, LostReadResponseIsAnsweredAgainFromSavedState) {
   ASSERT_EQ(s.size(), 1u);
   ExpectCompletion(s[0], 1, WcStatus::kSuccess, WcOpcode::kRdmaRead, 700, t.qa->qpn());
   EXPECT_EQ(0, std::memcmp(la.bytes.data(), lb.bytes.data(), 700));
-  EXPECT_EQ(t.now(), t0 + AckTimeoutNs(14));  // only the local ACK timeout could tell
-  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 1u);
+  // Only silence could tell: the early retransmission after four assumed round trips (no RTT sample yet), not the
+  // local ACK timeout (67 ms).
+  EXPECT_EQ(t.now(), t0 + Device::kProbeRoundTrips * Device::kInitialRttNs);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
   EXPECT_EQ(t.b->device->counters().rc_duplicates, 1u);
   auto wa = Wire(*t.a);
   ASSERT_EQ(wa.size(), 2u);
@@ -1348,7 +1447,7 @@ TEST(RcDuplicate, LostAtomicAckIsAnsweredWithTheSavedOriginalNotExecutedTwice) {
   ASSERT_EQ(t.a->device->PostSend(
                 t.qa, Atomic(1, SendOpcode::kAtomicFetchAndAdd, la.At(0, 8), lb.mr.iova, lb.mr.rkey, 5)),
             0);
-  t.fabric.PumpUntil(t0 + AckTimeoutNs(14) / 2);
+  t.fabric.PumpUntil(t0 + Device::kProbeRoundTrips * Device::kInitialRttNs / 2);  // before the early retransmission
   EXPECT_EQ(Word(lb.bytes, 0), 105u);  // executed once
   EXPECT_TRUE(Drain(t.sa).empty());
   // The application on b changes the word before the retry: the duplicate must get the saved result, and must not
@@ -1361,7 +1460,8 @@ TEST(RcDuplicate, LostAtomicAckIsAnsweredWithTheSavedOriginalNotExecutedTwice) {
   EXPECT_EQ(Word(la.bytes, 0), 100u);
   EXPECT_EQ(Word(lb.bytes, 0), 1000u);
   EXPECT_EQ(t.b->device->counters().rc_duplicates, 1u);
-  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
   auto wa = Wire(*t.a);
   ASSERT_EQ(wa.size(), 2u);
   EXPECT_EQ(wa[1].opcode, rcop::kFetchAdd);
