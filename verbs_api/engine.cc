@@ -431,11 +431,14 @@ int Engine::DriveFromApplication() {
     lease_until_ns_.store(now + kLeaseNs, std::memory_order_release);
     if (lease <= now) {
       transport_->Wake();  // the progress thread, blocked in Poll, hands the receive side over
+      poll_pattern_.OnReceiveSide(false);
       return -1;
     }
   }
   std::unique_lock lock(receive_mu_, std::try_to_lock);
-  if (!lock.owns_lock() || !receive_with_applications_) return -1;
+  const bool held = lock.owns_lock() && receive_with_applications_;
+  poll_pattern_.OnReceiveSide(held);
+  if (!held) return -1;
   // ACKs held in an earlier poll that no reply has taken along in their time.
   device_->SendHeldAcks(now);
   const int n = transport_->Poll(handler_, 0);

@@ -110,7 +110,11 @@ class Engine {
   // The progress thread's side of the lease: hands the receive side to applications or takes it back.
   void HandReceiveToApplications(bool to_applications);
 
-  static constexpr uint64_t kLeaseNs = 200'000;       // how long one empty poll keeps the receive side
+  // How long one empty poll keeps the receive side: also how long packets may wait when a polling thread stops
+  // without arming a CQ. The progress thread wakes once per half lease to look, and each wake-up preempts a polling
+  // thread on a 2-core machine: at 200 us an ib_send_lat pair switched context ~19,000 times a second, at 1 ms
+  // ~4,000 (average 8.7 -> 6.9 us, 99th percentile 28 -> 21 us).
+  static constexpr uint64_t kLeaseNs = 1'000'000;
   static constexpr uint64_t kAppTimersEveryNs = 250'000;  // how often polling applications run the device's timers
   // While packets flowed in the last kActiveNs the progress thread comes back every kTickNs even with no timer due,
   // so arming a (longer) retransmit timer per message never needs to wake it (Device::RunTimers).

@@ -11,7 +11,8 @@ bool PollPattern::OnEmptyPoll(uint64_t now) {
   const uint64_t completed = last_completion_ns_.load(std::memory_order_relaxed);
   uint64_t think = think_ns_.load(std::memory_order_relaxed);
   // The first empty poll since a completion, which came while this process received for itself.
-  if (completed > last && completed <= now && engaged_.load(std::memory_order_relaxed)) {
+  if (completed > last && completed <= now && engaged_.load(std::memory_order_relaxed) &&
+      held_.load(std::memory_order_relaxed)) {
     const uint64_t before = think;
     const uint64_t outside = now - completed - std::min(now - completed, inside_ns_.load(std::memory_order_relaxed));
     think = (think * 7 + std::min(outside, kThinkClipNs)) / 8;
@@ -25,6 +26,7 @@ bool PollPattern::OnEmptyPoll(uint64_t now) {
   }
   const bool engage = now - streak_start_ns_.load(std::memory_order_relaxed) >= kEngageNs && think < kThinkNs;
   engaged_.store(engage, std::memory_order_relaxed);
+  if (!engage) held_.store(false, std::memory_order_relaxed);
   return engage;
 }
 

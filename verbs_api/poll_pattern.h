@@ -48,6 +48,11 @@ class PollPattern {
   }
   // A poll found the CQ empty at `now_ns`. Returns true when the polling thread should hold the receive side.
   bool OnEmptyPoll(uint64_t now_ns);
+  // After an empty poll that OnEmptyPoll engaged: whether the thread then held the receive side (false while the
+  // progress thread is still handing it over, or another application thread has it). Think times are sampled only
+  // after polls that held it, as the class comment says: the polls of a handover share the CPU with the progress
+  // thread that is stepping aside, and their long think times could disengage a process that had just engaged.
+  void OnReceiveSide(bool held) { held_.store(held, std::memory_order_relaxed); }
   // The application arms a CQ to sleep on its channel (ibv_req_notify_cq): the streak of empty polls ends.
   void OnSleep(uint64_t now_ns) { streak_start_ns_.store(now_ns, std::memory_order_relaxed); }
   // When a poll last found a CQ empty (0: never): an application thread is spinning on CQs.
@@ -63,6 +68,7 @@ class PollPattern {
   std::atomic<uint64_t> inside_since_poll_ns_{0};  // ... and since the last empty poll
   std::atomic<uint64_t> think_ns_{0};  // moving average of clipped samples taken while engaged
   std::atomic<bool> engaged_{false};   // the last verdict of OnEmptyPoll
+  std::atomic<bool> held_{false};      // the last engaged poll held the receive side (OnReceiveSide)
   std::atomic<uint64_t> last_probe_ns_{0};
 };
 

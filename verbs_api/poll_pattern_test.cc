@@ -14,7 +14,10 @@ constexpr uint64_t kUs = 1000;
 bool Round(PollPattern& p, uint64_t& t, uint64_t think, uint64_t wait, uint64_t gap = 200) {
   p.OnCompletion(t);
   bool engaged = false;
-  for (uint64_t at = t + think; at <= t + think + wait; at += gap) engaged = p.OnEmptyPoll(at);
+  for (uint64_t at = t + think; at <= t + think + wait; at += gap) {
+    engaged = p.OnEmptyPoll(at);
+    p.OnReceiveSide(engaged);  // the progress thread hands the receive side over at once
+  }
   t += think + wait + gap;
   return engaged;
 }
@@ -70,6 +73,32 @@ TEST(PollPatternTest, ThinkTimesAreSampledOnlyWhileEngagedAndAProbeTriesAgain) {
   for (uint64_t end = t + 1100 * kUs; t < end;) engaged = Round(p, t, 1 * kUs, 5 * kUs);
   EXPECT_TRUE(engaged);
   for (int i = 0; i < 50; ++i) EXPECT_TRUE(Round(p, t, 1 * kUs, 5 * kUs));
+}
+
+TEST(PollPatternTest, ThinkTimesBeforeTheReceiveSideIsHeldAreNotSampled) {
+  PollPattern p;
+  uint64_t t = 1'000'000 * kUs;
+  for (int i = 0; i < 10; ++i) Round(p, t, 30 * kUs, 5 * kUs);  // long thinks: disengaged
+  // Polling on with long thinks until a probe engages ...
+  int polls = 0;
+  for (bool engaged = false; !engaged; t += 31 * kUs, ++polls) {
+    p.OnCompletion(t);
+    engaged = p.OnEmptyPoll(t + 30 * kUs);
+    p.OnReceiveSide(false);
+  }
+  EXPECT_GT(uint64_t(polls) * 31 * kUs, PollPattern::kProbeEveryNs / 2);
+  // ... whose handover takes a while, the progress thread sharing the CPU: the long thinks meanwhile (polls that
+  // engaged without holding the receive side) do not end the probe.
+  const uint64_t think = p.think_ns();
+  for (int i = 0; i < 10; ++i, t += 31 * kUs) {
+    p.OnCompletion(t);
+    EXPECT_TRUE(p.OnEmptyPoll(t + 30 * kUs)) << "poll " << i;
+    p.OnReceiveSide(false);
+  }
+  EXPECT_EQ(p.think_ns(), think);
+  // Once it holds the receive side, short thinks keep it engaged.
+  for (int i = 0; i < 50; ++i) EXPECT_TRUE(Round(p, t, 1 * kUs, 5 * kUs)) << "round " << i;
+  EXPECT_LT(p.think_ns(), PollPattern::kThinkNs);
 }
 
 TEST(PollPatternTest, SleepingOrPollingRarelyNeverEngages) {
