@@ -24,6 +24,17 @@ void PathWindow::OnCongestion() {
   ++decreases_;
 }
 
+void PathWindow::OnRoundTrip(uint64_t sample_ns) {
+  if (srtt_ns_ == 0) {
+    srtt_ns_ = sample_ns;
+    rttvar_ns_ = sample_ns / 2;
+    return;
+  }
+  const uint64_t deviation = srtt_ns_ > sample_ns ? srtt_ns_ - sample_ns : sample_ns - srtt_ns_;
+  rttvar_ns_ = rttvar_ns_ - rttvar_ns_ / 4 + deviation / 4;
+  srtt_ns_ = srtt_ns_ - srtt_ns_ / 8 + sample_ns / 8;
+}
+
 std::string_view ToString(PathWindow::Phase phase) {
   switch (phase) {
     case PathWindow::Phase::kSlowStart: return "slow-start";

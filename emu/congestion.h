@@ -6,6 +6,8 @@
 // without a shared window, N QPs each filling their own 512-packet window overrun it and go-back-N turns the loss
 // into a retransmission storm.
 //
+// The path also keeps the round-trip time its requesters measure (early retransmission waits a few of them).
+//
 // Pure arithmetic, no clock and no locks: the Device calls it under its lock.
 #pragma once
 
@@ -38,6 +40,14 @@ class PathWindow {
   // packet, not a collapsed path, and a window of a few packets turns every later loss into another timeout.
   void OnCongestion();
 
+  // A round-trip time measured by one of the path's requesters (a packet's first sending to the ACK that covers it).
+  // All requesters towards the peer share the path's queue -- with many QPs one QP's packets wait behind the others'
+  // window -- so they share one estimate, smoothed as RFC 6298 does: srtt += (sample - srtt) / 8, rttvar +=
+  // (|srtt - sample| - rttvar) / 4, the first sample giving srtt and half of it as rttvar.
+  void OnRoundTrip(uint64_t sample_ns);
+  uint64_t srtt_ns() const { return srtt_ns_; }      // 0: no sample yet
+  uint64_t rttvar_ns() const { return rttvar_ns_; }
+
   double window() const { return window_; }
   int64_t in_flight() const { return in_flight_; }
   Phase phase() const { return window_ < threshold_ ? Phase::kSlowStart : Phase::kCongestionAvoidance; }
@@ -54,6 +64,8 @@ class PathWindow {
   uint64_t delivered_ = 0;
   uint64_t recovery_until_ = 0;  // deliveries before a new congestion signal counts again
   uint64_t decreases_ = 0;
+  uint64_t srtt_ns_ = 0;
+  uint64_t rttvar_ns_ = 0;
   std::deque<uint32_t> waiting_;
 };
 

@@ -117,6 +117,22 @@ struct ManyQps {
   }
 };
 
+// RFC 6298's smoothing: the first sample sets srtt and half of it as rttvar; later ones move srtt by 1/8 of the
+// difference and rttvar by 1/4 of the deviation from it.
+TEST(PathWindow, RoundTripSamplesAreSmoothedAsRfc6298) {
+  PathWindow w;
+  EXPECT_EQ(w.srtt_ns(), 0u);
+  w.OnRoundTrip(800);
+  EXPECT_EQ(w.srtt_ns(), 800u);
+  EXPECT_EQ(w.rttvar_ns(), 400u);
+  w.OnRoundTrip(1600);  // deviation 800: rttvar 400 - 100 + 200, srtt 800 - 100 + 200
+  EXPECT_EQ(w.rttvar_ns(), 500u);
+  EXPECT_EQ(w.srtt_ns(), 900u);
+  for (int i = 0; i < 200; ++i) w.OnRoundTrip(1600);  // a steady round trip: srtt converges, rttvar shrinks
+  EXPECT_NEAR(double(w.srtt_ns()), 1600.0, 8.0);
+  EXPECT_LT(w.rttvar_ns(), 10u);
+}
+
 TEST(PathWindowOnTheWire, ManyQpsShareOneWindowAndDeliverEverything) {
   ManyQps t;
   t.PostAll();

@@ -120,7 +120,7 @@ void Device::RcArmRetransmitLocked(QueuePair* qp) {
   r.retransmit_deadline_ns = now + t;
   r.probe_deadline_ns = 0;
   if (config_.early_retransmit) {
-    r.probe_wait_ns = std::max(kMinProbeNs, kProbeRoundTrips * (r.srtt_ns != 0 ? r.srtt_ns : kInitialRttNs));
+    r.probe_wait_ns = ProbeWaitNs(PathOf(*qp));
     if (r.probe_wait_ns < t) r.probe_deadline_ns = now + r.probe_wait_ns;
   }
   // Only the timeout wakes a sleeping poller: it comes back on its own within 10 ms while packets flow (Engine's
@@ -140,9 +140,15 @@ void Device::RcAckedUpToLocked(QueuePair* qp, uint32_t next) {
   RcRequester& r = qp->requester();
   if (r.rtt_sent_ns == 0 || PsnDiff(next, r.rtt_psn) <= 0) return;
   const uint64_t now = clock_.NowNs();
-  const uint64_t sample = now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1;
-  r.srtt_ns = r.srtt_ns == 0 ? sample : r.srtt_ns - r.srtt_ns / 8 + sample / 8;
+  PathOf(*qp).OnRoundTrip(now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1);
   r.rtt_sent_ns = 0;
+}
+
+uint64_t Device::ProbeWaitNs(const PathWindow& path) {
+  const uint64_t srtt = path.srtt_ns();
+  if (srtt == 0) return std::max(kMinProbeNs, kProbeRoundTrips * kInitialRttNs);
+  // RFC 6298's RTO (srtt + 4 rttvar) where the round trip varies more than kProbeRoundTrips srtt allows for.
+  return std::max({kMinProbeNs, kProbeRoundTrips * srtt, srtt + 4 * path.rttvar_ns()});
 }
 
 void Device::RcGoBackLocked(QueuePair* qp, size_t index, uint32_t packet) {
@@ -155,6 +161,12 @@ void Device::RcGoBackLocked(QueuePair* qp, size_t index, uint32_t packet) {
 bool Device::RcOnlyWaitsForPathLocked(QueuePair* qp) const {
   const RcRequester& r = qp->requester();
   return r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0;
+}
+
+bool Device::RcPathQueuesOthersLocked(QueuePair* qp) {
+  for (uint32_t qpn : PathOf(*qp).waiting())
+    if (qpn != qp->qpn()) return true;
+  return false;
 }
 
 size_t Device::RcOldestUnacknowledgedLocked(QueuePair* qp, uint32_t* packet) const {
@@ -436,7 +448,7 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
     r.probe_deadline_ns = now + r.probe_wait_ns < r.retransmit_deadline_ns ? now + r.probe_wait_ns : 0;
     uint32_t packet = 0;
     const size_t i = RcOldestUnacknowledgedLocked(qp, &packet);
-    if (i == r.sq.size() || RcOnlyWaitsForPathLocked(qp)) return;
+    if (i == r.sq.size() || RcOnlyWaitsForPathLocked(qp) || RcPathQueuesOthersLocked(qp)) return;
     ++counters_.rc_early_retransmits;
     RcCongestionLocked(qp);
     RcGoBackLocked(qp, i, packet);

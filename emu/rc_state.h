@@ -88,8 +88,7 @@ struct RcRequester {
   uint64_t probe_deadline_ns = 0;
   uint64_t probe_wait_ns = 0;
   // Round-trip time: one packet at a time is timed from its first sending to the ACK that covers it (never a packet
-  // sent again: Karn's rule), smoothed as TCP does (RFC 6298: srtt += (sample - srtt) / 8). 0: no sample yet.
-  uint64_t srtt_ns = 0;
+  // sent again: Karn's rule); the samples go to the path's estimate (PathWindow::OnRoundTrip).
   uint64_t rtt_sent_ns = 0;  // when the timed packet left (0: none timed)
   uint32_t rtt_psn = 0;
   int retries_left = 0;

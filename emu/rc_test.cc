@@ -1100,7 +1100,9 @@ TEST(RcEarlyRetransmit, TheWaitFollowsTheMeasuredRoundTrip) {
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {src.At(0, 8)}, dst.mr.iova, dst.mr.rkey)), 0);
   t.fabric.Pump();
   ASSERT_EQ(Drain(t.sa).size(), 1u);
-  const uint64_t srtt = t.qa->requester().srtt_ns;
+  const auto path = t.a->device->path_window(t.b->device->config().address);
+  ASSERT_TRUE(path.has_value());
+  const uint64_t srtt = path->srtt_ns();
   EXPECT_GT(srtt, 0u);  // timed: the WRITE's first sending to its ACK
   EXPECT_LT(srtt, Device::kMinProbeNs / Device::kProbeRoundTrips);  // the simulated network is fast
   // Its ACK is lost: the write is sent again after kMinProbeNs, not after four assumed round trips.
