@@ -117,6 +117,31 @@ struct ManyQps {
   }
 };
 
+// Waiters are woken when a burst fits (a quarter of the window here, kWakeBurst in a large one) or nothing is in
+// flight, not for each packet an ACK frees.
+TEST(PathWindow, WaitersAreWokenForABurstNotForEveryPacket) {
+  PathWindow w;
+  ASSERT_EQ(w.window(), 32);
+  w.Charge(32);
+  EXPECT_FALSE(w.MaySend());
+  EXPECT_FALSE(w.MayWake());
+  w.Charge(-2);
+  EXPECT_TRUE(w.MaySend());   // a requester already sending may go on
+  EXPECT_FALSE(w.MayWake());  // but 2 packets are no reason to wake the waiters
+  w.Charge(-6);
+  EXPECT_TRUE(w.MayWake());  // 8 = 32 / 4
+  w.Charge(10);
+  w.OnDelivered(200);  // slow start: the window grows to 232
+  ASSERT_GT(w.window() / 4, PathWindow::kWakeBurst);
+  w.Charge(int64_t(w.window()) - w.in_flight() - 15);
+  EXPECT_FALSE(w.MayWake());  // 15 free: under one burst
+  w.Charge(-1);
+  EXPECT_TRUE(w.MayWake());
+  PathWindow idle;
+  idle.Charge(0);
+  EXPECT_TRUE(idle.MayWake());  // nothing in flight: no ACK would come to wake them later
+}
+
 // RFC 6298's smoothing: the first sample sets srtt and half of it as rttvar; later ones move srtt by 1/8 of the
 // difference and rttvar by 1/4 of the deviation from it.
 TEST(PathWindow, RoundTripSamplesAreSmoothedAsRfc6298) {

@@ -1075,7 +1075,7 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
       if (QueuePair* qp = FindQpLocked(qpn)) next = wire::EarlierDeadline(next, RcNextDeadline(qp));
     // A requester that failed above may have left room for others: come back at once for them.
     for (auto& [peer, path] : paths_)
-      if (path.MaySend() && !path.waiting().empty()) next = now;
+      if (path.MayWake() && !path.waiting().empty()) next = now;
     poller_deadline_ = wire::EarlierDeadline(next, poller_returns_by_ns);
   }
   Transmit(out);

@@ -44,6 +44,7 @@ void Device::RcChargeLocked(QueuePair* qp, PathWindow& path) {
 }
 
 void Device::RcWakeWaitersLocked(PathWindow& path, OutBatch& out) {
+  if (!path.MayWake()) return;
   while (path.MaySend() && !path.waiting().empty()) {
     const uint32_t qpn = path.waiting().front();
     path.waiting().pop_front();
