@@ -442,6 +442,7 @@ int Engine::DriveFromApplication() {
   // ACKs held in an earlier poll that no reply has taken along in their time.
   device_->SendHeldAcks(now);
   const int n = transport_->Poll(handler_, 0);
+  bool worked = n > 0;
   if (n > 0) {
     app_datagrams_.fetch_add(uint64_t(n), std::memory_order_relaxed);
     last_traffic_ns_.store(now, std::memory_order_relaxed);
@@ -450,7 +451,12 @@ int Engine::DriveFromApplication() {
     app_timers_due_ns_.store(now + kAppTimersEveryNs, std::memory_order_relaxed);
     // Until the lease ends, this or the progress thread comes back: timers armed later need no wake-up.
     device_->RunTimers(lease_until_ns_.load(std::memory_order_relaxed));
+    worked = true;
   }
+  // The engine's own work here (processing what arrived, sending what an ACK released) is time inside the library,
+  // as a data-path verb's is, not a pause in the application's polling: one drive that sent ib_write_bw's next 64 KiB
+  // messages outlasted PollPattern::kStreakGapNs, and its streak of empty polls broke hundreds of times a run.
+  if (worked) poll_pattern_.OnTimeInside(wire::SystemClock::Instance().NowNs() - now);
   return n > 0 ? n : 0;
 }
 
