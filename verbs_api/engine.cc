@@ -358,15 +358,18 @@ void Engine::ProgressLoop() {
   while (!stop_.load(std::memory_order_acquire)) {
     uint64_t now = clock.NowNs();
     const uint64_t lease = lease_until_ns_.load(std::memory_order_acquire);
-    if (lease > now) {
+    const bool inside = handed && applications_inside_.load(std::memory_order_acquire) > 0;
+    if (lease > now || inside) {
       if (!handed) HandReceiveToApplications(true);
       handed = true;
       spinning = false;  // the receives are re-armed when the lease ends
-      // Applications receive and run timers; come back when the lease may have ended (or at a stop or an early end).
+      // Applications receive and run timers; come back when the lease may have ended (or at a stop or an early end:
+      // ApplicationSleeps clears the lease), or a while later if it ended with an application thread inside.
+      const uint64_t until = lease > now ? lease : now + kLeaseNs / 4;
       std::unique_lock lock(idle_mu_);
-      idle_cv_.wait_for(lock, std::chrono::nanoseconds(lease - now), [&] {
-        return stop_.load(std::memory_order_acquire) ||
-               lease_until_ns_.load(std::memory_order_acquire) <= clock.NowNs();
+      idle_cv_.wait_for(lock, std::chrono::nanoseconds(until - now), [&] {
+        return stop_.load(std::memory_order_acquire) || lease_until_ns_.load(std::memory_order_acquire) == 0 ||
+               clock.NowNs() >= until;
       });
       continue;
     }
@@ -439,6 +442,7 @@ int Engine::DriveFromApplication() {
   const bool held = lock.owns_lock() && receive_with_applications_;
   poll_pattern_.OnReceiveSide(held);
   if (!held) return -1;
+  applications_inside_.fetch_add(1, std::memory_order_relaxed);
   // ACKs held in an earlier poll that no reply has taken along in their time.
   device_->SendHeldAcks(now);
   const int n = transport_->Poll(handler_, 0);
@@ -457,6 +461,7 @@ int Engine::DriveFromApplication() {
   // as a data-path verb's is, not a pause in the application's polling: one drive that sent ib_write_bw's next 64 KiB
   // messages outlasted PollPattern::kStreakGapNs, and its streak of empty polls broke hundreds of times a run.
   if (worked) poll_pattern_.OnTimeInside(wire::SystemClock::Instance().NowNs() - now);
+  applications_inside_.fetch_sub(1, std::memory_order_relaxed);
   return n > 0 ? n : 0;
 }
 

@@ -22,7 +22,8 @@ int DriveOnEmptyCq(Cq* cq) {
   Engine& engine = *Ctx(cq->cqx.context)->engine;
   const int n = engine.DriveFromApplication();
   if (n < 0) {
-    Engine::VerbTimer timer(engine);  // the time given away is ours, not a pause in the application's polling
+    // The time given away is ours, not a pause in the application's polling; nor is it the library at work.
+    Engine::VerbTimer timer(engine, /*keeps_lease=*/false);
     sched_yield();
   }
   return n;
