@@ -143,6 +143,100 @@ void SetUdpSegmentControl(msghdr* msg, uint8_t* control, uint16_t segment_size) 
   std::memcpy(CMSG_DATA(c), &segment_size, sizeof segment_size);
 }
 
+int SendDatagrams(int fd, int family, std::span<const OutDatagram> batch, size_t max_datagram, size_t chunk,
+                  std::atomic<bool>& gso_enabled, UdpCounterSet& counters, int flags) {
+  // On the caller's stack. A message is one datagram or one UDP_SEGMENT run; a run's datagram k > 0 takes two
+  // iovecs, its bytes before the ICRC and the ICRC re-sealed for its IP ID.
+  mmsghdr msgs[kMaxSendChunk];
+  size_t runs[kMaxSendChunk];  // datagrams in each message
+  iovec iovs[2 * kMaxSendChunk];
+  uint32_t trailers[kMaxSendChunk];
+  sockaddr_storage addrs[kMaxSendChunk];
+  alignas(cmsghdr) uint8_t controls[kMaxSendChunk][kUdpSegmentControlBytes];
+  chunk = std::clamp<size_t>(chunk, 1, kMaxSendChunk);
+  size_t done = 0;
+  size_t singles_until = 0;  // datagrams before this index go one per message (their run was refused whole)
+  int error = 0;
+  bool full = false;  // MSG_DONTWAIT and the socket's send buffer is full
+  while (done < batch.size() && error == 0 && !full) {
+    // Prepare up to `chunk` datagrams, stopping before one that cannot be sent at all.
+    const bool gso = gso_enabled.load(std::memory_order_relaxed);
+    size_t n = 0, messages = 0, iov_used = 0;
+    while (n < chunk && done + n < batch.size()) {
+      const OutDatagram& dg = batch[done + n];
+      if (dg.payload.size() > max_datagram) {
+        error = -EMSGSIZE;
+        break;
+      }
+      socklen_t len;
+      if (int r = ToSockaddr(dg.dst, family, &addrs[messages], &len); r < 0) {
+        error = r;
+        break;
+      }
+      // The rest of a run is no longer than its first: it fits max_datagram too.
+      const size_t run = gso && done + n >= singles_until
+                             ? GsoRunLength(batch.subspan(done + n, std::min(chunk - n, batch.size() - done - n)))
+                             : 1;
+      mmsghdr& m = msgs[messages];
+      m = mmsghdr{};
+      m.msg_hdr.msg_name = &addrs[messages];
+      m.msg_hdr.msg_namelen = len;
+      m.msg_hdr.msg_iov = &iovs[iov_used];
+      for (size_t k = 0; k < run; ++k) {
+        const OutDatagram& d = batch[done + n + k];
+        const size_t size = d.payload.size();
+        auto* bytes = const_cast<uint8_t*>(d.payload.data());
+        const uint32_t trailer = k == 0 ? 0 : GsoSegmentTrailer(d, k);
+        if (k == 0 || size < 4 || trailer == LoadLe32(bytes + size - 4)) {
+          iovs[iov_used++] = iovec{bytes, size};
+        } else {
+          StoreLe32(reinterpret_cast<uint8_t*>(&trailers[n + k]), trailer);
+          iovs[iov_used++] = iovec{bytes, size - 4};
+          iovs[iov_used++] = iovec{&trailers[n + k], 4};
+        }
+      }
+      m.msg_hdr.msg_iovlen = size_t(&iovs[iov_used] - m.msg_hdr.msg_iov);
+      if (run > 1) SetUdpSegmentControl(&m.msg_hdr, controls[messages], uint16_t(dg.payload.size()));
+      runs[messages++] = run;
+      n += run;
+    }
+    size_t sent = 0, sent_datagrams = 0;
+    while (sent < messages) {
+      const int r = sendmmsg(fd, msgs + sent, unsigned(messages - sent), flags);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && (flags & MSG_DONTWAIT)) {
+        full = true;
+        break;
+      }
+      if (r < 0 && runs[sent] > 1) {
+        // A run refused as a whole (EIO: the route cannot checksum segments; EINVAL: a segment above the path MTU,
+        // ...): stop here; its datagrams are prepared again one per message, so that each meets the error a lone
+        // datagram would.
+        if (errno == EIO) gso_enabled = false;
+        singles_until = done + sent_datagrams + runs[sent];
+        error = 0;  // a datagram that stopped this preparation stops the next one again
+        break;
+      }
+      if (r < 0) {
+        // sendmmsg(2) reports an error only for the first message; it is lost, as any refused datagram is on a
+        // datagram network, and the rest are tried.
+        counters.SendFailed(-errno);
+        sent_datagrams += runs[sent++];
+        continue;
+      }
+      for (int i = 0; i < r; ++i, ++sent) {
+        if (runs[sent] > 1) counters.SegmentedSend();
+        for (size_t k = 0; k < runs[sent]; ++k) counters.Sent(batch[done + sent_datagrams + k].payload.size());
+        sent_datagrams += runs[sent];
+      }
+    }
+    done += sent_datagrams;
+  }
+  if (done == 0 && error) return error;
+  if (done == 0 && full) return -EAGAIN;
+  return int(done);
+}
+
 int ToSockaddr(const UdpEndpoint& ep, int family, sockaddr_storage* sa, socklen_t* len) {
   std::memset(sa, 0, sizeof *sa);
   if (family == AF_INET) {

@@ -97,6 +97,19 @@ uint32_t GsoSegmentTrailer(const OutDatagram& dg, size_t k);
 // (kUdpSegmentControlBytes, cmsghdr-aligned) and points `msg` at it.
 void SetUdpSegmentControl(msghdr* msg, uint8_t* control, uint16_t segment_size);
 
+// Sends `batch` on `fd` with sendmmsg(2) straight from the datagrams' memory, up to `chunk` datagrams (at most
+// kMaxSendChunk) per call; a run of equal-size datagrams to one destination goes as one UDP_SEGMENT message while
+// `gso` holds (an EIO refusal turns it off for good), each ICRC re-sealed for its segment's IP ID, and a run refused
+// whole goes again one datagram per message. A datagram the kernel refuses (EACCES for broadcast, ENETUNREACH, ...)
+// is counted in `counters` and skipped: this is a datagram network. `flags`: 0 blocks while the socket's send buffer
+// is full; MSG_DONTWAIT stops there. Returns the number of datagrams sent or refused, which is less than the batch
+// when a datagram cannot be sent at all or the buffer is full; or -EMSGSIZE (a payload above max_datagram),
+// -EAFNOSUPPORT (an IPv6 destination from an IPv4 socket) or -EAGAIN (MSG_DONTWAIT, full) when that is so for the
+// first.
+inline constexpr size_t kMaxSendChunk = 64;
+int SendDatagrams(int fd, int family, std::span<const OutDatagram> batch, size_t max_datagram, size_t chunk,
+                  std::atomic<bool>& gso, UdpCounterSet& counters, int flags);
+
 // The socket family OpenRoceUdpSocket uses for `bind`.
 inline int SocketFamily(const UdpEndpoint& bind) { return bind.addr.is_v4() ? AF_INET : AF_INET6; }
 

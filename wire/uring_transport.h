@@ -1,11 +1,13 @@
 // UringTransport: RoCEv2 datagrams over a UDP socket driven by io_uring (liburing 2.3).
 //
 // Two rings, so that no lock sits between the senders and the receiver:
-//  - the send ring takes batched IORING_OP_SENDMSG SQEs from any thread (guarded by one mutex: liburing's SQ and CQ
-//    are not thread-safe); payloads are copied into transport-owned slots, so the caller may reuse its memory, and
-//    each Send submits once. A run of equal-size datagrams to one destination shares a slot and one UDP_SEGMENT
-//    sendmsg (wire/udp_socket.h), each ICRC re-sealed there for the IP ID its segment gets. Send completions are reaped by later Sends, by Poll and by counters(); errors are
-//    counted (send_errors, last_send_error), not lost.
+//  - Send (from any thread, behind one mutex: liburing's SQ and CQ are not thread-safe): while nothing is queued on
+//    the send ring, sendmmsg(MSG_DONTWAIT) straight from the caller's payloads (wire::SendDatagrams, as
+//    SocketTransport sends), runs of equal-size datagrams to one destination as one UDP_SEGMENT message. What the
+//    full socket buffer refuses goes on the send ring as batched IORING_OP_SENDMSG SQEs: copied into transport-owned
+//    slots, so the caller may reuse its memory, a run sharing a slot with each ICRC re-sealed there for the IP ID its
+//    segment gets, one submit per Send. Send completions are reaped by later Sends, by Poll and by counters(); errors
+//    are counted (send_errors, last_send_error), not lost.
 //  - the receive ring belongs to the polling thread: a multishot IORING_OP_RECVMSG with a provided-buffer ring
 //    (Linux 6.0+) or, when the kernel lacks it or Options::force_fallback_receive is set, a chain of N linked
 //    single-shot recvmsg SQEs (linked so that completions keep the socket's arrival order). With UDP_GRO a receive
@@ -47,6 +49,9 @@ struct UringTransportOptions {
   int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
   bool force_fallback_receive = false;
   bool udp_offloads = true;           // UDP_SEGMENT sends and UDP_GRO receives where the kernel has them
+  // false: every datagram goes through the send ring, as when the socket buffer is full (on loopback it rarely is:
+  // tests set this to run that path).
+  bool direct_sends = true;
 };
 
 class UringTransport final : public Transport {
