@@ -25,6 +25,7 @@ bool CompletionQueue::Push(const Completion& c) {
     }
     ring_[tail_] = c;
     tail_ = next;
+    count_.fetch_add(1, std::memory_order_release);
     const bool qualifies =
         arm_ == Arm::kNext || (arm_ == Arm::kSolicited && (c.solicited || c.status != WcStatus::kSuccess));
     if (qualifies && notifier_) {
@@ -43,6 +44,7 @@ int CompletionQueue::Poll(Completion* out, int max) {
     out[n++] = ring_[head_];
     head_ = (head_ + 1) % ring_.size();
   }
+  count_.fetch_sub(uint32_t(n), std::memory_order_relaxed);
   return n;
 }
 
@@ -56,6 +58,7 @@ size_t CompletionQueue::RemoveQp(uint32_t qpn) {
   }
   const size_t removed = (tail_ + ring_.size() - kept) % ring_.size();
   tail_ = kept;
+  count_.fetch_sub(uint32_t(removed), std::memory_order_relaxed);
   return removed;
 }
 

@@ -6,6 +6,7 @@
 // device's lock, then a CQ's lock; the notifier runs with neither held.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -36,6 +37,9 @@ class CompletionQueue {
   // RESET takes its completions with it, as mlx4/mlx5 do (their modify_qp to RESET cleans the CQs), so completions
   // flushed before the reset never surface as the first ones of the QP's next life.
   size_t RemoveQp(uint32_t qpn);
+  // Whether the CQ holds no completion, read without the lock: an application polling an empty CQ (its hot loop)
+  // then neither locks nor copies. A completion pushed by another thread concurrently may be seen on the next look.
+  bool Empty() const { return count_.load(std::memory_order_acquire) == 0; }
   // Looks at the oldest completion without taking it.
   bool Peek(Completion* out) const;
   uint32_t depth() const;
@@ -54,6 +58,7 @@ class CompletionQueue {
   std::vector<Completion> ring_;  // one slot kept empty
   size_t head_ = 0;  // next to poll
   size_t tail_ = 0;  // next to fill
+  std::atomic<uint32_t> count_{0};  // completions held (written under mu_, read by Empty without it)
   Arm arm_ = Arm::kNone;
   bool overflowed_ = false;
   Notifier notifier_;

@@ -30,6 +30,29 @@ TEST(CompletionQueue, PollsInOrderAndRefusesWhenFull) {
   EXPECT_EQ(cq.Poll(out, 8), 0);
 }
 
+// Empty() follows every way completions come and go: Push (a refused one adds nothing), Poll, RemoveQp, Resize.
+TEST(CompletionQueue, EmptyFollowsPushPollRemoveAndResize) {
+  CompletionQueue cq(1, 2);
+  EXPECT_TRUE(cq.Empty());
+  EXPECT_TRUE(cq.Push(C(1)));
+  EXPECT_FALSE(cq.Empty());
+  EXPECT_TRUE(cq.Push(C(2)));
+  EXPECT_FALSE(cq.Push(C(3)));
+  Completion out[4];
+  ASSERT_EQ(cq.Poll(out, 1), 1);
+  EXPECT_FALSE(cq.Empty());
+  ASSERT_EQ(cq.Poll(out, 4), 1);
+  EXPECT_TRUE(cq.Empty());
+  Completion other = C(4);
+  other.qp_num = 9;
+  EXPECT_TRUE(cq.Push(other));
+  EXPECT_EQ(cq.Resize(5), 0);
+  EXPECT_FALSE(cq.Empty());
+  EXPECT_EQ(cq.RemoveQp(9), 1u);
+  EXPECT_TRUE(cq.Empty());
+  EXPECT_EQ(cq.Poll(out, 4), 0);
+}
+
 TEST(CompletionQueue, NotifiesOncePerArming) {
   CompletionQueue cq(1, 16);
   int fired = 0;

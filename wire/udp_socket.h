@@ -153,6 +153,7 @@ class DatagramReceiver {
   std::unique_ptr<uint8_t[]> buffers_;
   std::vector<Slot> slots_;
   std::vector<mmsghdr> msgs_;
+  size_t dirty_ = 0;  // entries of msgs_ the last recvmmsg filled (Init sets them all up)
 };
 
 // Reads an eventfd until it is empty (the descriptor must be non-blocking).
