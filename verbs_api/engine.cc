@@ -365,11 +365,12 @@ void Engine::ProgressLoop() {
       spinning = false;  // the receives are re-armed when the lease ends
       // Applications receive and run timers; come back when the lease may have ended (or at a stop or an early end:
       // ApplicationSleeps clears the lease), or a while later if it ended with an application thread inside.
-      const uint64_t until = lease > now ? lease : now + kLeaseNs / 4;
+      const bool for_lease = lease > now;
+      const uint64_t until = for_lease ? lease : now + kLeaseNs / 4;
       std::unique_lock lock(idle_mu_);
       idle_cv_.wait_for(lock, std::chrono::nanoseconds(until - now), [&] {
-        return stop_.load(std::memory_order_acquire) || lease_until_ns_.load(std::memory_order_acquire) == 0 ||
-               clock.NowNs() >= until;
+        return stop_.load(std::memory_order_acquire) ||
+               (for_lease && lease_until_ns_.load(std::memory_order_acquire) == 0) || clock.NowNs() >= until;
       });
       continue;
     }
