@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "wire/frame.h"
+#include "wire/icrc.h"
 
 namespace uroce::wire {
 
@@ -62,8 +63,13 @@ int CaptureTransport::Send(std::span<const OutDatagram> batch) {
 int CaptureTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
   return inner_.Poll(
       [this, &handler](const InDatagram& datagram) {
-        Record(Flow{.src = datagram.src, .dst = datagram.dst, .ip_id = datagram.ip_id.value_or(0)},
-               datagram.payload);
+        Flow flow{.src = datagram.src, .dst = datagram.dst, .ip_id = datagram.ip_id.value_or(0)};
+        if (!datagram.ip_id && datagram.src.addr.is_v4()) {
+          // A UDP socket does not show the IPv4 Identification; the one the ICRC was sealed for is the one the packet
+          // carried (segment k of a UDP_SEGMENT run: k; kernel rxe: its counter).
+          if (const std::optional<uint16_t> id = RecoverIpId(flow, datagram.payload)) flow.ip_id = *id;
+        }
+        Record(flow, datagram.payload);
         handler(datagram);
       },
       timeout_ns);

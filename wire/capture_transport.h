@@ -2,9 +2,11 @@
 // IPv6 + UDP packets (frame.h), so Wireshark, tshark and `uroce_decode` show the traffic exactly as a NIC would
 // have seen it -- including an ICRC that verifies, because each frame is rebuilt with the flow the datagram had:
 //   sent:     inner.OutgoingFlow(dst, src_port), the flow the sender sealed the ICRC for (transport.h);
-//   received: src and dst from the InDatagram, IPv4 ID when the transport knew it, else 0. A UDP socket does not
-//             expose the ID, so a received packet from a peer that sends changing IDs (Linux rxe) is captured with
-//             ID 0 and its ICRC shows as bad in the capture although it was good on the wire.
+//   received: src and dst from the InDatagram, and the IPv4 ID when the transport knew it. A UDP socket does not
+//             expose the ID, and peers send changing ones (segment k of a UDP_SEGMENT run carries k; kernel rxe
+//             counts): the ID recorded is then the one the ICRC was sealed for (RecoverIpId), 0 when none is, so
+//             a packet good on the wire verifies in the capture and a corrupted one does not (2^-16 of corrupted
+//             ones excepted: a 16-bit check).
 // Capture never changes what the inner transport does: a failed pcap write is counted, not returned.
 #pragma once
 

@@ -163,6 +163,31 @@ TEST(CaptureTransport, RecordsSentAndReceivedDatagramsWithVerifyingIcrc) {
   EXPECT_TRUE(records[2].icrc_ok);
 }
 
+// A UDP socket does not show the IPv4 ID, and segment k of a peer's UDP_SEGMENT run carries ID k (its ICRC sealed for
+// it): the capture records the ID the ICRC was sealed for, so the packet verifies there as it did on the wire; a
+// corrupted one is recorded with ID 0 and shows as bad.
+TEST(CaptureTransport, ReceivedPacketsWithoutAnIdAreRecordedWithTheIdTheirIcrcWasSealedFor) {
+  const std::string path = TempPath("capture-ids.pcap");
+  PcapWriter writer;
+  ASSERT_EQ(writer.Open(path), 0);
+  ManualClock clock(1'000);
+  FakeTransport inner(Endpoint("127.0.0.1"));
+  CaptureTransport capture(inner, writer, clock, 0);
+  const UdpEndpoint peer = Endpoint("127.0.0.2", 4791);
+  const Bytes third_segment = SendOnly(Flow{.src = peer, .dst = inner.local(), .ip_id = 3}, 18, 300, 64);
+  Bytes corrupted = SendOnly(Flow{.src = peer, .dst = inner.local(), .ip_id = 0}, 18, 301, 64);
+  corrupted[20] ^= 0x5a;
+  inner.incoming.push_back({peer, third_segment, std::nullopt});
+  inner.incoming.push_back({peer, corrupted, std::nullopt});
+  ASSERT_EQ(capture.Poll([](const InDatagram&) {}, 0), 2);
+  ASSERT_EQ(writer.Close(), 0);
+  const std::vector<Captured> records = ReadCapture(path);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].flow.ip_id, 3);
+  EXPECT_TRUE(records[0].icrc_ok);
+  EXPECT_FALSE(records[1].icrc_ok);
+}
+
 TEST(CaptureTransport, RecordsOnlyWhatTheInnerTransportAccepted) {
   const std::string path = TempPath("capture_partial.pcap");
   PcapWriter writer;
