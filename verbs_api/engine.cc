@@ -386,28 +386,20 @@ void Engine::ProgressLoop() {
       transport_->SetReceiveArmed(!spin);  // spinning: recvmmsg straight from the socket, nobody woken per packet
       spinning = spin;
     }
+    int64_t timeout = 0;  // spinning: never wait
     if (spin) {
       if (now >= timers_due) {
         timers_due = now + kAppTimersEveryNs;
         dev->RunTimers(timers_due);
       }
-      int n;
-      {
-        std::lock_guard lock(receive_mu_);
-        n = transport_->Poll(handler_, 0);
+    } else {
+      const uint64_t returns_by = now - last_traffic < kActiveNs ? now + kTickNs : 0;
+      const uint64_t wake_at = wire::EarlierDeadline(dev->RunTimers(returns_by), returns_by);
+      timeout = -1;  // idle: block in the kernel until a packet or Wake()
+      if (wake_at != 0) {
+        now = clock.NowNs();
+        timeout = wake_at > now ? static_cast<int64_t>(wake_at - now) : 0;
       }
-      dev->SendHeldAcks(clock.NowNs());
-      if (n > 0) last_traffic_ns_.store(clock.NowNs(), std::memory_order_relaxed);
-      continue;
-    }
-    const uint64_t returns_by =
-        now - last_traffic_ns_.load(std::memory_order_relaxed) < kActiveNs ? now + kTickNs : 0;
-    const uint64_t deadline = dev->RunTimers(returns_by);
-    const uint64_t wake_at = wire::EarlierDeadline(deadline, returns_by);
-    int64_t timeout = -1;  // idle: block in the kernel until a packet or Wake()
-    if (wake_at != 0) {
-      now = clock.NowNs();
-      timeout = wake_at > now ? static_cast<int64_t>(wake_at - now) : 0;
     }
     int n;
     {
