@@ -336,9 +336,9 @@ class Device {
   // Round-trip timing: `psn` (sent for the first time, asking for an ACK) is timed unless one is already; an ACK up to
   // (not including) `next` ends the timing of a packet before it.
   void RcTimeRoundTripLocked(QueuePair* qp, uint32_t psn);
+  void RcAckedUpToLocked(QueuePair* qp, uint32_t next);
   // How long early retransmission waits without an ACK on `path` (kProbeRoundTrips above).
   static uint64_t ProbeWaitNs(const PathWindow& path);
-  void RcAckedUpToLocked(QueuePair* qp, uint32_t next);
   // Moves the requester's cursor back to packet `packet` of WQE `index` (go-back-N) and drops the timed packet.
   void RcGoBackLocked(QueuePair* qp, size_t index, uint32_t packet);
   // The oldest started WQE not done and, in *packet, its first unacknowledged packet (a READ: the first response

@@ -23,7 +23,6 @@ constexpr uint32_t kAckReqEvery = 64;
 // The local ACK timeout: 4.096 us x 2^timeout (IBTA 9.7.6.1.3; 0 means none).
 uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096} << timeout; }
 
-
 }  // namespace
 
 void Device::RcChargeLocked(QueuePair* qp) {

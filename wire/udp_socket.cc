@@ -357,12 +357,11 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
     m.msg_control = slot.control;
     m.msg_controllen = sizeof slot.control;
   }
-  dirty_ = 0;
   int n;
   do {
     n = recvmmsg(fd, msgs_.data(), unsigned(msgs_.size()), MSG_DONTWAIT, nullptr);
   } while (n < 0 && errno == EINTR);
-  if (n > 0) dirty_ = size_t(n);
+  dirty_ = n > 0 ? size_t(n) : 0;
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return -EAGAIN;
     const int e = -errno;
