@@ -1,5 +1,6 @@
-// A queue pair: its attributes and state (qp_state_machine decides what may change), its send and receive queues,
-// and the per-transport protocol state used by the requester (work requests out) and responder (packets in).
+// A queue pair: its attributes and state (qp_state_machine decides what may change), its receive queue, and its
+// transport objects -- for RC (and XRC) a requester, a completer and a responder (rc_requester.h, rc_completer.h,
+// rc_responder.h), for UC and UD one object each (uc.h, ud.h) -- which the Device hands work requests and packets.
 #pragma once
 
 #include <cstdint>
@@ -8,11 +9,18 @@
 
 #include "emu/completion_queue.h"
 #include "emu/memory.h"
+#include "emu/rc_completer.h"
+#include "emu/rc_requester.h"
+#include "emu/rc_responder.h"
 #include "emu/rc_state.h"
 #include "emu/srq.h"
 #include "emu/types.h"
+#include "emu/uc.h"
+#include "emu/ud.h"
 #include "emu/work_request.h"
 #include "wire/address.h"
+#include "wire/frame.h"
+#include "wire/packet.h"
 
 namespace uroce::emu {
 
@@ -46,7 +54,7 @@ struct InboundMessage {
   enum class Kind : uint8_t { kNone, kSend, kWrite } kind = Kind::kNone;
   std::optional<RecvWr> rqe;  // SEND: the receive WQE being filled
   uint64_t offset = 0;        // bytes placed so far
-  // RDMA WRITE: the target the RETH named. Every packet checks its own part again (WriteTargetLocked): the MR may be
+  // RDMA WRITE: the target the RETH named. Every packet checks its own part again (DeviceCore::WriteTarget): the MR may be
   // deregistered, or its window invalidated, while the message is arriving.
   uint64_t write_va = 0;
   uint32_t write_rkey = 0;
@@ -56,9 +64,18 @@ struct InboundMessage {
 
 class QueuePair {
  public:
-  QueuePair(uint32_t qpn, const QpInitAttributes& init) : qpn_(qpn), init_(init) {
+  QueuePair(DeviceCore& core, uint32_t qpn, const QpInitAttributes& init)
+      : qpn_(qpn),
+        init_(init),
+        requester_(core, *this),
+        completer_(core, *this),
+        responder_(core, *this),
+        uc_(core, *this),
+        ud_(core, *this) {
     attrs_.cap = init.cap;
   }
+  QueuePair(const QueuePair&) = delete;
+  QueuePair& operator=(const QueuePair&) = delete;
 
   uint32_t qpn() const { return qpn_; }
   QpType type() const { return init_.type; }
@@ -70,7 +87,17 @@ class QueuePair {
   std::deque<RecvWr>& receive_queue() { return rq_; }
   InboundMessage& inbound() { return inbound_; }
   RcRequester& requester() { return requester_; }
+  RcCompleter& completer() { return completer_; }
   RcResponder& responder() { return responder_; }
+  UcTransport& uc() { return uc_; }
+  UdTransport& ud() { return ud_; }
+
+  // A connected QP's peer: its primary path's DGID, at the RoCEv2 port.
+  wire::UdpEndpoint peer() const {
+    return {wire::IpAddress::FromBytes(attrs_.ah_attr.dgid.data()), wire::kRoceV2UdpPort};
+  }
+  // The UDP source port of its packets: the flow hash of both QPNs (RoCEv2 A17.5).
+  uint16_t source_port() const { return wire::RoceSourcePort(qpn_, attrs_.dest_qp_num); }
 
   // Opaque back-pointer for the layer above (verbs_api's ibv_qp), so an async event finds its owner.
   void* owner = nullptr;
@@ -93,7 +120,14 @@ class QueuePair {
   std::deque<RecvWr> rq_;
   InboundMessage inbound_;
   RcRequester requester_;
+  RcCompleter completer_;
   RcResponder responder_;
+  UcTransport uc_;
+  UdTransport ud_;
 };
+
+// RC opcode -> the same operation on the QP's transport (XRC QPs use 0xA0 | the RC low 5 bits, Annex A14); an XRC
+// initiator's requests (`wr` given) also carry the XRCETH naming the target SRQ. Defined in xrc.cc.
+void ToQpTransport(const QueuePair& qp, const SendWr* wr, wire::PacketSpec& spec);
 
 }  // namespace uroce::emu

@@ -1,11 +1,14 @@
-// The RC completer (IBTA vol1 9.7.5.1-9.7.5.2): consumes ACKs, NAKs, RNR NAKs, READ responses and atomic ACKs,
-// marks WQEs done and completes them strictly in order; a NAK or a gap in READ responses sends the requester back.
+// The RC completer (rc_completer.h): ACKs, NAKs, RNR NAKs, READ responses and atomic ACKs -> WQEs done, completed in
+// order by the requester; a NAK or a gap in READ responses sends the requester back.
+#include "emu/rc_completer.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
-#include "emu/device.h"
+#include "emu/device_core.h"
 #include "emu/out_batch.h"
+#include "emu/queue_pair.h"
 #include "wire/frame.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
@@ -19,9 +22,10 @@ constexpr int kInfiniteRnrRetry = 7;
 
 }  // namespace
 
-void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
-  RcRequester& r = qp->requester();
-  const QpAttributes& a = qp->attributes();
+void RcCompleter::OnResponse(const wire::PacketView& p, OutBatch& out) {
+  RcRequester& requester = qp_.requester();
+  RcRequesterState& r = requester.state();
+  const QpAttributes& a = qp_.attributes();
   const uint32_t psn = p.bth.psn;
   const uint32_t mtu = MtuBytes(a.path_mtu);
   bool progressed = false;
@@ -39,11 +43,11 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       if (w.is_read()) {
         // Its missing responses were lost: ask for the rest of that segment again, once per gap, and go on -- the
         // requests after it were answered, so going back to resend them all would only multiply the traffic.
-        RcRerequestReadLocked(qp, w, out);
+        requester.RerequestRead(w, out);
         continue;
       }
       if (w.is_atomic()) {
-        RcGoBackLocked(qp, i, 0);
+        requester.GoBack(i, 0);
         break;
       }
       w.state = WqeState::kDone;
@@ -54,7 +58,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     if (PsnDiff(next, r.acked_psn_next) > 0) {
       r.acked_psn_next = next;
       progressed = true;
-      RcAckedUpToLocked(qp, next);
+      requester.AckedUpTo(next);
     }
   };
   auto find_containing = [&](uint32_t q) -> size_t {
@@ -79,15 +83,15 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         const size_t i = find_containing(psn);
         if (i == r.sq.size()) break;  // stale
         if (r.rnr_retries_left == 0) {
-          RcFailLocked(qp, i, WcStatus::kRnrRetryExcErr);
+          requester.Fail(i, WcStatus::kRnrRetryExcErr);
           return;
         }
         if (a.rnr_retry != kInfiniteRnrRetry) --r.rnr_retries_left;
-        RcGoBackLocked(qp, i, static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn)));
+        requester.GoBack(i, static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn)));
         r.retransmit_deadline_ns = 0;
-        r.rnr_deadline_ns = clock_.NowNs() + uint64_t{wire::RnrTimerMicros(aeth.rnr_timer())} * 1000;
-        RcTimerArmedLocked(qp, r.rnr_deadline_ns);
-        RcCompleteInOrderLocked(qp);
+        r.rnr_deadline_ns = core_.Now() + uint64_t{wire::RnrTimerMicros(aeth.rnr_timer())} * 1000;
+        requester.TimerArmed(r.rnr_deadline_ns);
+        requester.CompleteInOrder();
         return;
       }
       case wire::AethKind::kNak: {
@@ -96,10 +100,10 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         if (aeth.nak_code() == wire::NakCode::kPsnSeqError) {
           // The responder expects `psn`: resend from there at once (9.7.5.2.1), without spending a retry. A packet
           // was lost on the way: the path is congested.
-          RcCongestionLocked(qp);
+          requester.Congestion();
           advance_acked(psn);
           if (i < r.sq.size()) {
-            RcGoBackLocked(qp, i, static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn)));
+            requester.GoBack(i, static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn)));
             if (r.sq[i].is_read()) r.sq[i].read_next = r.cursor_pkt;
           }
           // The resend re-arms the ACK timer. Only a PSN that advanced (advance_acked) is progress that restores
@@ -116,7 +120,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
           case wire::NakCode::kInvalidRdRequest: st = WcStatus::kRemInvRdReqErr; break;
           default: st = WcStatus::kBadRespErr; break;
         }
-        RcFailLocked(qp, i, st);
+        requester.Fail(i, st);
         return;
       }
       default:
@@ -131,7 +135,7 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       // A response was lost (9.7.5.2.2): ask again for the rest of the segment, once per gap -- the responses
       // still in flight behind the lost one would otherwise each trigger a whole new answer. Only the READ is
       // asked again: later requests were received, or their own timeout resends them.
-      if (PsnDiff(psn, expected) > 0) RcRerequestReadLocked(qp, w, out);
+      if (PsnDiff(psn, expected) > 0) requester.RerequestRead(w, out);
       return;
     }
     if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return;
@@ -141,12 +145,12 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     const uint64_t off = uint64_t{w.read_next} * mtu;
     const uint64_t want = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
     if (is_last != last_expected || p.payload.size() != want) {
-      RcFailLocked(qp, i, WcStatus::kBadRespErr);
+      requester.Fail(i, WcStatus::kBadRespErr);
       return;
     }
-    WcStatus st = ScatterLocked(*qp, w.wr.sg_list, off, p.payload);
+    WcStatus st = core_.Scatter(qp_, w.wr.sg_list, off, p.payload);
     if (st != WcStatus::kSuccess) {
-      RcFailLocked(qp, i, st);
+      requester.Fail(i, st);
       return;
     }
     ++w.read_next;
@@ -162,9 +166,9 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     SendWqe& w = r.sq[i];
     uint8_t orig[8];
     std::memcpy(orig, &p.atomic_ack->original, 8);  // host order, as the local buffer holds a uint64_t
-    WcStatus st = ScatterLocked(*qp, w.wr.sg_list, 0, orig);
+    WcStatus st = core_.Scatter(qp_, w.wr.sg_list, 0, orig);
     if (st != WcStatus::kSuccess) {
-      RcFailLocked(qp, i, st);
+      requester.Fail(i, st);
       return;
     }
     w.state = WqeState::kDone;
@@ -178,13 +182,13 @@ void Device::RcCompleterLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     r.rnr_retries_left = a.rnr_retry;
     r.retransmit_deadline_ns = 0;
   }
-  RcCompleteInOrderLocked(qp);
-  if (qp->state() == QpState::kErr) return;
-  RcProgressLocked(qp, out);
+  requester.CompleteInOrder();
+  if (qp_.state() == QpState::kErr) return;
+  requester.Progress(out);
   // Still waiting for something: keep the timer running.
   for (const SendWqe& w : r.sq) {
     if (w.in_flight()) {
-      if (r.retransmit_deadline_ns == 0 && r.rnr_deadline_ns == 0) RcArmRetransmitLocked(qp);
+      if (r.retransmit_deadline_ns == 0 && r.rnr_deadline_ns == 0) requester.ArmRetransmit();
       break;
     }
   }

@@ -1,13 +1,14 @@
-// The RC requester (IBTA vol1 9.7.1-9.7.4): turns send WQEs into packets within the QP's window and the path's,
-// gives each WQE its PSN range when it starts, and goes back to the oldest unacknowledged WQE (go-back-N) on a local
-// ACK timeout, a PSN sequence error NAK, or after an RNR NAK's delay (the timers below). Completing WQEs in order is
-// here too (RcCompleteInOrderLocked), since a local operation completes when the requester reaches it.
+// The RC requester (rc_requester.h): send WQEs -> packets within the QP's window and the path's, go-back-N on a
+// timeout, a sequence NAK or after an RNR NAK's delay, and in-order completion.
+#include "emu/rc_requester.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
-#include "emu/device.h"
+#include "emu/device_core.h"
 #include "emu/out_batch.h"
+#include "emu/queue_pair.h"
 #include "wire/frame.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
@@ -25,60 +26,30 @@ uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096
 
 }  // namespace
 
-void Device::RcChargeLocked(QueuePair* qp) {
-  if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) return;
-  RcChargeLocked(qp, PathOf(*qp));
+void RcRequester::Charge() {
+  if (qp_.type() != QpType::kRc && qp_.type() != QpType::kXrcSend) return;
+  Charge(core_.PathOf(qp_));
 }
 
-void Device::RcChargeLocked(QueuePair* qp, PathWindow& path) {
-  RcRequester& r = qp->requester();
-  const QpState s = qp->state();
+void RcRequester::Charge(PathWindow& path) {
+  RcRequesterState& r = state_;
+  const QpState s = qp_.state();
   const int64_t now =
       s == QpState::kRts || s == QpState::kSqd ? std::max(0, PsnDiff(r.sent_psn_next, r.acked_psn_next)) : 0;
   if (now == r.charged) return;
   path.Charge(now - r.charged);
   // Room freed outside the completer (an error, a reset, a destroyed QP): have the timer pass wake the waiters.
-  if (now < r.charged && !path.waiting().empty()) WakeForTimer(clock_.NowNs());
+  if (now < r.charged && !path.waiting().empty()) core_.WakeForTimer(core_.Now());
   r.charged = now;
 }
 
-void Device::RcWakeWaitersLocked(PathWindow& path, OutBatch& out) {
-  if (!path.MayWake()) return;
-  while (path.MaySend() && !path.waiting().empty()) {
-    const uint32_t qpn = path.waiting().front();
-    path.waiting().pop_front();
-    QueuePair* qp = FindQpLocked(qpn);
-    if (qp == nullptr || !qp->requester().waiting_for_path) continue;  // destroyed or reset since
-    qp->requester().waiting_for_path = false;
-    RcProgressLocked(qp, out);
-  }
+bool RcRequester::TakeWaitingForPath() {
+  if (!state_.waiting_for_path) return false;
+  state_.waiting_for_path = false;
+  return true;
 }
 
-bool Device::GatherRangeLocked(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
-                               std::vector<std::span<const uint8_t>>& pieces) {
-  pieces.clear();
-  if (wr.flags & send_flags::kInline) {
-    pieces.emplace_back(wr.inline_data.data() + offset, len);
-    return true;
-  }
-  uint64_t skip = offset, got = 0;
-  for (const Sge& sge : wr.sg_list) {
-    if (got == len) break;
-    if (skip >= sge.length) {
-      skip -= sge.length;
-      continue;
-    }
-    const uint64_t n = std::min<uint64_t>(sge.length - skip, len - got);
-    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, 0);
-    if (!r.ok()) return false;
-    pieces.emplace_back(r.host, n);
-    got += n;
-    skip = 0;
-  }
-  return got == len;
-}
-
-int Device::PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
+int RcRequester::Post(SendWr& wr, OutBatch& out) {
   switch (wr.opcode) {
     case SendOpcode::kSend:
     case SendOpcode::kSendWithImm:
@@ -100,77 +71,77 @@ int Device::PostSendRcLocked(QueuePair* qp, SendWr& wr, OutBatch& out) {
     default:
       return EINVAL;
   }
-  RcRequester& r = qp->requester();
-  if (r.sq.size() >= qp->attributes().cap.max_send_wr) return ENOMEM;
+  RcRequesterState& r = state_;
+  if (r.sq.size() >= qp_.attributes().cap.max_send_wr) return ENOMEM;
   SendWqe w;
   w.wr = std::move(wr);
   r.sq.push_back(std::move(w));
-  RcProgressLocked(qp, out);
+  Progress(out);
   return 0;
 }
 
-void Device::RcArmRetransmitLocked(QueuePair* qp) {
-  const uint64_t t = AckTimeoutNs(qp->attributes().timeout);
-  RcRequester& r = qp->requester();
+void RcRequester::ArmRetransmit() {
+  const uint64_t t = AckTimeoutNs(qp_.attributes().timeout);
+  RcRequesterState& r = state_;
   if (t == 0) {
     r.retransmit_deadline_ns = 0;  // timeout 0: wait forever (IBTA 11.2.4.2)
     return;
   }
-  const uint64_t now = clock_.NowNs();
+  const uint64_t now = core_.Now();
   r.retransmit_deadline_ns = now + t;
   r.probe_deadline_ns = 0;
-  if (config_.early_retransmit) {
-    r.probe_wait_ns = ProbeWaitNs(PathOf(*qp));
+  if (core_.config.early_retransmit) {
+    r.probe_wait_ns = ProbeWaitNs(core_.PathOf(qp_));
     if (r.probe_wait_ns < t) r.probe_deadline_ns = now + r.probe_wait_ns;
   }
   // Only the timeout wakes a sleeping poller: it comes back on its own within 10 ms while packets flow (Engine's
   // tick, Device::RunTimers) and then finds the probe, which may be late but must not cost a wake-up per message.
-  RcTimerArmedLocked(qp, r.retransmit_deadline_ns);
+  TimerArmed(r.retransmit_deadline_ns);
 }
 
-void Device::RcTimeRoundTripLocked(QueuePair* qp, uint32_t psn) {
-  RcRequester& r = qp->requester();
+void RcRequester::TimeRoundTrip(uint32_t psn) {
+  RcRequesterState& r = state_;
   if (r.rtt_sent_ns == 0) {
-    r.rtt_sent_ns = clock_.NowNs();
+    r.rtt_sent_ns = core_.Now();
     r.rtt_psn = psn;
   }
 }
 
-void Device::RcAckedUpToLocked(QueuePair* qp, uint32_t next) {
-  RcRequester& r = qp->requester();
+void RcRequester::AckedUpTo(uint32_t next) {
+  RcRequesterState& r = state_;
   if (r.rtt_sent_ns == 0 || PsnDiff(next, r.rtt_psn) <= 0) return;
-  const uint64_t now = clock_.NowNs();
-  PathOf(*qp).OnRoundTrip(now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1);
+  const uint64_t now = core_.Now();
+  core_.PathOf(qp_).OnRoundTrip(now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1);
   r.rtt_sent_ns = 0;
 }
 
-uint64_t Device::ProbeWaitNs(const PathWindow& path) {
+uint64_t RcRequester::ProbeWaitNs(const PathWindow& path) {
   const uint64_t srtt = path.srtt_ns();
   if (srtt == 0) return std::max(kMinProbeNs, kProbeRoundTrips * kInitialRttNs);
   // RFC 6298's RTO (srtt + 4 rttvar) where the round trip varies more than kProbeRoundTrips srtt allows for.
   return std::max({kMinProbeNs, kProbeRoundTrips * srtt, srtt + 4 * path.rttvar_ns()});
 }
 
-void Device::RcGoBackLocked(QueuePair* qp, size_t index, uint32_t packet) {
-  RcRequester& r = qp->requester();
+void RcRequester::GoBack(size_t index, uint32_t packet) {
+  RcRequesterState& r = state_;
   r.cursor_wqe = index;
   r.cursor_pkt = packet;
   r.rtt_sent_ns = 0;  // what is timed now may be sent twice: its ACK would time the wrong sending (Karn)
 }
 
-bool Device::RcOnlyWaitsForPathLocked(QueuePair* qp) const {
-  const RcRequester& r = qp->requester();
+bool RcRequester::OnlyWaitsForPath() const {
+  const RcRequesterState& r = state_;
   return r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0;
 }
 
-bool Device::RcPathQueuesOthersLocked(QueuePair* qp) {
-  for (uint32_t qpn : PathOf(*qp).waiting())
-    if (qpn != qp->qpn()) return true;
+bool RcRequester::PathQueuesOthers() {
+  for (uint32_t qpn : core_.PathOf(qp_).waiting())
+    if (qpn != qp_.qpn()) return true;
   return false;
 }
 
-size_t Device::RcOldestUnacknowledgedLocked(QueuePair* qp, uint32_t* packet) const {
-  const RcRequester& r = qp->requester();
+size_t RcRequester::OldestUnacknowledged(uint32_t* packet) const {
+  const RcRequesterState& r = state_;
   size_t i = 0;
   while (i < r.sq.size() && r.sq[i].done()) ++i;
   if (i == r.sq.size() || !r.sq[i].started()) return r.sq.size();  // nothing outstanding
@@ -183,50 +154,50 @@ size_t Device::RcOldestUnacknowledgedLocked(QueuePair* qp, uint32_t* packet) con
   return i;
 }
 
-void Device::RcTimerArmedLocked(QueuePair* qp, uint64_t deadline) {
-  RcRequester& r = qp->requester();
+void RcRequester::TimerArmed(uint64_t deadline) {
+  RcRequesterState& r = state_;
   if (!r.timer_listed) {
     r.timer_listed = true;
-    timed_qps_.push_back(qp->qpn());
+    core_.timed_qps.push_back(qp_.qpn());
   }
-  WakeForTimer(deadline);
+  core_.WakeForTimer(deadline);
 }
 
-void Device::RcSendReadRequestLocked(QueuePair* qp, SendWqe& w, uint32_t from_pkt, OutBatch& out) {
-  const uint32_t mtu = MtuBytes(qp->attributes().path_mtu);
+void RcRequester::SendReadRequest(SendWqe& w, uint32_t from_pkt, OutBatch& out) {
+  const uint32_t mtu = MtuBytes(qp_.attributes().path_mtu);
   const uint64_t off = uint64_t{from_pkt} * mtu;
   const uint64_t end = std::min(w.length, uint64_t{ReadSegmentEnd(w, from_pkt)} * mtu);
   wire::PacketSpec spec;
   spec.bth.opcode = wire::opcode::kRcRdmaReadRequest;
-  spec.bth.dest_qp = qp->attributes().dest_qp_num;
+  spec.bth.dest_qp = qp_.attributes().dest_qp_num;
   spec.bth.psn = PsnAdd(w.first_psn, from_pkt);
   spec.bth.ack_req = true;
   // A re-issued READ asks only for what has not arrived yet (IBTA 9.7.4.1.4), up to the end of its segment.
   spec.reth = wire::Reth{w.wr.remote_addr + off, w.wr.rkey, static_cast<uint32_t>(end - std::min(off, end))};
-  ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
-  out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+  ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
+  out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
 }
 
-void Device::RcCongestionLocked(QueuePair* qp) {
-  PathOf(*qp).OnCongestion();
-  ++counters_.rc_congestion_signals;
+void RcRequester::Congestion() {
+  core_.PathOf(qp_).OnCongestion();
+  ++core_.counters.rc_congestion_signals;
 }
 
-void Device::RcRerequestReadLocked(QueuePair* qp, SendWqe& w, OutBatch& out) {
+void RcRequester::RerequestRead(SendWqe& w, OutBatch& out) {
   if (w.rerequested_from == w.read_next) return;  // already asked since this gap opened
   w.rerequested_from = w.read_next;
-  RcCongestionLocked(qp);
-  RcSendReadRequestLocked(qp, w, w.read_next, out);
+  Congestion();
+  SendReadRequest(w, w.read_next, out);
 }
 
-void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
-  RcRequester& r = qp->requester();
-  QpAttributes& a = qp->mutable_attributes();
+void RcRequester::Progress(OutBatch& out) {
+  RcRequesterState& r = state_;
+  QpAttributes& a = qp_.mutable_attributes();
   if (a.qp_state != QpState::kRts && a.qp_state != QpState::kSqd) return;
   if (r.rnr_deadline_ns != 0) return;  // waiting out an RNR NAK
   const uint32_t mtu = MtuBytes(a.path_mtu);
-  const wire::UdpEndpoint dst = PeerOf(*qp);
-  const uint16_t sport = SourcePortOf(*qp);
+  const wire::UdpEndpoint dst = qp_.peer();
+  const uint16_t sport = qp_.source_port();
 
   auto outstanding_rd_atomic = [&]() {
     uint32_t n = 0;
@@ -237,21 +208,21 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
 
   bool sent = false;
   std::vector<std::span<const uint8_t>> payload;  // the next packet's bytes, in registered memory
-  PathWindow& path = PathOf(*qp);
+  PathWindow& path = core_.PathOf(qp_);
   // Marks PSNs before `next` as sent and charges what is new to the path at once, so the next packet sees the window
   // as it is.
   auto sent_up_to = [&](uint32_t next) {
     if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
-    RcChargeLocked(qp, path);
+    Charge(path);
   };
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
     if (!w.started() && (w.wr.opcode == SendOpcode::kBindMw || w.wr.opcode == SendOpcode::kLocalInv)) {
       if (a.qp_state == QpState::kSqd) break;
       // A local operation takes no PSN: it happens when the queue reaches it and completes in order.
-      const WcStatus st = ExecuteLocalOpLocked(qp, w.wr);
+      const WcStatus st = core_.ExecuteLocalOp(qp_, w.wr);
       if (st != WcStatus::kSuccess) {
-        RcFailLocked(qp, r.cursor_wqe, st);
+        Fail(r.cursor_wqe, st);
         return;
       }
       w.state = WqeState::kDone;
@@ -259,7 +230,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       w.npsn = 0;
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
-      RcCompleteInOrderLocked(qp);
+      CompleteInOrder();
       continue;
     }
     if (!w.started()) {
@@ -268,8 +239,8 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       // IBV_SEND_FENCE (IBTA 10.8.3.3): wait until every earlier READ and atomic has completed.
       if ((w.wr.flags & send_flags::kFence) && outstanding_rd_atomic() > 0) break;
       w.length = w.wr.TotalLength();
-      if (w.length > config_.limits.max_msg_sz) {
-        RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocLenErr);
+      if (w.length > core_.config.limits.max_msg_sz) {
+        Fail(r.cursor_wqe, WcStatus::kLocLenErr);
         return;
       }
       // Validate every local buffer now: a bad lkey is a local protection error (IBTA 10.6.3.1), and a READ or
@@ -278,8 +249,8 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       if (!(w.wr.flags & send_flags::kInline)) {
         for (const Sge& sge : w.wr.sg_list) {
           if (sge.length == 0) continue;
-          if (!keys_.CheckLocal(sge.lkey, qp->init().pd, sge.addr, sge.length, needed).ok()) {
-            RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocProtErr);
+          if (!core_.keys.CheckLocal(sge.lkey, qp_.init().pd, sge.addr, sge.length, needed).ok()) {
+            Fail(r.cursor_wqe, WcStatus::kLocProtErr);
             return;
           }
         }
@@ -297,8 +268,8 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       // what is already in flight never wait).
       if (!r.waiting_for_path) {
         r.waiting_for_path = true;
-        path.waiting().push_back(qp->qpn());
-        ++counters_.rc_path_waits;
+        path.waiting().push_back(qp_.qpn());
+        ++core_.counters.rc_path_waits;
       }
       break;
     }
@@ -317,7 +288,7 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       r.cursor_pkt = std::max(r.cursor_pkt, w.read_next);
       if (r.cursor_pkt > w.read_next) break;
       const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
-      RcSendReadRequestLocked(qp, w, r.cursor_pkt, out);
+      SendReadRequest(w, r.cursor_pkt, out);
       sent_up_to(PsnAdd(w.first_psn, end));
       if (end == w.npsn) {
         ++r.cursor_wqe;
@@ -331,8 +302,8 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
       spec.bth.ack_req = true;
       spec.atomic = wire::AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
                                     cas ? w.wr.compare_add : 0};
-      ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
-      out.Add(transport_, spec, {}, dst, sport);
+      ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
+      out.Add(core_.transport, spec, {}, dst, sport);
       sent_up_to(PsnAdd(psn, 1));
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
@@ -357,18 +328,18 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
           PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets ||
           (PsnDiff(next_psn, r.sent_psn_next) >= 0 && path.in_flight() + (is_new ? 1 : 0) >= path.window());
       spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;
-      if (spec.bth.ack_req && is_new) RcTimeRoundTripLocked(qp, psn);
+      if (spec.bth.ack_req && is_new) TimeRoundTrip(psn);
       if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
       if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
       const uint64_t off = uint64_t{k} * mtu;
       const uint64_t len = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
-      if (!GatherRangeLocked(*qp, w.wr, off, len, payload)) {
+      if (!core_.GatherRange(qp_, w.wr, off, len, payload)) {
         // The memory was deregistered after the WQE started.
-        RcFailLocked(qp, r.cursor_wqe, WcStatus::kLocProtErr);
+        Fail(r.cursor_wqe, WcStatus::kLocProtErr);
         return;
       }
-      ToQpTransport(*qp, &w.wr, spec);  // XRC opcodes and XRCETH
-      out.AddGathered(transport_, spec, payload, dst, sport);
+      ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
+      out.AddGathered(core_.transport, spec, payload, dst, sport);
       sent_up_to(PsnAdd(psn, 1));
       if (++r.cursor_pkt == w.npsn) {
         ++r.cursor_wqe;
@@ -377,13 +348,13 @@ void Device::RcProgressLocked(QueuePair* qp, OutBatch& out) {
     }
     sent = true;
   }
-  if (sent && r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
-  // A held ACK of this QP's responder follows the requests just queued (Device::AckTiming::kHeld).
-  if (sent && qp->responder().ack_held) RcSendHeldAckLocked(qp, out);
+  if (sent && r.retransmit_deadline_ns == 0) ArmRetransmit();
+  // A held ACK of this QP's responder follows the requests just queued (AckTiming::kHeld).
+  if (sent && qp_.responder().ack_held()) qp_.responder().SendHeldAck(out);
 }
 
-void Device::RcFailLocked(QueuePair* qp, size_t index, WcStatus status) {
-  RcRequester& r = qp->requester();
+void RcRequester::Fail(size_t index, WcStatus status) {
+  RcRequesterState& r = state_;
   // Everything before `index` has been sent (the cursor is past it): it completes before the failure.
   for (size_t i = 0; i < index && i < r.sq.size(); ++i) r.sq[i].state = WqeState::kDone;
   if (index < r.sq.size()) {
@@ -392,13 +363,13 @@ void Device::RcFailLocked(QueuePair* qp, size_t index, WcStatus status) {
     if (r.sq[index].started()) r.sq[index].state = WqeState::kDone;
     r.sq[index].status = status;
   }
-  RcCompleteInOrderLocked(qp);
+  CompleteInOrder();
   // A requester error moves the QP to the error state; what is left is flushed (IBTA 10.8.3.3 / 11.6.2).
-  EnterErrorLocked(qp);
+  core_.EnterError(qp_);
 }
 
-void Device::RcCompleteInOrderLocked(QueuePair* qp) {
-  RcRequester& r = qp->requester();
+void RcRequester::CompleteInOrder() {
+  RcRequesterState& r = state_;
   while (!r.sq.empty() && r.sq.front().done()) {
     SendWqe w = std::move(r.sq.front());
     r.sq.pop_front();
@@ -407,38 +378,71 @@ void Device::RcCompleteInOrderLocked(QueuePair* qp) {
     } else {
       r.cursor_pkt = 0;  // the cursor was inside the WQE just completed (a late ACK after go-back-N): next one
     }
-    CompleteSendLocked(qp, w.wr, w.status);
+    core_.CompleteSend(qp_, w.wr, w.status);
   }
-  QpAttributes& a = qp->mutable_attributes();
+  QpAttributes& a = qp_.mutable_attributes();
   const bool idle = r.sq.empty() || !r.sq.front().started();
   if (idle) r.retransmit_deadline_ns = 0;
   if (idle && a.qp_state == QpState::kSqd && a.sq_draining) {
     a.sq_draining = false;
     if (r.drained_event_pending) {
       r.drained_event_pending = false;
-      RaiseLocked({AsyncEventType::kSqDrained, qp});
+      core_.Raise({AsyncEventType::kSqDrained, &qp_});
     }
   }
 }
 
+// --- QP transitions ---------------------------------------------------------------------------------------------
+
+void RcRequester::Reset() {
+  Charge();  // the QP is in RESET: nothing of it is in flight any more
+  state_ = RcRequesterState{};
+}
+
+void RcRequester::Start(bool from_sqd) {
+  const QpAttributes& a = qp_.attributes();
+  state_.retries_left = a.retry_cnt;
+  state_.rnr_retries_left = a.rnr_retry;
+  if (!from_sqd) state_.acked_psn_next = state_.sent_psn_next = a.sq_psn;
+}
+
+void RcRequester::StartDraining(bool notify) {
+  state_.drained_event_pending = notify;
+  qp_.mutable_attributes().sq_draining = true;
+  CompleteInOrder();  // IBV_EVENT_SQ_DRAINED at once when nothing is in flight
+}
+
+void RcRequester::Flush() {
+  RcRequesterState& r = state_;
+  for (SendWqe& w : r.sq) {
+    const WcStatus status = w.status == WcStatus::kSuccess ? WcStatus::kWrFlushErr : w.status;
+    core_.Complete(qp_.init().send_cq, core_.SendCompletion(qp_, w.wr, status));
+  }
+  r.sq.clear();
+  r.cursor_wqe = 0;
+  r.cursor_pkt = 0;
+  r.retransmit_deadline_ns = r.rnr_deadline_ns = 0;
+  r.rtt_sent_ns = 0;
+}
+
 // --- timers ------------------------------------------------------------------------------------------------------
 
-uint64_t Device::RcNextDeadline(QueuePair* qp) const {
-  const RcRequester& r = qp->requester();
+uint64_t RcRequester::NextDeadline() const {
+  const RcRequesterState& r = state_;
   const uint64_t probe = r.retransmit_deadline_ns != 0 ? r.probe_deadline_ns : 0;
   return wire::EarlierDeadline(wire::EarlierDeadline(r.retransmit_deadline_ns, r.rnr_deadline_ns), probe);
 }
 
-void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
-  RcRequester& r = qp->requester();
-  if (qp->state() != QpState::kRts && qp->state() != QpState::kSqd) {
+void RcRequester::OnTimers(uint64_t now, OutBatch& out) {
+  RcRequesterState& r = state_;
+  if (qp_.state() != QpState::kRts && qp_.state() != QpState::kSqd) {
     r.retransmit_deadline_ns = r.rnr_deadline_ns = 0;
     return;
   }
   if (r.rnr_deadline_ns != 0 && now >= r.rnr_deadline_ns) {
     r.rnr_deadline_ns = 0;
-    RcProgressLocked(qp, out);
-    if (r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+    Progress(out);
+    if (r.retransmit_deadline_ns == 0) ArmRetransmit();
   }
   if (r.retransmit_deadline_ns == 0) return;
   if (now < r.retransmit_deadline_ns) {
@@ -447,35 +451,35 @@ void Device::RcTimersLocked(QueuePair* qp, uint64_t now, OutBatch& out) {
     r.probe_wait_ns *= 2;
     r.probe_deadline_ns = now + r.probe_wait_ns < r.retransmit_deadline_ns ? now + r.probe_wait_ns : 0;
     uint32_t packet = 0;
-    const size_t i = RcOldestUnacknowledgedLocked(qp, &packet);
-    if (i == r.sq.size() || RcOnlyWaitsForPathLocked(qp) || RcPathQueuesOthersLocked(qp)) return;
-    ++counters_.rc_early_retransmits;
-    RcCongestionLocked(qp);
-    RcGoBackLocked(qp, i, packet);
-    RcProgressLocked(qp, out);
+    const size_t i = OldestUnacknowledged(&packet);
+    if (i == r.sq.size() || OnlyWaitsForPath() || PathQueuesOthers()) return;
+    ++core_.counters.rc_early_retransmits;
+    Congestion();
+    GoBack(i, packet);
+    Progress(out);
     return;
   }
   r.retransmit_deadline_ns = 0;
   uint32_t packet = 0;
-  const size_t i = RcOldestUnacknowledgedLocked(qp, &packet);
+  const size_t i = OldestUnacknowledged(&packet);
   if (i == r.sq.size()) return;  // nothing outstanding
-  if (RcOnlyWaitsForPathLocked(qp)) {
+  if (OnlyWaitsForPath()) {
     // Everything it sent is acknowledged and it waits for its turn in the path's window, not for the peer: no retry
     // is spent, the timer just runs again.
-    RcArmRetransmitLocked(qp);
+    ArmRetransmit();
     return;
   }
   // Local ACK timeout (IBTA 9.7.6.1.3 / C9-140): spend a retry, then go back to the oldest unacknowledged WQE.
   if (r.retries_left == 0) {
-    RcFailLocked(qp, i, WcStatus::kRetryExcErr);
+    Fail(i, WcStatus::kRetryExcErr);
     return;
   }
-  if (!(config_.retry_cnt_7_infinite && qp->attributes().retry_cnt == 7)) --r.retries_left;
-  ++counters_.rc_retransmit_timeouts;
-  RcCongestionLocked(qp);
-  RcGoBackLocked(qp, i, packet);
-  RcProgressLocked(qp, out);
-  if (r.retransmit_deadline_ns == 0) RcArmRetransmitLocked(qp);
+  if (!(core_.config.retry_cnt_7_infinite && qp_.attributes().retry_cnt == 7)) --r.retries_left;
+  ++core_.counters.rc_retransmit_timeouts;
+  Congestion();
+  GoBack(i, packet);
+  Progress(out);
+  if (r.retransmit_deadline_ns == 0) ArmRetransmit();
 }
 
 }  // namespace uroce::emu

@@ -1,12 +1,14 @@
-// The RC responder (IBTA vol1 9.7.5): checks each request's PSN (a gap: one sequence NAK; a duplicate: SEND and
-// WRITE acknowledged again, READ and atomics answered again from saved state, never executed twice), then executes,
-// NAKs or RNR-NAKs it, and acknowledges, at once or held (Device::AckTiming).
+// The RC responder (rc_responder.h): PSN checks, execution exactly once, NAKs and RNR NAKs, saved READ/atomic
+// answers for duplicates, and ACKs sent at once or held (AckTiming).
+#include "emu/rc_responder.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
-#include "emu/device.h"
+#include "emu/device_core.h"
 #include "emu/out_batch.h"
+#include "emu/queue_pair.h"
 #include "wire/frame.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
@@ -24,120 +26,107 @@ static_assert(kSavedResponses >= DeviceLimits{}.max_qp_rd_atom, "a duplicate of 
 
 }  // namespace
 
-void Device::RcSendAck(QueuePair* qp, uint32_t psn, const wire::Aeth& aeth, OutBatch& out) {
+void RcResponder::SendAck(uint32_t psn, const wire::Aeth& aeth, OutBatch& out) {
   // A held ACK is covered: this ACK or NAK names a PSN no older than the held one (the newest received, or the one
   // expected).
-  RcDropHeldAckLocked(qp);
+  DropHeldAck();
   wire::PacketSpec spec;
   spec.bth.opcode = wire::opcode::kRcAcknowledge;
-  spec.bth.dest_qp = qp->attributes().dest_qp_num;
+  spec.bth.dest_qp = qp_.attributes().dest_qp_num;
   spec.bth.psn = psn;
   spec.aeth = aeth;
-  ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
-  out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+  ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
+  out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
 }
 
-void Device::RcAcknowledgeLocked(QueuePair* qp, uint32_t psn, bool one_packet, OutBatch& out) {
-  RcResponder& R = qp->responder();
-  if (ack_timing_ == AckTiming::kNow) {
-    RcSendAck(qp, psn, wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
+void RcResponder::Acknowledge(uint32_t psn, bool one_packet, OutBatch& out) {
+  RcResponderState& R = state_;
+  if (core_.ack_timing == AckTiming::kNow) {
+    SendAck(psn, wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
     return;
   }
-  const uint64_t due = clock_.NowNs() + (one_packet && !R.ack_held ? kAckHoldNs : kAckCoalesceNs);
+  const uint64_t due = core_.Now() + (one_packet && !R.ack_held ? kAckHoldNs : kAckCoalesceNs);
   if (!R.ack_held) {
     R.ack_held = true;
     R.held_due_ns = due;
-    acks_held_.push_back(qp->qpn());
+    core_.acks_held.push_back(qp_.qpn());
   }
   R.held_due_ns = std::min(R.held_due_ns, due);
   R.held_psn = psn;
   R.held_msn = R.msn;
-  const uint64_t next = next_held_ack_due_ns_.load(std::memory_order_relaxed);
-  if (next == 0 || R.held_due_ns < next) next_held_ack_due_ns_.store(R.held_due_ns, std::memory_order_relaxed);
+  const uint64_t next = core_.next_held_ack_due_ns.load(std::memory_order_relaxed);
+  if (next == 0 || R.held_due_ns < next) core_.next_held_ack_due_ns.store(R.held_due_ns, std::memory_order_relaxed);
 }
 
-void Device::RcSendHeldAckLocked(QueuePair* qp, OutBatch& out) {
-  const RcResponder& R = qp->responder();
+void RcResponder::SendHeldAck(OutBatch& out) {
+  const RcResponderState& R = state_;
   if (!R.ack_held) return;
-  if (qp->attributes().qp_state == QpState::kErr) {
-    RcDropHeldAckLocked(qp);  // a QP in the error state sends nothing (IBTA 10.3.1.9); its peer's retries decide
+  if (qp_.attributes().qp_state == QpState::kErr) {
+    DropHeldAck();  // a QP in the error state sends nothing (IBTA 10.3.1.9); its peer's retries decide
     return;
   }
-  RcSendAck(qp, R.held_psn, wire::Aeth::Ack(wire::kInvalidCredits, R.held_msn), out);
+  SendAck(R.held_psn, wire::Aeth::Ack(wire::kInvalidCredits, R.held_msn), out);
 }
 
-void Device::RcDropHeldAckLocked(QueuePair* qp) {
-  RcResponder& R = qp->responder();
+void RcResponder::DropHeldAck() {
+  RcResponderState& R = state_;
   if (!R.ack_held) return;
   R.ack_held = false;
-  if (const auto it = std::find(acks_held_.begin(), acks_held_.end(), qp->qpn()); it != acks_held_.end())
-    acks_held_.erase(it);
+  if (const auto it = std::find(core_.acks_held.begin(), core_.acks_held.end(), qp_.qpn()); it != core_.acks_held.end())
+    core_.acks_held.erase(it);
 }
 
-void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
-  std::vector<uint32_t> held;
-  held.swap(acks_held_);  // what leaves is dropped from acks_held_ on the way; the rest goes back
-  uint64_t next = 0;
-  for (const uint32_t qpn : held) {
-    QueuePair* qp = FindQpLocked(qpn);
-    if (qp == nullptr || !qp->responder().ack_held) continue;  // destroyed or reset since
-    const RcResponder& R = qp->responder();
-    if (R.held_due_ns <= due_by_ns || qp->attributes().qp_state == QpState::kErr) {
-      RcSendHeldAckLocked(qp, out);
-      continue;
-    }
-    next = wire::EarlierDeadline(next, R.held_due_ns);
-    acks_held_.push_back(qpn);
-  }
-  next_held_ack_due_ns_.store(next, std::memory_order_relaxed);
+void RcResponder::Reset() {
+  DropHeldAck();
+  state_ = RcResponderState{};
 }
 
-void Device::RcSendReadResponses(QueuePair* qp, const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
-  const uint32_t mtu = MtuBytes(qp->attributes().path_mtu);
-  AccessResult acc = keys_.CheckRemote(res.rkey, qp->init().pd, res.va, res.length, access::kRemoteRead, qp->qpn());
+void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
+  const uint32_t mtu = MtuBytes(qp_.attributes().path_mtu);
+  AccessResult acc = core_.keys.CheckRemote(res.rkey, qp_.init().pd, res.va, res.length, access::kRemoteRead, qp_.qpn());
   if (!acc.ok()) return;  // deregistered since: a duplicate gets no answer; the requester's retries decide
   const auto first = static_cast<uint32_t>(PsnDiff(from_psn, res.psn));
   for (uint32_t k = first; k < res.npsn; ++k) {
-    if (out.packets.size() >= kResponseBurstPackets) TransmitLocked(out);
+    if (out.packets.size() >= kResponseBurstPackets) core_.TransmitNow(out);
     const uint64_t off = uint64_t{k} * mtu;
     const uint64_t len = std::min<uint64_t>(mtu, res.length - std::min<uint64_t>(off, res.length));
     wire::PacketSpec spec;
     const bool f = k == 0, l = k + 1 == res.npsn;
     spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kRc, wire::Operation::kReadResponse,
                                            wire::PositionInMessage(k, res.npsn));
-    spec.bth.dest_qp = qp->attributes().dest_qp_num;
+    spec.bth.dest_qp = qp_.attributes().dest_qp_num;
     spec.bth.psn = PsnAdd(res.psn, k);
     if (f || l) spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
-    ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
-    out.Add(transport_, spec, std::span<const uint8_t>(acc.host ? acc.host + off : nullptr, len), PeerOf(*qp),
-            SourcePortOf(*qp));
+    ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
+    out.Add(core_.transport, spec, std::span<const uint8_t>(acc.host ? acc.host + off : nullptr, len), qp_.peer(),
+            qp_.source_port());
   }
 }
 
-void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
-  QpAttributes& a = qp->mutable_attributes();
-  RcResponder& R = qp->responder();
+void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
+  QpAttributes& a = qp_.mutable_attributes();
+  RcResponderState& R = state_;
   if (!R.comm_established) {
     // The first packet on a QP in RTR establishes communication (IBTA 11.6.2: IBV_EVENT_COMM_EST).
     R.comm_established = true;
-    if (a.qp_state == QpState::kRtr) RaiseLocked({AsyncEventType::kCommEst, qp});
+    if (a.qp_state == QpState::kRtr) core_.Raise({AsyncEventType::kCommEst, &qp_});
   }
   const uint32_t psn = p.bth.psn;
   const int32_t d = PsnDiff(psn, a.rq_psn);
   const wire::Operation op = p.info->op;
   // A READ response or atomic ACK answers in PSN order after the ACK held for earlier requests.
-  if (R.ack_held && op != wire::Operation::kSend && op != wire::Operation::kRdmaWrite) RcSendHeldAckLocked(qp, out);
+  if (R.ack_held && op != wire::Operation::kSend && op != wire::Operation::kRdmaWrite) SendHeldAck(out);
   const uint32_t mtu = MtuBytes(a.path_mtu);
-  auto nak = [&](wire::NakCode code) { RcSendAck(qp, a.rq_psn, wire::Aeth::Nak(code, R.msn), out); };
+  auto nak = [&](wire::NakCode code) { SendAck(a.rq_psn, wire::Aeth::Nak(code, R.msn), out); };
   // Errors that end the connection: NAK, then the responder's QP enters the error state (IBTA 9.7.5.2.x).
   auto fatal_nak = [&](wire::NakCode code) {
     nak(code);
-    EnterErrorLocked(qp);
+    core_.EnterError(qp_);
   };
 
   if (d > 0) {
     // A gap: packets were lost. One PSN sequence error NAK per gap (9.7.5.1.1); drop until the expected PSN comes.
-    ++counters_.rx_out_of_sequence;
+    ++core_.counters.rx_out_of_sequence;
     if (!R.nak_outstanding) {
       R.nak_outstanding = true;
       nak(wire::NakCode::kPsnSeqError);
@@ -145,11 +134,11 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     return;
   }
   if (d < 0) {
-    ++counters_.rc_duplicates;
+    ++core_.counters.rc_duplicates;
     if (op == wire::Operation::kReadRequest) {
       for (const ResponderResource& res : R.resources)
         if (!res.atomic && PsnDiff(psn, res.psn) >= 0 && PsnDiff(psn, res.psn) < static_cast<int32_t>(res.npsn)) {
-          RcSendReadResponses(qp, res, psn, out);
+          SendReadResponses(res, psn, out);
           return;
         }
     } else if (op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd) {
@@ -161,18 +150,18 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
           spec.bth.psn = psn;
           spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
           spec.atomic_ack = wire::AtomicAckEth{res.original};
-          ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
-          out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+          ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
+          out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
           return;
         }
     } else if (p.bth.ack_req) {
       // SEND/WRITE already executed: acknowledge again, with the newest PSN (9.7.5.1.3).
-      RcAcknowledgeLocked(qp, PsnAdd(a.rq_psn, -1), /*one_packet=*/false, out);
+      Acknowledge(PsnAdd(a.rq_psn, -1), /*one_packet=*/false, out);
     }
     return;
   }
   R.nak_outstanding = false;
-  InboundMessage& m = qp->inbound();
+  InboundMessage& m = qp_.inbound();
   const wire::MsgPosition pos = p.info->position;
   const bool starts = pos == wire::MsgPosition::kFirst || pos == wire::MsgPosition::kOnly;
   const bool ends = pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly;
@@ -187,10 +176,10 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       return;
     }
     const bool needs_rqe = is_send || (ends && p.imm.has_value());
-    if (needs_rqe && !m.rqe && !HasReceiveWqeLocked(qp)) {  // the QP's receive queue or its SRQ
+    if (needs_rqe && !m.rqe && !core_.HasReceiveWqe(qp_)) {  // the QP's receive queue or its SRQ
       // Receiver not ready (9.7.5.2.8): the requester waits min_rnr_timer and resends this packet.
-      ++counters_.rc_rnr_naks_sent;
-      RcSendAck(qp, psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
+      ++core_.counters.rc_rnr_naks_sent;
+      SendAck(psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
       return;
     }
     if (starts) {
@@ -198,10 +187,10 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       m.kind = kind;
       if (!is_send) {
         const wire::Reth& reth = *p.reth;
-        AccessResult acc = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteWrite,
-                                         qp->qpn());
+        AccessResult acc = core_.keys.CheckRemote(reth.rkey, qp_.init().pd, reth.va, reth.dma_length, access::kRemoteWrite,
+                                         qp_.qpn());
         if (!(a.qp_access_flags & access::kRemoteWrite) || !acc.ok()) {
-          ++counters_.rx_remote_access_denied;
+          ++core_.counters.rx_remote_access_denied;
           m = InboundMessage{};
           fatal_nak(wire::NakCode::kRemoteAccessError);
           return;
@@ -212,14 +201,14 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       }
     }
     if (is_send && !m.rqe) {
-      m.rqe = TakeReceiveWqeLocked(qp);
+      m.rqe = core_.TakeReceiveWqe(qp_);
     }
     if (is_send) {
-      WcStatus st = ScatterLocked(*qp, m.rqe->sg_list, m.offset, p.payload);
+      WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, p.payload);
       if (st != WcStatus::kSuccess) {
-        const Completion c = ReceiveError(*qp, m.rqe->wr_id, st);
+        const Completion c = DeviceCore::ReceiveError(qp_, m.rqe->wr_id, st);
         m = InboundMessage{};
-        CompleteLocked(qp->init().recv_cq, c);
+        core_.Complete(qp_.init().recv_cq, c);
         // Too long for the receive buffer is the sender's invalid request; a bad local key our operational error.
         fatal_nak(st == WcStatus::kLocLenErr ? wire::NakCode::kInvalidRequest
                                              : wire::NakCode::kRemoteOperationalError);
@@ -232,11 +221,11 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
         return;
       }
       if (!p.payload.empty()) {
-        uint8_t* target = WriteTargetLocked(*qp, m, p.payload.size());
+        uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
         if (target == nullptr) {
           // The region was deregistered (or its window invalidated) while the message was arriving: the rest is
           // refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access error).
-          ++counters_.rx_remote_access_denied;
+          ++core_.counters.rx_remote_access_denied;
           m = InboundMessage{};
           fatal_nak(wire::NakCode::kRemoteAccessError);
           return;
@@ -245,7 +234,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       }
     }
     m.offset += p.payload.size();
-    if (ends && p.ieth && keys_.InvalidateWindow(p.ieth->rkey, qp->qpn()) != 0) {
+    if (ends && p.ieth && core_.keys.InvalidateWindow(p.ieth->rkey, qp_.qpn()) != 0) {
       // SEND with invalidate names an R_Key we cannot invalidate (not a type 2 window bound to this QP): the
       // responder refuses the request (IBTA 9.4.6 / 10.6.7.2.3).
       fatal_nak(wire::NakCode::kInvalidRequest);
@@ -256,19 +245,19 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       R.msn = PsnAdd(R.msn, 1);
       const bool has_imm = p.imm.has_value();
       if (is_send || has_imm) {
-        Completion c = MessageCompletion(*qp, m.offset, p);
+        Completion c = DeviceCore::MessageCompletion(qp_, m.offset, p);
         if (is_send) {
           c.wr_id = m.rqe->wr_id;
           c.opcode = WcOpcode::kRecv;
         } else {
-          c.wr_id = TakeReceiveWqeLocked(qp)->wr_id;
+          c.wr_id = core_.TakeReceiveWqe(qp_)->wr_id;
           c.opcode = WcOpcode::kRecvRdmaWithImm;
         }
-        CompleteLocked(qp->init().recv_cq, c);
+        core_.Complete(qp_.init().recv_cq, c);
       }
       m = InboundMessage{};
     }
-    if (p.bth.ack_req) RcAcknowledgeLocked(qp, psn, starts && ends, out);
+    if (p.bth.ack_req) Acknowledge(psn, starts && ends, out);
     return;
   }
 
@@ -278,10 +267,10 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
   }
   if (op == wire::Operation::kReadRequest) {
     const wire::Reth& reth = *p.reth;
-    AccessResult acc = keys_.CheckRemote(reth.rkey, qp->init().pd, reth.va, reth.dma_length, access::kRemoteRead,
-                                         qp->qpn());
+    AccessResult acc = core_.keys.CheckRemote(reth.rkey, qp_.init().pd, reth.va, reth.dma_length, access::kRemoteRead,
+                                         qp_.qpn());
     if (!(a.qp_access_flags & access::kRemoteRead) || !acc.ok()) {
-      ++counters_.rx_remote_access_denied;
+      ++core_.counters.rx_remote_access_denied;
       fatal_nak(wire::NakCode::kRemoteAccessError);
       return;
     }
@@ -296,7 +285,7 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     R.resources.push_back(res);
     if (R.resources.size() > kSavedResponses) R.resources.pop_front();
     a.rq_psn = PsnAdd(psn, res.npsn);  // a READ consumes one PSN per response packet (9.7.4.1.4)
-    RcSendReadResponses(qp, res, psn, out);
+    SendReadResponses(res, psn, out);
     return;
   }
   if (op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd) {
@@ -305,9 +294,9 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
       fatal_nak(wire::NakCode::kInvalidRequest);  // misaligned atomic (9.4.5)
       return;
     }
-    AccessResult acc = keys_.CheckRemote(ae.rkey, qp->init().pd, ae.va, 8, access::kRemoteAtomic, qp->qpn());
+    AccessResult acc = core_.keys.CheckRemote(ae.rkey, qp_.init().pd, ae.va, 8, access::kRemoteAtomic, qp_.qpn());
     if (!(a.qp_access_flags & access::kRemoteAtomic) || !acc.ok()) {
-      ++counters_.rx_remote_access_denied;
+      ++core_.counters.rx_remote_access_denied;
       fatal_nak(wire::NakCode::kRemoteAccessError);
       return;
     }
@@ -335,8 +324,8 @@ void Device::RcResponderLocked(QueuePair* qp, const wire::PacketView& p, OutBatc
     spec.bth.psn = psn;
     spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, R.msn);
     spec.atomic_ack = wire::AtomicAckEth{original};
-    ToQpTransport(*qp, nullptr, spec);  // XRC opcodes and XRCETH
-    out.Add(transport_, spec, {}, PeerOf(*qp), SourcePortOf(*qp));
+    ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
+    out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
     return;
   }
   fatal_nak(wire::NakCode::kInvalidRequest);  // an opcode RC does not carry

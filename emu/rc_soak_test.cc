@@ -351,7 +351,7 @@ TEST_P(RcSoak, MixedOperationsBothWaysOnALossyNetworkMatchTheModel) {
     SCOPED_TRACE(d == &ab ? "a->b" : "b->a");
     // The send queue is empty, so every op (the unsignaled tail too) completed, successfully: a failure would have
     // left an error completion (IBTA 10.7.2.1), and none came.
-    EXPECT_TRUE(d->qx->requester().sq.empty());
+    EXPECT_TRUE(d->qx->requester().state().sq.empty());
     while (!d->posted.empty()) {
       EXPECT_FALSE(d->posted.front().signaled);
       Confirm(*d, d->posted.front());

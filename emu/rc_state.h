@@ -67,7 +67,8 @@ inline uint32_t ReadSegmentEnd(const SendWqe& w, uint32_t k) {
   return std::min(w.npsn, (k / kReadSegmentPackets + 1) * kReadSegmentPackets);
 }
 
-struct RcRequester {
+// The RC requester's state (rc_requester.h works on it; the completer moves it as responses arrive).
+struct RcRequesterState {
   std::deque<SendWqe> sq;  // posted and not yet completed, in order
   // Transmission cursor: the WQE (index into sq) and packet within it to send next. Go-back-N resets it.
   size_t cursor_wqe = 0;
@@ -82,7 +83,7 @@ struct RcRequester {
   bool waiting_for_path = false;  // queued on the path's waiting list
   uint64_t retransmit_deadline_ns = 0;  // local ACK timeout (0: not armed)
   uint64_t rnr_deadline_ns = 0;         // waiting out an RNR NAK (0: not waiting)
-  bool timer_listed = false;            // in Device::timed_qps_
+  bool timer_listed = false;            // in DeviceCore::timed_qps
   // Early retransmission (DeviceConfig::early_retransmit): while the retransmit timer runs, the time of the next
   // go-back-N that spends no retry (0: none), and the wait before it, doubled after each.
   uint64_t probe_deadline_ns = 0;
@@ -109,12 +110,13 @@ struct ResponderResource {
   uint32_t msn = 0;
 };
 
-struct RcResponder {
+// The RC responder's state (rc_responder.h).
+struct RcResponderState {
   uint32_t msn = 0;
   bool nak_outstanding = false;  // a PSN sequence error NAK was sent for the current expected PSN
   bool comm_established = false;
   std::deque<ResponderResource> resources;  // most recent last
-  // An ACK held back (Device::AckTiming::kHeld): the newest PSN it acknowledges, the MSN then, and when it must
+  // An ACK held back (AckTiming::kHeld): the newest PSN it acknowledges, the MSN then, and when it must
   // leave at the latest. Any later ACK or NAK of this responder covers it (IBTA 9.7.5.1.2: an ACK acknowledges
   // every earlier PSN; a NAK every PSN before its own).
   bool ack_held = false;

@@ -587,7 +587,7 @@ TEST(RcData, UnsignaledCompleteSilentlyAndCompletionsFollowPostOrder) {
   EXPECT_EQ(Word(lb.bytes, 8000), 13u);
   EXPECT_EQ(Word(la.bytes, 8000), 10u);
   EXPECT_EQ(0, std::memcmp(la.bytes.data() + 4000, read_src.data(), 100));
-  EXPECT_TRUE(t.qa->requester().sq.empty());
+  EXPECT_TRUE(t.qa->requester().state().sq.empty());
 }
 
 TEST(RcData, CompletionsStayInPostOrderWhenAReadResponseIsLost) {
@@ -680,7 +680,7 @@ TEST(RcNak, SendLongerThanTheReceiveIsAnInvalidRequestAndBothQpsFail) {
   ASSERT_EQ(wb.size(), 1u);
   EXPECT_TRUE(IsNak(wb[0], wire::NakCode::kInvalidRequest));
   EXPECT_EQ(wb[0].psn, 0u);
-  EXPECT_TRUE(t.qa->requester().sq.empty());
+  EXPECT_TRUE(t.qa->requester().state().sq.empty());
   EXPECT_TRUE(t.qb->receive_queue().empty());
 }
 
@@ -1015,7 +1015,7 @@ TEST(RcTimeout, ZeroMeansNoRetransmissionTimer) {
   EXPECT_EQ(t.a->device->RunTimers(), 0u);  // nothing armed
   EXPECT_EQ(Wire(*t.a).size(), 1u);
   EXPECT_TRUE(Drain(t.sa).empty());
-  EXPECT_EQ(t.qa->requester().sq.size(), 1u);  // waits for ever
+  EXPECT_EQ(t.qa->requester().state().sq.size(), 1u);  // waits for ever
   EXPECT_EQ(t.qa->state(), QpState::kRts);
 }
 
@@ -1081,7 +1081,7 @@ TEST(RcEarlyRetransmit, ALostNakIsRecoveredInRoundTripsNotByTheTimeout) {
   EXPECT_TRUE(wb[0].dropped);
   EXPECT_TRUE(IsNak(wb[0], wire::NakCode::kPsnSeqError));
   // No RTT sample yet (nothing was ever acknowledged): four assumed round trips.
-  const uint64_t probe = Device::kProbeRoundTrips * Device::kInitialRttNs;
+  const uint64_t probe = RcRequester::kProbeRoundTrips * RcRequester::kInitialRttNs;
   EXPECT_EQ(t.now(), t0 + probe);
   const auto wa = Wire(*t.a);
   ASSERT_EQ(wa.size(), 6u);  // PSN 0 (lost), 1, 2, then all three again from PSN 0
@@ -1089,7 +1089,7 @@ TEST(RcEarlyRetransmit, ALostNakIsRecoveredInRoundTripsNotByTheTimeout) {
   EXPECT_EQ(wa[3].time_ns, t0 + probe);
   EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
   EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
-  EXPECT_EQ(t.qa->requester().retries_left, 7);  // no retry spent
+  EXPECT_EQ(t.qa->requester().state().retries_left, 7);  // no retry spent
 }
 
 // The wait before an early retransmission follows the measured round trip, and never goes below kMinProbeNs.
@@ -1104,12 +1104,12 @@ TEST(RcEarlyRetransmit, TheWaitFollowsTheMeasuredRoundTrip) {
   ASSERT_TRUE(path.has_value());
   const uint64_t srtt = path->srtt_ns();
   EXPECT_GT(srtt, 0u);  // timed: the WRITE's first sending to its ACK
-  EXPECT_LT(srtt, Device::kMinProbeNs / Device::kProbeRoundTrips);  // the simulated network is fast
+  EXPECT_LT(srtt, RcRequester::kMinProbeNs / RcRequester::kProbeRoundTrips);  // the simulated network is fast
   // Its ACK is lost: the write is sent again after kMinProbeNs, not after four assumed round trips.
   t.b->transport->drop_if = [](uint64_t, std::span<const uint8_t>) { return true; };
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(2, SendOpcode::kRdmaWrite, {src.At(0, 8)}, dst.mr.iova, dst.mr.rkey)), 0);
-  t.fabric.PumpUntil(t0 + Device::kMinProbeNs - 1);  // the ACK is lost; nothing else happens yet
+  t.fabric.PumpUntil(t0 + RcRequester::kMinProbeNs - 1);  // the ACK is lost; nothing else happens yet
   EXPECT_EQ(Wire(*t.a).size(), 2u);
   t.b->transport->drop_if = nullptr;
   t.fabric.Pump();
@@ -1117,7 +1117,7 @@ TEST(RcEarlyRetransmit, TheWaitFollowsTheMeasuredRoundTrip) {
   const auto wa = Wire(*t.a);
   ASSERT_EQ(wa.size(), 3u);
   EXPECT_EQ(wa[2].psn, wa[1].psn);
-  EXPECT_EQ(wa[2].time_ns, t0 + Device::kMinProbeNs);
+  EXPECT_EQ(wa[2].time_ns, t0 + RcRequester::kMinProbeNs);
   EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
 }
 
@@ -1199,7 +1199,7 @@ TEST_F(RcHeldAck, WithoutAReplyTheAckOfAOnePacketMessageLeavesAfterTheHoldTime) 
   const auto wb = Wire(*t.b);
   ASSERT_EQ(wb.size(), 1u);
   EXPECT_TRUE(IsAck(wb[0]));
-  EXPECT_EQ(wb[0].time_ns, received + Device::kAckHoldNs);  // not before, and the timer brings it out on time
+  EXPECT_EQ(wb[0].time_ns, received + RcResponder::kAckHoldNs);  // not before, and the timer brings it out on time
   ASSERT_EQ(Drain(t.sa).size(), 1u);
   EXPECT_EQ(Wire(*t.a).size(), 1u);  // well inside the requester's ACK timeout: nothing resent
 }
@@ -1221,7 +1221,7 @@ TEST(RcHeldAckStream, AStreamsAcksAreCoalescedIntoOneForAShortTime) {
   ASSERT_EQ(wb.size(), 1u);  // one ACK for all three
   EXPECT_TRUE(IsAck(wb[0]));
   EXPECT_EQ(wb[0].psn, 11u);
-  EXPECT_EQ(wb[0].time_ns, received + Device::kAckCoalesceNs);
+  EXPECT_EQ(wb[0].time_ns, received + RcResponder::kAckCoalesceNs);
   EXPECT_EQ(Drain(t.sa).size(), 3u);
   EXPECT_EQ(0, std::memcmp(lb.bytes.data(), la.bytes.data(), 3 * 4096));
 }
@@ -1306,7 +1306,7 @@ TEST(RcDuplicate, LostReadResponseIsAnsweredAgainFromSavedState) {
   EXPECT_EQ(0, std::memcmp(la.bytes.data(), lb.bytes.data(), 700));
   // Only silence could tell: the early retransmission after four assumed round trips (no RTT sample yet), not the
   // local ACK timeout (67 ms).
-  EXPECT_EQ(t.now(), t0 + Device::kProbeRoundTrips * Device::kInitialRttNs);
+  EXPECT_EQ(t.now(), t0 + RcRequester::kProbeRoundTrips * RcRequester::kInitialRttNs);
   EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
   EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
   EXPECT_EQ(t.b->device->counters().rc_duplicates, 1u);
@@ -1449,7 +1449,7 @@ TEST(RcDuplicate, LostAtomicAckIsAnsweredWithTheSavedOriginalNotExecutedTwice) {
   ASSERT_EQ(t.a->device->PostSend(
                 t.qa, Atomic(1, SendOpcode::kAtomicFetchAndAdd, la.At(0, 8), lb.mr.iova, lb.mr.rkey, 5)),
             0);
-  t.fabric.PumpUntil(t0 + Device::kProbeRoundTrips * Device::kInitialRttNs / 2);  // before the early retransmission
+  t.fabric.PumpUntil(t0 + RcRequester::kProbeRoundTrips * RcRequester::kInitialRttNs / 2);  // before the early retransmission
   EXPECT_EQ(Word(lb.bytes, 0), 105u);  // executed once
   EXPECT_TRUE(Drain(t.sa).empty());
   // The application on b changes the word before the retry: the duplicate must get the saved result, and must not
@@ -1542,7 +1542,7 @@ TEST(RcDuplicate, DuplicatedPacketsAreAcknowledgedAgainAndExecutedOnce) {
   // Every request packet asking for an ACK got one per copy.
   auto wb = Wire(*t.b);
   EXPECT_GE(std::count_if(wb.begin(), wb.end(), IsAck), 6);
-  EXPECT_TRUE(t.qa->requester().sq.empty());
+  EXPECT_TRUE(t.qa->requester().state().sq.empty());
 }
 
 // --- max_rd_atomic ---------------------------------------------------------------------------------------------------

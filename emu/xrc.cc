@@ -55,31 +55,9 @@ void Device::DetachSharedReceiveLocked(const QpInitAttributes& init) {
   if (init.srq != nullptr) --init.srq->users;
 }
 
-bool Device::HasReceiveWqeLocked(QueuePair* qp) {
-  SharedReceiveQueue* srq = qp->type() == QpType::kXrcRecv ? qp->packet_srq : qp->init().srq;
-  if (qp->type() == QpType::kXrcRecv && srq == nullptr) return false;
-  return srq != nullptr ? !srq->empty() : !qp->receive_queue().empty();
-}
-
-std::optional<RecvWr> Device::TakeReceiveWqeLocked(QueuePair* qp) {
-  SharedReceiveQueue* srq = qp->type() == QpType::kXrcRecv ? qp->packet_srq : qp->init().srq;
-  if (srq != nullptr) {
-    bool limit_reached = false;
-    std::optional<RecvWr> wr = srq->Take(&limit_reached);
-    if (limit_reached) RaiseLocked({AsyncEventType::kSrqLimitReached, nullptr, nullptr, 0, srq});
-    return wr;
-  }
-  if (qp->type() == QpType::kXrcRecv) return std::nullopt;
-  auto& rq = qp->receive_queue();
-  if (rq.empty()) return std::nullopt;
-  RecvWr wr = std::move(rq.front());
-  rq.pop_front();
-  return wr;
-}
-
 // --- XRC on the wire ----------------------------------------------------------------------------------------------
 
-void Device::ToQpTransport(const QueuePair& qp, const SendWr* wr, wire::PacketSpec& spec) {
+void ToQpTransport(const QueuePair& qp, const SendWr* wr, wire::PacketSpec& spec) {
   if (qp.type() != QpType::kXrcSend && qp.type() != QpType::kXrcRecv) return;
   // Annex A14: XRC has RC's operations under transport code 101 (0xA0 | the RC opcode's low 5 bits), responses
   // included; every request carries the XRCETH naming the SRQ at the target.
@@ -89,7 +67,7 @@ void Device::ToQpTransport(const QueuePair& qp, const SendWr* wr, wire::PacketSp
 
 void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
   if (!p.info->is_request || !p.xrc) {
-    ++counters_.rx_wrong_transport;  // a target only responds; responses to it make no sense
+    ++core_.counters.rx_wrong_transport;  // a target only responds; responses to it make no sense
     return;
   }
   SharedReceiveQueue* srq = nullptr;
@@ -97,10 +75,11 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
   if (srq == nullptr || srq->type() != SrqType::kXrc || srq->xrcd() != qp->init().xrcd) {
     // Annex A14: a request naming an SRQ that is not an XRC SRQ of the target's domain is an invalid request: NAK it,
     // and the target QP enters the error state as for any invalid request (IBTA 9.7.5.2.4).
-    ++counters_.rx_remote_access_denied;
-    RcSendAck(qp, qp->attributes().rq_psn, wire::Aeth::Nak(wire::NakCode::kInvalidRequest, qp->responder().msn),
-              out);
-    EnterErrorLocked(qp);
+    ++core_.counters.rx_remote_access_denied;
+    RcResponder& responder = qp->responder();
+    responder.SendAck(qp->attributes().rq_psn, wire::Aeth::Nak(wire::NakCode::kInvalidRequest, responder.state().msn),
+                      out);
+    core_.EnterError(*qp);
     return;
   }
   // The target executes the request as an RC responder would, with the PD (memory checks), CQ (completions, with the
@@ -109,7 +88,7 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
   init.pd = srq->pd();
   init.recv_cq = srq->cq();
   qp->packet_srq = srq;
-  RcResponderLocked(qp, p, out);
+  qp->responder().OnRequest(p, out);
   init.pd = nullptr;
   init.recv_cq = nullptr;
   qp->packet_srq = nullptr;
@@ -119,7 +98,7 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
 
 int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, CompletionQueue* cq, SrqAttributes& attr,
                       SharedReceiveQueue** out) {
-  const DeviceLimits& lim = config_.limits;
+  const DeviceLimits& lim = core_.config.limits;
   if (pd == nullptr) return EINVAL;
   if (type == SrqType::kXrc && (xrcd == nullptr || cq == nullptr)) return EINVAL;
   if (attr.max_wr == 0 || attr.max_wr > lim.max_srq_wr || attr.max_sge > lim.max_srq_sge) return EINVAL;
@@ -149,7 +128,7 @@ int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, Compl
 
 int Device::ModifySrq(SharedReceiveQueue* srq, const SrqAttributes& attr, uint32_t mask) {
   std::lock_guard lock(mu_);
-  return srq->Modify(attr, mask, config_.limits.max_srq_wr);
+  return srq->Modify(attr, mask, core_.config.limits.max_srq_wr);
 }
 
 int Device::QuerySrq(SharedReceiveQueue* srq, SrqAttributes* attr) {

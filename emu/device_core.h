@@ -1,0 +1,219 @@
+// What the transport objects of every QP (rc_requester.h, rc_completer.h, rc_responder.h, uc.h, ud.h) share: the
+// device's configuration, clock and way out, the key table, the counters, the windows towards peers, completions and
+// asynchronous events, and the lists the device's timer and held-ACK passes visit. The Device owns one DeviceCore
+// and holds its lock whenever anything here is used; the core holds no QP, so it never demultiplexes.
+//
+// Also the operations that every transport does alike: gathering a send's bytes from registered memory and
+// scattering received ones into it, completing work requests, taking receive WQEs (from the QP or its SRQ), and
+// moving a QP to the error state with its flush (IBTA 10.3.1).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "emu/completion_queue.h"
+#include "emu/congestion.h"
+#include "emu/connection_manager.h"
+#include "emu/memory.h"
+#include "emu/types.h"
+#include "emu/work_request.h"
+#include "wire/address.h"
+#include "wire/clock.h"
+#include "wire/packet.h"
+#include "wire/transport.h"
+
+namespace uroce::emu {
+
+class QueuePair;
+class SharedReceiveQueue;
+struct InboundMessage;
+struct OutBatch;
+
+struct DeviceConfig {
+  std::string name = "uroce0";
+  wire::IpAddress address;  // the port's GID 0 (IPv4-mapped for IPv4)
+  Mtu active_mtu = Mtu::k4096;
+  uint64_t node_guid = 0;
+  DeviceLimits limits;
+  // IBTA C9-141: retry_cnt counts retries, so a dead peer fails the WR with RETRY_EXC_ERR after retry_cnt + 1
+  // timeouts. Kernel rxe instead treats retry_cnt 7 as "forever"; true reproduces that (UROCE_RETRY_FOREVER=1).
+  bool retry_cnt_7_infinite = false;
+  // A requester that has heard nothing for a few round trips (RcRequester::kProbeRoundTrips times its path's smoothed
+  // RTT, at least RcRequester::kMinProbeNs) goes back to its oldest unacknowledged packet at once instead of waiting out the local
+  // ACK timeout (4.096 us x 2^timeout: 67 ms for perftest's 14). Resending is always safe in RC: the responder
+  // acknowledges or answers a duplicate again and never executes it twice. This resend spends no retry, so the
+  // timeout still decides when a dead peer fails the WR (RETRY_EXC_ERR after retry_cnt + 1 timeouts). What it
+  // recovers fast: a lost sequence NAK (the responder NAKs a gap once and then drops what follows in silence) and a
+  // lost last ACK or READ response. false: only the timeout, as rxe.
+  bool early_retransmit = true;
+};
+
+// Values of enum ibv_event_type.
+enum class AsyncEventType : uint8_t {
+  kCqErr = 0,
+  kQpFatal = 1,
+  kQpReqErr = 2,
+  kQpAccessErr = 3,
+  kCommEst = 4,
+  kSqDrained = 5,
+  kPathMig = 6,
+  kPathMigErr = 7,
+  kDeviceFatal = 8,
+  kPortActive = 9,
+  kPortErr = 10,
+  kLidChange = 11,
+  kPkeyChange = 12,
+  kSmChange = 13,
+  kSrqErr = 14,
+  kSrqLimitReached = 15,
+  kQpLastWqeReached = 16,
+  kClientReregister = 17,
+  kGidChange = 18,
+};
+
+struct AsyncEvent {
+  AsyncEventType type;
+  QueuePair* qp = nullptr;
+  CompletionQueue* cq = nullptr;
+  uint8_t port = 0;
+  SharedReceiveQueue* srq = nullptr;  // kSrqLimitReached, kSrqErr
+};
+
+// Why the device dropped or refused packets; `uroce stats` prints these.
+struct DeviceCounters {
+  uint64_t tx_packets = 0, tx_bytes = 0;
+  uint64_t rx_packets = 0, rx_bytes = 0;
+  uint64_t rx_malformed = 0;
+  uint64_t rx_icrc_errors = 0;
+  uint64_t rx_icrc_ip_id_inferred = 0;  // IPv4 ID unseen and not 0: ICRC checked with that ID solved for (16 bits)
+  uint64_t rx_wrong_peer = 0;           // RC/UC/XRC packet from an address other than the QP's peer
+  uint64_t rx_unknown_qp = 0;
+  uint64_t rx_wrong_transport = 0;  // opcode's transport differs from the QP type
+  uint64_t rx_bad_state = 0;        // QP not able to receive (RESET, INIT, ERR)
+  uint64_t rx_bad_pkey = 0;
+  uint64_t rx_bad_qkey = 0;
+  uint64_t rx_no_receive_wqe = 0;   // UD/UC: dropped for want of a posted receive
+  uint64_t rx_out_of_sequence = 0;  // UC: PSN gap, message dropped (IBTA 9.7.6.1.3)
+  uint64_t rx_remote_access_denied = 0;
+  uint64_t rx_cnp = 0;
+  uint64_t tx_errors = 0;
+  uint64_t cq_overflows = 0;
+  uint64_t rc_retransmit_timeouts = 0;  // local ACK timeouts that resent
+  uint64_t rc_early_retransmits = 0;    // go-back-N before the timeout, spending no retry (early_retransmit)
+  uint64_t rc_duplicates = 0;           // duplicate requests answered again (or dropped)
+  uint64_t rc_rnr_naks_sent = 0;
+  uint64_t rc_path_waits = 0;          // a requester stopped because the window towards its peer was full
+  uint64_t rc_congestion_signals = 0;  // losses, timeouts and CNPs that cut a path's window
+  CmCounters cm;  // the connection manager's, filled in by Device::counters()
+};
+
+// "name value" lines of every counter, for `uroce run --stats` (UROCE_STATS=1).
+std::string FormatCounters(const DeviceCounters& c);
+
+// When the RC responder sends the ACK a request asked for (AckReq).
+enum class AckTiming {
+  kNow,  // before Device::OnDatagram returns
+  // Held until the QP's requester sends (the ACK follows its packets), another ACK, NAK or response of the QP
+  // covers or precedes it, Device::SendHeldAcks, or its time is up (RcResponder::kAckHoldNs, kAckCoalesceNs). For a
+  // thread whose application may answer at once: a ping-pong's reply then leaves before the ACK of the request it
+  // answers, so the peer, polling for that ACK, finds the reply already placed (ib_write_lat, ib_send_lat), and one
+  // syscall carries both. ACKs a QP owes meanwhile leave as one (coalesced, IBTA 9.7.5.1.2).
+  kHeld,
+};
+
+class DeviceCore {
+ public:
+  DeviceCore(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
+      : config(std::move(config)), transport(transport), clock(clock) {}
+  DeviceCore(const DeviceCore&) = delete;
+  DeviceCore& operator=(const DeviceCore&) = delete;
+
+  const DeviceConfig config;
+  wire::Transport& transport;
+  const wire::Clock& clock;
+  DeviceCounters counters;
+  KeyTable keys;
+  std::function<void(const AsyncEvent&)> async_handler;
+  std::map<wire::IpAddress, PathWindow> paths;  // by peer address
+  AckTiming ack_timing = AckTiming::kNow;       // of the datagram being processed
+  // QPNs of RC requesters with a retransmit or RNR timer armed: Device::RunTimers visits these, not every QP, so a
+  // timer pass costs what is armed (thousands of idle QPs cost nothing). A QPN destroyed since is skipped.
+  std::vector<uint32_t> timed_qps;
+  std::vector<uint32_t> acks_held;  // QPNs holding an ACK (one reset since no longer holds and is skipped)
+  // The earliest held_due_ns among them (0: none), or earlier when that ACK has left: read without the lock.
+  std::atomic<uint64_t> next_held_ack_due_ns{0};
+  // When the poller comes back on its own (0: never): the earlier of the deadline RunTimers last reported and the
+  // caller's poller_returns_by_ns. Arming an earlier timer wakes the poller (WakeForTimer).
+  uint64_t poller_deadline = 0;
+
+  uint64_t Now() const { return clock.NowNs(); }
+  void Raise(const AsyncEvent& e) {
+    if (async_handler) async_handler(e);
+  }
+  // Stamps and queues a completion; an overflow is counted and raises IBV_EVENT_CQ_ERR. No-op without a CQ (an XRC
+  // QP has none for the direction it does not have).
+  void Complete(CompletionQueue* cq, const Completion& c);
+  // The shared window towards `qp`'s peer (congestion.h).
+  PathWindow& PathOf(const QueuePair& qp) { return paths[PeerAddressOf(qp)]; }
+  static wire::IpAddress PeerAddressOf(const QueuePair& qp);
+  // A timer was armed for `deadline`: the progress thread may be blocked until later, wake it.
+  void WakeForTimer(uint64_t deadline);
+
+  // --- the way out --------------------------------------------------------------------------------------------------
+  struct SendResult {
+    size_t sent, failed;
+    uint64_t bytes;
+  };
+  SendResult SendBatch(const OutBatch& out);  // hands `out` to the transport; touches no other state
+  void CountSent(const SendResult& r);
+  // Sends what `out` holds now, with the device lock held (only where a batch must not grow without bound: long READ
+  // answers), and empties it.
+  void TransmitNow(OutBatch& out);
+
+  // --- memory -------------------------------------------------------------------------------------------------------
+  // Gathers a send WR's bytes into `out`; a status other than kSuccess when an SGE is refused (UD, UC).
+  WcStatus Gather(const QueuePair& qp, const SendWr& wr, std::vector<uint8_t>& out);
+  // Where message bytes [offset, offset+len) of a send WR are: the pieces of registered memory (or inline data) that
+  // hold them, in order, valid while the lock is held; false if an SGE is refused (RC: no copy before the packet).
+  bool GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
+                   std::vector<std::span<const uint8_t>>& pieces);
+  // Places `data` at byte `offset` of the scatter list (local write access needed): kSuccess, kLocLenErr or
+  // kLocProtErr.
+  WcStatus Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset, std::span<const uint8_t> data);
+  // Where the next `len` bytes of the RDMA WRITE `m` go, checked against the key table now (IBTA 10.6.3.2:
+  // a deregistered region is no longer accessible); nullptr when the access is no longer allowed.
+  uint8_t* WriteTarget(const QueuePair& qp, const InboundMessage& m, size_t len);
+  // Executes a local operation of the send queue (BIND_MW, LOCAL_INV): kSuccess or kMwBindErr / kLocQpOpErr.
+  WcStatus ExecuteLocalOp(const QueuePair& qp, const SendWr& wr);
+
+  // --- completions --------------------------------------------------------------------------------------------------
+  static Completion SendCompletion(const QueuePair& qp, const SendWr& wr, WcStatus status);
+  // Completes a send WR on the QP's send CQ: a successful unsignaled one silently (IBTA 10.7.2.1).
+  void CompleteSend(QueuePair& qp, const SendWr& wr, WcStatus status);
+  // A receive WQE completed in error (flushed, or its message failed): no data, just the status.
+  static Completion ReceiveError(const QueuePair& qp, uint64_t wr_id, WcStatus status);
+  // The receive completion of a message ending with packet `last` (UC and RC responders): byte count, source QP,
+  // solicited bit, immediate data or invalidated R_Key. The caller sets wr_id and opcode.
+  static Completion MessageCompletion(const QueuePair& qp, uint64_t byte_len, const wire::PacketView& last);
+
+  // --- the receive queue (the QP's own or its SRQ, srq.h) ------------------------------------------------------------
+  bool HasReceiveWqe(QueuePair& qp);
+  // The next receive WQE; the SRQ's limit event is raised here.
+  std::optional<RecvWr> TakeReceiveWqe(QueuePair& qp);
+
+  // --- the error state ---------------------------------------------------------------------------------------------
+  // The QP enters the error state and its outstanding work completes flushed (IBTA 10.3.1, 11.6.2).
+  void EnterError(QueuePair& qp);
+  // The flush alone (ModifyQp to ERR): receive WQEs, the message being received, send WQEs not completed.
+  void Flush(QueuePair& qp);
+  // UD/UC: the WR completes with `status` and the send queue enters SQE (IBTA 10.3.1.5); receives go on.
+  void FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus status);
+};
+
+}  // namespace uroce::emu

@@ -1,0 +1,54 @@
+// The RC responder of one QP (IBTA vol1 9.7.5): checks each request's PSN (a gap: one sequence NAK; a duplicate: SEND
+// and WRITE acknowledged again, READ and atomics answered again from saved state, never executed twice), then
+// executes, NAKs or RNR-NAKs it, and acknowledges, at once or held (AckTiming). An XRC target is this responder, run
+// with the PD, CQ and WQEs of the SRQ each request names (Device::ReceiveXrcTargetLocked).
+//
+// Every method runs with the device lock held (device_core.h).
+#pragma once
+
+#include <cstdint>
+
+#include "emu/rc_state.h"
+#include "emu/transport_object.h"
+#include "wire/headers.h"
+#include "wire/packet.h"
+
+namespace uroce::emu {
+
+struct OutBatch;
+
+class RcResponder : private TransportObject {
+ public:
+  // How long the ACK of a one-packet message may wait for a reply to take it along (AckTiming::kHeld).
+  static constexpr uint64_t kAckHoldNs = 20'000;
+  // How long the ACK of a longer message, or of a QP whose ACKs are already held, may wait: a stream's requester
+  // must see its window move (ib_write_bw 64 KiB lost a third of its rate with 20 us here).
+  static constexpr uint64_t kAckCoalesceNs = 3'000;
+
+  RcResponder(DeviceCore& core, QueuePair& qp) : TransportObject(core, qp) {}
+
+  RcResponderState& state() { return state_; }
+  const RcResponderState& state() const { return state_; }
+  void Reset();  // RESET: a fresh responder (a held ACK is dropped)
+
+  // A request for this QP (the device checked transport, peer, state and P_Key).
+  void OnRequest(const wire::PacketView& p, OutBatch& out);
+  // Sends an ACK or NAK now; it covers an ACK the QP holds, which is dropped.
+  void SendAck(uint32_t psn, const wire::Aeth& aeth, OutBatch& out);
+  bool ack_held() const { return state_.ack_held; }
+  uint64_t held_due_ns() const { return state_.held_due_ns; }
+  // Sends the ACK it holds, if any (drops it in the error state).
+  void SendHeldAck(OutBatch& out);
+
+ private:
+  // The ACK for requests up to `psn`, of a message of one packet or not: sent now or held, as the core's ack_timing
+  // says.
+  void Acknowledge(uint32_t psn, bool one_packet, OutBatch& out);
+  // It holds no ACK any more (sent, covered, or not to be sent).
+  void DropHeldAck();
+  void SendReadResponses(const ResponderResource& r, uint32_t from_psn, OutBatch& out);
+
+  RcResponderState state_;
+};
+
+}  // namespace uroce::emu

@@ -1,0 +1,176 @@
+// The UC transport (uc.h): messages out without acknowledgement, in-sequence assembly in.
+#include "emu/uc.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "emu/device_core.h"
+#include "emu/out_batch.h"
+#include "emu/queue_pair.h"
+#include "wire/frame.h"
+#include "wire/opcode.h"
+
+namespace uroce::emu {
+
+int UcTransport::Post(SendWr& wr, OutBatch& out) {
+  if (wr.opcode == SendOpcode::kBindMw || wr.opcode == SendOpcode::kLocalInv) {
+    const WcStatus st = core_.ExecuteLocalOp(qp_, wr);
+    if (st == WcStatus::kSuccess) {
+      core_.CompleteSend(qp_, wr, st);
+    } else {
+      core_.FailUnreliableSend(qp_, wr, st);
+    }
+    return 0;
+  }
+  const bool is_write = wr.opcode == SendOpcode::kRdmaWrite || wr.opcode == SendOpcode::kRdmaWriteWithImm;
+  const bool is_send = wr.opcode == SendOpcode::kSend || wr.opcode == SendOpcode::kSendWithImm;
+  if (!is_write && !is_send) return EINVAL;  // UC has no READ, atomics or invalidate (IBTA table 39)
+  std::vector<uint8_t> payload;
+  WcStatus st = core_.Gather(qp_, wr, payload);
+  if (st == WcStatus::kSuccess && payload.size() > core_.config.limits.max_msg_sz) st = WcStatus::kLocLenErr;
+  if (st != WcStatus::kSuccess) {
+    core_.FailUnreliableSend(qp_, wr, st);
+    return 0;
+  }
+  const QpAttributes& a = qp_.attributes();
+  const size_t mtu = MtuBytes(a.path_mtu);
+  const bool imm = wr.opcode == SendOpcode::kSendWithImm || wr.opcode == SendOpcode::kRdmaWriteWithImm;
+  const wire::UdpEndpoint dst{wire::IpAddress::FromBytes(a.ah_attr.dgid.data()), wire::kRoceV2UdpPort};
+  const uint16_t sport = wire::RoceSourcePort(qp_.qpn(), a.dest_qp_num);
+  const size_t total = payload.size();
+  const size_t packets = total == 0 ? 1 : (total + mtu - 1) / mtu;
+  for (size_t i = 0; i < packets; ++i) {
+    const bool first = i == 0, last = i + 1 == packets;
+    wire::PacketSpec spec;
+    // UC defines SEND and WRITE, with and without immediate (IBTA table 38); the opcode checks above let no other
+    // operation through.
+    spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kUc,
+                                           is_send ? wire::Operation::kSend : wire::Operation::kRdmaWrite,
+                                           wire::PositionInMessage(i, packets), imm);
+    spec.bth.solicited = last && (wr.flags & send_flags::kSolicited);
+    spec.bth.dest_qp = a.dest_qp_num;
+    spec.bth.psn = qp_.NextSendPsn();
+    if (is_write && first) spec.reth = wire::Reth{wr.remote_addr, wr.rkey, static_cast<uint32_t>(total)};
+    if (imm && last) spec.imm = wire::ImmDt{wr.imm_data};
+    const size_t off = i * mtu;
+    const size_t len = std::min(mtu, total - std::min(total, off));
+    out.Add(core_.transport, spec, std::span<const uint8_t>(payload).subspan(std::min(off, total), len), dst, sport);
+  }
+  core_.CompleteSend(qp_, wr, WcStatus::kSuccess);
+  return 0;
+}
+
+void UcTransport::Receive(const wire::PacketView& p) {
+  QpAttributes& a = qp_.mutable_attributes();
+  InboundMessage& m = qp_.inbound();
+  const wire::MsgPosition pos = p.info->position;
+  const bool starts = pos == wire::MsgPosition::kFirst || pos == wire::MsgPosition::kOnly;
+  // IBTA 9.7.6.1.3 (UC): a PSN other than the expected one means packets were lost; the message in progress is
+  // abandoned and the receiver resynchronises on the next FIRST or ONLY packet, whatever its PSN.
+  if (p.bth.psn != a.rq_psn) {
+    if (m.kind != InboundMessage::Kind::kNone || !starts) ++core_.counters.rx_out_of_sequence;
+    if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));  // the WQE is reused for a later message
+    m = InboundMessage{};
+    if (!starts) {
+      m.dropping = true;
+      a.rq_psn = (p.bth.psn + 1) & 0xffffff;
+      return;
+    }
+  }
+  a.rq_psn = (p.bth.psn + 1) & 0xffffff;
+  if (!starts && (m.dropping || m.kind == InboundMessage::Kind::kNone)) {
+    return;  // rest of a message we are not assembling
+  }
+  const bool is_send = p.info->op == wire::Operation::kSend;
+  if (starts) {
+    if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
+    m = InboundMessage{};
+    if (is_send) {
+      if (qp_.receive_queue().empty()) {
+        ++core_.counters.rx_no_receive_wqe;  // UC has no RNR NAK: the message is dropped (IBTA 9.7.6.1.5)
+        m.dropping = true;
+        return;
+      }
+      m.kind = InboundMessage::Kind::kSend;
+      m.rqe = std::move(qp_.receive_queue().front());
+      qp_.receive_queue().pop_front();
+    } else {
+      const wire::Reth& reth = *p.reth;
+      const bool allowed = a.qp_access_flags & access::kRemoteWrite;
+      AccessResult r = core_.keys.CheckRemote(reth.rkey, qp_.init().pd, reth.va, reth.dma_length, access::kRemoteWrite,
+                                         qp_.qpn());
+      if (!allowed || !r.ok()) {
+        ++core_.counters.rx_remote_access_denied;  // UC cannot NAK: the message is dropped (IBTA 9.7.6.1.5)
+        m.dropping = true;
+        return;
+      }
+      m.kind = InboundMessage::Kind::kWrite;
+      m.write_va = reth.va;
+      m.write_rkey = reth.rkey;
+      m.write_length = reth.dma_length;
+    }
+  } else if ((m.kind == InboundMessage::Kind::kSend) != is_send) {
+    // A WRITE packet inside a SEND (or the reverse): out of sequence opcodes, drop the message.
+    ++core_.counters.rx_out_of_sequence;
+    if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
+    m = InboundMessage{};
+    m.dropping = true;
+    return;
+  }
+  const bool ends = pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly;
+  if (m.kind == InboundMessage::Kind::kSend) {
+    WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, p.payload);
+    m.offset += p.payload.size();
+    if (st != WcStatus::kSuccess) {
+      const Completion c = DeviceCore::ReceiveError(qp_, m.rqe->wr_id, st);
+      m.rqe.reset();
+      core_.Complete(qp_.init().recv_cq, c);
+      m = InboundMessage{};
+      core_.EnterError(qp_);
+      return;
+    }
+  } else {
+    if (m.offset + p.payload.size() > m.write_length) {
+      ++core_.counters.rx_remote_access_denied;  // more data than the RETH announced
+      m = InboundMessage{};
+      m.dropping = true;
+      return;
+    }
+    if (!p.payload.empty()) {
+      uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
+      if (target == nullptr) {
+        ++core_.counters.rx_remote_access_denied;  // deregistered mid-message: the rest is dropped (UC cannot NAK)
+        m = InboundMessage{};
+        m.dropping = true;
+        return;
+      }
+      std::memcpy(target, p.payload.data(), p.payload.size());
+    }
+    m.offset += p.payload.size();
+  }
+  if (!ends) return;
+  const bool imm = p.imm.has_value();
+  if (m.kind == InboundMessage::Kind::kWrite && !imm) {
+    m = InboundMessage{};
+    return;
+  }
+  Completion c = DeviceCore::MessageCompletion(qp_, m.offset, p);
+  if (m.kind == InboundMessage::Kind::kSend) {
+    c.wr_id = m.rqe->wr_id;
+    c.opcode = WcOpcode::kRecv;
+  } else {
+    // RDMA WRITE with immediate consumes a receive WQE (IBTA 9.4.3.1); without one the message is lost.
+    if (qp_.receive_queue().empty()) {
+      ++core_.counters.rx_no_receive_wqe;
+      m = InboundMessage{};
+      return;
+    }
+    c.wr_id = qp_.receive_queue().front().wr_id;
+    qp_.receive_queue().pop_front();
+    c.opcode = WcOpcode::kRecvRdmaWithImm;
+  }
+  m = InboundMessage{};
+  core_.Complete(qp_.init().recv_cq, c);
+}
+
+}  // namespace uroce::emu

@@ -1,0 +1,27 @@
+// The Unreliable Connection transport of one QP (IBTA vol1 9.7.6.1 / 9.8): SEND and RDMA WRITE, with and without
+// immediate, in PSN order without acknowledgements. The sender completes a WR once its packets are handed to the
+// network; the receiver assembles a message while the PSNs follow each other and abandons it at a gap, resuming at the
+// next FIRST or ONLY packet (9.7.6.1.3). Nothing is NAKed: what cannot be placed is dropped and counted.
+//
+// Every method runs with the device lock held (device_core.h).
+#pragma once
+
+#include "emu/transport_object.h"
+#include "emu/work_request.h"
+#include "wire/packet.h"
+
+namespace uroce::emu {
+
+struct OutBatch;
+
+class UcTransport : private TransportObject {
+ public:
+  UcTransport(DeviceCore& core, QueuePair& qp) : TransportObject(core, qp) {}
+
+  // EINVAL for an operation UC does not carry (IBTA table 39); errors found while gathering complete the WR with
+  // an error status and move the send queue to SQE.
+  int Post(SendWr& wr, OutBatch& out);
+  void Receive(const wire::PacketView& p);
+};
+
+}  // namespace uroce::emu
