@@ -2,8 +2,8 @@
 // semantics of ibv_req_notify_cq (IBTA 11.4.2.2): once armed, the next completion — or, armed solicited-only, the next
 // solicited or error completion — fires the notifier exactly once.
 //
-// The CQ has its own lock (the application's poll loop must not contend with packet processing). Lock order: the
-// device's lock, then a CQ's lock; the notifier runs with neither held.
+// The CQ has its own lock (the application's poll loop must not contend with packet processing). Lock order: a
+// QP's lock (device_core.h), then a CQ's lock; the notifier runs without the CQ's (a QP's may be held).
 #pragma once
 
 #include <atomic>

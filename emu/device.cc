@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
 
 #include "emu/out_batch.h"
 #include "emu/qp_state_machine.h"
@@ -26,76 +28,28 @@ Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Cloc
 
 Device::~Device() = default;
 
-std::string FormatCounters(const DeviceCounters& c) {
-  // One table: adding a counter to DeviceCounters means one line here.
-  static constexpr std::pair<const char*, uint64_t DeviceCounters::*> kFields[] = {
-      {"tx_packets", &DeviceCounters::tx_packets},
-      {"tx_bytes", &DeviceCounters::tx_bytes},
-      {"tx_errors", &DeviceCounters::tx_errors},
-      {"rx_packets", &DeviceCounters::rx_packets},
-      {"rx_bytes", &DeviceCounters::rx_bytes},
-      {"rx_malformed", &DeviceCounters::rx_malformed},
-      {"rx_icrc_errors", &DeviceCounters::rx_icrc_errors},
-      {"rx_icrc_ip_id_inferred", &DeviceCounters::rx_icrc_ip_id_inferred},
-      {"rx_wrong_peer", &DeviceCounters::rx_wrong_peer},
-      {"rx_unknown_qp", &DeviceCounters::rx_unknown_qp},
-      {"rx_wrong_transport", &DeviceCounters::rx_wrong_transport},
-      {"rx_bad_state", &DeviceCounters::rx_bad_state},
-      {"rx_bad_pkey", &DeviceCounters::rx_bad_pkey},
-      {"rx_bad_qkey", &DeviceCounters::rx_bad_qkey},
-      {"rx_no_receive_wqe", &DeviceCounters::rx_no_receive_wqe},
-      {"rx_out_of_sequence", &DeviceCounters::rx_out_of_sequence},
-      {"rx_remote_access_denied", &DeviceCounters::rx_remote_access_denied},
-      {"rx_cnp", &DeviceCounters::rx_cnp},
-      {"cq_overflows", &DeviceCounters::cq_overflows},
-      {"rc_retransmit_timeouts", &DeviceCounters::rc_retransmit_timeouts},
-      {"rc_early_retransmits", &DeviceCounters::rc_early_retransmits},
-      {"rc_duplicates", &DeviceCounters::rc_duplicates},
-      {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
-      {"rc_path_waits", &DeviceCounters::rc_path_waits},
-      {"rc_congestion_signals", &DeviceCounters::rc_congestion_signals},
-  };
-  static constexpr std::pair<const char*, uint64_t CmCounters::*> kCmFields[] = {
-      {"cm_mads_sent", &CmCounters::mads_sent},
-      {"cm_mads_received", &CmCounters::mads_received},
-      {"cm_retransmits", &CmCounters::retransmits},
-      {"cm_duplicates", &CmCounters::duplicates},
-      {"cm_dropped_malformed", &CmCounters::dropped_malformed},
-      {"cm_dropped_unmatched", &CmCounters::dropped_unmatched},
-      {"cm_rejected_no_listener", &CmCounters::rejected_no_listener},
-  };
-  std::string out;
-  for (const auto& [name, field] : kFields) out += std::string(name) + " " + std::to_string(c.*field) + "\n";
-  for (const auto& [name, field] : kCmFields) out += std::string(name) + " " + std::to_string(c.cm.*field) + "\n";
-  return out;
-}
-
 DeviceCounters Device::counters() const {
-  DeviceCounters c;
-  {
-    std::lock_guard lock(mu_);
-    c = core_.counters;
-  }
-  c.cm = cm_.counters();  // its own lock, taken without the device's
+  DeviceCounters c = core_.Counters();
+  c.cm = cm_.counters();  // its own lock
   return c;
 }
 
 std::optional<PathWindow> Device::path_window(const wire::IpAddress& peer) const {
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(core_.paths_mu);
   auto it = core_.paths.find(peer);
   if (it == core_.paths.end()) return std::nullopt;
   return it->second;
 }
 
 void Device::set_async_handler(std::function<void(const AsyncEvent&)> handler) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   core_.async_handler = std::move(handler);
 }
 
 // --- objects ----------------------------------------------------------------------------------------------------
 
 ProtectionDomain* Device::AllocPd() {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   if (pds_.size() >= core_.config.limits.max_pd) return nullptr;
   const uint32_t handle = next_pd_++;
   auto& pd = pds_[handle];
@@ -104,7 +58,7 @@ ProtectionDomain* Device::AllocPd() {
 }
 
 int Device::DeallocPd(ProtectionDomain* pd) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   auto it = pds_.find(pd->handle());
   if (it == pds_.end() || it->second.get() != pd) return EINVAL;
   for (auto& [_, qp] : qps_)
@@ -129,7 +83,7 @@ int Device::RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64
   // Implicit ODP (ibv_reg_mr(3)): addr NULL and length SIZE_MAX with IBV_ACCESS_ON_DEMAND covers the address space.
   const bool implicit = host == nullptr && length == SIZE_MAX && (access & access::kOnDemand);
   if (pd == nullptr || (host == nullptr && length != 0 && !implicit)) return EINVAL;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   if (core_.keys.size() >= core_.config.limits.max_mr) return ENOMEM;
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), implicit ? 0 : iova, length, access, 0, 0};
   mr.implicit = implicit;
@@ -140,7 +94,7 @@ int Device::RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64
 int Device::ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova,
                          uint32_t access, MemoryRegion* out) {
   if ((access & (access::kRemoteWrite | access::kRemoteAtomic)) && !(access & access::kLocalWrite)) return EINVAL;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   const MemoryRegion* cur = core_.keys.Find(lkey);
   if (cur == nullptr) return EINVAL;
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), iova, length, access, 0, 0};
@@ -150,18 +104,18 @@ int Device::ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64
 }
 
 int Device::DeregisterMr(uint32_t lkey) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   return core_.keys.Deregister(lkey) ? 0 : EINVAL;
 }
 
 ProtectionDomain* Device::FindPd(uint32_t handle) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   auto it = pds_.find(handle);
   return it == pds_.end() ? nullptr : it->second.get();
 }
 
 int Device::QueryMrByHandle(uint32_t handle, MemoryRegion* out) const {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   const MemoryRegion* mr = core_.keys.FindByHandle(handle);
   if (mr == nullptr) return EINVAL;
   *out = *mr;
@@ -169,7 +123,7 @@ int Device::QueryMrByHandle(uint32_t handle, MemoryRegion* out) const {
 }
 
 int Device::QueryMr(uint32_t lkey, MemoryRegion* out) const {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   const MemoryRegion* mr = core_.keys.Find(lkey);
   if (mr == nullptr) return EINVAL;
   *out = *mr;
@@ -178,19 +132,19 @@ int Device::QueryMr(uint32_t lkey, MemoryRegion* out) const {
 
 int Device::AllocMw(ProtectionDomain* pd, uint8_t type, uint32_t* rkey) {
   if (pd == nullptr || (type != 1 && type != 2)) return EINVAL;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   *rkey = core_.keys.AllocateWindow(pd, type);
   return 0;
 }
 
 int Device::DeallocMw(uint32_t rkey) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   return core_.keys.DeallocateWindow(rkey);
 }
 
 int Device::CreateCq(uint32_t capacity, CompletionQueue** out) {
   if (capacity == 0 || capacity > core_.config.limits.max_cqe) return EINVAL;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   if (cqs_.size() >= core_.config.limits.max_cq) return ENOMEM;
   const uint32_t handle = next_cq_++;
   auto& cq = cqs_[handle];
@@ -205,7 +159,7 @@ int Device::ResizeCq(CompletionQueue* cq, uint32_t capacity) {
 }
 
 int Device::DestroyCq(CompletionQueue* cq) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   for (auto& [_, qp] : qps_)
     if (qp->init().send_cq == cq || qp->init().recv_cq == cq) return EBUSY;
   for (auto& [_, srq] : srqs_)
@@ -220,7 +174,7 @@ int Device::CreateAh(ProtectionDomain* pd, const AddressVector& av, AddressHandl
   if (pd == nullptr) return EINVAL;
   // RoCE carries a GRH in every packet: an AH without one, or naming a GID we don't have, is invalid.
   if (!av.is_global || av.sgid_index >= core_.config.limits.gid_table_len || av.port_num != 1) return EINVAL;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   if (ahs_.size() >= core_.config.limits.max_ah) return ENOMEM;
   auto ah = std::make_unique<AddressHandle>(pd, av);
   *out = ah.get();
@@ -229,7 +183,7 @@ int Device::CreateAh(ProtectionDomain* pd, const AddressVector& av, AddressHandl
 }
 
 int Device::DestroyAh(AddressHandle* ah) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   return ahs_.erase(ah) ? 0 : EINVAL;
 }
 
@@ -258,7 +212,7 @@ int Device::CreateQp(QpInitAttributes& init, QueuePair** out) {
   cap.max_inline_data = lim.max_inline_data;
   if (init.srq != nullptr || xrc) cap.max_recv_wr = cap.max_recv_sge = 0;  // no receive queue of its own
   if (init.type == QpType::kXrcRecv) cap = QpCapabilities{};              // nor a send queue
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   if (qps_.size() >= lim.max_qp) return ENOMEM;
   if (int err = AttachSharedReceiveLocked(init)) return err;
   uint32_t qpn = next_qpn_;
@@ -275,7 +229,8 @@ int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
   OutBatch out;
   int err;
   {
-    std::lock_guard lock(mu_);
+    std::shared_lock objects(objects_mu_);
+    std::lock_guard lock(qp->mutex());
     // A real HCA would have sent a held ACK long before the QP leaves the states that send (AckTiming::kHeld).
     const QpState next = (mask & attr::kState) ? attr.qp_state : qp->state();
     if (next == QpState::kReset || next == QpState::kErr) qp->responder().SendHeldAck(out);
@@ -315,7 +270,8 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
 }
 
 int Device::QueryQp(QueuePair* qp, QpAttributes* attr) {
-  std::lock_guard lock(mu_);
+  std::shared_lock objects(objects_mu_);
+  std::lock_guard lock(qp->mutex());
   *attr = qp->attributes();
   return 0;
 }
@@ -323,7 +279,7 @@ int Device::QueryQp(QueuePair* qp, QpAttributes* attr) {
 int Device::DestroyQp(QueuePair* qp) {
   OutBatch out;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(objects_mu_);
     auto it = qps_.find(qp->qpn());
     if (it == qps_.end() || it->second.get() != qp) return EINVAL;
     if (--qp->references > 0) return 0;  // an opened XRC target lives on (ibv_open_qp(3))
@@ -349,7 +305,7 @@ static bool IsMulticastGroup(const wire::IpAddress& a) {
 
 int Device::AttachMulticast(QueuePair* qp, const wire::IpAddress& group) {
   if (qp == nullptr || qp->type() != QpType::kUd || !IsMulticastGroup(group)) return EINVAL;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   std::vector<QueuePair*>& qps = multicast_[group];
   if (std::find(qps.begin(), qps.end(), qp) == qps.end()) qps.push_back(qp);  // attaching twice is one attachment
   return 0;
@@ -357,7 +313,7 @@ int Device::AttachMulticast(QueuePair* qp, const wire::IpAddress& group) {
 
 int Device::DetachMulticast(QueuePair* qp, const wire::IpAddress& group) {
   if (qp == nullptr || qp->type() != QpType::kUd) return EINVAL;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   auto it = multicast_.find(group);
   if (it == multicast_.end() || std::find(it->second.begin(), it->second.end(), qp) == it->second.end())
     return EINVAL;
@@ -377,7 +333,8 @@ int Device::PostSend(QueuePair* qp, SendWr&& wr) {
   OutBatch out;
   int err = 0;
   {
-    std::lock_guard lock(mu_);
+    std::shared_lock objects(objects_mu_);
+    std::lock_guard lock(qp->mutex());
     const QpState s = qp->state();
     if (s == QpState::kReset || s == QpState::kInit || s == QpState::kRtr) return EINVAL;
     if (qp->type() == QpType::kXrcRecv) return EINVAL;  // an XRC target has no send queue (Annex A14)
@@ -409,7 +366,8 @@ int Device::PostSend(QueuePair* qp, SendWr&& wr) {
 }
 
 int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
-  std::lock_guard lock(mu_);
+  std::shared_lock objects(objects_mu_);
+  std::lock_guard lock(qp->mutex());
   if (qp->state() == QpState::kReset) return EINVAL;
   // Receives of a QP on an SRQ are posted to the SRQ; XRC QPs have no receive queue (ibv_post_recv(3), Annex A14).
   if (qp->init().srq != nullptr || qp->type() == QpType::kXrcSend || qp->type() == QpType::kXrcRecv) return EINVAL;
@@ -426,9 +384,7 @@ int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
 
 void Device::Transmit(OutBatch& out) {
   if (out.packets.empty()) return;
-  const DeviceCore::SendResult r = core_.SendBatch(out);
-  std::lock_guard lock(mu_);
-  core_.CountSent(r);
+  core_.CountSent(core_.SendBatch(out));
 }
 
 // --- data path: packets to QPs ---------------------------------------------------------------------------------
@@ -437,12 +393,12 @@ void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
   OutBatch out;
   std::optional<GsiMad> gsi;
   {
-    std::lock_guard lock(mu_);
-    core_.ack_timing = acks;
+    std::shared_lock objects(objects_mu_);
+    DeviceCore::ack_timing = acks;
     OnDatagramLocked(d, out, gsi);
-    core_.ack_timing = AckTiming::kNow;
+    DeviceCore::ack_timing = AckTiming::kNow;
     if (acks == AckTiming::kNow) {
-      if (!core_.acks_held.empty()) SendHeldAcksLocked(UINT64_MAX, out);
+      if (core_.next_held_ack_due_ns.load(std::memory_order_relaxed) != 0) SendHeldAcksLocked(UINT64_MAX, out);
     } else {
       const uint64_t due = core_.next_held_ack_due_ns.load(std::memory_order_relaxed);
       if (due != 0 && due <= core_.Now()) SendHeldAcksLocked(core_.Now(), out);
@@ -453,11 +409,11 @@ void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
 }
 
 void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi) {
-  ++core_.counters.rx_packets;
-  core_.counters.rx_bytes += d.payload.size();
+  core_.Count(&DeviceCounters::rx_packets);
+  core_.Count(&DeviceCounters::rx_bytes, d.payload.size());
   auto parsed = wire::ParsePacket(d.payload);
   if (!parsed) {
-    ++core_.counters.rx_malformed;
+    core_.Count(&DeviceCounters::rx_malformed);
     return;
   }
   const wire::PacketView& p = *parsed;
@@ -467,32 +423,33 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
   // recovered ID of 0 is a full 32-bit check; any other ID leaves 16 bits of check, and is counted.
   if (d.ip_id.has_value() || !d.src.addr.is_v4()) {
     if (!wire::VerifyIcrc(wire::Flow{d.src, d.dst, d.ip_id.value_or(0)}, d.payload).ok) {
-      ++core_.counters.rx_icrc_errors;
+      core_.Count(&DeviceCounters::rx_icrc_errors);
       return;
     }
   } else {
     const std::optional<uint16_t> id = wire::RecoverIpId(wire::Flow{d.src, d.dst, 0}, d.payload);
     if (!id) {
-      ++core_.counters.rx_icrc_errors;
+      core_.Count(&DeviceCounters::rx_icrc_errors);
       return;
     }
-    if (*id != 0) ++core_.counters.rx_icrc_ip_id_inferred;
+    if (*id != 0) core_.Count(&DeviceCounters::rx_icrc_ip_id_inferred);
   }
   if (p.info->transport == wire::TransportKind::kCnp) {
     // A CNP: the peer saw congestion marks on what we sent it (RoCEv2 Annex A17.9): cut the window towards it.
-    ++core_.counters.rx_cnp;
+    core_.Count(&DeviceCounters::rx_cnp);
+    std::lock_guard lock(core_.paths_mu);
     if (auto it = core_.paths.find(d.src.addr); it != core_.paths.end()) {
       it->second.OnCongestion();
-      ++core_.counters.rc_congestion_signals;
+      core_.Count(&DeviceCounters::rc_congestion_signals);
     }
     return;
   }
   if (p.bth.dest_qp == wire::kGsiQpn) {
     // QP1, the GSI: CM MADs for the connection manager (rdmacm.md 4.1), which checks Q_Key and source QP itself.
     if (!PkeyMatches(p.bth.pkey)) {
-      ++core_.counters.rx_bad_pkey;
+      core_.Count(&DeviceCounters::rx_bad_pkey);
     } else if (p.info->transport != wire::TransportKind::kUd || !p.deth) {
-      ++core_.counters.rx_wrong_transport;
+      core_.Count(&DeviceCounters::rx_wrong_transport);
     } else {
       gsi = GsiMad{d.src.addr, p.deth->qkey, p.deth->src_qp, std::vector<uint8_t>(p.payload.begin(), p.payload.end())};
     }
@@ -502,46 +459,48 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
     // IBTA 10.5.2.3: a UD packet to the multicast QPN goes to every QP attached to its destination group.
     auto m = multicast_.find(d.dst.addr);
     if (m == multicast_.end() || p.info->transport != wire::TransportKind::kUd || !PkeyMatches(p.bth.pkey)) {
-      ++core_.counters.rx_unknown_qp;
+      core_.Count(&DeviceCounters::rx_unknown_qp);
       return;
     }
     for (QueuePair* member : m->second) {
+      std::lock_guard lock(member->mutex());
       const QpState s = member->state();
       if (s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd || s == QpState::kSqe) {
         member->ud().Receive(d, p);
       } else {
-        ++core_.counters.rx_bad_state;
+        core_.Count(&DeviceCounters::rx_bad_state);
       }
     }
     return;
   }
   QueuePair* qp = FindQpLocked(p.bth.dest_qp);
   if (qp == nullptr) {
-    ++core_.counters.rx_unknown_qp;
+    core_.Count(&DeviceCounters::rx_unknown_qp);
     return;
   }
+  std::unique_lock lock(qp->mutex());
   const bool xrc = qp->type() == QpType::kXrcSend || qp->type() == QpType::kXrcRecv;
   const wire::TransportKind want = qp->type() == QpType::kUd   ? wire::TransportKind::kUd
                                    : qp->type() == QpType::kUc ? wire::TransportKind::kUc
                                    : xrc                       ? wire::TransportKind::kXrc
                                                                : wire::TransportKind::kRc;
   if (p.info->transport != want) {
-    ++core_.counters.rx_wrong_transport;
+    core_.Count(&DeviceCounters::rx_wrong_transport);
     return;
   }
   // A connected QP talks to one peer, its primary path's DGID (IBTA 9.6, transport header validation: a connected
   // QP accepts the packets of its path only). The UDP source port is the flow hash, not the peer's identity.
   if (qp->type() != QpType::kUd && d.src.addr != qp->peer().addr) {
-    ++core_.counters.rx_wrong_peer;
+    core_.Count(&DeviceCounters::rx_wrong_peer);
     return;
   }
   const QpState s = qp->state();
   if (s != QpState::kRtr && s != QpState::kRts && s != QpState::kSqd && s != QpState::kSqe) {
-    ++core_.counters.rx_bad_state;  // IBTA 10.3.1: a QP in RESET/INIT/ERR drops what arrives
+    core_.Count(&DeviceCounters::rx_bad_state);  // IBTA 10.3.1: a QP in RESET/INIT/ERR drops what arrives
     return;
   }
   if (!PkeyMatches(p.bth.pkey)) {
-    ++core_.counters.rx_bad_pkey;
+    core_.Count(&DeviceCounters::rx_bad_pkey);
     return;
   }
   switch (qp->type()) {
@@ -552,15 +511,18 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
       qp->uc().Receive(p);
       break;
     case QpType::kRc:
-      ReceiveRcLocked(qp, p, out);
-      break;
     case QpType::kXrcSend:
       // An initiator only requests: what it receives are responses (Annex A14).
-      if (p.info->is_request) {
-        ++core_.counters.rx_wrong_transport;
+      if (qp->type() == QpType::kXrcSend && p.info->is_request) {
+        core_.Count(&DeviceCounters::rx_wrong_transport);
         break;
       }
-      ReceiveRcLocked(qp, p, out);
+      if (ReceiveRcLocked(qp, p, out)) {
+        // Requesters of other QPs waiting for the window this response opened resume, each under its own lock.
+        const wire::IpAddress peer = qp->peer().addr;
+        lock.unlock();
+        WakePathWaitersLocked(peer, out);
+      }
       break;
     case QpType::kXrcRecv:
       ReceiveXrcTargetLocked(qp, p, out);  // xrc.cc
@@ -575,7 +537,7 @@ void Device::SendHeldAcks(uint64_t due_by_ns) {
   if (due == 0 || due > due_by_ns) return;
   OutBatch out;
   {
-    std::lock_guard lock(mu_);
+    std::shared_lock objects(objects_mu_);
     SendHeldAcksLocked(due_by_ns, out);
   }
   Transmit(out);
@@ -585,33 +547,56 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
   OutBatch out;
   uint64_t next = 0;
   {
-    std::lock_guard lock(mu_);
+    std::shared_lock objects(objects_mu_);
     const uint64_t now = core_.Now();
     // Held ACKs whose time is up leave (AckTiming::kHeld); the poller comes back for the next one.
     SendHeldAcksLocked(now, out);
     next = core_.next_held_ack_due_ns.load(std::memory_order_relaxed);
     // Requesters waiting for room freed outside the completer first: what they send arms timers counted below.
-    for (auto& [peer, path] : core_.paths) WakePathWaitersLocked(path, out);
-    // The RC requesters with a timer armed. Those that still have one afterwards are listed again; a timer armed
-    // meanwhile (another QP's progress) lists its QP in core_.timed_qps already.
+    std::vector<wire::IpAddress> peers;
+    {
+      std::lock_guard lock(core_.paths_mu);
+      for (auto& [peer, path] : core_.paths)
+        if (!path.waiting().empty()) peers.push_back(peer);
+    }
+    for (const wire::IpAddress& peer : peers) WakePathWaitersLocked(peer, out);
+    // The RC requesters with a timer armed, each under its own lock. Those that still have one afterwards are listed
+    // again; a timer armed meanwhile (another QP's progress, another thread) lists its QP in core_.timed_qps already.
     std::vector<uint32_t> timed;
-    timed.swap(core_.timed_qps);
-    for (uint32_t qpn : timed)
-      if (QueuePair* qp = FindQpLocked(qpn)) qp->requester().set_timer_listed(false);
+    {
+      std::lock_guard lock(core_.timers_mu);
+      timed.swap(core_.timed_qps);
+    }
     for (uint32_t qpn : timed) {
       QueuePair* qp = FindQpLocked(qpn);
-      if (qp == nullptr || (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend)) continue;
-      qp->requester().OnTimers(now, out);
-      if (qp->requester().NextDeadline() != 0 && !qp->requester().timer_listed()) {
-        qp->requester().set_timer_listed(true);
-        core_.timed_qps.push_back(qpn);
+      if (qp == nullptr) continue;
+      std::lock_guard lock(qp->mutex());
+      RcRequester& requester = qp->requester();
+      requester.set_timer_listed(false);
+      if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) continue;
+      requester.OnTimers(now, out);
+      if (requester.NextDeadline() != 0 && !requester.timer_listed()) {
+        requester.set_timer_listed(true);
+        core_.ListTimed(qpn);
       }
     }
-    for (uint32_t qpn : core_.timed_qps)
-      if (QueuePair* qp = FindQpLocked(qpn)) next = wire::EarlierDeadline(next, qp->requester().NextDeadline());
+    {
+      std::lock_guard lock(core_.timers_mu);
+      timed = core_.timed_qps;
+    }
+    for (uint32_t qpn : timed) {
+      if (QueuePair* qp = FindQpLocked(qpn)) {
+        std::lock_guard lock(qp->mutex());
+        next = wire::EarlierDeadline(next, qp->requester().NextDeadline());
+      }
+    }
     // A requester that failed above may have left room for others: come back at once for them.
-    for (auto& [peer, path] : core_.paths)
-      if (path.MayWake() && !path.waiting().empty()) next = now;
+    {
+      std::lock_guard lock(core_.paths_mu);
+      for (auto& [peer, path] : core_.paths)
+        if (path.MayWake() && !path.waiting().empty()) next = now;
+    }
+    std::lock_guard lock(core_.timers_mu);
     core_.poller_deadline = wire::EarlierDeadline(next, poller_returns_by_ns);
   }
   Transmit(out);

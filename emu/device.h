@@ -7,9 +7,11 @@
 // Pure C++: packets go out through a wire::Transport and come in through OnDatagram(); time comes from a wire::Clock.
 // It does not know sockets, threads or libibverbs structs, so tests drive it on a SimNetwork with a ManualClock.
 //
-// Thread-safety: every public method may be called from any thread. One mutex guards the protocol state (the core
-// and every QP); CQs have their own (completion_queue.h). Callbacks (async events, CQ notifiers) run with the
-// device lock held and must not call back into the Device.
+// Thread-safety: every public method may be called from any thread, and QPs run in parallel. The object lock
+// (objects_mu_) is held shared by the data path (posting, packets, timers) and exclusively by the verbs that create,
+// destroy or register objects; each QP has its own lock, and what QPs share has its own (device_core.h: the locks
+// and their order); CQs and SRQs lock themselves. Callbacks (async events, CQ notifiers) run with a QP's lock held
+// and must not call back into the Device.
 //
 // Errors follow the verbs convention: 0 or a positive errno value (EINVAL, ENOMEM, EBUSY, EOPNOTSUPP, ...).
 #pragma once
@@ -29,6 +31,7 @@
 #include "emu/device_core.h"
 #include "emu/memory.h"
 #include "emu/queue_pair.h"
+#include "emu/read_write_lock.h"
 #include "emu/srq.h"
 #include "emu/types.h"
 #include "emu/work_request.h"
@@ -121,7 +124,7 @@ class Device {
 
   // --- network ------------------------------------------------------------------------------------------------
   using AckTiming = emu::AckTiming;  // device_core.h
-  // Processes one received datagram (a CM MAD for QP1 goes to the connection manager once the device lock is free).
+  // Processes one received datagram (a CM MAD for QP1 goes to the connection manager once the device's locks are released).
   void OnDatagram(const wire::InDatagram& datagram, AckTiming acks = AckTiming::kNow);
   // Sends the held ACKs (AckTiming::kHeld) due by `due_by_ns`, all of them by default. Cheap when none is due.
   void SendHeldAcks(uint64_t due_by_ns = UINT64_MAX);
@@ -134,7 +137,7 @@ class Device {
  private:
   QueuePair* FindQpLocked(uint32_t qpn);
   int ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
-  // A datagram for QP1, kept for the connection manager: handed over after the device lock is released.
+  // A datagram for QP1, kept for the connection manager: handed over after the device's locks are released.
   struct GsiMad {
     wire::IpAddress peer;
     uint32_t qkey = 0, src_qp = 0;
@@ -142,14 +145,17 @@ class Device {
   };
   // The checks every packet gets, then the QP (or multicast group, or the CM) it is for.
   void OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi);
-  // RC and XRC initiator (rc.cc): a request to the QP's responder, a response to its completer; then the requesters
-  // waiting for the path's window resume as it opens.
-  void ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
+  // RC and XRC initiator (rc.cc), with the QP's lock held: a request to the QP's responder, a response to its
+  // completer. True when the response opened the path's window: the caller wakes its waiters once the QP's lock is
+  // released (WakePathWaitersLocked).
+  bool ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   // XRC target (xrc.cc): checks the XRCETH's SRQ and runs the QP's RC responder with that SRQ's PD, CQ and WQEs.
   void ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
-  // Resumes requesters that stopped for `path`'s window while it has room (rc.cc).
-  void WakePathWaitersLocked(PathWindow& path, OutBatch& out);
+  // Resumes requesters that stopped for the window towards `peer` while it has room (rc.cc). With the object lock
+  // held shared and no QP's lock: it takes each woken QP's.
+  void WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out);
   // Sends the held ACKs (AckTiming::kHeld) due by `due_by_ns`; keeps core_.next_held_ack_due_ns current (rc.cc).
+  // With the object lock held shared and no QP's lock.
   void SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out);
   // Sends `out` after the lock is released and counts what left.
   void Transmit(OutBatch& out);
@@ -159,8 +165,9 @@ class Device {
   int AttachSharedReceiveLocked(const QpInitAttributes& init);
   void DetachSharedReceiveLocked(const QpInitAttributes& init);
 
-  mutable std::mutex mu_;
-  DeviceCore core_;  // guarded by mu_
+  // Shared: the tables below are read and the objects in them stay. Exclusive: the tables change.
+  mutable ReadWriteLock objects_mu_;
+  DeviceCore core_;
   std::map<uint32_t, std::unique_ptr<ProtectionDomain>> pds_;
   std::map<uint32_t, std::unique_ptr<CompletionQueue>> cqs_;
   // Looked up for every packet received (by BTH destination QP, XRCETH SRQ number): hashed, not ordered.
@@ -174,7 +181,7 @@ class Device {
   uint32_t next_pd_ = 1;
   uint32_t next_cq_ = 1;
   uint32_t next_qpn_ = 0x11;  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
-  ConnectionManager cm_;  // its own lock, never taken with mu_ held
+  ConnectionManager cm_;  // its own lock, never taken with objects_mu_ held
 };
 
 }  // namespace uroce::emu

@@ -3,30 +3,116 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <utility>
 
 #include "emu/out_batch.h"
 #include "emu/queue_pair.h"
 
 namespace uroce::emu {
+namespace {
+
+// Every counter of DeviceCounters but the CM's, by name: adding a counter means one line here.
+constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = {
+    {"tx_packets", &DeviceCounters::tx_packets},
+    {"tx_bytes", &DeviceCounters::tx_bytes},
+    {"tx_errors", &DeviceCounters::tx_errors},
+    {"rx_packets", &DeviceCounters::rx_packets},
+    {"rx_bytes", &DeviceCounters::rx_bytes},
+    {"rx_malformed", &DeviceCounters::rx_malformed},
+    {"rx_icrc_errors", &DeviceCounters::rx_icrc_errors},
+    {"rx_icrc_ip_id_inferred", &DeviceCounters::rx_icrc_ip_id_inferred},
+    {"rx_wrong_peer", &DeviceCounters::rx_wrong_peer},
+    {"rx_unknown_qp", &DeviceCounters::rx_unknown_qp},
+    {"rx_wrong_transport", &DeviceCounters::rx_wrong_transport},
+    {"rx_bad_state", &DeviceCounters::rx_bad_state},
+    {"rx_bad_pkey", &DeviceCounters::rx_bad_pkey},
+    {"rx_bad_qkey", &DeviceCounters::rx_bad_qkey},
+    {"rx_no_receive_wqe", &DeviceCounters::rx_no_receive_wqe},
+    {"rx_out_of_sequence", &DeviceCounters::rx_out_of_sequence},
+    {"rx_remote_access_denied", &DeviceCounters::rx_remote_access_denied},
+    {"rx_cnp", &DeviceCounters::rx_cnp},
+    {"cq_overflows", &DeviceCounters::cq_overflows},
+    {"rc_retransmit_timeouts", &DeviceCounters::rc_retransmit_timeouts},
+    {"rc_early_retransmits", &DeviceCounters::rc_early_retransmits},
+    {"rc_duplicates", &DeviceCounters::rc_duplicates},
+    {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
+    {"rc_path_waits", &DeviceCounters::rc_path_waits},
+    {"rc_congestion_signals", &DeviceCounters::rc_congestion_signals},
+};
+
+}  // namespace
+
+std::string FormatCounters(const DeviceCounters& c) {
+  static constexpr std::pair<const char*, uint64_t CmCounters::*> kCmFields[] = {
+      {"cm_mads_sent", &CmCounters::mads_sent},
+      {"cm_mads_received", &CmCounters::mads_received},
+      {"cm_retransmits", &CmCounters::retransmits},
+      {"cm_duplicates", &CmCounters::duplicates},
+      {"cm_dropped_malformed", &CmCounters::dropped_malformed},
+      {"cm_dropped_unmatched", &CmCounters::dropped_unmatched},
+      {"cm_rejected_no_listener", &CmCounters::rejected_no_listener},
+  };
+  std::string out;
+  for (const auto& [name, field] : kCounterFields) out += std::string(name) + " " + std::to_string(c.*field) + "\n";
+  for (const auto& [name, field] : kCmFields) out += std::string(name) + " " + std::to_string(c.cm.*field) + "\n";
+  return out;
+}
+
+thread_local AckTiming DeviceCore::ack_timing = AckTiming::kNow;
 
 wire::IpAddress DeviceCore::PeerAddressOf(const QueuePair& qp) { return qp.peer().addr; }
+
+DeviceCounters DeviceCore::Counters() const {
+  DeviceCounters c;
+  for (const auto& [name, field] : kCounterFields)
+    c.*field = std::atomic_ref<uint64_t>(const_cast<uint64_t&>(counters_.*field)).load(std::memory_order_relaxed);
+  return c;
+}
+
+void DeviceCore::NoteAckHeld(uint32_t qpn, uint64_t due_ns) {
+  std::lock_guard lock(acks_mu);
+  auto it = std::find_if(acks_held.begin(), acks_held.end(), [&](const HeldAck& h) { return h.qpn == qpn; });
+  if (it == acks_held.end()) {
+    acks_held.push_back({qpn, due_ns});
+  } else {
+    it->due_ns = std::min(it->due_ns, due_ns);
+  }
+  const uint64_t next = next_held_ack_due_ns.load(std::memory_order_relaxed);
+  if (next == 0 || due_ns < next) next_held_ack_due_ns.store(due_ns, std::memory_order_relaxed);
+}
+
+void DeviceCore::ForgetAckHeld(uint32_t qpn) {
+  std::lock_guard lock(acks_mu);
+  auto it = std::find_if(acks_held.begin(), acks_held.end(), [&](const HeldAck& h) { return h.qpn == qpn; });
+  if (it != acks_held.end()) acks_held.erase(it);
+}
 
 void DeviceCore::Complete(CompletionQueue* cq, const Completion& c) {
   if (cq == nullptr) return;  // an XRC QP has no CQ for the direction it does not have
   Completion stamped = c;
   stamped.timestamp_ns = Now();
   if (!cq->Push(stamped)) {
-    ++counters.cq_overflows;
+    Count(&DeviceCounters::cq_overflows);
     Raise({AsyncEventType::kCqErr, nullptr, cq});
   }
 }
 
+void DeviceCore::ListTimed(uint32_t qpn) {
+  std::lock_guard lock(timers_mu);
+  timed_qps.push_back(qpn);
+}
+
 void DeviceCore::WakeForTimer(uint64_t deadline) {
-  // Called with the lock held when a timer is armed: the progress thread may be blocked until a later deadline.
-  if (poller_deadline == 0 || deadline < poller_deadline) {
+  // The progress thread may be blocked until a later deadline.
+  {
+    std::lock_guard lock(timers_mu);
+    if (poller_deadline != 0 && deadline >= poller_deadline) return;
     poller_deadline = deadline;
-    transport.Wake();
   }
+  transport.Wake();
 }
 
 // --- the way out -----------------------------------------------------------------------------------------------------
@@ -50,9 +136,9 @@ DeviceCore::SendResult DeviceCore::SendBatch(const OutBatch& out) {
 }
 
 void DeviceCore::CountSent(const SendResult& r) {
-  counters.tx_packets += r.sent;
-  counters.tx_bytes += r.bytes;
-  counters.tx_errors += r.failed;
+  Count(&DeviceCounters::tx_packets, r.sent);
+  Count(&DeviceCounters::tx_bytes, r.bytes);
+  Count(&DeviceCounters::tx_errors, r.failed);
 }
 
 void DeviceCore::TransmitNow(OutBatch& out) {
@@ -70,6 +156,7 @@ WcStatus DeviceCore::Gather(const QueuePair& qp, const SendWr& wr, std::vector<u
     return WcStatus::kSuccess;
   }
   out.reserve(wr.TotalLength());
+  std::shared_lock lock(keys_mu);
   for (const Sge& sge : wr.sg_list) {
     if (sge.length == 0) continue;
     AccessResult r = keys.CheckLocal(sge.lkey, qp.init().pd, sge.addr, sge.length, 0);
@@ -105,6 +192,7 @@ bool DeviceCore::GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t off
 
 WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset,
                              std::span<const uint8_t> data) {
+  std::shared_lock lock(keys_mu);
   size_t done = 0;
   uint64_t skip = offset;
   for (const Sge& sge : sg_list) {
@@ -123,6 +211,11 @@ WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, 
   return done == data.size() ? WcStatus::kSuccess : WcStatus::kLocLenErr;
 }
 
+bool DeviceCore::MayAccessRemote(const QueuePair& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access) {
+  std::shared_lock lock(keys_mu);
+  return keys.CheckRemote(rkey, qp.init().pd, va, len, access, qp.qpn()).ok();
+}
+
 uint8_t* DeviceCore::WriteTarget(const QueuePair& qp, const InboundMessage& m, size_t len) {
   const AccessResult acc =
       keys.CheckRemote(m.write_rkey, qp.init().pd, m.write_va + m.offset, len, access::kRemoteWrite, qp.qpn());
@@ -130,6 +223,7 @@ uint8_t* DeviceCore::WriteTarget(const QueuePair& qp, const InboundMessage& m, s
 }
 
 WcStatus DeviceCore::ExecuteLocalOp(const QueuePair& qp, const SendWr& wr) {
+  std::unique_lock lock(keys_mu);
   if (wr.opcode == SendOpcode::kLocalInv) {
     // LOCAL_INV invalidates a type 2 window (regions are not invalidatable here: no fast-register MRs).
     return keys.InvalidateWindow(wr.invalidate_rkey, 0) == 0 ? WcStatus::kSuccess : WcStatus::kLocQpOpErr;

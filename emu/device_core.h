@@ -1,7 +1,13 @@
 // What the transport objects of every QP (rc_requester.h, rc_completer.h, rc_responder.h, uc.h, ud.h) share: the
 // device's configuration, clock and way out, the key table, the counters, the windows towards peers, completions and
-// asynchronous events, and the lists the device's timer and held-ACK passes visit. The Device owns one DeviceCore
-// and holds its lock whenever anything here is used; the core holds no QP, so it never demultiplexes.
+// asynchronous events, and the lists the device's timer and held-ACK passes visit. The Device owns one DeviceCore;
+// the core holds no QP, so it never demultiplexes.
+//
+// Locks. There is no device-wide lock on the data path: each QP has its own (QueuePair::mutex(), held while any of
+// its transport objects runs), and what QPs share has a lock of its own here, taken for a short step and never while
+// waiting for anything else. Order: the Device's object lock (shared on the data path) -> a QP's lock -> keys_mu ->
+// paths_mu -> timers_mu or acks_mu -> a CQ's or an SRQ's own lock. A QP's lock is never taken with another QP's held.
+// Counters are atomic (Count).
 //
 // Also the operations that every transport does alike: gathering a send's bytes from registered memory and
 // scattering received ones into it, completing work requests, taking receive WQEs (from the QP or its SRQ), and
@@ -12,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,6 +28,7 @@
 #include "emu/congestion.h"
 #include "emu/connection_manager.h"
 #include "emu/memory.h"
+#include "emu/read_write_lock.h"
 #include "emu/types.h"
 #include "emu/work_request.h"
 #include "wire/address.h"
@@ -137,20 +145,50 @@ class DeviceCore {
   const DeviceConfig config;
   wire::Transport& transport;
   const wire::Clock& clock;
-  DeviceCounters counters;
-  KeyTable keys;
+  // Set before the device is used (Device::set_async_handler takes the object lock exclusively); read by any thread.
   std::function<void(const AsyncEvent&)> async_handler;
-  std::map<wire::IpAddress, PathWindow> paths;  // by peer address
-  AckTiming ack_timing = AckTiming::kNow;       // of the datagram being processed
-  // QPNs of RC requesters with a retransmit or RNR timer armed: Device::RunTimers visits these, not every QP, so a
-  // timer pass costs what is armed (thousands of idle QPs cost nothing). A QPN destroyed since is skipped.
+
+  // Memory keys. The data path holds keys_mu shared to check an access and to copy from or into what it names (so a
+  // deregistration waits for the copy, IBTA 10.6.3.2: after it the region is no longer accessed), and exclusive to
+  // bind or invalidate a window; the verbs that register and deregister hold the Device's object lock exclusively,
+  // which keeps the data path out altogether.
+  mutable ReadWriteLock keys_mu;
+  KeyTable keys;
+
+  // The windows towards peers (congestion.h), by peer address, and every PathWindow in the map.
+  mutable std::mutex paths_mu;
+  std::map<wire::IpAddress, PathWindow> paths;
+
+  // When the RC responders of the datagram this thread is processing send their ACKs (Device::OnDatagram sets it).
+  static thread_local AckTiming ack_timing;
+
+  // Timers. QPNs of RC requesters with a retransmit or RNR timer armed: Device::RunTimers visits these, not every QP,
+  // so a timer pass costs what is armed (thousands of idle QPs cost nothing). A QPN destroyed since is skipped. And
+  // when the poller comes back on its own (0: never): the earlier of the deadline RunTimers last reported and the
+  // caller's poller_returns_by_ns; arming an earlier timer wakes the poller (WakeForTimer).
+  mutable std::mutex timers_mu;
   std::vector<uint32_t> timed_qps;
-  std::vector<uint32_t> acks_held;  // QPNs holding an ACK (one reset since no longer holds and is skipped)
-  // The earliest held_due_ns among them (0: none), or earlier when that ACK has left: read without the lock.
-  std::atomic<uint64_t> next_held_ack_due_ns{0};
-  // When the poller comes back on its own (0: never): the earlier of the deadline RunTimers last reported and the
-  // caller's poller_returns_by_ns. Arming an earlier timer wakes the poller (WakeForTimer).
   uint64_t poller_deadline = 0;
+
+  // Held ACKs (AckTiming::kHeld): the QPs holding one and when each must leave (a QP reset or destroyed since no
+  // longer holds and is skipped), and the earliest of those times (0: none), read without the lock.
+  struct HeldAck {
+    uint32_t qpn;
+    uint64_t due_ns;
+  };
+  mutable std::mutex acks_mu;
+  std::vector<HeldAck> acks_held;
+  std::atomic<uint64_t> next_held_ack_due_ns{0};
+  // A responder holds an ACK due at `due_ns`, or its held ACK's time moved earlier.
+  void NoteAckHeld(uint32_t qpn, uint64_t due_ns);
+  // A responder's held ACK left or was dropped.
+  void ForgetAckHeld(uint32_t qpn);
+
+  // Counters: any thread adds; a reader gets each field whole (Counters).
+  void Count(uint64_t DeviceCounters::*field, uint64_t n = 1) {
+    std::atomic_ref<uint64_t>(counters_.*field).fetch_add(n, std::memory_order_relaxed);
+  }
+  DeviceCounters Counters() const;
 
   uint64_t Now() const { return clock.NowNs(); }
   void Raise(const AsyncEvent& e) {
@@ -159,11 +197,13 @@ class DeviceCore {
   // Stamps and queues a completion; an overflow is counted and raises IBV_EVENT_CQ_ERR. No-op without a CQ (an XRC
   // QP has none for the direction it does not have).
   void Complete(CompletionQueue* cq, const Completion& c);
-  // The shared window towards `qp`'s peer (congestion.h).
-  PathWindow& PathOf(const QueuePair& qp) { return paths[PeerAddressOf(qp)]; }
+  // The shared window towards `qp`'s peer (congestion.h); with paths_mu held.
+  PathWindow& PathOfLocked(const QueuePair& qp) { return paths[PeerAddressOf(qp)]; }
   static wire::IpAddress PeerAddressOf(const QueuePair& qp);
-  // A timer was armed for `deadline`: the progress thread may be blocked until later, wake it.
+  // A timer was armed for `deadline`: the progress thread may be blocked until later, wake it. Takes timers_mu.
   void WakeForTimer(uint64_t deadline);
+  // QP `qpn` has a timer armed: RunTimers visits it. Takes timers_mu.
+  void ListTimed(uint32_t qpn);
 
   // --- the way out --------------------------------------------------------------------------------------------------
   struct SendResult {
@@ -172,24 +212,30 @@ class DeviceCore {
   };
   SendResult SendBatch(const OutBatch& out);  // hands `out` to the transport; touches no other state
   void CountSent(const SendResult& r);
-  // Sends what `out` holds now, with the device lock held (only where a batch must not grow without bound: long READ
+  // Sends what `out` holds now, with a QP's lock held (only where a batch must not grow without bound: long READ
   // answers), and empties it.
   void TransmitNow(OutBatch& out);
 
   // --- memory -------------------------------------------------------------------------------------------------------
-  // Gathers a send WR's bytes into `out`; a status other than kSuccess when an SGE is refused (UD, UC).
+  // Gathers a send WR's bytes into `out`; a status other than kSuccess when an SGE is refused (UD, UC). Takes keys_mu.
   WcStatus Gather(const QueuePair& qp, const SendWr& wr, std::vector<uint8_t>& out);
   // Where message bytes [offset, offset+len) of a send WR are: the pieces of registered memory (or inline data) that
-  // hold them, in order, valid while the lock is held; false if an SGE is refused (RC: no copy before the packet).
+  // hold them, in order, valid while keys_mu is held (the caller holds it shared); false if an SGE is refused (RC: no
+  // copy before the packet).
   bool GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
                    std::vector<std::span<const uint8_t>>& pieces);
   // Places `data` at byte `offset` of the scatter list (local write access needed): kSuccess, kLocLenErr or
-  // kLocProtErr.
+  // kLocProtErr. Takes keys_mu.
   WcStatus Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset, std::span<const uint8_t> data);
   // Where the next `len` bytes of the RDMA WRITE `m` go, checked against the key table now (IBTA 10.6.3.2:
-  // a deregistered region is no longer accessible); nullptr when the access is no longer allowed.
+  // a deregistered region is no longer accessible); nullptr when the access is no longer allowed. The caller holds
+  // keys_mu shared until it has copied.
   uint8_t* WriteTarget(const QueuePair& qp, const InboundMessage& m, size_t len);
-  // Executes a local operation of the send queue (BIND_MW, LOCAL_INV): kSuccess or kMwBindErr / kLocQpOpErr.
+  // Whether the QP's peer may access [va, va+len) through `rkey` with `access` (IBTA 10.6.3.2: key, PD, bounds, rights,
+  // a window's QP), checked now; for a check that copies nothing. Takes keys_mu.
+  bool MayAccessRemote(const QueuePair& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access);
+  // Executes a local operation of the send queue (BIND_MW, LOCAL_INV): kSuccess or kMwBindErr / kLocQpOpErr. Takes
+  // keys_mu exclusively.
   WcStatus ExecuteLocalOp(const QueuePair& qp, const SendWr& wr);
 
   // --- completions --------------------------------------------------------------------------------------------------
@@ -204,7 +250,7 @@ class DeviceCore {
 
   // --- the receive queue (the QP's own or its SRQ, srq.h) ------------------------------------------------------------
   bool HasReceiveWqe(QueuePair& qp);
-  // The next receive WQE; the SRQ's limit event is raised here.
+  // The next receive WQE (nullopt: none, or another QP took the SRQ's last one); the SRQ's limit event is raised here.
   std::optional<RecvWr> TakeReceiveWqe(QueuePair& qp);
 
   // --- the error state ---------------------------------------------------------------------------------------------
@@ -214,6 +260,9 @@ class DeviceCore {
   void Flush(QueuePair& qp);
   // UD/UC: the WR completes with `status` and the send queue enters SQE (IBTA 10.3.1.5); receives go on.
   void FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus status);
+
+ private:
+  DeviceCounters counters_;  // every field changed atomically (Count)
 };
 
 }  // namespace uroce::emu

@@ -1,5 +1,5 @@
-// Packets built while the device lock is held, sent after it is released (Transport::Send may block on a full
-// socket; the progress thread must not hold the device while it does).
+// Packets built while a QP's lock is held, sent after it is released (Transport::Send may block on a full
+// socket; the progress thread must not hold a QP while it does).
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <optional>
 
 #include "emu/completion_queue.h"
@@ -77,6 +78,10 @@ class QueuePair {
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
 
+  // Held while anything of the QP changes or is read on the data path: its attributes, queues and transport objects
+  // (device_core.h has the lock order). Taken only with the Device's object lock held, at least shared.
+  std::mutex& mutex() const { return mu_; }
+
   uint32_t qpn() const { return qpn_; }
   QpType type() const { return init_.type; }
   QpState state() const { return attrs_.qp_state; }
@@ -114,6 +119,7 @@ class QueuePair {
   }
 
  private:
+  mutable std::mutex mu_;
   const uint32_t qpn_;
   QpInitAttributes init_;
   QpAttributes attrs_;

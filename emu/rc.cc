@@ -7,55 +7,78 @@
 // this file is the Device's part: it hands a received RC packet to the role it is for, resumes the requesters waiting
 // for a path's window, and sends the ACKs the responders hold when their time is up.
 #include "emu/device.h"
+
+#include <mutex>
+#include <vector>
+
 #include "emu/out_batch.h"
 #include "wire/frame.h"
 #include "wire/opcode.h"
 
 namespace uroce::emu {
 
-void Device::ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
+bool Device::ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
   if (p.info->is_request) {
     qp->responder().OnRequest(p, out);
-    return;
+    return false;
   }
-  if (qp->state() != QpState::kRts && qp->state() != QpState::kSqd) return;  // responses only matter when sending
+  if (qp->state() != QpState::kRts && qp->state() != QpState::kSqd) return false;  // responses matter when sending
   RcRequester& requester = qp->requester();
   const uint32_t acked_before = requester.state().acked_psn_next;
   qp->completer().OnResponse(p, out);
-  // What was delivered opens the path's window; others waiting for it resume.
-  PathWindow& path = core_.PathOf(*qp);
+  // What was delivered opens the path's window; others waiting for it resume (the caller wakes them).
   const int32_t delivered = PsnDiff(requester.state().acked_psn_next, acked_before);
+  std::lock_guard lock(core_.paths_mu);
+  PathWindow& path = core_.PathOfLocked(*qp);
   if (delivered > 0) path.OnDelivered(static_cast<uint32_t>(delivered));
-  requester.Charge(path);
-  WakePathWaitersLocked(path, out);
+  requester.ChargeLocked(path);
+  return !path.waiting().empty() && path.MayWake();
 }
 
-void Device::WakePathWaitersLocked(PathWindow& path, OutBatch& out) {
-  if (!path.MayWake()) return;
-  while (path.MaySend() && !path.waiting().empty()) {
-    const uint32_t qpn = path.waiting().front();
-    path.waiting().pop_front();
+void Device::WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out) {
+  bool first = true;
+  for (;;) {
+    uint32_t qpn;
+    {
+      std::lock_guard lock(core_.paths_mu);
+      auto it = core_.paths.find(peer);
+      if (it == core_.paths.end()) return;
+      PathWindow& path = it->second;
+      if (first && !path.MayWake()) return;
+      first = false;
+      if (!path.MaySend() || path.waiting().empty()) return;
+      qpn = path.waiting().front();
+      path.waiting().pop_front();
+    }
     QueuePair* qp = FindQpLocked(qpn);
-    if (qp == nullptr || !qp->requester().TakeWaitingForPath()) continue;  // destroyed or reset since
+    if (qp == nullptr) continue;  // destroyed since
+    std::lock_guard lock(qp->mutex());
+    if (!qp->requester().TakeWaitingForPath()) continue;  // reset since
     qp->requester().Progress(out);
   }
 }
 
 void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
-  std::vector<uint32_t> held;
-  held.swap(core_.acks_held);  // what leaves is dropped from core_.acks_held on the way; the rest goes back
-  uint64_t next = 0;
-  for (const uint32_t qpn : held) {
-    QueuePair* qp = FindQpLocked(qpn);
-    if (qp == nullptr || !qp->responder().ack_held()) continue;  // destroyed or reset since
+  std::vector<DeviceCore::HeldAck> held;
+  {
+    std::lock_guard lock(core_.acks_mu);
+    held.swap(core_.acks_held);  // what leaves is done with; the rest goes back (NoteAckHeld)
+  }
+  for (const DeviceCore::HeldAck& h : held) {
+    QueuePair* qp = FindQpLocked(h.qpn);
+    if (qp == nullptr) continue;  // destroyed since
+    std::lock_guard lock(qp->mutex());
     RcResponder& responder = qp->responder();
+    if (!responder.ack_held()) continue;  // sent or reset since
     if (responder.held_due_ns() <= due_by_ns || qp->state() == QpState::kErr) {
       responder.SendHeldAck(out);
       continue;
     }
-    next = wire::EarlierDeadline(next, responder.held_due_ns());
-    core_.acks_held.push_back(qpn);
+    core_.NoteAckHeld(h.qpn, responder.held_due_ns());
   }
+  std::lock_guard lock(core_.acks_mu);
+  uint64_t next = 0;
+  for (const DeviceCore::HeldAck& h : core_.acks_held) next = wire::EarlierDeadline(next, h.due_ns);
   core_.next_held_ack_due_ns.store(next, std::memory_order_relaxed);
 }
 

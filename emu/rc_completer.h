@@ -3,7 +3,7 @@
 // sends the requester back. It works on its QP's requester (rc_requester.h), as rxe's completer works on the
 // requester's queue.
 //
-// Every method runs with the device lock held (device_core.h).
+// Every method runs with its QP's lock held (QueuePair::mutex(), device_core.h).
 #pragma once
 
 #include "emu/transport_object.h"

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
 
 #include "emu/device_core.h"
 #include "emu/out_batch.h"
@@ -28,10 +30,11 @@ uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096
 
 void RcRequester::Charge() {
   if (qp_.type() != QpType::kRc && qp_.type() != QpType::kXrcSend) return;
-  Charge(core_.PathOf(qp_));
+  std::lock_guard lock(core_.paths_mu);
+  ChargeLocked(core_.PathOfLocked(qp_));
 }
 
-void RcRequester::Charge(PathWindow& path) {
+void RcRequester::ChargeLocked(PathWindow& path) {
   RcRequesterState& r = state_;
   const QpState s = qp_.state();
   const int64_t now =
@@ -91,7 +94,10 @@ void RcRequester::ArmRetransmit() {
   r.retransmit_deadline_ns = now + t;
   r.probe_deadline_ns = 0;
   if (core_.config.early_retransmit) {
-    r.probe_wait_ns = ProbeWaitNs(core_.PathOf(qp_));
+    {
+      std::lock_guard lock(core_.paths_mu);
+      r.probe_wait_ns = ProbeWaitNs(core_.PathOfLocked(qp_));
+    }
     if (r.probe_wait_ns < t) r.probe_deadline_ns = now + r.probe_wait_ns;
   }
   // Only the timeout wakes a sleeping poller: it comes back on its own within 10 ms while packets flow (Engine's
@@ -111,7 +117,10 @@ void RcRequester::AckedUpTo(uint32_t next) {
   RcRequesterState& r = state_;
   if (r.rtt_sent_ns == 0 || PsnDiff(next, r.rtt_psn) <= 0) return;
   const uint64_t now = core_.Now();
-  core_.PathOf(qp_).OnRoundTrip(now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1);
+  {
+    std::lock_guard lock(core_.paths_mu);
+    core_.PathOfLocked(qp_).OnRoundTrip(now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1);
+  }
   r.rtt_sent_ns = 0;
 }
 
@@ -135,7 +144,8 @@ bool RcRequester::OnlyWaitsForPath() const {
 }
 
 bool RcRequester::PathQueuesOthers() {
-  for (uint32_t qpn : core_.PathOf(qp_).waiting())
+  std::lock_guard lock(core_.paths_mu);
+  for (uint32_t qpn : core_.PathOfLocked(qp_).waiting())
     if (qpn != qp_.qpn()) return true;
   return false;
 }
@@ -158,7 +168,7 @@ void RcRequester::TimerArmed(uint64_t deadline) {
   RcRequesterState& r = state_;
   if (!r.timer_listed) {
     r.timer_listed = true;
-    core_.timed_qps.push_back(qp_.qpn());
+    core_.ListTimed(qp_.qpn());
   }
   core_.WakeForTimer(deadline);
 }
@@ -179,8 +189,11 @@ void RcRequester::SendReadRequest(SendWqe& w, uint32_t from_pkt, OutBatch& out) 
 }
 
 void RcRequester::Congestion() {
-  core_.PathOf(qp_).OnCongestion();
-  ++core_.counters.rc_congestion_signals;
+  {
+    std::lock_guard lock(core_.paths_mu);
+    core_.PathOfLocked(qp_).OnCongestion();
+  }
+  core_.Count(&DeviceCounters::rc_congestion_signals);
 }
 
 void RcRequester::RerequestRead(SendWqe& w, OutBatch& out) {
@@ -208,12 +221,18 @@ void RcRequester::Progress(OutBatch& out) {
 
   bool sent = false;
   std::vector<std::span<const uint8_t>> payload;  // the next packet's bytes, in registered memory
-  PathWindow& path = core_.PathOf(qp_);
+  // The path's entry stays where it is (paths is a map whose entries are never erased); what it holds is read and
+  // changed under paths_mu.
+  PathWindow& path = [&]() -> PathWindow& {
+    std::lock_guard lock(core_.paths_mu);
+    return core_.PathOfLocked(qp_);
+  }();
   // Marks PSNs before `next` as sent and charges what is new to the path at once, so the next packet sees the window
   // as it is.
   auto sent_up_to = [&](uint32_t next) {
     if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
-    Charge(path);
+    std::lock_guard lock(core_.paths_mu);
+    ChargeLocked(path);
   };
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
@@ -247,9 +266,11 @@ void RcRequester::Progress(OutBatch& out) {
       // atomic needs local write access to land its data.
       const uint32_t needed = (w.is_read() || w.is_atomic()) ? access::kLocalWrite : 0;
       if (!(w.wr.flags & send_flags::kInline)) {
+        std::shared_lock keys(core_.keys_mu);
         for (const Sge& sge : w.wr.sg_list) {
           if (sge.length == 0) continue;
           if (!core_.keys.CheckLocal(sge.lkey, qp_.init().pd, sge.addr, sge.length, needed).ok()) {
+            keys.unlock();
             Fail(r.cursor_wqe, WcStatus::kLocProtErr);
             return;
           }
@@ -263,15 +284,20 @@ void RcRequester::Progress(OutBatch& out) {
     }
     const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
     if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) break;  // the QP's window is full
-    if (PsnDiff(psn, r.sent_psn_next) >= 0 && !path.MaySend()) {
+    if (PsnDiff(psn, r.sent_psn_next) >= 0) {
       // The window shared by every QP towards this peer is full: wait to be woken as it opens (retransmissions of
-      // what is already in flight never wait).
-      if (!r.waiting_for_path) {
-        r.waiting_for_path = true;
-        path.waiting().push_back(qp_.qpn());
-        ++core_.counters.rc_path_waits;
+      // what is already in flight never wait). Threads sending for other QPs towards it meanwhile may each put
+      // one more packet in flight than the window allows: it is a bound on queueing, not on correctness.
+      std::unique_lock lock(core_.paths_mu);
+      if (!path.MaySend()) {
+        if (!r.waiting_for_path) {
+          r.waiting_for_path = true;
+          path.waiting().push_back(qp_.qpn());
+          lock.unlock();
+          core_.Count(&DeviceCounters::rc_path_waits);
+        }
+        break;
       }
-      break;
     }
 
     wire::PacketSpec spec;
@@ -324,23 +350,34 @@ void RcRequester::Progress(OutBatch& out) {
       // or nothing would ever acknowledge what it has in flight and it would wait for a timeout.
       const uint32_t next_psn = PsnAdd(psn, 1);
       const bool is_new = PsnDiff(psn, r.sent_psn_next) >= 0;
-      const bool stops_after =
-          PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets ||
-          (PsnDiff(next_psn, r.sent_psn_next) >= 0 && path.in_flight() + (is_new ? 1 : 0) >= path.window());
+      bool stops_after = PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets;
+      {
+        std::lock_guard lock(core_.paths_mu);
+        if (!stops_after && PsnDiff(next_psn, r.sent_psn_next) >= 0)
+          stops_after = path.in_flight() + (is_new ? 1 : 0) >= path.window();
+        // Charged in the same step, before the packet is built: one that cannot be built fails the QP, which
+        // uncharges it (Fail -> EnterError -> Charge).
+        if (is_new) r.sent_psn_next = next_psn;
+        ChargeLocked(path);
+      }
       spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;
       if (spec.bth.ack_req && is_new) TimeRoundTrip(psn);
       if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
       if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
       const uint64_t off = uint64_t{k} * mtu;
       const uint64_t len = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
-      if (!core_.GatherRange(qp_, w.wr, off, len, payload)) {
-        // The memory was deregistered after the WQE started.
-        Fail(r.cursor_wqe, WcStatus::kLocProtErr);
-        return;
-      }
       ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
-      out.AddGathered(core_.transport, spec, payload, dst, sport);
-      sent_up_to(PsnAdd(psn, 1));
+      {
+        // Registered memory is read while the key table cannot change (DeviceCore::keys_mu).
+        std::shared_lock keys(core_.keys_mu);
+        if (!core_.GatherRange(qp_, w.wr, off, len, payload)) {
+          // The memory was deregistered after the WQE started.
+          keys.unlock();
+          Fail(r.cursor_wqe, WcStatus::kLocProtErr);
+          return;
+        }
+        out.AddGathered(core_.transport, spec, payload, dst, sport);
+      }
       if (++r.cursor_pkt == w.npsn) {
         ++r.cursor_wqe;
         r.cursor_pkt = 0;
@@ -453,7 +490,7 @@ void RcRequester::OnTimers(uint64_t now, OutBatch& out) {
     uint32_t packet = 0;
     const size_t i = OldestUnacknowledged(&packet);
     if (i == r.sq.size() || OnlyWaitsForPath() || PathQueuesOthers()) return;
-    ++core_.counters.rc_early_retransmits;
+    core_.Count(&DeviceCounters::rc_early_retransmits);
     Congestion();
     GoBack(i, packet);
     Progress(out);
@@ -475,7 +512,7 @@ void RcRequester::OnTimers(uint64_t now, OutBatch& out) {
     return;
   }
   if (!(core_.config.retry_cnt_7_infinite && qp_.attributes().retry_cnt == 7)) --r.retries_left;
-  ++core_.counters.rc_retransmit_timeouts;
+  core_.Count(&DeviceCounters::rc_retransmit_timeouts);
   Congestion();
   GoBack(i, packet);
   Progress(out);

@@ -4,7 +4,7 @@
 // (CompleteInOrder), since a local operation completes when the requester reaches it. An XRC initiator is this
 // requester; its packets take XRC opcodes and the XRCETH on the way out (ToQpTransport).
 //
-// Every method runs with the device lock held (device_core.h).
+// Every method runs with its QP's lock held (QueuePair::mutex(), device_core.h).
 #pragma once
 
 #include <cstddef>
@@ -56,7 +56,7 @@ class RcRequester : private TransportObject {
   // --- the path's shared window (congestion.h) -----------------------------------------------------------------------
   // Brings the path's count of packets in flight up to date with the QP's (none unless it can send).
   void Charge();
-  void Charge(PathWindow& path);  // `path` is the QP's, already looked up (the data path)
+  void ChargeLocked(PathWindow& path);  // `path` is the QP's, with DeviceCore::paths_mu held
   // Whether it stopped for the path's window: the path's waiting list names it until it is woken (Progress).
   bool TakeWaitingForPath();
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
 
 #include "emu/device_core.h"
 #include "emu/out_batch.h"
@@ -46,16 +48,11 @@ void RcResponder::Acknowledge(uint32_t psn, bool one_packet, OutBatch& out) {
     return;
   }
   const uint64_t due = core_.Now() + (one_packet && !R.ack_held ? kAckHoldNs : kAckCoalesceNs);
-  if (!R.ack_held) {
-    R.ack_held = true;
-    R.held_due_ns = due;
-    core_.acks_held.push_back(qp_.qpn());
-  }
-  R.held_due_ns = std::min(R.held_due_ns, due);
+  R.held_due_ns = R.ack_held ? std::min(R.held_due_ns, due) : due;
+  R.ack_held = true;
   R.held_psn = psn;
   R.held_msn = R.msn;
-  const uint64_t next = core_.next_held_ack_due_ns.load(std::memory_order_relaxed);
-  if (next == 0 || R.held_due_ns < next) core_.next_held_ack_due_ns.store(R.held_due_ns, std::memory_order_relaxed);
+  core_.NoteAckHeld(qp_.qpn(), R.held_due_ns);
 }
 
 void RcResponder::SendHeldAck(OutBatch& out) {
@@ -72,8 +69,7 @@ void RcResponder::DropHeldAck() {
   RcResponderState& R = state_;
   if (!R.ack_held) return;
   R.ack_held = false;
-  if (const auto it = std::find(core_.acks_held.begin(), core_.acks_held.end(), qp_.qpn()); it != core_.acks_held.end())
-    core_.acks_held.erase(it);
+  core_.ForgetAckHeld(qp_.qpn());
 }
 
 void RcResponder::Reset() {
@@ -83,7 +79,9 @@ void RcResponder::Reset() {
 
 void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
   const uint32_t mtu = MtuBytes(qp_.attributes().path_mtu);
-  AccessResult acc = core_.keys.CheckRemote(res.rkey, qp_.init().pd, res.va, res.length, access::kRemoteRead, qp_.qpn());
+  std::shared_lock keys(core_.keys_mu);  // the region is read until the last response is built
+  AccessResult acc =
+      core_.keys.CheckRemote(res.rkey, qp_.init().pd, res.va, res.length, access::kRemoteRead, qp_.qpn());
   if (!acc.ok()) return;  // deregistered since: a duplicate gets no answer; the requester's retries decide
   const auto first = static_cast<uint32_t>(PsnDiff(from_psn, res.psn));
   for (uint32_t k = first; k < res.npsn; ++k) {
@@ -126,7 +124,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
 
   if (d > 0) {
     // A gap: packets were lost. One PSN sequence error NAK per gap (9.7.5.1.1); drop until the expected PSN comes.
-    ++core_.counters.rx_out_of_sequence;
+    core_.Count(&DeviceCounters::rx_out_of_sequence);
     if (!R.nak_outstanding) {
       R.nak_outstanding = true;
       nak(wire::NakCode::kPsnSeqError);
@@ -134,7 +132,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     return;
   }
   if (d < 0) {
-    ++core_.counters.rc_duplicates;
+    core_.Count(&DeviceCounters::rc_duplicates);
     if (op == wire::Operation::kReadRequest) {
       for (const ResponderResource& res : R.resources)
         if (!res.atomic && PsnDiff(psn, res.psn) >= 0 && PsnDiff(psn, res.psn) < static_cast<int32_t>(res.npsn)) {
@@ -178,7 +176,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     const bool needs_rqe = is_send || (ends && p.imm.has_value());
     if (needs_rqe && !m.rqe && !core_.HasReceiveWqe(qp_)) {  // the QP's receive queue or its SRQ
       // Receiver not ready (9.7.5.2.8): the requester waits min_rnr_timer and resends this packet.
-      ++core_.counters.rc_rnr_naks_sent;
+      core_.Count(&DeviceCounters::rc_rnr_naks_sent);
       SendAck(psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
       return;
     }
@@ -187,10 +185,9 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
       m.kind = kind;
       if (!is_send) {
         const wire::Reth& reth = *p.reth;
-        AccessResult acc = core_.keys.CheckRemote(reth.rkey, qp_.init().pd, reth.va, reth.dma_length, access::kRemoteWrite,
-                                         qp_.qpn());
-        if (!(a.qp_access_flags & access::kRemoteWrite) || !acc.ok()) {
-          ++core_.counters.rx_remote_access_denied;
+        const bool granted = core_.MayAccessRemote(qp_, reth.rkey, reth.va, reth.dma_length, access::kRemoteWrite);
+        if (!(a.qp_access_flags & access::kRemoteWrite) || !granted) {
+          core_.Count(&DeviceCounters::rx_remote_access_denied);
           m = InboundMessage{};
           fatal_nak(wire::NakCode::kRemoteAccessError);
           return;
@@ -200,8 +197,15 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
         m.write_length = reth.dma_length;
       }
     }
-    if (is_send && !m.rqe) {
+    if (needs_rqe && !m.rqe) {
       m.rqe = core_.TakeReceiveWqe(qp_);
+      if (!m.rqe) {
+        // Another QP took the SRQ's last WQE since the check above: receiver not ready after all.
+        if (starts) m = InboundMessage{};
+        core_.Count(&DeviceCounters::rc_rnr_naks_sent);
+        SendAck(psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
+        return;
+      }
     }
     if (is_send) {
       WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, p.payload);
@@ -215,18 +219,20 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
         return;
       }
     } else {
+      // On an error below the message is abandoned with the QP: the error state flushes the receive WQE a WRITE
+      // with immediate took.
       if (m.offset + p.payload.size() > m.write_length || (ends && m.offset + p.payload.size() != m.write_length)) {
-        m = InboundMessage{};
         fatal_nak(wire::NakCode::kInvalidRequest);  // more (or less) data than the RETH announced
         return;
       }
       if (!p.payload.empty()) {
+        std::shared_lock keys(core_.keys_mu);
         uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
         if (target == nullptr) {
+          keys.unlock();
           // The region was deregistered (or its window invalidated) while the message was arriving: the rest is
           // refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access error).
-          ++core_.counters.rx_remote_access_denied;
-          m = InboundMessage{};
+          core_.Count(&DeviceCounters::rx_remote_access_denied);
           fatal_nak(wire::NakCode::kRemoteAccessError);
           return;
         }
@@ -234,7 +240,10 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
       }
     }
     m.offset += p.payload.size();
-    if (ends && p.ieth && core_.keys.InvalidateWindow(p.ieth->rkey, qp_.qpn()) != 0) {
+    if (ends && p.ieth && [&] {
+          std::unique_lock keys(core_.keys_mu);
+          return core_.keys.InvalidateWindow(p.ieth->rkey, qp_.qpn()) != 0;
+        }()) {
       // SEND with invalidate names an R_Key we cannot invalidate (not a type 2 window bound to this QP): the
       // responder refuses the request (IBTA 9.4.6 / 10.6.7.2.3).
       fatal_nak(wire::NakCode::kInvalidRequest);
@@ -250,7 +259,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
           c.wr_id = m.rqe->wr_id;
           c.opcode = WcOpcode::kRecv;
         } else {
-          c.wr_id = core_.TakeReceiveWqe(qp_)->wr_id;
+          c.wr_id = m.rqe->wr_id;  // taken when the last packet arrived (RDMA WRITE with immediate, IBTA 9.4.3.1)
           c.opcode = WcOpcode::kRecvRdmaWithImm;
         }
         core_.Complete(qp_.init().recv_cq, c);
@@ -267,10 +276,9 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
   }
   if (op == wire::Operation::kReadRequest) {
     const wire::Reth& reth = *p.reth;
-    AccessResult acc = core_.keys.CheckRemote(reth.rkey, qp_.init().pd, reth.va, reth.dma_length, access::kRemoteRead,
-                                         qp_.qpn());
-    if (!(a.qp_access_flags & access::kRemoteRead) || !acc.ok()) {
-      ++core_.counters.rx_remote_access_denied;
+    const bool granted = core_.MayAccessRemote(qp_, reth.rkey, reth.va, reth.dma_length, access::kRemoteRead);
+    if (!(a.qp_access_flags & access::kRemoteRead) || !granted) {
+      core_.Count(&DeviceCounters::rx_remote_access_denied);
       fatal_nak(wire::NakCode::kRemoteAccessError);
       return;
     }
@@ -294,9 +302,11 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
       fatal_nak(wire::NakCode::kInvalidRequest);  // misaligned atomic (9.4.5)
       return;
     }
+    std::shared_lock keys(core_.keys_mu);  // the word is changed while the key table cannot change
     AccessResult acc = core_.keys.CheckRemote(ae.rkey, qp_.init().pd, ae.va, 8, access::kRemoteAtomic, qp_.qpn());
     if (!(a.qp_access_flags & access::kRemoteAtomic) || !acc.ok()) {
-      ++core_.counters.rx_remote_access_denied;
+      keys.unlock();
+      core_.Count(&DeviceCounters::rx_remote_access_denied);
       fatal_nak(wire::NakCode::kRemoteAccessError);
       return;
     }
@@ -309,6 +319,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     } else {
       original = __atomic_fetch_add(target, ae.swap_add, __ATOMIC_SEQ_CST);
     }
+    keys.unlock();
     ResponderResource res;
     res.atomic = true;
     res.psn = psn;

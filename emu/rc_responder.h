@@ -3,7 +3,7 @@
 // executes, NAKs or RNR-NAKs it, and acknowledges, at once or held (AckTiming). An XRC target is this responder, run
 // with the PD, CQ and WQEs of the SRQ each request names (Device::ReceiveXrcTargetLocked).
 //
-// Every method runs with the device lock held (device_core.h).
+// Every method runs with its QP's lock held (QueuePair::mutex(), device_core.h).
 #pragma once
 
 #include <cstdint>

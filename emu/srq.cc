@@ -5,6 +5,7 @@
 namespace uroce::emu {
 
 int SharedReceiveQueue::Post(RecvWr&& wr) {
+  std::lock_guard lock(mu_);
   if (wr.sg_list.size() > max_sge_) return EINVAL;
   if (wqes_.size() >= max_wr_) return ENOMEM;
   wqes_.push_back(std::move(wr));
@@ -12,6 +13,7 @@ int SharedReceiveQueue::Post(RecvWr&& wr) {
 }
 
 std::optional<RecvWr> SharedReceiveQueue::Take(bool* limit_reached) {
+  std::lock_guard lock(mu_);
   *limit_reached = false;
   if (wqes_.empty()) return std::nullopt;
   RecvWr wr = std::move(wqes_.front());
@@ -26,12 +28,14 @@ std::optional<RecvWr> SharedReceiveQueue::Take(bool* limit_reached) {
 }
 
 std::deque<RecvWr> SharedReceiveQueue::TakeAll() {
+  std::lock_guard lock(mu_);
   std::deque<RecvWr> all;
   all.swap(wqes_);
   return all;
 }
 
 int SharedReceiveQueue::Modify(const SrqAttributes& attr, uint32_t mask, uint32_t max_wr_limit) {
+  std::lock_guard lock(mu_);
   if (mask & ~(srq_attr::kMaxWr | srq_attr::kLimit)) return EINVAL;
   uint32_t max_wr = max_wr_;
   if (mask & srq_attr::kMaxWr) {

@@ -7,11 +7,13 @@
 //
 // An XrcDomain groups XRC SRQs and XRC target QPs: a target QP may deliver only into SRQs of its own domain.
 //
-// Not thread-safe: the Device calls these with its lock held.
+// A SharedReceiveQueue locks itself (several QPs take from it while their own locks are held); an XrcDomain is only
+// touched under the Device's object lock.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <optional>
 
 #include "emu/completion_queue.h"
@@ -62,11 +64,17 @@ class SharedReceiveQueue {
   XrcDomain* xrcd() const { return xrcd_; }
   // XRC only: where completions of WQEs taken from this SRQ go (Annex A14: the SRQ, not the target QP, has the CQ).
   CompletionQueue* cq() const { return cq_; }
-  size_t depth() const { return wqes_.size(); }
+  size_t depth() const {
+    std::lock_guard lock(mu_);
+    return wqes_.size();
+  }
 
   // Queues a receive WQE: EINVAL when it has more SGEs than max_sge, ENOMEM when max_wr WQEs are queued.
   int Post(RecvWr&& wr);
-  bool empty() const { return wqes_.empty(); }
+  bool empty() const {
+    std::lock_guard lock(mu_);
+    return wqes_.empty();
+  }
   // Takes the oldest WQE (nullopt when empty). Sets *limit_reached when this take brought the number of WQEs below an
   // armed limit: the limit event fires once per arming, so the SRQ disarms itself (srq_limit reads 0 afterwards;
   // ibv_query_srq(3) NOTES).
@@ -78,9 +86,13 @@ class SharedReceiveQueue {
   // arms the limit event (EINVAL when the limit exceeds max_wr). Nothing changes unless every attribute is valid.
   // Other bits: EINVAL.
   int Modify(const SrqAttributes& attr, uint32_t mask, uint32_t max_wr_limit);
-  SrqAttributes Query() const { return {max_wr_, max_sge_, limit_}; }
+  SrqAttributes Query() const {
+    std::lock_guard lock(mu_);
+    return {max_wr_, max_sge_, limit_};
+  }
 
   // QPs attached to (RC/UD) or created for this SRQ; destroy is refused while non-zero (ibv_destroy_srq(3) NOTES).
+  // Changed and read under the Device's object lock held exclusively.
   int users = 0;
   // Opaque back-pointer for the layer above (verbs_api's ibv_srq), so an async event finds its owner.
   void* owner = nullptr;
@@ -94,6 +106,7 @@ class SharedReceiveQueue {
   uint32_t limit_ = 0;  // 0: not armed
   XrcDomain* xrcd_;
   CompletionQueue* cq_;
+  mutable std::mutex mu_;  // guards max_wr_, limit_ and wqes_
   std::deque<RecvWr> wqes_;
 };
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
 
 #include "emu/device_core.h"
 #include "emu/out_batch.h"
@@ -68,7 +70,7 @@ void UcTransport::Receive(const wire::PacketView& p) {
   // IBTA 9.7.6.1.3 (UC): a PSN other than the expected one means packets were lost; the message in progress is
   // abandoned and the receiver resynchronises on the next FIRST or ONLY packet, whatever its PSN.
   if (p.bth.psn != a.rq_psn) {
-    if (m.kind != InboundMessage::Kind::kNone || !starts) ++core_.counters.rx_out_of_sequence;
+    if (m.kind != InboundMessage::Kind::kNone || !starts) core_.Count(&DeviceCounters::rx_out_of_sequence);
     if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));  // the WQE is reused for a later message
     m = InboundMessage{};
     if (!starts) {
@@ -87,7 +89,7 @@ void UcTransport::Receive(const wire::PacketView& p) {
     m = InboundMessage{};
     if (is_send) {
       if (qp_.receive_queue().empty()) {
-        ++core_.counters.rx_no_receive_wqe;  // UC has no RNR NAK: the message is dropped (IBTA 9.7.6.1.5)
+        core_.Count(&DeviceCounters::rx_no_receive_wqe);  // UC has no RNR NAK: the message is dropped (IBTA 9.7.6.1.5)
         m.dropping = true;
         return;
       }
@@ -97,10 +99,10 @@ void UcTransport::Receive(const wire::PacketView& p) {
     } else {
       const wire::Reth& reth = *p.reth;
       const bool allowed = a.qp_access_flags & access::kRemoteWrite;
-      AccessResult r = core_.keys.CheckRemote(reth.rkey, qp_.init().pd, reth.va, reth.dma_length, access::kRemoteWrite,
-                                         qp_.qpn());
-      if (!allowed || !r.ok()) {
-        ++core_.counters.rx_remote_access_denied;  // UC cannot NAK: the message is dropped (IBTA 9.7.6.1.5)
+      const bool granted = core_.MayAccessRemote(qp_, reth.rkey, reth.va, reth.dma_length, access::kRemoteWrite);
+      if (!allowed || !granted) {
+        // UC cannot NAK: the message is dropped (IBTA 9.7.6.1.5).
+        core_.Count(&DeviceCounters::rx_remote_access_denied);
         m.dropping = true;
         return;
       }
@@ -111,7 +113,7 @@ void UcTransport::Receive(const wire::PacketView& p) {
     }
   } else if ((m.kind == InboundMessage::Kind::kSend) != is_send) {
     // A WRITE packet inside a SEND (or the reverse): out of sequence opcodes, drop the message.
-    ++core_.counters.rx_out_of_sequence;
+    core_.Count(&DeviceCounters::rx_out_of_sequence);
     if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
     m = InboundMessage{};
     m.dropping = true;
@@ -131,15 +133,17 @@ void UcTransport::Receive(const wire::PacketView& p) {
     }
   } else {
     if (m.offset + p.payload.size() > m.write_length) {
-      ++core_.counters.rx_remote_access_denied;  // more data than the RETH announced
+      core_.Count(&DeviceCounters::rx_remote_access_denied);  // more data than the RETH announced
       m = InboundMessage{};
       m.dropping = true;
       return;
     }
     if (!p.payload.empty()) {
+      std::shared_lock keys(core_.keys_mu);  // the region is written while the key table cannot change
       uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
       if (target == nullptr) {
-        ++core_.counters.rx_remote_access_denied;  // deregistered mid-message: the rest is dropped (UC cannot NAK)
+        // Deregistered mid-message: the rest is dropped (UC cannot NAK).
+        core_.Count(&DeviceCounters::rx_remote_access_denied);
         m = InboundMessage{};
         m.dropping = true;
         return;
@@ -161,7 +165,7 @@ void UcTransport::Receive(const wire::PacketView& p) {
   } else {
     // RDMA WRITE with immediate consumes a receive WQE (IBTA 9.4.3.1); without one the message is lost.
     if (qp_.receive_queue().empty()) {
-      ++core_.counters.rx_no_receive_wqe;
+      core_.Count(&DeviceCounters::rx_no_receive_wqe);
       m = InboundMessage{};
       return;
     }

@@ -3,7 +3,7 @@
 // network; the receiver assembles a message while the PSNs follow each other and abandons it at a gap, resuming at the
 // next FIRST or ONLY packet (9.7.6.1.3). Nothing is NAKed: what cannot be placed is dropped and counted.
 //
-// Every method runs with the device lock held (device_core.h).
+// Every method runs with its QP's lock held (QueuePair::mutex(), device_core.h).
 #pragma once
 
 #include "emu/transport_object.h"

@@ -64,12 +64,12 @@ int UdTransport::Post(SendWr& wr, OutBatch& out) {
 
 void UdTransport::Receive(const wire::InDatagram& d, const wire::PacketView& p) {
   if (!p.deth || p.deth->qkey != qp_.attributes().qkey) {
-    ++core_.counters.rx_bad_qkey;  // IBTA 10.2.4 (C10-15): Q_Key mismatch, silently dropped
+    core_.Count(&DeviceCounters::rx_bad_qkey);  // IBTA 10.2.4 (C10-15): Q_Key mismatch, silently dropped
     return;
   }
   std::optional<RecvWr> taken = core_.TakeReceiveWqe(qp_);  // the QP's own queue or its SRQ
   if (!taken) {
-    ++core_.counters.rx_no_receive_wqe;  // UD has no RNR: the datagram is lost (IBTA 9.7.8)
+    core_.Count(&DeviceCounters::rx_no_receive_wqe);  // UD has no RNR: the datagram is lost (IBTA 9.7.8)
     return;
   }
   RecvWr rqe = std::move(*taken);

@@ -3,7 +3,7 @@
 // of the receive buffer (RoCEv2 A17.4.5.1). No connection, no acknowledgement, no RNR: a datagram without a receive
 // WQE is lost.
 //
-// Every method runs with the device lock held (device_core.h).
+// Every method runs with its QP's lock held (QueuePair::mutex(), device_core.h).
 #pragma once
 
 #include "emu/transport_object.h"

@@ -3,6 +3,8 @@
 // SRQ the XRCETH names.
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
+#include <shared_mutex>
 
 #include "emu/device.h"
 #include "emu/out_batch.h"
@@ -67,7 +69,7 @@ void ToQpTransport(const QueuePair& qp, const SendWr* wr, wire::PacketSpec& spec
 
 void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
   if (!p.info->is_request || !p.xrc) {
-    ++core_.counters.rx_wrong_transport;  // a target only responds; responses to it make no sense
+    core_.Count(&DeviceCounters::rx_wrong_transport);  // a target only responds; responses to it make no sense
     return;
   }
   SharedReceiveQueue* srq = nullptr;
@@ -75,7 +77,7 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
   if (srq == nullptr || srq->type() != SrqType::kXrc || srq->xrcd() != qp->init().xrcd) {
     // Annex A14: a request naming an SRQ that is not an XRC SRQ of the target's domain is an invalid request: NAK it,
     // and the target QP enters the error state as for any invalid request (IBTA 9.7.5.2.4).
-    ++core_.counters.rx_remote_access_denied;
+    core_.Count(&DeviceCounters::rx_remote_access_denied);
     RcResponder& responder = qp->responder();
     responder.SendAck(qp->attributes().rq_psn, wire::Aeth::Nak(wire::NakCode::kInvalidRequest, responder.state().msn),
                       out);
@@ -104,7 +106,7 @@ int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, Compl
   if (attr.max_wr == 0 || attr.max_wr > lim.max_srq_wr || attr.max_sge > lim.max_srq_sge) return EINVAL;
   attr.max_sge = std::max<uint32_t>(attr.max_sge, 1);
   attr.srq_limit = 0;  // ibv_create_srq(3): the limit is irrelevant at creation; ibv_modify_srq arms it
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   if (pds_.count(pd->handle()) == 0 || pds_.at(pd->handle()).get() != pd) return EINVAL;
   if (type == SrqType::kXrc) {
     if (xrcds_.count(xrcd) == 0) return EINVAL;
@@ -127,18 +129,18 @@ int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, Compl
 }
 
 int Device::ModifySrq(SharedReceiveQueue* srq, const SrqAttributes& attr, uint32_t mask) {
-  std::lock_guard lock(mu_);
+  std::shared_lock objects(objects_mu_);  // the SRQ locks itself
   return srq->Modify(attr, mask, core_.config.limits.max_srq_wr);
 }
 
 int Device::QuerySrq(SharedReceiveQueue* srq, SrqAttributes* attr) {
-  std::lock_guard lock(mu_);
+  std::shared_lock objects(objects_mu_);  // the SRQ locks itself
   *attr = srq->Query();
   return 0;
 }
 
 int Device::DestroySrq(SharedReceiveQueue* srq) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   auto it = srqs_.find(srq->srqn());
   if (it == srqs_.end() || it->second.get() != srq) return EINVAL;
   if (srq->users > 0) return EBUSY;  // ibv_destroy_srq(3) NOTES: fails while a QP is associated with it
@@ -147,14 +149,14 @@ int Device::DestroySrq(SharedReceiveQueue* srq) {
 }
 
 int Device::PostSrqRecv(SharedReceiveQueue* srq, RecvWr&& wr) {
-  std::lock_guard lock(mu_);
+  std::shared_lock objects(objects_mu_);  // the SRQ locks itself
   return srq->Post(std::move(wr));
 }
 
 // --- XRC domains and shared target QPs ------------------------------------------------------------------------------
 
 int Device::OpenXrcd(std::optional<uint64_t> inode, bool create, bool exclusive, XrcDomain** out) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   if (inode) {
     for (auto& [ptr, d] : xrcds_) {
       if (d->inode() != inode) continue;
@@ -174,7 +176,7 @@ int Device::OpenXrcd(std::optional<uint64_t> inode, bool create, bool exclusive,
 }
 
 int Device::CloseXrcd(XrcDomain* xrcd) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   auto it = xrcds_.find(xrcd);
   if (it == xrcds_.end()) return EINVAL;
   if (xrcd->references > 1) {
@@ -191,7 +193,7 @@ int Device::CloseXrcd(XrcDomain* xrcd) {
 }
 
 int Device::OpenQp(XrcDomain* xrcd, uint32_t qpn, QpType type, QueuePair** out) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   if (xrcd == nullptr || xrcds_.count(xrcd) == 0) return EINVAL;
   // ibv_open_qp(3) NOTES: fails unless a QP of that number and type exists within the xrcd; only XRC targets are
   // shareable.
@@ -203,7 +205,7 @@ int Device::OpenQp(XrcDomain* xrcd, uint32_t qpn, QpType type, QueuePair** out) 
 }
 
 void Device::SetQpOwner(QueuePair* qp, void* owner) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(objects_mu_);
   qp->owner = owner;
 }
 

@@ -187,7 +187,7 @@ ibv_context* NewContext(ibv_device* device, int cmd_fd) {
     g_contexts.insert(ctx);
   }
   // Every context of the process shares the device; an event goes to the context owning its object, a port event to
-  // all. Installed outside g_contexts_mu: the handler runs under the device lock and takes g_contexts_mu.
+  // all. Installed outside g_contexts_mu: the handler runs under a QP's lock in the device and takes g_contexts_mu.
   ctx->dev().set_async_handler([](const emu::AsyncEvent& e) {
     std::lock_guard lock(g_contexts_mu);
     for (Context* each : g_contexts) {
