@@ -66,7 +66,8 @@ struct ManyQps {
   std::vector<QueuePair*> qa, qb;
   Buffer src, dst;
 
-  explicit ManyQps(const wire::FaultConfig& faults = {}) {
+  // `timeout`: every QP's local ACK timeout attribute (4.096 us << timeout).
+  explicit ManyQps(const wire::FaultConfig& faults = {}, uint8_t timeout = testing::RcAttributes{}.timeout) {
     a = &fabric.AddNode(Mtu::k1024);
     b = &fabric.AddNode(Mtu::k1024);
     if (faults.any()) fabric.network().SetDefaultFaults(faults);
@@ -76,6 +77,7 @@ struct ManyQps {
     EXPECT_EQ(b->device->CreateCq(4096, &rb), 0);
     testing::RcAttributes rc;
     rc.access = access::kRemoteWrite;
+    rc.timeout = timeout;
     for (int i = 0; i < kQps; ++i) {
       qa.push_back(testing::CreateConnectedQp(*a->device, QpType::kRc, pa, sa, nullptr, 0));
       qb.push_back(testing::CreateConnectedQp(*b->device, QpType::kRc, pb, rb, nullptr, 0));
@@ -190,6 +192,21 @@ TEST(PathWindowOnTheWire, LossCutsTheWindowAndEveryQpStillFinishes) {
   // Retransmissions stay a small multiple of what was lost: no storm.
   const uint64_t needed = uint64_t{ManyQps::kQps} * ManyQps::kMessages * 64;
   EXPECT_LT(t.a->device->counters().tx_packets, needed * 3 / 2) << FormatCounters(t.a->device->counters());
+}
+
+// A requester that waited for the window for longer than its local ACK timeout resumes with the timer started anew:
+// it runs on while the requester only waits (OnTimers re-arms it without spending a retry), and a deadline left from
+// the wait fired before the ACK of what the requester had just sent could come back. Here every datagram takes 200 us
+// and the timeout is 524 us: each round trip fits, but 64 QPs queue for the window for many of them.
+TEST(PathWindowOnTheWire, ARequesterResumingAfterALongWaitGetsAWholeTimeoutForItsAck) {
+  wire::FaultConfig faults;
+  faults.delay_ns = 200'000;
+  ManyQps t(faults, /*timeout=*/7);
+  t.PostAll();
+  t.fabric.Pump(10'000'000);
+  t.ExpectAllDelivered();
+  EXPECT_GT(t.a->device->counters().rc_path_waits, 0u);  // QPs did wait for the window
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u) << FormatCounters(t.a->device->counters());
 }
 
 }  // namespace

@@ -220,6 +220,10 @@ void RcRequester::Progress(OutBatch& out) {
   };
 
   bool sent = false;
+  // Nothing unacknowledged yet: the local ACK timer, if armed (it runs on while the requester waits for the path's
+  // window), starts again with what is sent now (IBTA 9.7.6.1.3 times a request from its sending). Seen with 1000
+  // QPs: a requester that had waited 270 ms for the window timed out 3 ms after it resumed, its ACK still queued.
+  const bool idle_before = PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0;
   std::vector<std::span<const uint8_t>> payload;  // the next packet's bytes, in registered memory
   // The path's entry stays where it is (paths is a map whose entries are never erased); what it holds is read and
   // changed under paths_mu.
@@ -284,12 +288,17 @@ void RcRequester::Progress(OutBatch& out) {
     }
     const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
     if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) break;  // the QP's window is full
+    bool force_ack_req = false;
     if (PsnDiff(psn, r.sent_psn_next) >= 0) {
       // The window shared by every QP towards this peer is full: wait to be woken as it opens (retransmissions of
       // what is already in flight never wait). Threads sending for other QPs towards it meanwhile may each put
-      // one more packet in flight than the window allows: it is a bound on queueing, not on correctness.
+      // one more packet in flight than the window allows: it is a bound on queueing, not on correctness. So may a
+      // requester whose newest packet did not ask for an ACK: this one does, and it stops after it
+      // (RcRequesterState::tail_asks_ack).
       std::unique_lock lock(core_.paths_mu);
-      if (!path.MaySend()) {
+      if (!path.MaySend() && !r.tail_asks_ack) {
+        force_ack_req = true;
+      } else if (!path.MaySend()) {
         if (!r.waiting_for_path) {
           r.waiting_for_path = true;
           path.waiting().push_back(qp_.qpn());
@@ -314,6 +323,8 @@ void RcRequester::Progress(OutBatch& out) {
       r.cursor_pkt = std::max(r.cursor_pkt, w.read_next);
       if (r.cursor_pkt > w.read_next) break;
       const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
+      // A READ request asks for its responses, which acknowledge what precedes it.
+      if (PsnDiff(PsnAdd(w.first_psn, end), r.sent_psn_next) > 0) r.tail_asks_ack = true;
       SendReadRequest(w, r.cursor_pkt, out);
       sent_up_to(PsnAdd(w.first_psn, end));
       if (end == w.npsn) {
@@ -330,6 +341,7 @@ void RcRequester::Progress(OutBatch& out) {
                                     cas ? w.wr.compare_add : 0};
       ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(core_.transport, spec, {}, dst, sport);
+      if (PsnDiff(psn, r.sent_psn_next) >= 0) r.tail_asks_ack = true;
       sent_up_to(PsnAdd(psn, 1));
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
@@ -360,7 +372,8 @@ void RcRequester::Progress(OutBatch& out) {
         if (is_new) r.sent_psn_next = next_psn;
         ChargeLocked(path);
       }
-      spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;
+      spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after || force_ack_req;
+      if (is_new) r.tail_asks_ack = spec.bth.ack_req;
       if (spec.bth.ack_req && is_new) TimeRoundTrip(psn);
       if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
       if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
@@ -385,7 +398,7 @@ void RcRequester::Progress(OutBatch& out) {
     }
     sent = true;
   }
-  if (sent && r.retransmit_deadline_ns == 0) ArmRetransmit();
+  if (sent && (r.retransmit_deadline_ns == 0 || idle_before)) ArmRetransmit();
   // A held ACK of this QP's responder follows the requests just queued (AckTiming::kHeld).
   if (sent && qp_.responder().ack_held()) qp_.responder().SendHeldAck(out);
 }
