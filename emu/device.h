@@ -124,7 +124,8 @@ class Device {
 
   // --- network ------------------------------------------------------------------------------------------------
   using AckTiming = emu::AckTiming;  // device_core.h
-  // Processes one received datagram (a CM MAD for QP1 goes to the connection manager once the device's locks are released).
+  // Processes one received datagram (a CM MAD for QP1 goes to the connection manager once the device's locks are
+  // released).
   void OnDatagram(const wire::InDatagram& datagram, AckTiming acks = AckTiming::kNow);
   // Sends the held ACKs (AckTiming::kHeld) due by `due_by_ns`, all of them by default. Cheap when none is due.
   void SendHeldAcks(uint64_t due_by_ns = UINT64_MAX);

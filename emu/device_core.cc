@@ -63,7 +63,7 @@ std::string FormatCounters(const DeviceCounters& c) {
 
 thread_local AckTiming DeviceCore::ack_timing = AckTiming::kNow;
 
-wire::IpAddress DeviceCore::PeerAddressOf(const QueuePair& qp) { return qp.peer().addr; }
+PathWindow& DeviceCore::PathOfLocked(const QueuePair& qp) { return paths[qp.peer().addr]; }
 
 DeviceCounters DeviceCore::Counters() const {
   DeviceCounters c;
@@ -308,14 +308,24 @@ Completion DeviceCore::MessageCompletion(const QueuePair& qp, uint64_t byte_len,
 
 // --- the receive queue -----------------------------------------------------------------------------------------------
 
+namespace {
+
+// The SRQ `qp` takes receive WQEs from: an XRC target's is the one the request being processed names, another QP's
+// the one it was created on; nullptr for a QP with a receive queue of its own (or an XRC target outside a request).
+SharedReceiveQueue* ReceiveSrqOf(const QueuePair& qp) {
+  return qp.type() == QpType::kXrcRecv ? qp.packet_srq : qp.init().srq;
+}
+
+}  // namespace
+
 bool DeviceCore::HasReceiveWqe(QueuePair& qp) {
-  SharedReceiveQueue* srq = qp.type() == QpType::kXrcRecv ? qp.packet_srq : qp.init().srq;
+  SharedReceiveQueue* srq = ReceiveSrqOf(qp);
   if (qp.type() == QpType::kXrcRecv && srq == nullptr) return false;
   return srq != nullptr ? !srq->empty() : !qp.receive_queue().empty();
 }
 
 std::optional<RecvWr> DeviceCore::TakeReceiveWqe(QueuePair& qp) {
-  SharedReceiveQueue* srq = qp.type() == QpType::kXrcRecv ? qp.packet_srq : qp.init().srq;
+  SharedReceiveQueue* srq = ReceiveSrqOf(qp);
   if (srq != nullptr) {
     bool limit_reached = false;
     std::optional<RecvWr> wr = srq->Take(&limit_reached);

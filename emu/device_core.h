@@ -53,10 +53,10 @@ struct DeviceConfig {
   // timeouts. Kernel rxe instead treats retry_cnt 7 as "forever"; true reproduces that (UROCE_RETRY_FOREVER=1).
   bool retry_cnt_7_infinite = false;
   // A requester that has heard nothing for a few round trips (RcRequester::kProbeRoundTrips times its path's smoothed
-  // RTT, at least RcRequester::kMinProbeNs) goes back to its oldest unacknowledged packet at once instead of waiting out the local
-  // ACK timeout (4.096 us x 2^timeout: 67 ms for perftest's 14). Resending is always safe in RC: the responder
-  // acknowledges or answers a duplicate again and never executes it twice. This resend spends no retry, so the
-  // timeout still decides when a dead peer fails the WR (RETRY_EXC_ERR after retry_cnt + 1 timeouts). What it
+  // RTT, at least RcRequester::kMinProbeNs) goes back to its oldest unacknowledged packet at once instead of waiting
+  // out the local ACK timeout (4.096 us x 2^timeout: 67 ms for perftest's 14). Resending is always safe in RC: the
+  // responder acknowledges or answers a duplicate again and never executes it twice. This resend spends no retry, so
+  // the timeout still decides when a dead peer fails the WR (RETRY_EXC_ERR after retry_cnt + 1 timeouts). What it
   // recovers fast: a lost sequence NAK (the responder NAKs a gap once and then drops what follows in silence) and a
   // lost last ACK or READ response. false: only the timeout, as rxe.
   bool early_retransmit = true;
@@ -198,8 +198,7 @@ class DeviceCore {
   // QP has none for the direction it does not have).
   void Complete(CompletionQueue* cq, const Completion& c);
   // The shared window towards `qp`'s peer (congestion.h); with paths_mu held.
-  PathWindow& PathOfLocked(const QueuePair& qp) { return paths[PeerAddressOf(qp)]; }
-  static wire::IpAddress PeerAddressOf(const QueuePair& qp);
+  PathWindow& PathOfLocked(const QueuePair& qp);
   // A timer was armed for `deadline`: the progress thread may be blocked until later, wake it. Takes timers_mu.
   void WakeForTimer(uint64_t deadline);
   // QP `qpn` has a timer armed: RunTimers visits it. Takes timers_mu.

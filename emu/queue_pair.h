@@ -55,8 +55,8 @@ struct InboundMessage {
   enum class Kind : uint8_t { kNone, kSend, kWrite } kind = Kind::kNone;
   std::optional<RecvWr> rqe;  // SEND: the receive WQE being filled
   uint64_t offset = 0;        // bytes placed so far
-  // RDMA WRITE: the target the RETH named. Every packet checks its own part again (DeviceCore::WriteTarget): the MR may be
-  // deregistered, or its window invalidated, while the message is arriving.
+  // RDMA WRITE: the target the RETH named. Every packet checks its own part again (DeviceCore::WriteTarget): the MR
+  // may be deregistered, or its window invalidated, while the message is arriving.
   uint64_t write_va = 0;
   uint32_t write_rkey = 0;
   uint64_t write_length = 0;

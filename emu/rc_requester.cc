@@ -288,24 +288,25 @@ void RcRequester::Progress(OutBatch& out) {
     }
     const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
     if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) break;  // the QP's window is full
+    const bool is_new = PsnDiff(psn, r.sent_psn_next) >= 0;  // not sent before (go-back-N resends are not)
     bool force_ack_req = false;
-    if (PsnDiff(psn, r.sent_psn_next) >= 0) {
+    if (is_new) {
       // The window shared by every QP towards this peer is full: wait to be woken as it opens (retransmissions of
       // what is already in flight never wait). Threads sending for other QPs towards it meanwhile may each put
       // one more packet in flight than the window allows: it is a bound on queueing, not on correctness. So may a
       // requester whose newest packet did not ask for an ACK: this one does, and it stops after it
       // (RcRequesterState::tail_asks_ack).
       std::unique_lock lock(core_.paths_mu);
-      if (!path.MaySend() && !r.tail_asks_ack) {
-        force_ack_req = true;
-      } else if (!path.MaySend()) {
-        if (!r.waiting_for_path) {
-          r.waiting_for_path = true;
-          path.waiting().push_back(qp_.qpn());
-          lock.unlock();
-          core_.Count(&DeviceCounters::rc_path_waits);
+      if (!path.MaySend()) {
+        if (r.tail_asks_ack) {
+          if (!r.waiting_for_path) {
+            r.waiting_for_path = true;
+            path.waiting().push_back(qp_.qpn());
+            core_.Count(&DeviceCounters::rc_path_waits);
+          }
+          break;
         }
-        break;
+        force_ack_req = true;
       }
     }
 
@@ -341,7 +342,7 @@ void RcRequester::Progress(OutBatch& out) {
                                     cas ? w.wr.compare_add : 0};
       ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(core_.transport, spec, {}, dst, sport);
-      if (PsnDiff(psn, r.sent_psn_next) >= 0) r.tail_asks_ack = true;
+      if (is_new) r.tail_asks_ack = true;
       sent_up_to(PsnAdd(psn, 1));
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
@@ -361,7 +362,6 @@ void RcRequester::Progress(OutBatch& out) {
       // AckReq where the requester will stop after this packet too -- the QP's window or the path's is full --
       // or nothing would ever acknowledge what it has in flight and it would wait for a timeout.
       const uint32_t next_psn = PsnAdd(psn, 1);
-      const bool is_new = PsnDiff(psn, r.sent_psn_next) >= 0;
       bool stops_after = PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets;
       {
         std::lock_guard lock(core_.paths_mu);

@@ -67,7 +67,7 @@ class RcRequester : private TransportObject {
   bool timer_listed() const { return state_.timer_listed; }
   void set_timer_listed(bool listed) { state_.timer_listed = listed; }
 
-  // --- used by the completer (rc_completer.h) --------------------------------------------------------------------------
+  // --- used by the completer (rc_completer.h) ------------------------------------------------------------------------
   // WQE `index` fails with `status`: what precedes it completes, then the QP enters the error state.
   void Fail(size_t index, WcStatus status);
   // Completes the done WQEs at the head of the queue, in order (IBTA 9.7.5.1.2).

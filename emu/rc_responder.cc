@@ -77,6 +77,22 @@ void RcResponder::Reset() {
   state_ = RcResponderState{};
 }
 
+void RcResponder::FatalNak(wire::NakCode code, OutBatch& out) {
+  SendAck(qp_.attributes().rq_psn, wire::Aeth::Nak(code, state_.msn), out);
+  core_.EnterError(qp_);
+}
+
+void RcResponder::SendAtomicAck(uint32_t psn, uint32_t msn, uint64_t original, OutBatch& out) {
+  wire::PacketSpec spec;
+  spec.bth.opcode = wire::opcode::kRcAtomicAcknowledge;
+  spec.bth.dest_qp = qp_.attributes().dest_qp_num;
+  spec.bth.psn = psn;
+  spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, msn);
+  spec.atomic_ack = wire::AtomicAckEth{original};
+  ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
+  out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
+}
+
 void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
   const uint32_t mtu = MtuBytes(qp_.attributes().path_mtu);
   std::shared_lock keys(core_.keys_mu);  // the region is read until the last response is built
@@ -115,11 +131,10 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
   // A READ response or atomic ACK answers in PSN order after the ACK held for earlier requests.
   if (R.ack_held && op != wire::Operation::kSend && op != wire::Operation::kRdmaWrite) SendHeldAck(out);
   const uint32_t mtu = MtuBytes(a.path_mtu);
-  auto nak = [&](wire::NakCode code) { SendAck(a.rq_psn, wire::Aeth::Nak(code, R.msn), out); };
-  // Errors that end the connection: NAK, then the responder's QP enters the error state (IBTA 9.7.5.2.x).
-  auto fatal_nak = [&](wire::NakCode code) {
-    nak(code);
-    core_.EnterError(qp_);
+  // Receiver not ready (9.7.5.2.8): the requester waits min_rnr_timer and resends this packet.
+  auto rnr_nak = [&] {
+    core_.Count(&DeviceCounters::rc_rnr_naks_sent);
+    SendAck(psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
   };
 
   if (d > 0) {
@@ -127,7 +142,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     core_.Count(&DeviceCounters::rx_out_of_sequence);
     if (!R.nak_outstanding) {
       R.nak_outstanding = true;
-      nak(wire::NakCode::kPsnSeqError);
+      SendAck(a.rq_psn, wire::Aeth::Nak(wire::NakCode::kPsnSeqError, R.msn), out);
     }
     return;
   }
@@ -142,14 +157,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     } else if (op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd) {
       for (const ResponderResource& res : R.resources)
         if (res.atomic && res.psn == psn) {
-          wire::PacketSpec spec;
-          spec.bth.opcode = wire::opcode::kRcAtomicAcknowledge;
-          spec.bth.dest_qp = a.dest_qp_num;
-          spec.bth.psn = psn;
-          spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
-          spec.atomic_ack = wire::AtomicAckEth{res.original};
-          ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
-          out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
+          SendAtomicAck(psn, res.msn, res.original, out);
           return;
         }
     } else if (p.bth.ack_req) {
@@ -170,14 +178,12 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     // invalid request.
     const auto kind = is_send ? InboundMessage::Kind::kSend : InboundMessage::Kind::kWrite;
     if (starts ? m.kind != InboundMessage::Kind::kNone : m.kind != kind) {
-      fatal_nak(wire::NakCode::kInvalidRequest);
+      FatalNak(wire::NakCode::kInvalidRequest, out);
       return;
     }
     const bool needs_rqe = is_send || (ends && p.imm.has_value());
     if (needs_rqe && !m.rqe && !core_.HasReceiveWqe(qp_)) {  // the QP's receive queue or its SRQ
-      // Receiver not ready (9.7.5.2.8): the requester waits min_rnr_timer and resends this packet.
-      core_.Count(&DeviceCounters::rc_rnr_naks_sent);
-      SendAck(psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
+      rnr_nak();
       return;
     }
     if (starts) {
@@ -189,7 +195,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
         if (!(a.qp_access_flags & access::kRemoteWrite) || !granted) {
           core_.Count(&DeviceCounters::rx_remote_access_denied);
           m = InboundMessage{};
-          fatal_nak(wire::NakCode::kRemoteAccessError);
+          FatalNak(wire::NakCode::kRemoteAccessError, out);
           return;
         }
         m.write_va = reth.va;
@@ -202,8 +208,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
       if (!m.rqe) {
         // Another QP took the SRQ's last WQE since the check above: receiver not ready after all.
         if (starts) m = InboundMessage{};
-        core_.Count(&DeviceCounters::rc_rnr_naks_sent);
-        SendAck(psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
+        rnr_nak();
         return;
       }
     }
@@ -214,15 +219,15 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
         m = InboundMessage{};
         core_.Complete(qp_.init().recv_cq, c);
         // Too long for the receive buffer is the sender's invalid request; a bad local key our operational error.
-        fatal_nak(st == WcStatus::kLocLenErr ? wire::NakCode::kInvalidRequest
-                                             : wire::NakCode::kRemoteOperationalError);
+        FatalNak(st == WcStatus::kLocLenErr ? wire::NakCode::kInvalidRequest : wire::NakCode::kRemoteOperationalError,
+                 out);
         return;
       }
     } else {
       // On an error below the message is abandoned with the QP: the error state flushes the receive WQE a WRITE
       // with immediate took.
       if (m.offset + p.payload.size() > m.write_length || (ends && m.offset + p.payload.size() != m.write_length)) {
-        fatal_nak(wire::NakCode::kInvalidRequest);  // more (or less) data than the RETH announced
+        FatalNak(wire::NakCode::kInvalidRequest, out);  // more (or less) data than the RETH announced
         return;
       }
       if (!p.payload.empty()) {
@@ -233,7 +238,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
           // The region was deregistered (or its window invalidated) while the message was arriving: the rest is
           // refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access error).
           core_.Count(&DeviceCounters::rx_remote_access_denied);
-          fatal_nak(wire::NakCode::kRemoteAccessError);
+          FatalNak(wire::NakCode::kRemoteAccessError, out);
           return;
         }
         std::memcpy(target, p.payload.data(), p.payload.size());
@@ -246,7 +251,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
         }()) {
       // SEND with invalidate names an R_Key we cannot invalidate (not a type 2 window bound to this QP): the
       // responder refuses the request (IBTA 9.4.6 / 10.6.7.2.3).
-      fatal_nak(wire::NakCode::kInvalidRequest);
+      FatalNak(wire::NakCode::kInvalidRequest, out);
       return;
     }
     a.rq_psn = PsnAdd(a.rq_psn, 1);
@@ -271,7 +276,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
   }
 
   if (m.kind != InboundMessage::Kind::kNone) {
-    fatal_nak(wire::NakCode::kInvalidRequest);  // a READ or atomic inside an open SEND/WRITE
+    FatalNak(wire::NakCode::kInvalidRequest, out);  // a READ or atomic inside an open SEND/WRITE
     return;
   }
   if (op == wire::Operation::kReadRequest) {
@@ -279,7 +284,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     const bool granted = core_.MayAccessRemote(qp_, reth.rkey, reth.va, reth.dma_length, access::kRemoteRead);
     if (!(a.qp_access_flags & access::kRemoteRead) || !granted) {
       core_.Count(&DeviceCounters::rx_remote_access_denied);
-      fatal_nak(wire::NakCode::kRemoteAccessError);
+      FatalNak(wire::NakCode::kRemoteAccessError, out);
       return;
     }
     ResponderResource res;
@@ -299,7 +304,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
   if (op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd) {
     const wire::AtomicEth& ae = *p.atomic;
     if (ae.va & 7) {
-      fatal_nak(wire::NakCode::kInvalidRequest);  // misaligned atomic (9.4.5)
+      FatalNak(wire::NakCode::kInvalidRequest, out);  // misaligned atomic (9.4.5)
       return;
     }
     std::shared_lock keys(core_.keys_mu);  // the word is changed while the key table cannot change
@@ -307,7 +312,7 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     if (!(a.qp_access_flags & access::kRemoteAtomic) || !acc.ok()) {
       keys.unlock();
       core_.Count(&DeviceCounters::rx_remote_access_denied);
-      fatal_nak(wire::NakCode::kRemoteAccessError);
+      FatalNak(wire::NakCode::kRemoteAccessError, out);
       return;
     }
     auto* target = reinterpret_cast<uint64_t*>(acc.host);
@@ -329,17 +334,10 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
     R.resources.push_back(res);
     if (R.resources.size() > kSavedResponses) R.resources.pop_front();
     a.rq_psn = PsnAdd(psn, 1);
-    wire::PacketSpec spec;
-    spec.bth.opcode = wire::opcode::kRcAtomicAcknowledge;
-    spec.bth.dest_qp = a.dest_qp_num;
-    spec.bth.psn = psn;
-    spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, R.msn);
-    spec.atomic_ack = wire::AtomicAckEth{original};
-    ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
-    out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
+    SendAtomicAck(psn, R.msn, original, out);
     return;
   }
-  fatal_nak(wire::NakCode::kInvalidRequest);  // an opcode RC does not carry
+  FatalNak(wire::NakCode::kInvalidRequest, out);  // an opcode RC does not carry
 }
 
 }  // namespace uroce::emu

@@ -35,6 +35,9 @@ class RcResponder : private TransportObject {
   void OnRequest(const wire::PacketView& p, OutBatch& out);
   // Sends an ACK or NAK now; it covers an ACK the QP holds, which is dropped.
   void SendAck(uint32_t psn, const wire::Aeth& aeth, OutBatch& out);
+  // Refuses the request at the expected PSN with a NAK that ends the connection: the QP enters the error state
+  // (IBTA 9.7.5.2.x: invalid request, remote access and remote operational errors).
+  void FatalNak(wire::NakCode code, OutBatch& out);
   bool ack_held() const { return state_.ack_held; }
   uint64_t held_due_ns() const { return state_.held_due_ns; }
   // Sends the ACK it holds, if any (drops it in the error state).
@@ -47,6 +50,8 @@ class RcResponder : private TransportObject {
   // It holds no ACK any more (sent, covered, or not to be sent).
   void DropHeldAck();
   void SendReadResponses(const ResponderResource& r, uint32_t from_psn, OutBatch& out);
+  // The atomic ACK of the request at `psn`: the original value, under the MSN after it (new or saved, 9.7.5.1.6).
+  void SendAtomicAck(uint32_t psn, uint32_t msn, uint64_t original, OutBatch& out);
 
   RcResponderState state_;
 };

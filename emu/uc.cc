@@ -9,7 +9,6 @@
 #include "emu/device_core.h"
 #include "emu/out_batch.h"
 #include "emu/queue_pair.h"
-#include "wire/frame.h"
 #include "wire/opcode.h"
 
 namespace uroce::emu {
@@ -37,10 +36,10 @@ int UcTransport::Post(SendWr& wr, OutBatch& out) {
   const QpAttributes& a = qp_.attributes();
   const size_t mtu = MtuBytes(a.path_mtu);
   const bool imm = wr.opcode == SendOpcode::kSendWithImm || wr.opcode == SendOpcode::kRdmaWriteWithImm;
-  const wire::UdpEndpoint dst{wire::IpAddress::FromBytes(a.ah_attr.dgid.data()), wire::kRoceV2UdpPort};
-  const uint16_t sport = wire::RoceSourcePort(qp_.qpn(), a.dest_qp_num);
+  const wire::UdpEndpoint dst = qp_.peer();
+  const uint16_t sport = qp_.source_port();
   const size_t total = payload.size();
-  const size_t packets = total == 0 ? 1 : (total + mtu - 1) / mtu;
+  const size_t packets = PacketsFor(total, mtu);
   for (size_t i = 0; i < packets; ++i) {
     const bool first = i == 0, last = i + 1 == packets;
     wire::PacketSpec spec;

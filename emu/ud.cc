@@ -48,7 +48,9 @@ int UdTransport::Post(SendWr& wr, OutBatch& out) {
     return 0;
   }
   wire::PacketSpec spec;
-  spec.bth.opcode = wr.opcode == SendOpcode::kSendWithImm ? wire::opcode::kUdSendOnlyWithImmediate : wire::opcode::kUdSendOnly;
+  // UD defines SEND ONLY, with and without immediate (IBTA table 38); the opcode check above lets nothing else through.
+  spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kUd, wire::Operation::kSend, wire::MsgPosition::kOnly,
+                                         wr.opcode == SendOpcode::kSendWithImm);
   spec.bth.solicited = wr.flags & send_flags::kSolicited;
   spec.bth.dest_qp = wr.remote_qpn;
   spec.bth.psn = qp_.NextSendPsn();

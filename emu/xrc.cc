@@ -78,10 +78,7 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
     // Annex A14: a request naming an SRQ that is not an XRC SRQ of the target's domain is an invalid request: NAK it,
     // and the target QP enters the error state as for any invalid request (IBTA 9.7.5.2.4).
     core_.Count(&DeviceCounters::rx_remote_access_denied);
-    RcResponder& responder = qp->responder();
-    responder.SendAck(qp->attributes().rq_psn, wire::Aeth::Nak(wire::NakCode::kInvalidRequest, responder.state().msn),
-                      out);
-    core_.EnterError(*qp);
+    qp->responder().FatalNak(wire::NakCode::kInvalidRequest, out);
     return;
   }
   // The target executes the request as an RC responder would, with the PD (memory checks), CQ (completions, with the
