@@ -116,6 +116,8 @@ class Engine {
   Engine() = default;
   int Start(const EngineConfig& config);
   void ProgressLoop();
+  // Applications give the receive side back to the progress thread now rather than at the end of the lease.
+  void EndLease();
   // The progress thread's side of the lease: hands the receive side to applications or takes it back.
   void HandReceiveToApplications(bool to_applications);
 
