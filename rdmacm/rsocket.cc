@@ -344,7 +344,13 @@ ssize_t DgramSend(RSocket* rs, std::unique_lock<std::mutex>& lock, const void* b
   // Only rsockets of this host are reachable: their device and QPN are in the registry under the port.
   if (!ThisHost(dst) && uroce::rdmacm::IpOf(dst) != rs->device) return Fail<ssize_t>(EHOSTUNREACH);
   const auto owner = uroce::rdmacm::FindPortOwnerWithTag(kDgramPortSpace, uroce::rdmacm::PortOfSockaddr(dst));
-  if (!owner || !owner->tag) return Fail<ssize_t>(ECONNREFUSED);
+  if (!owner || !owner->tag) {
+    // Nobody holds that port. As UDP's sendto(2), the datagram is lost without an error (udpong's server answers
+    // clients that may have gone: it exited on our ECONNREFUSED); a connected socket is told, as UDP's is once the
+    // ICMP port unreachable is back.
+    const bool connected = rs->peer && dst == reinterpret_cast<const sockaddr*>(&*rs->peer);
+    return connected ? Fail<ssize_t>(ECONNREFUSED) : ssize_t(len);
+  }
   ibv_ah*& ah = rs->ahs[{owner->device, *owner->tag}];
   if (ah == nullptr) {
     ibv_ah_attr a{};

@@ -454,6 +454,9 @@ TEST_P(UdpongTest, Reports) {
   const ProcessResult c = RunProcess(client, env_, kPairTimeout);
   const ProcessResult s = server.Kill();
   ASSERT_TRUE(c.Succeeded()) << c.Describe() << s.Describe();
+  // Still serving when killed: no crash, and no exit on an answer to a client that has gone (udpong's server
+  // exits on a failed rsendto).
+  EXPECT_TRUE(s.timed_out) << s.Describe();
   EXPECT_TRUE(HasLine(c.output, R"(name\s+bytes\s+xfers\s+total\s+time\s+Gb/sec\s+usec/xfer\s*)")) << c.Describe();
   // "custom  1000  984  960k  0.11s  0.07  112.21": datagrams may be dropped (UD, as UDP), the line must be there.
   EXPECT_TRUE(HasLine(c.output, R"(custom\s+\S+\s+[0-9]+k?\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)")) << c.Describe();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,11 +46,15 @@ TEST(BadDay, UnreadAsyncEventsAreBoundedAndCounted) {
 }
 
 // Runs `child` in a forked process (which opens its own device) and returns its wait status; a child still running
-// after `limit` is killed, so a hang is a failure, never a hung test.
-int RunChild(const std::function<int()>& child, std::chrono::seconds limit) {
+// after `limit` is killed, so a hang is a failure, never a hung test. `parent`, if given, runs meanwhile in this
+// process. The fork happens before this process starts any thread of its own: a child of a multi-threaded process
+// may find a lock (the sanitizers' allocator's) held forever by a thread it does not have.
+int RunChild(const std::function<int()>& child, std::chrono::seconds limit,
+             const std::function<void()>& parent = nullptr) {
   const pid_t pid = fork();
   if (pid == 0) _exit(child());
   if (pid < 0) return -1;
+  if (parent) parent();
   const auto deadline = std::chrono::steady_clock::now() + limit;
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {
@@ -102,62 +107,174 @@ TEST(BadDay, RefusedAllocationIsEnomemNotAnAbort) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// A UD QP in RTS on the process's device, receiving into `buf` (registered as `mr`), with one CQ for both queues.
+struct UdEndpoint {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_mr* mr = nullptr;
+  ibv_qp* qp = nullptr;
+  ibv_ah* ah = nullptr;  // the latest PostSendTo's
+  ibv_gid gid{};
+
+  // What a test process (not a child that exits with it open) destroys at its end.
+  void Close() {
+    if (qp) ibv_destroy_qp(qp);
+    if (ah) ibv_destroy_ah(ah);
+    if (mr) ibv_dereg_mr(mr);
+    if (cq) ibv_destroy_cq(cq);
+    if (pd) ibv_dealloc_pd(pd);
+    if (ctx) ibv_close_device(ctx);
+    *this = UdEndpoint();
+  }
+};
+constexpr uint32_t kQkey = 0x11111111;
+
+// 0, or the step that failed (10..14): a child's exit status.
+int OpenUdEndpoint(void* buf, size_t len, int recv_depth, UdEndpoint* e) {
+  ibv_device** list = ibv_get_device_list(nullptr);
+  e->ctx = list && list[0] ? ibv_open_device(list[0]) : nullptr;
+  if (list) ibv_free_device_list(list);
+  if (e->ctx == nullptr) return 10;
+  e->pd = ibv_alloc_pd(e->ctx);
+  e->cq = ibv_create_cq(e->ctx, 2 * recv_depth, nullptr, nullptr, 0);
+  e->mr = e->pd ? ibv_reg_mr(e->pd, buf, len, IBV_ACCESS_LOCAL_WRITE) : nullptr;
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = e->cq;
+  init.qp_type = IBV_QPT_UD;
+  init.cap = {uint32_t(recv_depth), uint32_t(recv_depth), 1, 1, 0};
+  e->qp = e->pd && e->cq && e->mr ? ibv_create_qp(e->pd, &init) : nullptr;
+  if (e->qp == nullptr) return 11;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = kQkey;
+  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY)) return 12;
+  a.qp_state = IBV_QPS_RTR;
+  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE)) return 13;
+  a.qp_state = IBV_QPS_RTS;
+  if (ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN)) return 14;
+  ibv_query_gid(e->ctx, 1, 0, &e->gid);
+  return 0;
+}
+
+// Posts a receive of `len` bytes at `at`. 0 or 15.
+int PostReceive(const UdEndpoint& e, void* at, uint32_t len) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(at), len, e.mr->lkey};
+  ibv_recv_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(e.qp, &wr, &bad) ? 15 : 0;
+}
+
+// Posts a signaled SEND of `len` bytes from `at` to QP `qpn` at `gid` (an AH made for the first one). 0 or 16/17.
+int PostSendTo(UdEndpoint& e, void* at, uint32_t len, const ibv_gid& gid, uint32_t qpn) {
+  if (e.ah == nullptr) {
+    ibv_ah_attr ah_attr{};
+    ah_attr.is_global = 1;
+    ah_attr.grh.dgid = gid;
+    ah_attr.port_num = 1;
+    e.ah = ibv_create_ah(e.pd, &ah_attr);
+    if (e.ah == nullptr) return 16;
+  }
+  ibv_sge sge{reinterpret_cast<uintptr_t>(at), len, e.mr->lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.ud = {e.ah, qpn, kQkey};
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(e.qp, &wr, &bad) ? 17 : 0;
+}
+
 TEST(BadDay, ProcessExitingWithItsDeviceOpenAndAPacketInFlightExitsCleanly) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded fork";
 #endif
   const int status = RunChild(
       [] {
-        ibv_device** list = ibv_get_device_list(nullptr);
-        ibv_context* ctx = list && list[0] ? ibv_open_device(list[0]) : nullptr;
-        if (list) ibv_free_device_list(list);
-        if (ctx == nullptr) return 10;
-        ibv_pd* pd = ibv_alloc_pd(ctx);
-        ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
         static char buf[4096];
-        ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
-        ibv_qp_init_attr init{};
-        init.send_cq = init.recv_cq = cq;
-        init.qp_type = IBV_QPT_UD;
-        init.cap = {4, 4, 1, 1, 0};
-        ibv_qp* qp = pd && cq && mr ? ibv_create_qp(pd, &init) : nullptr;
-        if (qp == nullptr) return 11;
-        ibv_qp_attr a{};
-        a.qp_state = IBV_QPS_INIT;
-        a.port_num = 1;
-        a.qkey = 0x11111111;
-        if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY)) return 12;
-        a.qp_state = IBV_QPS_RTR;
-        if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return 13;
-        a.qp_state = IBV_QPS_RTS;
-        if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN)) return 14;
-        ibv_sge sge{reinterpret_cast<uintptr_t>(buf), 64, mr->lkey};
-        ibv_recv_wr rwr{};
-        rwr.sg_list = &sge;
-        rwr.num_sge = 1;
-        ibv_recv_wr* bad_r = nullptr;
-        if (ibv_post_recv(qp, &rwr, &bad_r)) return 15;
-        ibv_gid gid{};
-        ibv_query_gid(ctx, 1, 0, &gid);
-        ibv_ah_attr ah_attr{};
-        ah_attr.is_global = 1;
-        ah_attr.grh.dgid = gid;
-        ah_attr.port_num = 1;
-        ibv_ah* ah = ibv_create_ah(pd, &ah_attr);
-        if (ah == nullptr) return 16;
-        ibv_send_wr wr{};
-        wr.opcode = IBV_WR_SEND;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        wr.wr.ud = {ah, qp->qp_num, 0x11111111};
-        ibv_send_wr* bad = nullptr;
-        if (ibv_post_send(qp, &wr, &bad)) return 17;
+        UdEndpoint e;
+        if (int step = OpenUdEndpoint(buf, sizeof buf, 4, &e)) return step;
+        if (int step = PostReceive(e, buf, 64)) return step;
+        if (int step = PostSendTo(e, buf, 64, e.gid, e.qp->qp_num)) return step;
         exit(0);  // no destroy, no close: the library must not crash or hang on the way out
       },
       std::chrono::seconds(30));
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// What the exit handlers registered before the device was opened do -- the destructors of a program's global objects
+// among them -- runs after the library's own: they may free registered memory while a peer still sends. A real
+// HCA's pinned pages would take the datagrams; the library must not write there any more (a udpong server died so,
+// its progress thread scattering into a buffer its rsocket table had just freed).
+int g_exit_pipe = -1;
+void* g_exit_buffer = nullptr;
+constexpr size_t kExitBufferBytes = 64 * 1024;
+constexpr int kExitReceives = 32;
+
+void UnmapRegisteredBufferAtExit() {
+  munmap(g_exit_buffer, kExitBufferBytes);
+  const char exiting = 'x';
+  if (write(g_exit_pipe, &exiting, 1) != 1) _exit(20);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the peer's datagrams arrive meanwhile
+}
+
+TEST(BadDay, ProcessFreeingRegisteredMemoryAtExitWhileItsPeerSendsExitsCleanly) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded fork";
+#endif
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  int sent = 0;
+  const int status = RunChild(
+      [&] {
+        close(fds[0]);
+        g_exit_pipe = fds[1];
+        // Registered before the device is opened: runs after the library's exit handler.
+        if (std::atexit(UnmapRegisteredBufferAtExit) != 0) return 9;
+        g_exit_buffer = mmap(nullptr, kExitBufferBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (g_exit_buffer == MAP_FAILED) return 9;
+        UdEndpoint e;
+        if (int step = OpenUdEndpoint(g_exit_buffer, kExitBufferBytes, kExitReceives, &e)) return step;
+        constexpr uint32_t kSlot = kExitBufferBytes / kExitReceives;
+        for (int i = 0; i < kExitReceives; ++i)
+          if (int step = PostReceive(e, static_cast<char*>(g_exit_buffer) + i * kSlot, kSlot)) return step;
+        if (write(fds[1], &e.gid, sizeof e.gid) != sizeof e.gid) return 18;
+        if (write(fds[1], &e.qp->qp_num, sizeof e.qp->qp_num) != sizeof e.qp->qp_num) return 18;
+        exit(0);
+      },
+      std::chrono::seconds(30),
+      [&] {
+        // The peer: learns the child's address and QPN, and once the child is exiting sends it a datagram per
+        // receive it posted.
+        close(fds[1]);  // a child that fails before writing ends the reads
+        static char peer_buf[4096];
+        UdEndpoint peer;
+        ibv_gid gid{};
+        uint32_t qpn = 0;
+        char exiting = 0;
+        if (OpenUdEndpoint(peer_buf, sizeof peer_buf, kExitReceives, &peer) == 0 &&
+            read(fds[0], &gid, sizeof gid) == sizeof gid && read(fds[0], &qpn, sizeof qpn) == sizeof qpn &&
+            read(fds[0], &exiting, 1) == 1) {
+          for (; sent < kExitReceives; ++sent) {
+            if (PostSendTo(peer, peer_buf, 256, gid, qpn) != 0) break;
+            ibv_wc wc{};
+            int n = 0;
+            while ((n = ibv_poll_cq(peer.cq, 1, &wc)) == 0) {
+            }
+            if (n < 0 || wc.status != IBV_WC_SUCCESS) break;
+          }
+        }
+        close(fds[0]);
+        peer.Close();
+      });
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(sent, kExitReceives);  // the datagrams did leave while the child was exiting
 }
 
 }  // namespace

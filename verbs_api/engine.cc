@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "wire/clock.h"
 #include "wire/capture_transport.h"
@@ -27,6 +28,7 @@ namespace {
 
 std::mutex g_engine_mu;
 std::weak_ptr<Engine> g_engine;
+bool g_exit_handler_registered = false;  // guarded by g_engine_mu; false again in a fork's child
 
 std::string Trim(std::string s) {
   const auto b = s.find_first_not_of(" \t\r\n");
@@ -158,9 +160,12 @@ int OpenTransport(TransportChoice* choice, const wire::UdpEndpoint& ep, std::uni
 // The child of a fork() has no progress thread: the parent's engine must not be used (or destroyed) there. A new
 // ibv_open_device in the child starts a fresh engine on a new address.
 void ForgetEngineInChild() {
-  // Keep the inherited engine alive forever: its destructor would join a thread that does not exist here.
-  if (auto inherited = g_engine.lock()) new std::shared_ptr<Engine>(std::move(inherited));
+  // Keep the inherited engine alive forever: its destructor would join a thread that does not exist here. (Held
+  // from a global, so that a leak checker at the child's exit sees it reachable.)
+  static auto* inherited_engines = new std::vector<std::shared_ptr<Engine>>;
+  if (auto inherited = g_engine.lock()) inherited_engines->push_back(std::move(inherited));
   g_engine.reset();
+  g_exit_handler_registered = false;
 }
 
 }  // namespace
@@ -307,17 +312,23 @@ int Engine::Start(const EngineConfig& config) {
   progress_ = std::thread([this] { ProgressLoop(); });
   stats_ = config.stats;
   // A program may exit without closing the device: the ACKs still held leave (its peer's last messages would be
-  // retried until they fail otherwise), and the counters are printed then too.
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // retried until they fail otherwise), the counters are printed then too, and the threads that write into
+  // registered memory stop. The destructors that run after this handler -- of objects made before the device was
+  // opened, a program's global buffers among them -- may free memory still registered: a real HCA's pinned pages
+  // would still take a peer's writes, our threads would fault on them (seen: a udpong server's progress thread
+  // scattering a datagram into a buffer its rsocket table had just freed).
+  // Registered again by a fork's child, whose engine starts after whatever the child registered itself.
+  if (!g_exit_handler_registered) {
+    g_exit_handler_registered = true;
     std::atexit([] {
       std::lock_guard lock(g_engine_mu);
       if (auto e = g_engine.lock()) {
         e->device_->SendHeldAcks();
         e->PrintStatsOnce();
+        e->StopThreads();
       }
     });
-  });
+  }
   return 0;
 }
 
@@ -493,9 +504,7 @@ void Engine::LeaveMulticast(const wire::IpAddress& group) {
   if (multicast_) multicast_->Leave(group);
 }
 
-Engine::~Engine() {
-  if (device_) device_->SendHeldAcks();
-  PrintStatsOnce();
+void Engine::StopThreads() {
   {
     std::lock_guard lock(multicast_mu_);
     multicast_.reset();  // its thread delivers into the device
@@ -508,6 +517,12 @@ Engine::~Engine() {
     idle_cv_.notify_all();
   }
   if (progress_.joinable()) progress_.join();
+}
+
+Engine::~Engine() {
+  if (device_) device_->SendHeldAcks();
+  PrintStatsOnce();
+  StopThreads();
   device_.reset();
   transport_.reset();
   if (pcap_) pcap_->Close();

@@ -120,6 +120,9 @@ class Engine {
   void EndLease();
   // The progress thread's side of the lease: hands the receive side to applications or takes it back.
   void HandReceiveToApplications(bool to_applications);
+  // Stops the multicast receiver's thread and the progress thread, which deliver into the device (at its end and at
+  // the process's exit); application threads may still drive the device.
+  void StopThreads();
 
   // How long one empty poll keeps the receive side: also how long packets may wait when a polling thread stops
   // without arming a CQ. The progress thread wakes once per half lease to look, and each wake-up preempts a polling
