@@ -81,6 +81,8 @@ struct RSocket {
   ibv_cq* cq = nullptr;
   ibv_mr* recv_mr = nullptr;
   ibv_mr* send_mr = nullptr;
+  int slots = kSlots;                 // send and receive buffers, each of slot_bytes
+  uint32_t slot_bytes = kSlotBytes;
   std::vector<uint8_t> recv_buf, send_buf;
   std::vector<int> free_send;                   // send slots not in flight
   std::deque<std::pair<int, uint32_t>> ready;  // received slots, in order, with their lengths
@@ -122,7 +124,7 @@ int Expect(RSocket* rs, rdma_cm_event_type want) {
 }
 
 int PostRecv(RSocket* rs, int slot) {
-  ibv_sge sge{reinterpret_cast<uintptr_t>(rs->recv_buf.data()) + uint64_t(slot) * kSlotBytes, kSlotBytes,
+  ibv_sge sge{reinterpret_cast<uintptr_t>(rs->recv_buf.data()) + uint64_t(slot) * rs->slot_bytes, rs->slot_bytes,
               rs->recv_mr->lkey};
   ibv_recv_wr wr{}, *bad = nullptr;
   wr.wr_id = kRecvFlag | uint32_t(slot);
@@ -133,12 +135,12 @@ int PostRecv(RSocket* rs, int slot) {
 
 // The send and receive buffers of an rsocket whose QP exists, every receive posted. 0 or errno.
 int SetUpBuffers(RSocket* rs, ibv_pd* pd) {
-  rs->recv_buf.resize(size_t(kSlots) * kSlotBytes);
-  rs->send_buf.resize(size_t(kSlots) * kSlotBytes);
+  rs->recv_buf.resize(size_t(rs->slots) * rs->slot_bytes);
+  rs->send_buf.resize(size_t(rs->slots) * rs->slot_bytes);
   rs->recv_mr = ibv_reg_mr(pd, rs->recv_buf.data(), rs->recv_buf.size(), IBV_ACCESS_LOCAL_WRITE);
   rs->send_mr = ibv_reg_mr(pd, rs->send_buf.data(), rs->send_buf.size(), 0);
   if (rs->recv_mr == nullptr || rs->send_mr == nullptr) return errno ? errno : ENOMEM;
-  for (int i = 0; i < kSlots; ++i) {
+  for (int i = 0; i < rs->slots; ++i) {
     rs->free_send.push_back(i);
     if (int err = PostRecv(rs, i)) return err;
   }
@@ -147,14 +149,14 @@ int SetUpBuffers(RSocket* rs, ibv_pd* pd) {
 
 // The QP, CQ and buffers of a connection id, receives posted. 0 or errno.
 int SetUpQueues(RSocket* rs) {
-  rs->cq = ibv_create_cq(rs->id->verbs, 2 * kSlots + 2, nullptr, nullptr, 0);
+  rs->cq = ibv_create_cq(rs->id->verbs, 2 * rs->slots + 2, nullptr, nullptr, 0);
   if (rs->cq == nullptr) return errno;
   ibv_qp_init_attr attr{};
   attr.send_cq = rs->cq;
   attr.recv_cq = rs->cq;
   attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = kSlots + 1;
-  attr.cap.max_recv_wr = kSlots;
+  attr.cap.max_send_wr = rs->slots + 1;
+  attr.cap.max_recv_wr = rs->slots;
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
   attr.sq_sig_all = 1;
   if (rdma_create_qp(rs->id, nullptr, &attr) != 0) return errno;
@@ -201,17 +203,17 @@ void PollCq(RSocket* rs) {
         // Flushed after a disconnect, or the peer is gone: the stream has ended.
         if (!rs->peer_fin && !rs->fin_sent) rs->error = ECONNRESET;
         rs->peer_fin = true;
-        if (!recv && slot < kSlots) rs->free_send.push_back(slot);
+        if (!recv && slot < rs->slots) rs->free_send.push_back(slot);
         continue;
       }
       if (!recv) {
-        if (slot < kSlots) rs->free_send.push_back(slot);  // the end-of-stream SEND has no slot
+        if (slot < rs->slots) rs->free_send.push_back(slot);  // the end-of-stream SEND has no slot
       } else if ((wc[i].wc_flags & IBV_WC_WITH_IMM) && ntohl(wc[i].imm_data) == kFin) {
         rs->peer_fin = true;
       } else if ((wc[i].wc_flags & IBV_WC_WITH_IMM) && ntohl(wc[i].imm_data) == kIomap &&
                  wc[i].byte_len == sizeof(IomapAd)) {
         IomapAd ad;
-        std::memcpy(&ad, rs->recv_buf.data() + size_t(slot) * kSlotBytes, sizeof ad);
+        std::memcpy(&ad, rs->recv_buf.data() + size_t(slot) * rs->slot_bytes, sizeof ad);
         rs->peer_maps.push_back(ad);
         PostRecv(rs, slot);
       } else {
@@ -264,6 +266,10 @@ int TakeSendSlot(RSocket* rs, std::unique_lock<std::mutex>& lock, bool wait) {
 constexpr uint16_t kDgramPortSpace = uroce::rdmacm::kRsocketDatagramPortSpace;
 constexpr size_t kDgramHeader = 20;
 constexpr size_t kGrh = 40;
+// A datagram rsocket's receive queue: a UD receiver without a posted receive drops, and udpong's echo client, which
+// resends after 1 ms without an answer, filled 32 receives with the answers' duplicates on a busy machine; once the
+// one copy of its current request was dropped it resent only older ones, forever.
+constexpr int kDgramSlots = 256;
 
 bool ThisHost(const sockaddr* sa) {
   return uroce::rdmacm::IsAnyOrLoopback(sa);
@@ -285,13 +291,15 @@ int DgramSetUp(RSocket* rs) {
   ibv_port_attr port{};
   if (ibv_query_port(verbs, 1, &port) != 0) return ENODEV;
   rs->max_dgram = (size_t{128} << port.active_mtu) - kDgramHeader;  // IB MTU enum: 1 = 256 ... 5 = 4096
+  rs->slots = kDgramSlots;
+  rs->slot_bytes = uint32_t(kGrh + kDgramHeader + rs->max_dgram);
   rs->pd = ibv_alloc_pd(verbs);
-  rs->cq = rs->pd ? ibv_create_cq(verbs, 2 * kSlots + 2, nullptr, nullptr, 0) : nullptr;
+  rs->cq = rs->pd ? ibv_create_cq(verbs, 2 * rs->slots + 2, nullptr, nullptr, 0) : nullptr;
   if (rs->cq == nullptr) return errno ? errno : ENOMEM;
   ibv_qp_init_attr attr{};
   attr.send_cq = attr.recv_cq = rs->cq;
   attr.qp_type = IBV_QPT_UD;
-  attr.cap.max_send_wr = attr.cap.max_recv_wr = kSlots;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = rs->slots;
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
   attr.sq_sig_all = 1;
   rs->ud_qp = ibv_create_qp(rs->pd, &attr);
@@ -363,7 +371,7 @@ ssize_t DgramSend(RSocket* rs, std::unique_lock<std::mutex>& lock, const void* b
   }
   const int slot = TakeSendSlot(rs, lock, !rs->nonblocking && !(flags & MSG_DONTWAIT));
   if (slot < 0) return Fail<ssize_t>(-slot);
-  uint8_t* out = rs->send_buf.data() + size_t(slot) * kSlotBytes;
+  uint8_t* out = rs->send_buf.data() + size_t(slot) * rs->slot_bytes;
   const uint16_t port = htons(rs->binding.port());
   std::memcpy(out, &port, 2);
   out[2] = rs->device.is_v4() ? 4 : 6;
@@ -399,7 +407,7 @@ ssize_t DgramRecv(RSocket* rs, std::unique_lock<std::mutex>& lock, void* buf, si
   }
   const auto [slot, bytes] = rs->ready.front();
   rs->ready.pop_front();
-  const uint8_t* in = rs->recv_buf.data() + size_t(slot) * kSlotBytes + kGrh;
+  const uint8_t* in = rs->recv_buf.data() + size_t(slot) * rs->slot_bytes + kGrh;
   const size_t payload = bytes >= kGrh + kDgramHeader ? bytes - kGrh - kDgramHeader : 0;
   const size_t n = std::min(len, payload);  // the rest of a longer datagram is discarded, as UDP's
   std::memcpy(buf, in + kDgramHeader, n);
@@ -442,8 +450,8 @@ ssize_t Send(int fd, const void* buf, size_t len, int flags, const sockaddr* dst
     }
     const int slot = rs->free_send.back();
     rs->free_send.pop_back();
-    const uint32_t n = uint32_t(std::min<size_t>(kSlotBytes, len - done));
-    uint8_t* dst = rs->send_buf.data() + size_t(slot) * kSlotBytes;
+    const uint32_t n = uint32_t(std::min<size_t>(rs->slot_bytes, len - done));
+    uint8_t* dst = rs->send_buf.data() + size_t(slot) * rs->slot_bytes;
     std::memcpy(dst, static_cast<const uint8_t*>(buf) + done, n);
     ibv_sge sge{reinterpret_cast<uintptr_t>(dst), n, rs->send_mr->lkey};
     ibv_send_wr wr{}, *bad = nullptr;
@@ -474,7 +482,7 @@ ssize_t Recv(int fd, void* buf, size_t len, int flags, sockaddr* src = nullptr, 
       auto& [slot, bytes] = rs->ready.front();
       const uint32_t n = uint32_t(std::min<size_t>(bytes - rs->ready_offset, len - done));
       std::memcpy(static_cast<uint8_t*>(buf) + done,
-                  rs->recv_buf.data() + size_t(slot) * kSlotBytes + rs->ready_offset, n);
+                  rs->recv_buf.data() + size_t(slot) * rs->slot_bytes + rs->ready_offset, n);
       done += n;
       rs->ready_offset += n;
       if (rs->ready_offset == bytes) {
@@ -502,7 +510,7 @@ void SendFin(RSocket* rs) {
   if (rs->fin_sent || !rs->connected || rs->error) return;
   PollCq(rs);
   ibv_send_wr wr{}, *bad = nullptr;
-  wr.wr_id = uint32_t(kSlots);  // not a send slot: its completion returns nothing
+  wr.wr_id = uint32_t(rs->slots);  // not a send slot: its completion returns nothing
   wr.opcode = IBV_WR_SEND_WITH_IMM;
   wr.imm_data = htonl(kFin);
   if (ibv_post_send(rs->id->qp, &wr, &bad) == 0) rs->fin_sent = true;
@@ -686,7 +694,7 @@ int rclose(int socket) {
   // QP goes to ERR.
   SendFin(rs.get());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (rs->fin_sent && !rs->error && rs->free_send.size() < size_t(kSlots) &&
+  while (rs->fin_sent && !rs->error && rs->free_send.size() < size_t(rs->slots) &&
          std::chrono::steady_clock::now() < deadline) {
     PollCq(rs.get());
     std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -843,7 +851,7 @@ int rgetsockopt(int socket, int level, int optname, void* optval, socklen_t* opt
   } else if (auto it = rs->options.find({level, optname}); it != rs->options.end()) {
     value = it->second;
   } else if (level == SOL_SOCKET && (optname == SO_SNDBUF || optname == SO_RCVBUF)) {
-    value = int(kSlots * kSlotBytes);
+    value = int(rs->slots * rs->slot_bytes);
   } else if (!(level == SOL_SOCKET || level == IPPROTO_TCP || level == SOL_RDMA)) {
     return Fail(ENOPROTOOPT);
   }
@@ -889,7 +897,7 @@ off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offse
     return Fail<off_t>(-slot);
   }
   const IomapAd ad{uint64_t(offset), reinterpret_cast<uintptr_t>(buf), mr->rkey, uint32_t(len)};
-  uint8_t* dst = rs->send_buf.data() + size_t(slot) * kSlotBytes;
+  uint8_t* dst = rs->send_buf.data() + size_t(slot) * rs->slot_bytes;
   std::memcpy(dst, &ad, sizeof ad);
   ibv_sge sge{reinterpret_cast<uintptr_t>(dst), sizeof ad, rs->send_mr->lkey};
   ibv_send_wr wr{}, *bad = nullptr;
@@ -945,8 +953,8 @@ size_t riowrite(int socket, const void* buf, size_t count, off_t offset, int fla
     }
     const int slot = rs->free_send.back();
     rs->free_send.pop_back();
-    const uint32_t n = uint32_t(std::min<uint64_t>({kSlotBytes, count - done, map->offset + map->length - at}));
-    uint8_t* src = rs->send_buf.data() + size_t(slot) * kSlotBytes;
+    const uint32_t n = uint32_t(std::min<uint64_t>({rs->slot_bytes, count - done, map->offset + map->length - at}));
+    uint8_t* src = rs->send_buf.data() + size_t(slot) * rs->slot_bytes;
     std::memcpy(src, static_cast<const uint8_t*>(buf) + done, n);
     ibv_sge sge{reinterpret_cast<uintptr_t>(src), n, rs->send_mr->lkey};
     ibv_send_wr wr{}, *bad = nullptr;
