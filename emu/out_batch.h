@@ -38,12 +38,26 @@ struct UninitializedAllocator : std::allocator<T> {
 };
 
 struct OutBatch {
+  using Bytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
   struct Packet {
     wire::UdpEndpoint dst;
     uint16_t src_port;
-    std::vector<uint8_t, UninitializedAllocator<uint8_t>> bytes;
+    Bytes bytes;
   };
   std::vector<Packet> packets;
+
+  OutBatch() = default;
+  OutBatch(const OutBatch&) = delete;
+  OutBatch& operator=(const OutBatch&) = delete;
+  // The packets' buffers go back to this thread's spares.
+  ~OutBatch() {
+    std::vector<Bytes>* spare = Spare();
+    if (spare == nullptr) return;
+    for (Packet& p : packets) {
+      if (spare->size() >= kSpareBuffers) break;
+      spare->push_back(std::move(p.bytes));
+    }
+  }
 
   // Encodes, seals the ICRC for the flow the transport will really use, and queues.
   void Add(wire::Transport& t, const wire::PacketSpec& spec, std::span<const uint8_t> payload,
@@ -56,12 +70,36 @@ struct OutBatch {
                    uint16_t src_port) {
     size_t payload_len = 0;
     for (const auto& piece : pieces) payload_len += piece.size();
-    Packet p{dst, src_port, {}};
+    Packet p{dst, src_port, TakeBuffer()};
     p.bytes.resize(wire::EncodedLength(spec, payload_len));
     auto n = wire::EncodePacketGathered(spec, pieces, p.bytes);
     if (!n) return;  // a spec the engine builds is always complete; nothing to send otherwise
     wire::SealIcrc(t.OutgoingFlow(dst, src_port), p.bytes);
     packets.push_back(std::move(p));
+  }
+
+ private:
+  // Packet buffers of this thread's earlier batches, kept for its next ones. Allocated per packet and freed after
+  // each send, a burst of 64 4 KiB packets made glibc give its heap's top back to the system and fault it in again:
+  // the sending thread spent a fifth of its time in page faults and TLB shootdowns (ib_write_bw 64 KiB, AckReq every
+  // 64 packets). At most kSpareBuffers (a window's worth) per thread.
+  // nullptr once the thread's thread_local objects are destroyed: an exit handler may still send (held ACKs).
+  static constexpr size_t kSpareBuffers = 512;
+  static std::vector<Bytes>* Spare() {
+    static thread_local bool gone = false;  // trivially destructible: still readable then
+    struct Spares {
+      std::vector<Bytes> buffers;
+      ~Spares() { gone = true; }
+    };
+    static thread_local Spares spares;
+    return gone ? nullptr : &spares.buffers;
+  }
+  static Bytes TakeBuffer() {
+    std::vector<Bytes>* spare = Spare();
+    if (spare == nullptr || spare->empty()) return {};
+    Bytes b = std::move(spare->back());
+    spare->pop_back();
+    return b;
   }
 };
 
