@@ -21,7 +21,8 @@ namespace {
 // Packets in flight per QP beyond the oldest unacknowledged PSN. Bounds what one QP pushes into the peer's socket
 // buffer; IBTA leaves the window to the implementation (the PSN space allows 2^23).
 constexpr int32_t kWindowPackets = 512;
-// AckReq on the last packet of each message and on every 64th packet of a long one (IBTA 9.7.4.1.2).
+// AckReq (IBTA 9.7.4.1.2: the requester decides which packets ask for an ACK) on at least every 64th new packet, on
+// the last packet of a message the requester does not follow with another at once, and wherever it stops.
 constexpr uint32_t kAckReqEvery = 64;
 // The local ACK timeout: 4.096 us x 2^timeout (IBTA 9.7.6.1.3; 0 means none).
 uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096} << timeout; }
@@ -218,6 +219,17 @@ void RcRequester::Progress(OutBatch& out) {
       if (w.in_flight() && (w.is_read() || w.is_atomic())) ++n;
     return n;
   };
+  // Whether this pass goes on from the WQE at the cursor to the next one: a SEND or WRITE posted behind it that has
+  // not started and waits for nothing (no fence, no READ/atomic limit, not a local operation, which completes only
+  // after the ACKs of those before it). Its packets then ask for the ACK -- the last one sent at the latest, where the
+  // requester stops -- and the message before need not: with 64 KiB WRITEs one ACK per message cost the receiver a
+  // send and the sender a receive for every 16 packets.
+  auto next_message_follows = [&]() {
+    if (a.qp_state != QpState::kRts || r.cursor_wqe + 1 >= r.sq.size()) return false;
+    const SendWqe& n = r.sq[r.cursor_wqe + 1];
+    return !n.started() && !n.is_read() && !n.is_atomic() && !(n.wr.flags & send_flags::kFence) &&
+           n.wr.opcode != SendOpcode::kBindMw && n.wr.opcode != SendOpcode::kLocalInv;
+  };
 
   bool sent = false;
   // Nothing unacknowledged yet: the local ACK timer, if armed (it runs on while the requester waits for the path's
@@ -325,7 +337,10 @@ void RcRequester::Progress(OutBatch& out) {
       if (r.cursor_pkt > w.read_next) break;
       const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
       // A READ request asks for its responses, which acknowledge what precedes it.
-      if (PsnDiff(PsnAdd(w.first_psn, end), r.sent_psn_next) > 0) r.tail_asks_ack = true;
+      if (PsnDiff(PsnAdd(w.first_psn, end), r.sent_psn_next) > 0) {
+        r.tail_asks_ack = true;
+        r.packets_since_ack_req = 0;
+      }
       SendReadRequest(w, r.cursor_pkt, out);
       sent_up_to(PsnAdd(w.first_psn, end));
       if (end == w.npsn) {
@@ -342,7 +357,10 @@ void RcRequester::Progress(OutBatch& out) {
                                     cas ? w.wr.compare_add : 0};
       ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(core_.transport, spec, {}, dst, sport);
-      if (is_new) r.tail_asks_ack = true;
+      if (is_new) {
+        r.tail_asks_ack = true;
+        r.packets_since_ack_req = 0;
+      }
       sent_up_to(PsnAdd(psn, 1));
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
@@ -372,8 +390,14 @@ void RcRequester::Progress(OutBatch& out) {
         if (is_new) r.sent_psn_next = next_psn;
         ChargeLocked(path);
       }
-      spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after || force_ack_req;
-      if (is_new) r.tail_asks_ack = spec.bth.ack_req;
+      if (is_new) {
+        spec.bth.ack_req = (last && !next_message_follows()) || r.packets_since_ack_req + 1 >= kAckReqEvery ||
+                           stops_after || force_ack_req;
+        r.tail_asks_ack = spec.bth.ack_req;
+        r.packets_since_ack_req = spec.bth.ack_req ? 0 : r.packets_since_ack_req + 1;
+      } else {
+        spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;  // go-back-N resends
+      }
       if (spec.bth.ack_req && is_new) TimeRoundTrip(psn);
       if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
       if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};

@@ -86,6 +86,7 @@ struct RcRequesterState {
   // would wake it before the local ACK timeout. It predicts the stop and sets AckReq on the packet before, but
   // another QP's thread may fill the window in between.
   bool tail_asks_ack = true;
+  uint32_t packets_since_ack_req = 0;  // new packets sent since the last that asked for an ACK
   uint64_t retransmit_deadline_ns = 0;  // local ACK timeout (0: not armed)
   uint64_t rnr_deadline_ns = 0;         // waiting out an RNR NAK (0: not waiting)
   bool timer_listed = false;            // in DeviceCore::timed_qps

@@ -1204,6 +1204,44 @@ TEST_F(RcHeldAck, WithoutAReplyTheAckOfAOnePacketMessageLeavesAfterTheHoldTime) 
   EXPECT_EQ(Wire(*t.a).size(), 1u);  // well inside the requester's ACK timeout: nothing resent
 }
 
+// Messages queued behind the path's window leave in passes of several; only the last packet of a pass (where the
+// requester stops), and at least every 64th, asks for an ACK (IBTA 9.7.4.1.2 leaves AckReq to the requester): one
+// ACK per message cost the receiver a send and the sender a receive for every 16 packets of ib_write_bw.
+TEST(RcAckReq, MessagesSentInOnePassAskForOneAckWhereTheRequesterStops) {
+  Rc t;  // MTU 1024: 2 packets a message; the path's window starts at 32 packets, so later WRITEs queue
+  constexpr uint64_t kMessages = 40;
+  Buffer la = testing::Register(*t.a->device, t.pa, kMessages * 2048, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, kMessages * 2048, kMrAll);
+  Fill(la.bytes, 5);
+  for (uint64_t i = 0; i < kMessages; ++i)
+    ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(i, SendOpcode::kRdmaWrite, {la.At(i * 2048, 2048)},
+                                               lb.mr.iova + i * 2048, lb.mr.rkey)),
+              0);
+  EXPECT_GT(t.a->device->counters().rc_path_waits, 0u);  // some did queue
+  t.fabric.Pump();
+
+  EXPECT_EQ(0, std::memcmp(lb.bytes.data(), la.bytes.data(), kMessages * 2048));
+  const auto s = Drain(t.sa);
+  ASSERT_EQ(s.size(), kMessages);
+  for (uint64_t i = 0; i < kMessages; ++i) ExpectCompletion(s[i], i, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 2048,
+                                                            t.qa->qpn());
+  const auto wa = Wire(*t.a);
+  ASSERT_EQ(wa.size(), 2 * kMessages);  // nothing sent twice
+  size_t asks = 0, since_ask = 0;
+  for (const Pkt& p : wa) {
+    since_ask = p.ack_req ? 0 : since_ask + 1;
+    EXPECT_LT(since_ask, 64u);
+    if (p.ack_req) ++asks;
+  }
+  EXPECT_TRUE(wa.back().ack_req);  // the requester stops after its last packet
+  EXPECT_LT(asks, kMessages);      // some messages were followed by others in the same pass
+  size_t acks = 0;
+  for (const Pkt& p : Wire(*t.b)) acks += IsAck(p) ? 1 : 0;
+  EXPECT_LE(acks, asks);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 0u);
+}
+
 TEST(RcHeldAckStream, AStreamsAcksAreCoalescedIntoOneForAShortTime) {
   Rc t;  // MTU 1024
   t.b->ack_timing = Device::AckTiming::kHeld;
