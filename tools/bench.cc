@@ -1,5 +1,6 @@
 // `uroce bench wire`: the wire layer's speed as ratios against baselines measured in the same run — ICRC against
-// memcpy of the same 4 KiB packets, and the io_uring UDP transport against raw sendmmsg/recvmmsg on loopback.
+// memcpy of the same 4 KiB packets, the io_uring UDP transport against raw sendmmsg/recvmmsg on loopback, and
+// io_uring zero-copy UDP GSO sends against copying ones.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <errno.h>
@@ -35,6 +36,22 @@ int BenchWire(double seconds) {
   std::printf("sendmmsg/recvmmsg, 4 KiB: %7.0f packets/s  %6.2f Gbit/s  loss %.4f%%\n", t.raw.pps, t.raw.gbps,
               100 * t.raw.loss);
   std::printf("  ratio io_uring / raw:   %7.2f\n", t.raw.pps > 0 ? t.uring.pps / t.raw.pps : 0.0);
+  // Zero-copy sends against copying ones, for the segments uroce sends (a 4 KiB-MTU RoCEv2 packet).
+  const auto gso = uroce::wire::RunGsoBench(4136, seconds);
+  if (gso.error != 0) {
+    std::printf("UDP GSO + GRO: refused here (%s)\n", std::strerror(-gso.error));
+    return 0;
+  }
+  std::printf("UDP GSO + GRO, 4136 B:    %7.0f segments/s %6.2f Gbit/s\n", gso.gso.pps, gso.gso.gbps);
+  const auto zc = uroce::wire::RunGsoZeroCopyBench(4136, seconds);
+  if (zc.error != 0) {
+    std::printf("  zero-copy sends: refused here (%s)\n", std::strerror(-zc.error));
+    return 0;
+  }
+  std::printf("  zero-copy (io_uring):   %7.0f segments/s %6.2f Gbit/s  ratio %.2f; the kernel copied %llu of %llu sends\n",
+              zc.gso_zero_copy.pps, zc.gso_zero_copy.gbps, gso.gso.pps > 0 ? zc.gso_zero_copy.pps / gso.gso.pps : 0.0,
+              static_cast<unsigned long long>(zc.zero_copy_copied),
+              static_cast<unsigned long long>(zc.zero_copy_notifications));
   return 0;
 }
 

@@ -8,6 +8,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <liburing.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -19,6 +21,14 @@
 
 #include "wire/udp_socket.h"
 #include "wire/uring_transport.h"
+
+// From the kernel's uapi (6.2); liburing 2.3's copy of io_uring.h predates them.
+#ifndef IORING_SEND_ZC_REPORT_USAGE
+#define IORING_SEND_ZC_REPORT_USAGE (1U << 3)
+#endif
+#ifndef IORING_NOTIF_USAGE_ZC_COPIED
+#define IORING_NOTIF_USAGE_ZC_COPIED (1U << 31)
+#endif
 
 namespace uroce::wire {
 namespace {
@@ -181,8 +191,92 @@ int RunRaw(size_t frame_bytes, double seconds, size_t window, TransportBenchResu
   return 0;
 }
 
-// UDP GSO + GRO: sends of as many whole `frame_bytes` segments as fit in one 64 KiB datagram, received coalesced.
-int RunGso(size_t frame_bytes, double seconds, size_t window, TransportBenchResult* out) {
+// Receives coalesced (UDP_GRO) datagrams on `rx` until `credit.stop`, crediting the segments each one holds.
+void ReceiveCoalesced(int rx, Credit& credit) {
+  constexpr size_t kBuffer = 65536;
+  std::vector<uint8_t> buffers(size_t(kBatch) * kBuffer);
+  mmsghdr msgs[kBatch];
+  iovec iovs[kBatch];
+  alignas(cmsghdr) uint8_t control[kBatch][CMSG_SPACE(sizeof(int))];
+  while (!credit.stop.load(std::memory_order_relaxed)) {
+    for (int i = 0; i < kBatch; ++i) {
+      iovs[i] = iovec{buffers.data() + size_t(i) * kBuffer, kBuffer};
+      msgs[i] = mmsghdr{};
+      msgs[i].msg_hdr.msg_iov = &iovs[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+      msgs[i].msg_hdr.msg_control = control[i];
+      msgs[i].msg_hdr.msg_controllen = sizeof control[i];
+    }
+    const int n = recvmmsg(rx, msgs, kBatch, MSG_WAITFORONE, nullptr);
+    uint64_t segments = 0;
+    for (int i = 0; i < n; ++i) {
+      size_t size = msgs[i].msg_len;  // one datagram unless the kernel says it coalesced several
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+        if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
+          int s;
+          std::memcpy(&s, CMSG_DATA(c), sizeof s);
+          size = size_t(s);
+        }
+      }
+      segments += size ? (msgs[i].msg_len + size - 1) / size : 1;
+    }
+    if (segments > 0) credit.Add(segments);
+  }
+}
+
+// io_uring zero-copy sends (IORING_OP_SENDMSG_ZC) of `msgs`: the kernel pins the pages instead of copying them into
+// socket buffers, and says in a second completion when it no longer needs them -- and, asked to report usage,
+// whether it copied them after all (IORING_NOTIF_USAGE_ZC_COPIED), which it does for a datagram it delivers to a
+// socket of this host (loopback, or a veth into another namespace of this machine).
+class ZeroCopySender {
+ public:
+  ~ZeroCopySender() {
+    if (ready_) io_uring_queue_exit(&ring_);
+  }
+  int Init() {
+    if (int r = io_uring_queue_init(64, &ring_, 0); r < 0) return r;
+    ready_ = true;
+    return 0;
+  }
+  // Sends `n` messages and waits for their results; a send's buffer is reused at once (the bench never changes it).
+  // The number sent, or -errno.
+  int Send(int fd, mmsghdr* msgs, int n) {
+    for (int i = 0; i < n; ++i) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      io_uring_prep_sendmsg_zc(sqe, fd, &msgs[i].msg_hdr, 0);
+      sqe->ioprio |= IORING_SEND_ZC_REPORT_USAGE;
+    }
+    if (int r = io_uring_submit(&ring_); r < 0) return r;
+    int results = 0, sent = 0, error = 0;
+    while (results < n || notifications_pending_ > 0) {
+      io_uring_cqe* cqe = nullptr;
+      // The results come at once; notifications may wait for the receiver: take those that are there.
+      if (results >= n && io_uring_peek_cqe(&ring_, &cqe) != 0) break;
+      if (cqe == nullptr && io_uring_wait_cqe(&ring_, &cqe) < 0) return -EIO;
+      if (cqe->flags & IORING_CQE_F_NOTIF) {
+        --notifications_pending_;
+        ++notifications;
+        if (uint32_t(cqe->res) & IORING_NOTIF_USAGE_ZC_COPIED) ++copied;
+      } else {
+        ++results;
+        if (cqe->res >= 0) ++sent; else error = cqe->res;
+        if (cqe->flags & IORING_CQE_F_MORE) ++notifications_pending_;
+      }
+      io_uring_cqe_seen(&ring_, cqe);
+    }
+    return sent > 0 ? sent : error;
+  }
+  uint64_t notifications = 0, copied = 0;
+
+ private:
+  io_uring ring_{};
+  bool ready_ = false;
+  int notifications_pending_ = 0;
+};
+
+// UDP GSO + GRO: sends of as many whole `frame_bytes` segments as fit in one 64 KiB datagram, received coalesced;
+// with `zero_copy`, sent by io_uring without copying (ZeroCopySender).
+int RunGso(size_t frame_bytes, double seconds, size_t window, bool zero_copy, TransportBenchResult* out) {
   SocketPair sockets;
   if (int r = sockets.Open(); r < 0) return r;
   const int rx = sockets.rx, tx = sockets.tx;
@@ -192,50 +286,30 @@ int RunGso(size_t frame_bytes, double seconds, size_t window, TransportBenchResu
       setsockopt(tx, IPPROTO_UDP, UDP_SEGMENT, &segment, sizeof segment) < 0) {
     return -errno;
   }
+  ZeroCopySender zc;
+  if (zero_copy) {
+    if (int r = zc.Init(); r < 0) return r;
+  }
   const size_t per_send = std::max<size_t>(1, std::min<size_t>(65507 / frame_bytes, 64));  // UDP_MAX_SEGMENTS 64
   Credit credit;
-  std::thread receiver([&] {
-    constexpr size_t kBuffer = 65536;
-    std::vector<uint8_t> buffers(size_t(kBatch) * kBuffer);
-    mmsghdr msgs[kBatch];
-    iovec iovs[kBatch];
-    alignas(cmsghdr) uint8_t control[kBatch][CMSG_SPACE(sizeof(int))];
-    while (!credit.stop.load(std::memory_order_relaxed)) {
-      for (int i = 0; i < kBatch; ++i) {
-        iovs[i] = iovec{buffers.data() + size_t(i) * kBuffer, kBuffer};
-        msgs[i] = mmsghdr{};
-        msgs[i].msg_hdr.msg_iov = &iovs[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-        msgs[i].msg_hdr.msg_control = control[i];
-        msgs[i].msg_hdr.msg_controllen = sizeof control[i];
-      }
-      const int n = recvmmsg(rx, msgs, kBatch, MSG_WAITFORONE, nullptr);
-      uint64_t segments = 0;
-      for (int i = 0; i < n; ++i) {
-        size_t size = msgs[i].msg_len;  // one datagram unless the kernel says it coalesced several
-        for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
-          if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
-            int s;
-            std::memcpy(&s, CMSG_DATA(c), sizeof s);
-            size = size_t(s);
-          }
-        }
-        segments += size ? (msgs[i].msg_len + size - 1) / size : 1;
-      }
-      if (segments > 0) credit.Add(segments);
-    }
-  });
+  std::thread receiver([&] { ReceiveCoalesced(rx, credit); });
   std::vector<uint8_t> payload(per_send * frame_bytes, 0x5a);
   mmsghdr msgs[kBatch];
   iovec iov{payload.data(), payload.size()};
   constexpr int kSends = kBatch / 8;  // 4 super-datagrams per sendmmsg
   sockets.AddressTo(msgs, kSends, &iov);
   const HalfResult h = DriveSender(credit, seconds, std::max(window, kSends * per_send + kBatch), [&] {
-    const int n = sendmmsg(tx, msgs, kSends, 0);
+    const int n = zero_copy ? zc.Send(tx, msgs, kSends) : sendmmsg(tx, msgs, kSends, 0);
     return n > 0 ? int(size_t(n) * per_send) : n;
   });
   receiver.join();
-  out->gso = h.Figures(frame_bytes);
+  if (zero_copy) {
+    out->gso_zero_copy = h.Figures(frame_bytes);
+    out->zero_copy_notifications = zc.notifications;
+    out->zero_copy_copied = zc.copied;
+  } else {
+    out->gso = h.Figures(frame_bytes);
+  }
   return 0;
 }
 
@@ -246,7 +320,16 @@ TransportBenchResult RunGsoBench(size_t frame_bytes, double seconds, size_t wind
   r.frame_bytes = frame_bytes;
   r.seconds = seconds;
   r.window = std::max<size_t>(window, kBatch);
-  if (int e = RunGso(frame_bytes, seconds, r.window, &r); e < 0) r.error = e;
+  if (int e = RunGso(frame_bytes, seconds, r.window, /*zero_copy=*/false, &r); e < 0) r.error = e;
+  return r;
+}
+
+TransportBenchResult RunGsoZeroCopyBench(size_t frame_bytes, double seconds, size_t window) {
+  TransportBenchResult r;
+  r.frame_bytes = frame_bytes;
+  r.seconds = seconds;
+  r.window = std::max<size_t>(window, kBatch);
+  if (int e = RunGso(frame_bytes, seconds, r.window, /*zero_copy=*/true, &r); e < 0) r.error = e;
   return r;
 }
 

@@ -31,6 +31,11 @@ struct TransportBenchResult {
   // the receiver takes back as coalesced buffers (UDP_GRO). Counted in segments, so comparable with the two above:
   // the loopback ceiling for a stream of packets of this size (RunGsoBench only).
   StreamFigures gso;
+  // The same stream sent by io_uring without copying (IORING_OP_SENDMSG_ZC, RunGsoZeroCopyBench only), and how many
+  // of its sends the kernel reported done and, of those, copied after all (it copies what it delivers to a socket of
+  // this host).
+  StreamFigures gso_zero_copy;
+  uint64_t zero_copy_notifications = 0, zero_copy_copied = 0;
 
   int error = 0;  // -errno when a half could not be set up (its figures stay 0)
 
@@ -41,5 +46,9 @@ TransportBenchResult RunTransportBench(size_t frame_bytes = 4096, double seconds
 
 // Only the GSO + GRO half (fills the gso_* fields; error when the kernel refuses UDP_SEGMENT or UDP_GRO).
 TransportBenchResult RunGsoBench(size_t frame_bytes, double seconds, size_t window = 512);
+
+// The GSO + GRO stream with zero-copy sends (fills gso_zero_copy and the zero_copy_* counts; error when the kernel
+// refuses io_uring or IORING_OP_SENDMSG_ZC, before 6.1).
+TransportBenchResult RunGsoZeroCopyBench(size_t frame_bytes, double seconds, size_t window = 512);
 
 }  // namespace uroce::wire
