@@ -3,6 +3,9 @@
 // and a process that exits with its device open and a packet in flight.
 #include <infiniband/verbs.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -205,6 +208,90 @@ TEST(BadDay, ProcessExitingWithItsDeviceOpenAndAPacketInFlightExitsCleanly) {
       std::chrono::seconds(30));
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// A UDP socket on 127.0.0.1 and a port the kernel chose: what a process that had UROCE_ADDR a moment ago leaves.
+int HoldLoopbackPort(uint16_t* port) {
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return -1;
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+// The child opens the device on 127.0.0.1:`port` (UROCE_ADDR, UROCE_PORT), closing its copy of `held` first.
+// Exit status: 0 opened, 30 + errno class otherwise (31 EADDRINUSE, 32 other), and how long the open took in
+// `*elapsed_ms` (through a pipe).
+int OpenOnHeldPort(int held, uint16_t port, std::chrono::milliseconds release_after, int64_t* elapsed_ms) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const int status = RunChild(
+      [&] {
+        close(held);
+        close(fds[0]);
+        setenv("UROCE_ADDR", "127.0.0.1", 1);
+        setenv("UROCE_PORT", std::to_string(port).c_str(), 1);
+        const auto start = std::chrono::steady_clock::now();
+        ibv_device** list = ibv_get_device_list(nullptr);
+        errno = 0;
+        ibv_context* ctx = list && list[0] ? ibv_open_device(list[0]) : nullptr;
+        const int err = errno;
+        const int64_t ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+        if (write(fds[1], &ms, sizeof ms) != sizeof ms) return 33;
+        if (list) ibv_free_device_list(list);
+        if (ctx != nullptr) return ibv_close_device(ctx) == 0 ? 0 : 34;
+        return err == EADDRINUSE ? 31 : 32;
+      },
+      std::chrono::seconds(30),
+      [&] {
+        close(fds[1]);
+        if (release_after.count() > 0) {
+          std::this_thread::sleep_for(release_after);
+          close(held);
+        }
+        if (read(fds[0], elapsed_ms, sizeof *elapsed_ms) != sizeof *elapsed_ms) *elapsed_ms = -1;
+        close(fds[0]);
+      });
+  return status;
+}
+
+// Programs run one after another on one UROCE_ADDR: the second may start while the first's socket is still held
+// (io_uring releases it from a kernel worker after the process has gone); it waits for the address instead of
+// failing with EADDRINUSE. An address held for good still fails, after a bounded wait.
+TEST(BadDay, AConfiguredAddressReleasedAMomentLaterIsWaitedFor) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded fork";
+#endif
+  uint16_t port = 0;
+  const int held = HoldLoopbackPort(&port);
+  ASSERT_GE(held, 0) << strerror(errno);
+  int64_t ms = 0;
+  const int status = OpenOnHeldPort(held, port, std::chrono::milliseconds(150), &ms);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_GE(ms, 100);  // it did wait for the release
+}
+
+TEST(BadDay, AConfiguredAddressHeldByAnotherProgramFailsWithEaddrinuseAfterABoundedWait) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer cannot start threads in the child of a multi-threaded fork";
+#endif
+  uint16_t port = 0;
+  const int held = HoldLoopbackPort(&port);
+  ASSERT_GE(held, 0) << strerror(errno);
+  int64_t ms = 0;
+  const int status = OpenOnHeldPort(held, port, std::chrono::milliseconds(0), &ms);
+  close(held);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 31);  // EADDRINUSE
+  EXPECT_GE(ms, 900);
+  EXPECT_LT(ms, 10'000);
 }
 
 // What the exit handlers registered before the device was opened do -- the destructors of a program's global objects

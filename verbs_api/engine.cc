@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -243,7 +244,14 @@ int Engine::Start(const EngineConfig& config) {
   TransportChoice choice = config.transport;
   if (config.address) {
     bound = *config.address;
-    rc = OpenTransport(&choice, {bound, config.port}, &transport_, &reported);
+    // A process that had this address a moment ago may still hold its socket: io_uring drops it from a kernel worker
+    // after the process has gone, and the next program on the same UROCE_ADDR, started at once, failed with
+    // EADDRINUSE. Taken for longer than kBindRetryNs, it is another program's.
+    const uint64_t give_up = wire::SystemClock::Instance().NowNs() + kBindRetryNs;
+    while ((rc = OpenTransport(&choice, {bound, config.port}, &transport_, &reported)) == -EADDRINUSE &&
+           wire::SystemClock::Instance().NowNs() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     if (rc < 0 && !reported) {
       fprintf(stderr, "uroce: cannot bind %s: %s\n", wire::UdpEndpoint{bound, config.port}.ToString().c_str(),
               strerror(-rc));

@@ -140,6 +140,8 @@ class Engine {
   // last kAppPollingNs: such a thread spins already and either receives itself or, like ib_write_lat, waits on memory
   // -- a spinning progress thread beside it crowded a 2-core machine (ib_write_lat 40 -> 130 us).
   static constexpr uint64_t kSpinNs = 50'000;
+  // How long a start on a configured address (UROCE_ADDR) waits for it to be free (Start).
+  static constexpr uint64_t kBindRetryNs = 1'000'000'000;
   static constexpr uint64_t kAppPollingNs = 1'000'000;
 
   std::unique_ptr<wire::PcapWriter> pcap_;  // outlives transport_, which writes to it
