@@ -43,42 +43,47 @@ uint16_t PortNobodyHolds() {
   return port;
 }
 
+// A bound datagram rsocket and a loopback port nobody holds.
+class DatagramRsocket : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fd_ = BoundDatagramSocket(&mine_);
+    ASSERT_GE(fd_, 0) << strerror(errno);
+    const uint16_t gone = PortNobodyHolds();
+    ASSERT_NE(gone, 0);
+    to_gone_ = Loopback(gone);
+  }
+  void TearDown() override {
+    if (fd_ >= 0) EXPECT_EQ(rclose(fd_), 0);
+  }
+  const sockaddr* gone() const { return reinterpret_cast<const sockaddr*>(&to_gone_); }
+
+  int fd_ = -1;
+  uint16_t mine_ = 0;
+  sockaddr_in to_gone_{};
+};
+
 // udpong's server answers clients that may have gone: a sendto towards a port nobody holds loses the datagram and
 // returns its length, as sendto(2) on an unconnected UDP socket does, and the socket goes on working.
-TEST(DatagramRsocket, ASendToAPortNobodyHoldsIsLostWithoutAnError) {
-  uint16_t mine = 0;
-  const int fd = BoundDatagramSocket(&mine);
-  ASSERT_GE(fd, 0) << strerror(errno);
-  const uint16_t gone = PortNobodyHolds();
-  ASSERT_NE(gone, 0);
-  const sockaddr_in to_gone = Loopback(gone);
-  EXPECT_EQ(rsendto(fd, "lost", 4, 0, reinterpret_cast<const sockaddr*>(&to_gone), sizeof to_gone), 4)
+TEST_F(DatagramRsocket, ASendToAPortNobodyHoldsIsLostWithoutAnError) {
+  EXPECT_EQ(rsendto(fd_, "lost", 4, 0, gone(), sizeof to_gone_), 4) << strerror(errno);
+  const sockaddr_in to_me = Loopback(mine_);
+  ASSERT_EQ(rsendto(fd_, "kept", 4, 0, reinterpret_cast<const sockaddr*>(&to_me), sizeof to_me), 4)
       << strerror(errno);
-
-  const sockaddr_in to_me = Loopback(mine);
-  ASSERT_EQ(rsendto(fd, "kept", 4, 0, reinterpret_cast<const sockaddr*>(&to_me), sizeof to_me), 4) << strerror(errno);
   char buf[16] = {};
   sockaddr_in from{};
   socklen_t from_len = sizeof from;
-  ASSERT_EQ(rrecvfrom(fd, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &from_len), 4) << strerror(errno);
+  ASSERT_EQ(rrecvfrom(fd_, buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &from_len), 4) << strerror(errno);
   EXPECT_EQ(std::string(buf, 4), "kept");
-  EXPECT_EQ(ntohs(from.sin_port), mine);
-  EXPECT_EQ(rclose(fd), 0);
+  EXPECT_EQ(ntohs(from.sin_port), mine_);
 }
 
 // A connected datagram socket is told instead, as a connected UDP socket is once the ICMP port unreachable is back.
-TEST(DatagramRsocket, AConnectedSocketIsRefusedByAPortNobodyHolds) {
-  uint16_t mine = 0;
-  const int fd = BoundDatagramSocket(&mine);
-  ASSERT_GE(fd, 0) << strerror(errno);
-  const uint16_t gone = PortNobodyHolds();
-  ASSERT_NE(gone, 0);
-  const sockaddr_in to_gone = Loopback(gone);
-  ASSERT_EQ(rconnect(fd, reinterpret_cast<const sockaddr*>(&to_gone), sizeof to_gone), 0) << strerror(errno);
+TEST_F(DatagramRsocket, AConnectedSocketIsRefusedByAPortNobodyHolds) {
+  ASSERT_EQ(rconnect(fd_, gone(), sizeof to_gone_), 0) << strerror(errno);
   errno = 0;
-  EXPECT_EQ(rsend(fd, "x", 1, 0), -1);
+  EXPECT_EQ(rsend(fd_, "x", 1, 0), -1);
   EXPECT_EQ(errno, ECONNREFUSED);
-  EXPECT_EQ(rclose(fd), 0);
 }
 
 }  // namespace

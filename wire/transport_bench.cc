@@ -315,29 +315,32 @@ int RunGso(size_t frame_bytes, double seconds, size_t window, bool zero_copy, Tr
 
 }  // namespace
 
-TransportBenchResult RunGsoBench(size_t frame_bytes, double seconds, size_t window) {
+namespace {
+
+TransportBenchResult EmptyResult(size_t frame_bytes, double seconds, size_t window) {
   TransportBenchResult r;
   r.frame_bytes = frame_bytes;
   r.seconds = seconds;
   r.window = std::max<size_t>(window, kBatch);
+  return r;
+}
+
+}  // namespace
+
+TransportBenchResult RunGsoBench(size_t frame_bytes, double seconds, size_t window) {
+  TransportBenchResult r = EmptyResult(frame_bytes, seconds, window);
   if (int e = RunGso(frame_bytes, seconds, r.window, /*zero_copy=*/false, &r); e < 0) r.error = e;
   return r;
 }
 
 TransportBenchResult RunGsoZeroCopyBench(size_t frame_bytes, double seconds, size_t window) {
-  TransportBenchResult r;
-  r.frame_bytes = frame_bytes;
-  r.seconds = seconds;
-  r.window = std::max<size_t>(window, kBatch);
+  TransportBenchResult r = EmptyResult(frame_bytes, seconds, window);
   if (int e = RunGso(frame_bytes, seconds, r.window, /*zero_copy=*/true, &r); e < 0) r.error = e;
   return r;
 }
 
 TransportBenchResult RunTransportBench(size_t frame_bytes, double seconds, size_t window) {
-  TransportBenchResult r;
-  r.frame_bytes = frame_bytes;
-  r.seconds = seconds;
-  r.window = std::max<size_t>(window, kBatch);
+  TransportBenchResult r = EmptyResult(frame_bytes, seconds, window);
   if (int e = RunUring(frame_bytes, seconds, r.window, &r); e < 0) r.error = e;
   if (int e = RunRaw(frame_bytes, seconds, r.window, &r); e < 0 && r.error == 0) r.error = e;
   return r;
