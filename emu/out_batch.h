@@ -83,8 +83,8 @@ struct OutBatch {
   // each send, a burst of 64 4 KiB packets made glibc give its heap's top back to the system and fault it in again:
   // the sending thread spent a fifth of its time in page faults and TLB shootdowns (ib_write_bw 64 KiB, AckReq every
   // 64 packets). At most kSpareBuffers (a window's worth) per thread.
-  // nullptr once the thread's thread_local objects are destroyed: an exit handler may still send (held ACKs).
   static constexpr size_t kSpareBuffers = 512;
+  // nullptr once the thread's thread_local objects are destroyed: an exit handler may still send (held ACKs).
   static std::vector<Bytes>* Spare() {
     static thread_local bool gone = false;  // trivially destructible: still readable then
     struct Spares {
