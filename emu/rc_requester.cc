@@ -307,10 +307,10 @@ void RcRequester::Progress(OutBatch& out) {
       // what is already in flight never wait). Threads sending for other QPs towards it meanwhile may each put
       // one more packet in flight than the window allows: it is a bound on queueing, not on correctness. So may a
       // requester whose newest packet did not ask for an ACK: this one does, and it stops after it
-      // (RcRequesterState::tail_asks_ack).
+      // (RcRequesterState::tail_asks_ack()).
       std::unique_lock lock(core_.paths_mu);
       if (!path.MaySend()) {
-        if (r.tail_asks_ack) {
+        if (r.tail_asks_ack()) {
           if (!r.waiting_for_path) {
             r.waiting_for_path = true;
             path.waiting().push_back(qp_.qpn());
@@ -337,10 +337,7 @@ void RcRequester::Progress(OutBatch& out) {
       if (r.cursor_pkt > w.read_next) break;
       const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
       // A READ request asks for its responses, which acknowledge what precedes it.
-      if (PsnDiff(PsnAdd(w.first_psn, end), r.sent_psn_next) > 0) {
-        r.tail_asks_ack = true;
-        r.packets_since_ack_req = 0;
-      }
+      if (PsnDiff(PsnAdd(w.first_psn, end), r.sent_psn_next) > 0) r.packets_since_ack_req = 0;
       SendReadRequest(w, r.cursor_pkt, out);
       sent_up_to(PsnAdd(w.first_psn, end));
       if (end == w.npsn) {
@@ -357,10 +354,7 @@ void RcRequester::Progress(OutBatch& out) {
                                     cas ? w.wr.compare_add : 0};
       ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
       out.Add(core_.transport, spec, {}, dst, sport);
-      if (is_new) {
-        r.tail_asks_ack = true;
-        r.packets_since_ack_req = 0;
-      }
+      if (is_new) r.packets_since_ack_req = 0;  // it asks for the atomic ACK
       sent_up_to(PsnAdd(psn, 1));
       ++r.cursor_wqe;
       r.cursor_pkt = 0;
@@ -393,7 +387,6 @@ void RcRequester::Progress(OutBatch& out) {
       if (is_new) {
         spec.bth.ack_req = (last && !next_message_follows()) || r.packets_since_ack_req + 1 >= kAckReqEvery ||
                            stops_after || force_ack_req;
-        r.tail_asks_ack = spec.bth.ack_req;
         r.packets_since_ack_req = spec.bth.ack_req ? 0 : r.packets_since_ack_req + 1;
       } else {
         spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;  // go-back-N resends

@@ -81,12 +81,13 @@ struct RcRequesterState {
   uint32_t sent_psn_next = 0;
   int64_t charged = 0;
   bool waiting_for_path = false;  // queued on the path's waiting list
-  // Whether the newest packet sent asked for an ACK (AckReq). A requester stops for the path's window only then:
-  // otherwise nothing would acknowledge what it has in flight, and, with the window full of its own packets, nothing
-  // would wake it before the local ACK timeout. It predicts the stop and sets AckReq on the packet before, but
-  // another QP's thread may fill the window in between.
-  bool tail_asks_ack = true;
-  uint32_t packets_since_ack_req = 0;  // new packets sent since the last that asked for an ACK
+  // New packets sent since the last that asked for an ACK (AckReq; a READ request or atomic asks for its answer).
+  uint32_t packets_since_ack_req = 0;
+  // Whether the newest packet sent asked for an ACK. A requester stops for the path's window only then: otherwise
+  // nothing would acknowledge what it has in flight, and, with the window full of its own packets, nothing would
+  // wake it before the local ACK timeout. It predicts the stop and sets AckReq on the packet before, but another
+  // QP's thread may fill the window in between.
+  bool tail_asks_ack() const { return packets_since_ack_req == 0; }
   uint64_t retransmit_deadline_ns = 0;  // local ACK timeout (0: not armed)
   uint64_t rnr_deadline_ns = 0;         // waiting out an RNR NAK (0: not waiting)
   bool timer_listed = false;            // in DeviceCore::timed_qps
