@@ -330,11 +330,7 @@ int Engine::Start(const EngineConfig& config) {
     g_exit_handler_registered = true;
     std::atexit([] {
       std::lock_guard lock(g_engine_mu);
-      if (auto e = g_engine.lock()) {
-        e->device_->SendHeldAcks();
-        e->PrintStatsOnce();
-        e->StopThreads();
-      }
+      if (auto e = g_engine.lock()) e->Finish();
     });
   }
   return 0;
@@ -512,7 +508,9 @@ void Engine::LeaveMulticast(const wire::IpAddress& group) {
   if (multicast_) multicast_->Leave(group);
 }
 
-void Engine::StopThreads() {
+void Engine::Finish() {
+  if (device_) device_->SendHeldAcks();
+  PrintStatsOnce();
   {
     std::lock_guard lock(multicast_mu_);
     multicast_.reset();  // its thread delivers into the device
@@ -528,9 +526,7 @@ void Engine::StopThreads() {
 }
 
 Engine::~Engine() {
-  if (device_) device_->SendHeldAcks();
-  PrintStatsOnce();
-  StopThreads();
+  Finish();
   device_.reset();
   transport_.reset();
   if (pcap_) pcap_->Close();

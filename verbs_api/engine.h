@@ -120,9 +120,10 @@ class Engine {
   void EndLease();
   // The progress thread's side of the lease: hands the receive side to applications or takes it back.
   void HandReceiveToApplications(bool to_applications);
-  // Stops the multicast receiver's thread and the progress thread, which deliver into the device (at its end and at
-  // the process's exit); application threads may still drive the device.
-  void StopThreads();
+  // The engine's end, and the process's exit if it comes first: the held ACKs leave, the counters are printed
+  // (UROCE_STATS), and the multicast receiver's thread and the progress thread, which deliver into the device, stop.
+  // Application threads may still drive the device. Safe to call again.
+  void Finish();
 
   // How long one empty poll keeps the receive side: also how long packets may wait when a polling thread stops
   // without arming a CQ. The progress thread wakes once per half lease to look, and each wake-up preempts a polling
