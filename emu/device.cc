@@ -401,7 +401,10 @@ void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
       if (core_.next_held_ack_due_ns.load(std::memory_order_relaxed) != 0) SendHeldAcksLocked(UINT64_MAX, out);
     } else {
       const uint64_t due = core_.next_held_ack_due_ns.load(std::memory_order_relaxed);
-      if (due != 0 && due <= core_.Now()) SendHeldAcksLocked(core_.Now(), out);
+      if (due != 0) {
+        const uint64_t now = core_.Now();
+        if (due <= now) SendHeldAcksLocked(now, out);
+      }
     }
   }
   Transmit(out);
