@@ -398,7 +398,7 @@ void Engine::ProgressLoop() {
     const bool spin = now - last_traffic < kSpinNs && now - poll_pattern_.last_empty_poll_ns() > kAppPollingNs;
     if (spin != spinning) {
       std::lock_guard lock(receive_mu_);
-      transport_->SetReceiveArmed(!spin);  // spinning: recvmmsg straight from the socket, nobody woken per packet
+      transport_->SetReceiveArmed(!spin);  // spinning: straight from the socket, nobody woken per packet
       spinning = spin;
     }
     int64_t timeout = 0;  // spinning: never wait

@@ -135,7 +135,7 @@ class Engine {
   // so arming a (longer) retransmit timer per message never needs to wake it (Device::RunTimers).
   static constexpr uint64_t kTickNs = 10'000'000;
   static constexpr uint64_t kActiveNs = 1'000'000'000;
-  // After a datagram the progress thread keeps receiving without sleeping for kSpinNs (receives disarmed, recvmmsg
+  // After a datagram the progress thread keeps receiving without sleeping for kSpinNs (receives disarmed, reading
   // with MSG_DONTWAIT): a stream's next packet then finds it awake, and the sender's kernel wakes nobody per packet
   // (ib_write_bw 64 KiB: 0.7 -> 1.5 GB/s here). Not while an application thread of this process polled a CQ in the
   // last kAppPollingNs: such a thread spins already and either receives itself or, like ib_write_lat, waits on memory

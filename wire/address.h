@@ -26,6 +26,8 @@ class IpAddress {
 
   bool is_v4() const;
   uint32_t v4() const;  // host byte order; only meaningful when is_v4().
+  // The wildcard a socket binds to receive on every local address: 0.0.0.0 or ::.
+  bool is_unspecified() const { return *this == IpAddress() || *this == V4(0); }
   const std::array<uint8_t, 16>& bytes() const { return bytes_; }
   std::string ToString() const;  // "127.0.0.1" or "fe80::1"
 

@@ -10,8 +10,8 @@
 //    send completion is in UringTransport: this is a datagram network.
 //    Runs of equal-size datagrams to one destination leave as one UDP_SEGMENT message (wire/udp_socket.h), with each
 //    ICRC re-sealed for the IP ID its segment gets; a run the kernel refuses is sent again one datagram at a time.
-//  - Poll: recvmmsg(MSG_DONTWAIT) of up to Options::batch receives into transport-owned buffers (each a datagram, or
-//    a UDP_GRO run split back into its datagrams); when nothing is queued, ppoll(2) on the socket and a wake-up
+//  - Poll: MSG_DONTWAIT receives into transport-owned buffers (each a datagram, or a UDP_GRO run split back into its
+//    datagrams): one recvmsg after an empty poll, recvmmsg of up to Options::batch while receives come back full; when nothing is queued, ppoll(2) on the socket and a wake-up
 //    eventfd, so an idle Poll blocks in the kernel. The handler runs holding no lock (it may Send).
 #pragma once
 
@@ -28,7 +28,7 @@
 namespace uroce::wire {
 
 struct SocketTransportOptions {
-  unsigned batch = 64;                // receives per recvmmsg, datagrams per sendmmsg call
+  unsigned batch = 64;                // most receives per recvmmsg, datagrams per sendmmsg call
   size_t max_datagram = 9216;         // larger received datagrams are truncated: counted and not delivered
   int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
   bool udp_offloads = true;           // UDP_SEGMENT sends and UDP_GRO receives where the kernel has them

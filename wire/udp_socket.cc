@@ -24,19 +24,22 @@ void SetBuffer(int fd, int force_opt, int opt, int bytes) {
   setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof bytes);                        // capped at net.core.*mem_max
 }
 
-int SetOptions(int fd, int family, int buffer_bytes) {
+// `pktinfo`: ask for each datagram's destination address (a wildcard bind). A socket bound to one address receives
+// only datagrams sent to it, and the control message costs every receive ~0.2 us (a 20-byte ping-pong on loopback:
+// 3.56 against 3.35 us per half round trip), so it is asked for only where it can tell something.
+int SetOptions(int fd, int family, int buffer_bytes, bool pktinfo) {
   const int one = 1;
   const int pmtu = IP_PMTUDISC_DO;
   if (family == AF_INET) {
     if (setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu) < 0) return -errno;
-    if (setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) < 0) return -errno;
+    if (pktinfo && setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) < 0) return -errno;
   } else {
     const int pmtu6 = IPV6_PMTUDISC_DO;
     if (setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof pmtu6) < 0) return -errno;
-    if (setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one) < 0) return -errno;
+    if (pktinfo && setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one) < 0) return -errno;
     // A dual-stack socket also carries IPv4 (mapped) traffic; these apply to it. Best effort.
     setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-    setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
+    if (pktinfo) setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);
   }
   SetBuffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, buffer_bytes);
   SetBuffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, buffer_bytes);
@@ -82,7 +85,7 @@ int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* lo
   if (int r = ToSockaddr(bind, family, &sa, &sa_len); r < 0) return r;
   const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
   if (fd < 0) return -errno;
-  int r = SetOptions(fd, family, buffer_bytes);
+  int r = SetOptions(fd, family, buffer_bytes, bind.addr.is_unspecified());
   if (r == 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sa_len) < 0) r = -errno;
   sa_len = sizeof sa;
   if (r == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &sa_len) < 0) r = -errno;
@@ -359,9 +362,19 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
   }
   int n;
   do {
-    n = recvmmsg(fd, msgs_.data(), unsigned(msgs_.size()), MSG_DONTWAIT, nullptr);
+    if (want_ == 1) {
+      const ssize_t len = recvmsg(fd, &msgs_[0].msg_hdr, MSG_DONTWAIT);
+      if (len >= 0) msgs_[0].msg_len = unsigned(len);
+      n = len < 0 ? -1 : 1;
+    } else {
+      n = recvmmsg(fd, msgs_.data(), unsigned(want_), MSG_DONTWAIT, nullptr);
+    }
   } while (n < 0 && errno == EINTR);
   dirty_ = n > 0 ? size_t(n) : 0;
+  // A full vector: more may be queued, so the next receive takes twice as many; an empty poll: the next datagram
+  // probably comes alone (a ping-pong), so one recvmsg, cheaper than recvmmsg by ~0.15 us and than a 64-entry one by
+  // ~0.3 us of every round trip's latency.
+  want_ = n <= 0 ? 1 : size_t(n) == want_ ? std::min(want_ * 2, msgs_.size()) : want_;
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return -EAGAIN;
     const int e = -errno;

@@ -4,7 +4,8 @@
 //
 // Socket options (OpenRoceUdpSocket): IP_MTU_DISCOVER = IP_PMTUDISC_DO (ip(7)) makes IPv4 datagrams DF, which Linux
 // sends from an unconnected socket with IP ID 0, the value the sender's ICRC assumed (DESIGN.md, wire facts);
-// IP_PKTINFO / IPV6_RECVPKTINFO (ip(7), ipv6(7)) tell which local address a datagram was sent to; SO_RCVBUFFORCE /
+// IP_PKTINFO / IPV6_RECVPKTINFO (ip(7), ipv6(7)) tell which local address a datagram was sent to, asked for only on
+// a wildcard bind (a socket bound to one address receives only what is sent to it); SO_RCVBUFFORCE /
 // SO_SNDBUFFORCE (socket(7), needs CAP_NET_ADMIN) with a silent fall-back to SO_RCVBUF / SO_SNDBUF.
 #pragma once
 
@@ -131,11 +132,12 @@ int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span
 // handed to the application (Transport::SetReceiveWatched). One thread at a time uses an instance.
 class DatagramReceiver {
  public:
-  // `batch` receives per recvmmsg, each of up to max_datagram bytes, or of a whole UDP_GRO run (kMaxGroBytes) when
-  // `gro` (EnableUdpOffloads said the socket has it). 0, -EINVAL for a batch or size of 0, -ENOMEM.
+  // Up to `batch` receives per recvmmsg, each of up to max_datagram bytes, or of a whole UDP_GRO run (kMaxGroBytes)
+  // when `gro` (EnableUdpOffloads said the socket has it). 0, -EINVAL for a batch or size of 0, -ENOMEM.
   int Init(unsigned batch, size_t max_datagram, bool gro);
-  // Delivers what is queued on `fd`. Returns the number delivered (0 when every datagram received was dropped as
-  // truncated), -EAGAIN when nothing was queued, or -errno.
+  // Delivers what is queued on `fd`: after an empty receive one datagram (recvmsg), then twice as many each time a
+  // receive came back full, up to `batch` (recvmmsg). Returns the number delivered (0 when every datagram received
+  // was dropped as truncated), -EAGAIN when nothing was queued, or -errno.
   int Receive(int fd, const DatagramHandler& handler, const UdpEndpoint& local, UdpCounterSet& counters);
   // Transport::Poll on `fd` alone: Receive, and while nothing is queued sleep in ppoll(2) on `fd` and the eventfd
   // `wake_fd` (whose token, once read, ends the Poll with 0) up to timeout_ns (0: do not wait; negative: no limit).
@@ -154,6 +156,7 @@ class DatagramReceiver {
   std::vector<Slot> slots_;
   std::vector<mmsghdr> msgs_;
   size_t dirty_ = 0;  // entries of msgs_ the last recvmmsg filled (Init sets them all up)
+  size_t want_ = 1;   // entries the next receive offers (Receive adapts it; 1: recvmsg)
 };
 
 // Reads an eventfd until it is empty (the descriptor must be non-blocking).

@@ -79,8 +79,8 @@ class UringTransport final : public Transport {
   int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
   void Wake() override;
   // false: cancels the armed receives (what they had already taken stays for the next Poll), and Poll reads the
-  // socket directly with recvmmsg until true re-arms them. Call true from the thread that will keep polling: io_uring
-  // cancels a request when the thread that submitted it exits.
+  // socket directly (DatagramReceiver) until true re-arms them. Call true from the thread that will keep polling:
+  // io_uring cancels a request when the thread that submitted it exits.
   void SetReceiveArmed(bool armed) override;
 
   // True when receives use multishot recvmsg with a provided-buffer ring. Decided at Create (kernel probe, buffer
