@@ -93,8 +93,17 @@ TEST(BadDay, RefusedAllocationIsEnomemNotAnAbort) {
       [] {
         VerbsEnv e;
         if (e.ctx == nullptr) return 10;
-        // Leave 32 MiB of address space: a CQ of 1M entries needs more than that.
-        const rlimit limit{VirtualMemoryBytes() + (32u << 20), RLIM_INFINITY};
+        // Leave 32 MiB of address space: a CQ of 1M entries needs more than that. Measured once the mapping has
+        // held still for 50 ms: the engine's threads starting up map and unmap (glibc reserves 128 MiB for a new
+        // thread's arena and trims it to 64), and a transient counted in the base left room for the CQ (1 CI run).
+        uint64_t base = VirtualMemoryBytes();
+        for (int i = 0; i < 40; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          const uint64_t now = VirtualMemoryBytes();
+          if (now == base) break;
+          base = now;
+        }
+        const rlimit limit{base + (32u << 20), RLIM_INFINITY};
         if (setrlimit(RLIMIT_AS, &limit) != 0) return 11;
         errno = 0;
         ibv_cq* cq = ibv_create_cq(e.ctx, 1048575, nullptr, nullptr, 0);
