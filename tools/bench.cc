@@ -18,6 +18,7 @@
 
 #include "wire/icrc_bench.h"
 #include "wire/transport_bench.h"
+#include "wire/udp_socket.h"
 
 namespace {
 
@@ -57,29 +58,69 @@ int BenchWire(double seconds) {
 
 // Half the round trip of a 2-byte UDP datagram bounced between two threads on loopback: the floor under any
 // RoCE-over-UDP latency on this machine (the baseline `uroce bench rc` prints beside ib_send_lat and ib_write_lat).
-// `busy`: both threads spin on a non-blocking recv, as a polling RDMA application does — the floor the latency goal
-// is measured against; otherwise they block in the kernel and each message pays a thread wake-up.
-int BenchUdpLatency(double seconds, bool busy) {
-  int a = socket(AF_INET, SOCK_DGRAM, 0), b = socket(AF_INET, SOCK_DGRAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  sockaddr_in aa = addr, ba = addr;
-  if (bind(a, reinterpret_cast<sockaddr*>(&aa), sizeof aa) || bind(b, reinterpret_cast<sockaddr*>(&ba), sizeof ba)) {
-    std::perror("bind");
-    return 1;
+// `busy`: both threads spin on a non-blocking receive, as a polling RDMA application does -- the floor the latency
+// goal is measured against; otherwise they block in the kernel and each message pays a thread wake-up.
+// `roce`: the same bounce sent the way uroce must send it, for reference: uroce's own sockets (wire/udp_socket.h:
+// DF, UDP_GRO), unconnected (a connected socket numbers IPv4 IDs from a random start, and the ICRC covers the ID),
+// and each message two 20-byte datagrams -- a SEND and the held ACK of the peer's last one, which a ping-pong's
+// requester needs before it completes -- as one UDP_SEGMENT send received as one UDP_GRO run (or one sendmmsg of two
+// where the kernel lacks the offloads). What it costs above the floor is the kernel's, before any uroce code runs.
+int BenchUdpLatency(double seconds, bool busy, bool roce) {
+  using namespace uroce::wire;
+  constexpr size_t kSegment = 20;  // BTH + 2-byte payload + pad + ICRC, and BTH + AETH + ICRC
+  int a, b;
+  UdpEndpoint aa, ba;
+  bool gso = false, gro = false;
+  if (roce) {
+    a = OpenRoceUdpSocket({IpAddress::V4(INADDR_LOOPBACK), 0}, 8 << 20, &aa);
+    b = OpenRoceUdpSocket({IpAddress::V4(INADDR_LOOPBACK), 0}, 8 << 20, &ba);
+    if (a < 0 || b < 0) {
+      std::fprintf(stderr, "socket: %s\n", std::strerror(-(a < 0 ? a : b)));
+      return 1;
+    }
+    bool gso_b, gro_b;
+    EnableUdpOffloads(a, &gso, &gro);
+    EnableUdpOffloads(b, &gso_b, &gro_b);
+    gso = gso && gso_b && gro && gro_b;
+  } else {
+    a = socket(AF_INET, SOCK_DGRAM, 0);
+    b = socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    sockaddr_in as = addr, bs = addr;
+    if (bind(a, reinterpret_cast<sockaddr*>(&as), sizeof as) || bind(b, reinterpret_cast<sockaddr*>(&bs), sizeof bs)) {
+      std::perror("bind");
+      return 1;
+    }
+    getsockname(a, reinterpret_cast<sockaddr*>(&as), &len);
+    getsockname(b, reinterpret_cast<sockaddr*>(&bs), &len);
+    connect(a, reinterpret_cast<sockaddr*>(&bs), sizeof bs);
+    connect(b, reinterpret_cast<sockaddr*>(&as), sizeof as);
   }
-  getsockname(a, reinterpret_cast<sockaddr*>(&aa), &len);
-  getsockname(b, reinterpret_cast<sockaddr*>(&ba), &len);
-  connect(a, reinterpret_cast<sockaddr*>(&ba), sizeof ba);
-  connect(b, reinterpret_cast<sockaddr*>(&aa), sizeof aa);
+  const size_t message = roce ? 2 * kSegment : 2;
   std::atomic<bool> stop{false};
   // One receive: spinning on MSG_DONTWAIT (busy) or blocking (bounded, so the echo thread notices the end).
-  auto receive = [&](int fd, char* buf, size_t size) -> ssize_t {
+  auto receive_one = [&](int fd, char* buf, size_t size) -> ssize_t {
     while (!stop.load(std::memory_order_relaxed)) {
       if (busy) {
-        const ssize_t n = recv(fd, buf, size, MSG_DONTWAIT);
+        ssize_t n;
+        if (roce) {  // as uroce reads: the sender's address and the GRO control message with it
+          sockaddr_storage from;
+          alignas(cmsghdr) uint8_t control[kReceiveControlBytes];
+          iovec iov{buf, size};
+          msghdr m{};
+          m.msg_name = &from;
+          m.msg_namelen = sizeof from;
+          m.msg_iov = &iov;
+          m.msg_iovlen = 1;
+          m.msg_control = control;
+          m.msg_controllen = sizeof control;
+          n = recvmsg(fd, &m, MSG_DONTWAIT);
+        } else {
+          n = recv(fd, buf, size, MSG_DONTWAIT);
+        }
         if (n >= 0 || errno != EAGAIN) return n;
       } else {
         pollfd p{fd, POLLIN, 0};
@@ -88,19 +129,52 @@ int BenchUdpLatency(double seconds, bool busy) {
     }
     return -1;
   };
+  // A whole message: one datagram, one GRO run, or (without the offloads) its two datagrams.
+  auto receive = [&](int fd, char* buf, size_t size) -> ssize_t {
+    size_t got = 0;
+    while (got < message) {
+      const ssize_t n = receive_one(fd, buf, size);
+      if (n <= 0) return n;
+      got += size_t(n);
+    }
+    return ssize_t(got);
+  };
+  auto send_message = [&](int fd, const UdpEndpoint& to, char* buf) {
+    if (!roce) {
+      send(fd, buf, message, 0);
+      return;
+    }
+    sockaddr_storage sa;
+    socklen_t sa_len;
+    ToSockaddr(to, AF_INET, &sa, &sa_len);
+    alignas(cmsghdr) uint8_t control[kUdpSegmentControlBytes];
+    iovec iov[2] = {{buf, kSegment}, {buf + kSegment, kSegment}};
+    mmsghdr m[2]{};
+    for (int i = 0; i < 2; ++i) {
+      m[i].msg_hdr.msg_name = &sa;
+      m[i].msg_hdr.msg_namelen = sa_len;
+      m[i].msg_hdr.msg_iov = &iov[i];
+      m[i].msg_hdr.msg_iovlen = 1;
+    }
+    if (gso) {
+      iov[0].iov_len = 2 * kSegment;
+      SetUdpSegmentControl(&m[0].msg_hdr, control, kSegment);
+    }
+    sendmmsg(fd, m, gso ? 1 : 2, 0);
+  };
   std::thread echo([&] {
-    char buf[16];
+    char buf[64] = {};
     while (!stop.load()) {
-      if (receive(b, buf, sizeof buf) > 0) send(b, buf, 2, 0);
+      if (receive(b, buf, sizeof buf) > 0) send_message(b, aa, buf);
     }
   });
-  char buf[16] = {1, 2};
+  char buf[64] = {1, 2};
   uint64_t n = 0;
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   while (elapsed() < seconds) {
-    send(a, buf, 2, 0);
-    if (receive(a, buf, sizeof buf) != 2) break;
+    send_message(a, ba, buf);
+    if (receive(a, buf, sizeof buf) != ssize_t(message)) break;
     ++n;
   }
   const double t = elapsed();
@@ -131,7 +205,7 @@ int BenchUdpThroughput(double seconds, size_t frame) {
 int main(int argc, char** argv) {
   double seconds = 1.0;
   size_t frame = 4136;  // a segment the size of a 4 KiB-MTU RoCEv2 packet (BTH + RETH + 4096 + ICRC) with room to spare
-  bool busy = false;
+  bool busy = false, roce = false;
   std::string what;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
@@ -140,13 +214,15 @@ int main(int argc, char** argv) {
       frame = size_t(std::atol(argv[++i]));
     } else if (std::strcmp(argv[i], "--busy") == 0) {
       busy = true;
+    } else if (std::strcmp(argv[i], "--roce") == 0) {
+      roce = busy = true;
     } else {
       what = argv[i];
     }
   }
   if (what == "wire") return BenchWire(seconds);
-  if (what == "udp-lat") return BenchUdpLatency(seconds, busy);
+  if (what == "udp-lat") return BenchUdpLatency(seconds, busy, roce);
   if (what == "udp-gbps") return BenchUdpThroughput(seconds, frame);
-  std::fprintf(stderr, "usage: uroce_bench wire|udp-lat [--busy]|udp-gbps [--frame BYTES] [--seconds S]\n");
+  std::fprintf(stderr, "usage: uroce_bench wire|udp-lat [--busy|--roce]|udp-gbps [--frame BYTES] [--seconds S]\n");
   return 2;
 }
