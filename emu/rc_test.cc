@@ -1121,6 +1121,33 @@ TEST(RcEarlyRetransmit, TheWaitFollowsTheMeasuredRoundTrip) {
   EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
 }
 
+// A peer that drops a burst's tail in silence (kernel rxe when its queues overflow: no packet behind the drop, so no
+// sequence NAK) is heard from only through early retransmission, so an early retransmission must cut the path's
+// window as a loss does. Without the cut the kernel-rxe interop test's uroce clients overran rxe again after each
+// resend and failed with RETRY_EXC_ERR.
+TEST(RcEarlyRetransmit, ATailDroppedInSilenceCutsThePathWindow) {
+  Rc t(Attrs(), Attrs());  // 1 KiB MTU: a 64 KiB WRITE is 64 packets, the first 32 within the initial window
+  Buffer src = testing::Register(*t.a->device, t.pa, 64 * 1024, kMrAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 64 * 1024, kMrAll);
+  Fill(src.bytes, 5);
+  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i >= 8 && i < 32; };
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {src.At(0, 64 * 1024)}, dst.mr.iova,
+                                             dst.mr.rkey)),
+            0);
+  t.fabric.Pump();
+  auto s = Drain(t.sa);
+  ASSERT_EQ(s.size(), 1u);
+  ExpectCompletion(s[0], 1, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 64 * 1024, t.qa->qpn());
+  EXPECT_EQ(0, std::memcmp(dst.bytes.data(), src.bytes.data(), 64 * 1024));
+  EXPECT_EQ(t.b->device->counters().rx_out_of_sequence, 0u);  // nothing arrived behind the drop: no NAK
+  EXPECT_GE(t.a->device->counters().rc_early_retransmits, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
+  const auto path = t.a->device->path_window(t.b->device->config().address);
+  ASSERT_TRUE(path.has_value());
+  EXPECT_EQ(path->decreases(), 1u);  // one loss episode
+  EXPECT_EQ(path->phase(), PathWindow::Phase::kCongestionAvoidance);
+}
+
 // A dead peer is found exactly as without early retransmission: RETRY_EXC_ERR after retry_cnt + 1 local ACK
 // timeouts, the early retransmissions between them spending no retry.
 TEST(RcEarlyRetransmit, ADeadPeerStillFailsAfterRetryCountPlusOneTimeouts) {
