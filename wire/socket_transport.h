@@ -11,8 +11,9 @@
 //    Runs of equal-size datagrams to one destination leave as one UDP_SEGMENT message (wire/udp_socket.h), with each
 //    ICRC re-sealed for the IP ID its segment gets; a run the kernel refuses is sent again one datagram at a time.
 //  - Poll: MSG_DONTWAIT receives into transport-owned buffers (each a datagram, or a UDP_GRO run split back into its
-//    datagrams): one recvmsg after an empty poll, recvmmsg of up to Options::batch while receives come back full; when nothing is queued, ppoll(2) on the socket and a wake-up
-//    eventfd, so an idle Poll blocks in the kernel. The handler runs holding no lock (it may Send).
+//    datagrams): one recvmsg after an empty poll, recvmmsg of up to Options::batch while receives come back full;
+//    when nothing is queued, ppoll(2) on the socket and a wake-up eventfd, so an idle Poll blocks in the kernel. The
+//    handler runs holding no lock (it may Send).
 #pragma once
 
 #include <atomic>

@@ -155,7 +155,7 @@ class DatagramReceiver {
   std::unique_ptr<uint8_t[]> buffers_;
   std::vector<Slot> slots_;
   std::vector<mmsghdr> msgs_;
-  size_t dirty_ = 0;  // entries of msgs_ the last recvmmsg filled (Init sets them all up)
+  size_t dirty_ = 0;  // entries of msgs_ the last receive filled (Init sets them all up)
   size_t want_ = 1;   // entries the next receive offers (Receive adapts it; 1: recvmsg)
 };
 

@@ -2,7 +2,6 @@
 // receives come back full (a stream).
 #include "wire/udp_socket.h"
 
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,14 +28,13 @@ class DatagramReceiverTest : public testing::Test {
   }
   // Queues datagrams numbered first .. first + count - 1 on the receiving socket (loopback delivers within sendto).
   void Queue(uint32_t first, uint32_t count) {
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_addr.s_addr = htonl(0x7f000001);
-    to.sin_port = htons(rx_local_.port);
+    sockaddr_storage to;
+    socklen_t to_len;
+    ASSERT_EQ(ToSockaddr(rx_local_, AF_INET, &to, &to_len), 0);
     for (uint32_t i = first; i < first + count; ++i) {
       uint8_t payload[64] = {};
       std::memcpy(payload, &i, sizeof i);
-      ASSERT_EQ(sendto(tx_, payload, sizeof payload, 0, reinterpret_cast<sockaddr*>(&to), sizeof to),
+      ASSERT_EQ(sendto(tx_, payload, sizeof payload, 0, reinterpret_cast<sockaddr*>(&to), to_len),
                 ssize_t(sizeof payload));
     }
   }
