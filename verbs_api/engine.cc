@@ -395,7 +395,9 @@ void Engine::ProgressLoop() {
     }
     handed = false;
     const uint64_t last_traffic = last_traffic_ns_.load(std::memory_order_relaxed);
-    const bool spin = now - last_traffic < kSpinNs && now - poll_pattern_.last_empty_poll_ns() > kAppPollingNs;
+    const bool expecting = now < first_packets_until_ns_.load(std::memory_order_relaxed);
+    const bool spin =
+        (now - last_traffic < kSpinNs || expecting) && now - poll_pattern_.last_empty_poll_ns() > kAppPollingNs;
     if (spin != spinning) {
       std::lock_guard lock(receive_mu_);
       transport_->SetReceiveArmed(!spin);  // spinning: straight from the socket, nobody woken per packet
@@ -424,6 +426,13 @@ void Engine::ProgressLoop() {
     dev->SendHeldAcks(clock.NowNs());
     if (n > 0) last_traffic_ns_.store(clock.NowNs(), std::memory_order_relaxed);
   }
+}
+
+void Engine::QpReadyToReceive() {
+  const uint64_t now = wire::SystemClock::Instance().NowNs();
+  const uint64_t before = first_packets_until_ns_.exchange(now + kFirstPacketsSpinNs, std::memory_order_relaxed);
+  // A progress thread blocked in Poll looks again; one that spins already finds the new time at its next turn.
+  if (before <= now && transport_) transport_->Wake();
 }
 
 void Engine::HandReceiveToApplications(bool to_applications) {

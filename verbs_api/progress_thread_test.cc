@@ -1,0 +1,100 @@
+// The engine's progress thread as the process sees it: asleep (no CPU) while nothing happens, awake for a bounded
+// time after a QP enters RTR (Engine::QpReadyToReceive), asleep again afterwards.
+#include <dirent.h>
+#include <infiniband/verbs.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "verbs_api/engine.h"
+#include "verbs_api/verbs_test_env.h"
+
+namespace {
+
+using Env = uroce::verbs::testing::VerbsEnv;
+using uroce::verbs::Engine;
+
+// The thread named "uroce-progress" in this process, or an empty string.
+std::string ProgressThreadDir() {
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return "";
+  std::string found;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string dir = std::string("/proc/self/task/") + e->d_name;
+    std::ifstream comm(dir + "/comm");
+    std::string name;
+    if (std::getline(comm, name) && name == "uroce-progress") found = dir;
+  }
+  closedir(d);
+  return found;
+}
+
+// Nanoseconds the thread has run on a CPU (schedstat(5)'s first field).
+uint64_t CpuNs(const std::string& thread_dir) {
+  std::ifstream f(thread_dir + "/schedstat");
+  uint64_t ns = 0;
+  f >> ns;
+  return ns;
+}
+
+uint64_t CpuNsOver(const std::string& thread_dir, std::chrono::milliseconds wall) {
+  const uint64_t before = CpuNs(thread_dir);
+  std::this_thread::sleep_for(wall);
+  return CpuNs(thread_dir) - before;
+}
+
+TEST(ProgressThread, SpinsForABoundedTimeAfterAQpEntersRtrAndCostsNothingIdle) {
+  Env e;
+  ASSERT_NE(e.ctx, nullptr);
+  ibv_cq* cq = ibv_create_cq(e.ctx, 16, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = cq;
+  init.qp_type = IBV_QPT_UD;
+  init.cap = {16, 16, 1, 1, 0};
+  ibv_qp* qp = ibv_create_qp(e.pd, &init);
+  ASSERT_NE(qp, nullptr);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = 0x1234;
+  ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
+  // The thread names itself when it starts, a moment after the device opened; schedstat shows its time once the
+  // kernel has accounted for it (not during its first time slice).
+  std::string thread = ProgressThreadDir();
+  for (int i = 0; i < 1000 && (thread.empty() || CpuNs(thread) == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    thread = ProgressThreadDir();
+  }
+  ASSERT_NE(thread, "") << "no thread named uroce-progress";
+  ASSERT_GT(CpuNs(thread), 0u) << "no schedstat for " << thread;
+
+  const auto window = std::chrono::nanoseconds(Engine::kFirstPacketsSpinNs);
+  const auto long_wall = std::chrono::duration_cast<std::chrono::milliseconds>(window * 5);
+  // Idle: the thread sleeps in the kernel (a handful of wake-ups at most).
+  EXPECT_LT(CpuNsOver(thread, long_wall), Engine::kFirstPacketsSpinNs / 10);
+
+  a.qp_state = IBV_QPS_RTR;
+  const uint64_t before = CpuNs(thread);
+  ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+  std::this_thread::sleep_for(window * 2);
+  const uint64_t spent = CpuNs(thread) - before;
+  // Awake for the window: most of it on a CPU (a fifth allows for other tests sharing the machine's CPUs), and not
+  // much beyond it.
+  EXPECT_GT(spent, Engine::kFirstPacketsSpinNs / 5);
+  EXPECT_LT(spent, Engine::kFirstPacketsSpinNs * 3 / 2);
+  // And asleep again once it has passed.
+  EXPECT_LT(CpuNsOver(thread, long_wall), Engine::kFirstPacketsSpinNs / 10);
+
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+}  // namespace
