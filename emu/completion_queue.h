@@ -26,6 +26,10 @@ class CompletionQueue {
   uint32_t handle() const { return handle_; }
   // Opaque back-pointer for the layer above (verbs_api's ibv_cq).
   void* owner = nullptr;
+  // Whether completions carry the device clock (Completion::timestamp_ns): only a CQ created to report it
+  // (ibv_create_cq_ex(3), IBV_WC_EX_WITH_COMPLETION_TIMESTAMP[_WALLCLOCK]) may read it, and reading the clock for
+  // every completion cost a ping-pong ~25 ns per completion. Set before the CQ is used.
+  bool timestamps = false;
   uint32_t capacity() const;
 
   // Adds a completion. Returns false, and drops it, when the ring is full: the caller raises IBV_EVENT_CQ_ERR

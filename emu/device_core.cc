@@ -93,7 +93,7 @@ void DeviceCore::ForgetAckHeld(uint32_t qpn) {
 void DeviceCore::Complete(CompletionQueue* cq, const Completion& c) {
   if (cq == nullptr) return;  // an XRC QP has no CQ for the direction it does not have
   Completion stamped = c;
-  stamped.timestamp_ns = Now();
+  if (cq->timestamps) stamped.timestamp_ns = Now();
   if (!cq->Push(stamped)) {
     Count(&DeviceCounters::cq_overflows);
     Raise({AsyncEventType::kCqErr, nullptr, cq});

@@ -97,6 +97,8 @@ ibv_cq_ex* NewCq(ibv_context* context, int cqe, void* cq_context, ibv_comp_chann
   if (int err = Ctx(context)->dev().CreateCq(static_cast<uint32_t>(cqe), &ecq)) return Fail<ibv_cq_ex>(err);
   auto* cq = static_cast<Cq*>(calloc(1, sizeof(Cq)));
   cq->emu = ecq;
+  ecq->timestamps =
+      (wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)) != 0;
   cq->wc_flags = wc_flags;
   ibv_cq_ex& x = cq->cqx;
   x.context = context;
