@@ -209,8 +209,8 @@ UROCE_CLMUL uint32_t RawClmulShortBlocks(uint32_t crc, const uint8_t* p, size_t 
 }
 
 // Short inputs fold too: a packet's masked pseudo-header (48 bytes for IPv4) is CRCed once per packet sent or
-// received, right after a system call that evicted slice-by-8's 8 KiB of tables from the L1 cache; folding touches
-// no table.
+// received, between system calls that may have evicted slice-by-8's 8 KiB of tables from the L1 cache; folding
+// touches no table (ib_send_lat 2 B, typical half round trip: 5.62 -> 5.52 us).
 uint32_t RawClmul(uint32_t crc, const uint8_t* p, size_t len) {
   if (len >= 16) {
     const size_t blocks = len & ~size_t{15};
