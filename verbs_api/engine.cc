@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -317,6 +318,12 @@ int Engine::Start(const EngineConfig& config) {
   // Received requests' ACKs are held a little (Device::AckTiming::kHeld): whoever receives, the application may
   // answer at once, and its reply then leaves first with the ACK behind it.
   handler_ = [dev = device_.get()](const wire::InDatagram& d) { dev->OnDatagram(d, emu::Device::AckTiming::kHeld); };
+  lease_timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);  // wire::SystemClock's clock
+  if (lease_timer_fd_ < 0) {
+    const int err = errno;
+    fprintf(stderr, "uroce: timerfd_create: %s\n", strerror(err));
+    return err;
+  }
   progress_ = std::thread([this] { ProgressLoop(); });
   stats_ = config.stats;
   // A program may exit without closing the device: the ACKs still held leave (its peer's last messages would be
@@ -378,15 +385,17 @@ void Engine::ProgressLoop() {
       if (!handed) HandReceiveToApplications(true);
       handed = true;
       spinning = false;  // the receives are re-armed when the lease ends
-      // Applications receive and run timers; come back when the lease may have ended (or at a stop or an early end:
-      // ApplicationSleeps clears the lease), or a while later if it ended with an application thread inside.
+      // Applications receive and run timers; come back when the lease may have ended, or a while later if it ended
+      // with an application thread inside. Every renewal moves the timer back (DriveFromApplication), so while an
+      // application keeps polling this thread sleeps through; an early end (EndLease) or a stop makes it expire now.
       const bool for_lease = lease > now;
-      const uint64_t until = for_lease ? lease : now + kLeaseNs / 4;
-      std::unique_lock lock(idle_mu_);
-      idle_cv_.wait_for(lock, std::chrono::nanoseconds(until - now), [&] {
-        return stop_.load(std::memory_order_acquire) ||
-               (for_lease && lease_until_ns_.load(std::memory_order_acquire) == 0) || clock.NowNs() >= until;
-      });
+      ArmLeaseTimer(for_lease ? lease : now + kLeaseNs / 4);
+      // An end or a stop between the read above and this arming set the timer before we did: look again.
+      if (stop_.load(std::memory_order_acquire) ||
+          (for_lease && lease_until_ns_.load(std::memory_order_acquire) == 0))
+        continue;
+      uint64_t expirations = 0;
+      (void)!read(lease_timer_fd_, &expirations, sizeof expirations);  // EINTR: the loop looks again
       continue;
     }
     if (handed) {
@@ -461,6 +470,7 @@ int Engine::DriveFromApplication() {
       poll_pattern_.OnReceiveSide(false);
       return -1;
     }
+    ArmLeaseTimer(now + kLeaseNs);  // the progress thread sleeps on with the lease
   }
   std::unique_lock lock(receive_mu_, std::try_to_lock);
   const bool held = lock.owns_lock() && receive_with_applications_;
@@ -497,8 +507,17 @@ void Engine::ApplicationSleeps() {
 
 void Engine::EndLease() {
   if (lease_until_ns_.exchange(0, std::memory_order_acq_rel) == 0) return;
-  std::lock_guard lock(idle_mu_);
-  idle_cv_.notify_one();
+  ArmLeaseTimer(0);
+}
+
+void Engine::ArmLeaseTimer(uint64_t at_ns) {
+  if (lease_timer_fd_ < 0) return;
+  // An absolute time on CLOCK_MONOTONIC, wire::SystemClock's; 0 would disarm, so "now" is 1 ns, long past.
+  const uint64_t at = at_ns == 0 ? 1 : at_ns;
+  itimerspec when{};
+  when.it_value.tv_sec = static_cast<time_t>(at / 1'000'000'000);
+  when.it_value.tv_nsec = static_cast<long>(at % 1'000'000'000);
+  timerfd_settime(lease_timer_fd_, TFD_TIMER_ABSTIME, &when, nullptr);
 }
 
 int Engine::JoinMulticast(const wire::IpAddress& group) {
@@ -527,15 +546,13 @@ void Engine::Finish() {
   stop_.store(true, std::memory_order_release);
   // A Start that failed part-way leaves no thread and possibly no transport.
   if (transport_) transport_->Wake();
-  {
-    std::lock_guard lock(idle_mu_);
-    idle_cv_.notify_all();
-  }
+  ArmLeaseTimer(0);
   if (progress_.joinable()) progress_.join();
 }
 
 Engine::~Engine() {
   Finish();
+  if (lease_timer_fd_ >= 0) close(lease_timer_fd_);
   device_.reset();
   transport_.reset();
   if (pcap_) pcap_->Close();
