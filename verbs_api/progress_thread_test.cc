@@ -2,6 +2,7 @@
 // time after a QP enters RTR (Engine::QpReadyToReceive), asleep again afterwards, and asleep while an application
 // thread polls and so holds the receive side (Engine's lease).
 #include <dirent.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "verbs_api/engine.h"
 #include "verbs_api/verbs_test_env.h"
@@ -46,12 +48,13 @@ uint64_t CpuNs(const std::string& thread_dir) {
   return ns;
 }
 
-// Times the thread gave up its CPU (/proc's voluntary_ctxt_switches): each is a sleep, and a wake-up after it.
-uint64_t VoluntarySwitches(const std::string& thread_dir) {
+// A count from the thread's /proc status: "voluntary_ctxt_switches" (it slept: each is a sleep and a wake-up after
+// it) or "nonvoluntary_ctxt_switches" (it was preempted).
+uint64_t StatusCount(const std::string& thread_dir, const std::string& key) {
   std::ifstream f(thread_dir + "/status");
   std::string line;
   while (std::getline(f, line)) {
-    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stoull(line.substr(line.find(':') + 1));
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1));
   }
   return 0;
 }
@@ -111,10 +114,10 @@ TEST(ProgressThread, SpinsForABoundedTimeAfterAQpEntersRtrAndCostsNothingIdle) {
 
 // While an application thread keeps polling an empty CQ it holds the receive side, renewing its lease with every
 // poll; the progress thread sleeps through the lease instead of waking at each lease's end to find it renewed (every
-// 0.5-1 ms, each wake-up a preemption of a polling thread on 2 cores). Of five 50 ms windows of polling, one must see
-// at most 20 wake-ups: 5 or fewer on a quiet machine, 6-11 with the CPUs oversubscribed (two busy loops beside
-// three runs of this test on 2 cores: a preempted poller ends its lease and takes a new one); waking per lease, the
-// fewest was 49.
+// 0.5-1 ms, each wake-up a preemption of a polling thread on 2 cores). Counted in 5 ms windows of polling in which
+// the polling thread itself was not preempted (a preempted poller stops polling for a while, ends its lease and takes
+// a new one: handovers that are the design, frequent when other tests load the machine): the progress thread's
+// median count of sleeps there must be at most 2 (0 on a quiet machine; waking per lease it was 5 or more).
 TEST(ProgressThread, SleepsThroughTheLeaseOfAThreadThatKeepsPolling) {
   Env e;
   ASSERT_NE(e.ctx, nullptr);
@@ -126,20 +129,26 @@ TEST(ProgressThread, SleepsThroughTheLeaseOfAThreadThatKeepsPolling) {
     thread = ProgressThreadDir();
   }
   ASSERT_NE(thread, "") << "no thread named uroce-progress";
+  const std::string self = "/proc/self/task/" + std::to_string(gettid());
   ibv_wc wc;
   auto poll_for = [&](std::chrono::milliseconds wall) {
     const auto end = std::chrono::steady_clock::now() + wall;
     while (std::chrono::steady_clock::now() < end) ASSERT_EQ(ibv_poll_cq(cq, 1, &wc), 0);
   };
   poll_for(std::chrono::milliseconds(20));  // the polling pattern is recognised and the lease taken
-  uint64_t fewest = UINT64_MAX;
-  for (int window = 0; window < 5 && fewest > 20; ++window) {
-    const uint64_t before = VoluntarySwitches(thread);
-    poll_for(std::chrono::milliseconds(50));
-    fewest = std::min(fewest, VoluntarySwitches(thread) - before);
+  std::vector<uint64_t> clean;  // the progress thread's sleeps in windows where this thread ran throughout
+  for (int window = 0; window < 400 && clean.size() < 15; ++window) {
+    const uint64_t sleeps = StatusCount(thread, "voluntary_ctxt_switches");
+    const uint64_t preempted = StatusCount(self, "nonvoluntary_ctxt_switches");
+    poll_for(std::chrono::milliseconds(5));
+    if (StatusCount(self, "nonvoluntary_ctxt_switches") != preempted) continue;
+    clean.push_back(StatusCount(thread, "voluntary_ctxt_switches") - sleeps);
   }
-  EXPECT_LE(fewest, 20u);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  if (clean.size() < 3) GTEST_SKIP() << "the polling thread was preempted in almost every window (a loaded machine)";
+  std::sort(clean.begin(), clean.end());
+  EXPECT_LE(clean[clean.size() / 2], 2u) << clean.size() << " clean windows, fewest " << clean.front()
+                                          << ", most " << clean.back();
 }
 
 }  // namespace
