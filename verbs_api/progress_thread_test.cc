@@ -59,6 +59,18 @@ uint64_t StatusCount(const std::string& thread_dir, const std::string& key) {
   return 0;
 }
 
+// The progress thread once it has run: it names itself when it starts, a moment after the device opened, and
+// schedstat shows its time once the kernel has accounted for it (not during its first time slice). Empty after 1 s
+// without it.
+std::string WaitForProgressThread() {
+  std::string thread = ProgressThreadDir();
+  for (int i = 0; i < 1000 && (thread.empty() || CpuNs(thread) == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    thread = ProgressThreadDir();
+  }
+  return thread;
+}
+
 uint64_t CpuNsOver(const std::string& thread_dir, std::chrono::milliseconds wall) {
   const uint64_t before = CpuNs(thread_dir);
   std::this_thread::sleep_for(wall);
@@ -81,13 +93,7 @@ TEST(ProgressThread, SpinsForABoundedTimeAfterAQpEntersRtrAndCostsNothingIdle) {
   a.port_num = 1;
   a.qkey = 0x1234;
   ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
-  // The thread names itself when it starts, a moment after the device opened; schedstat shows its time once the
-  // kernel has accounted for it (not during its first time slice).
-  std::string thread = ProgressThreadDir();
-  for (int i = 0; i < 1000 && (thread.empty() || CpuNs(thread) == 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    thread = ProgressThreadDir();
-  }
+  const std::string thread = WaitForProgressThread();
   ASSERT_NE(thread, "") << "no thread named uroce-progress";
   ASSERT_GT(CpuNs(thread), 0u) << "no schedstat for " << thread;
 
@@ -123,11 +129,7 @@ TEST(ProgressThread, SleepsThroughTheLeaseOfAThreadThatKeepsPolling) {
   ASSERT_NE(e.ctx, nullptr);
   ibv_cq* cq = ibv_create_cq(e.ctx, 16, nullptr, nullptr, 0);
   ASSERT_NE(cq, nullptr);
-  std::string thread = ProgressThreadDir();
-  for (int i = 0; i < 1000 && thread.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    thread = ProgressThreadDir();
-  }
+  const std::string thread = WaitForProgressThread();
   ASSERT_NE(thread, "") << "no thread named uroce-progress";
   const std::string self = "/proc/self/task/" + std::to_string(gettid());
   ibv_wc wc;
