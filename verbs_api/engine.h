@@ -13,7 +13,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -128,6 +127,8 @@ class Engine {
   void ProgressLoop();
   // Applications give the receive side back to the progress thread now rather than at the end of the lease.
   void EndLease();
+  // Sets lease_timer_fd_ to expire at `at_ns` (wire::SystemClock's time), or at once for 0.
+  void ArmLeaseTimer(uint64_t at_ns);
   // The progress thread's side of the lease: hands the receive side to applications or takes it back.
   void HandReceiveToApplications(bool to_applications);
   // The engine's end, and the process's exit if it comes first: the held ACKs leave, the counters are printed
@@ -186,7 +187,6 @@ class Engine {
   // The progress thread sleeps on this timer (CLOCK_MONOTONIC, absolute) during a lease, armed for the lease's end
   // and moved back by each renewal (kLeaseNs), so a thread that keeps polling is not preempted by its wake-ups.
   int lease_timer_fd_ = -1;
-  void ArmLeaseTimer(uint64_t at_ns);  // 0: expire now
   std::atomic<uint64_t> handovers_{0}, app_datagrams_{0};  // printed with the counters
 };
 
