@@ -101,15 +101,20 @@ class Engine {
   void NoteCompletion() { poll_pattern_.OnCompletion(wire::SystemClock::Instance().NowNs()); }
   // Times one data-path verb (ibv_post_send, ibv_post_recv, ...): PollPattern leaves it out of think times. While
   // it runs, an application thread is inside the library and the lease does not end (`keeps_lease`; not for the
-  // CPU a disengaged poller gives away, which is no work of the library's).
+  // CPU a disengaged poller gives away, which is no work of the library's). `lengthy` false: a verb that cannot
+  // take long (one receive posted) is not timed: its ~0.1 us is nothing beside PollPattern's thresholds, and its
+  // two clock readings and two atomics were on a ping-pong's critical path. A send is always timed: it includes the
+  // send system call (~3.5 us on loopback), which as think time made ib_send_lat's server disengage.
   class VerbTimer {
    public:
-    explicit VerbTimer(Engine& engine, bool keeps_lease = true)
-        : engine_(engine), start_ns_(wire::SystemClock::Instance().NowNs()), keeps_lease_(keeps_lease) {
+    explicit VerbTimer(Engine& engine, bool keeps_lease = true, bool lengthy = true)
+        : engine_(engine),
+          start_ns_(lengthy ? wire::SystemClock::Instance().NowNs() : 0),
+          keeps_lease_(keeps_lease && lengthy) {
       if (keeps_lease_) engine_.applications_inside_.fetch_add(1, std::memory_order_relaxed);
     }
     ~VerbTimer() {
-      engine_.poll_pattern_.OnTimeInside(wire::SystemClock::Instance().NowNs() - start_ns_);
+      if (start_ns_ != 0) engine_.poll_pattern_.OnTimeInside(wire::SystemClock::Instance().NowNs() - start_ns_);
       if (keeps_lease_) engine_.applications_inside_.fetch_sub(1, std::memory_order_relaxed);
     }
     VerbTimer(const VerbTimer&) = delete;

@@ -234,7 +234,8 @@ static int PostRecvUnguarded(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) 
 }
 
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
-  Engine::VerbTimer timer(*Ctx(qp->context)->engine);
+  // One receive posted is quick; a chain may be long.
+  Engine::VerbTimer timer(*Ctx(qp->context)->engine, /*keeps_lease=*/true, wr != nullptr && wr->next != nullptr);
   return NoThrow<int>(ENOMEM, [&] { return PostRecvUnguarded(qp, wr, bad_wr); });
 }
 

@@ -84,7 +84,7 @@ int GetSrqNum(ibv_srq* srq, uint32_t* srq_num) {
 }
 
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
-  Engine::VerbTimer timer(*Ctx(srq->context)->engine);
+  Engine::VerbTimer timer(*Ctx(srq->context)->engine, /*keeps_lease=*/true, wr != nullptr && wr->next != nullptr);
   emu::Device& dev = Dev(srq->context);
   for (; wr != nullptr; wr = wr->next) {
     int err = wr->num_sge < 0 ? EINVAL : 0;
