@@ -2,6 +2,7 @@
 #include "emu/device_core.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -118,17 +119,25 @@ void DeviceCore::WakeForTimer(uint64_t deadline) {
 // --- the way out -----------------------------------------------------------------------------------------------------
 
 DeviceCore::SendResult DeviceCore::SendBatch(const OutBatch& out) {
-  std::vector<wire::OutDatagram> batch;
-  batch.reserve(out.packets.size());
+  // A few datagrams (a ping-pong's request and ACK) are described on the stack; a burst in a vector.
+  constexpr size_t kOnStack = 8;
+  std::array<wire::OutDatagram, kOnStack> on_stack;
+  std::vector<wire::OutDatagram> on_heap;
+  std::span<wire::OutDatagram> batch(on_stack.data(), out.packets.size());
+  if (out.packets.size() > kOnStack) {
+    on_heap.resize(out.packets.size());
+    batch = on_heap;
+  }
   uint64_t bytes = 0;
-  for (auto& p : out.packets) {
-    batch.push_back({p.dst, p.src_port, p.bytes});
+  for (size_t i = 0; i < out.packets.size(); ++i) {
+    const auto& p = out.packets[i];
+    batch[i] = {p.dst, p.src_port, p.bytes};
     bytes += p.bytes.size();
   }
   size_t sent = 0;
   int attempts = 0;
   while (sent < batch.size() && attempts++ < 1000) {
-    const int n = transport.Send(std::span(batch).subspan(sent));
+    const int n = transport.Send(std::span<const wire::OutDatagram>(batch).subspan(sent));
     if (n < 0) break;
     sent += static_cast<size_t>(n);
   }

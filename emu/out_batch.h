@@ -70,6 +70,9 @@ struct OutBatch {
                    uint16_t src_port) {
     size_t payload_len = 0;
     for (const auto& piece : pieces) payload_len += piece.size();
+    // Room for a few packets at once: a ping-pong's request and the held ACK it takes along went through two
+    // allocations (and a move) here.
+    if (packets.capacity() == 0) packets.reserve(4);
     Packet p{dst, src_port, TakeBuffer()};
     p.bytes.resize(wire::EncodedLength(spec, payload_len));
     auto n = wire::EncodePacketGathered(spec, pieces, p.bytes);

@@ -84,14 +84,15 @@ int RcRequester::Post(SendWr& wr, OutBatch& out) {
   return 0;
 }
 
-void RcRequester::ArmRetransmit() {
+void RcRequester::ArmRetransmit(uint64_t& now_ns) {
   const uint64_t t = AckTimeoutNs(qp_.attributes().timeout);
   RcRequesterState& r = state_;
   if (t == 0) {
     r.retransmit_deadline_ns = 0;  // timeout 0: wait forever (IBTA 11.2.4.2)
     return;
   }
-  const uint64_t now = core_.Now();
+  if (now_ns == 0) now_ns = core_.Now();
+  const uint64_t now = now_ns;
   r.retransmit_deadline_ns = now + t;
   r.probe_deadline_ns = 0;
   if (core_.config.early_retransmit) {
@@ -106,10 +107,11 @@ void RcRequester::ArmRetransmit() {
   TimerArmed(r.retransmit_deadline_ns);
 }
 
-void RcRequester::TimeRoundTrip(uint32_t psn) {
+void RcRequester::TimeRoundTrip(uint32_t psn, uint64_t& now_ns) {
   RcRequesterState& r = state_;
   if (r.rtt_sent_ns == 0) {
-    r.rtt_sent_ns = core_.Now();
+    if (now_ns == 0) now_ns = core_.Now();
+    r.rtt_sent_ns = now_ns;
     r.rtt_psn = psn;
   }
 }
@@ -232,6 +234,7 @@ void RcRequester::Progress(OutBatch& out) {
   };
 
   bool sent = false;
+  uint64_t now_ns = 0;  // read once, when first needed (TimeRoundTrip, ArmRetransmit)
   // Nothing unacknowledged yet: the local ACK timer, if armed (it runs on while the requester waits for the path's
   // window), starts again with what is sent now (IBTA 9.7.6.1.3 times a request from its sending). Seen with 1000
   // QPs: a requester that had waited 270 ms for the window timed out 3 ms after it resumed, its ACK still queued.
@@ -391,7 +394,7 @@ void RcRequester::Progress(OutBatch& out) {
       } else {
         spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;  // go-back-N resends
       }
-      if (spec.bth.ack_req && is_new) TimeRoundTrip(psn);
+      if (spec.bth.ack_req && is_new) TimeRoundTrip(psn, now_ns);
       if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
       if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
       const uint64_t off = uint64_t{k} * mtu;
@@ -415,7 +418,7 @@ void RcRequester::Progress(OutBatch& out) {
     }
     sent = true;
   }
-  if (sent && (r.retransmit_deadline_ns == 0 || idle_before)) ArmRetransmit();
+  if (sent && (r.retransmit_deadline_ns == 0 || idle_before)) ArmRetransmit(now_ns);
   // A held ACK of this QP's responder follows the requests just queued (AckTiming::kHeld).
   if (sent && qp_.responder().ack_held()) qp_.responder().SendHeldAck(out);
 }

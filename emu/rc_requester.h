@@ -72,7 +72,13 @@ class RcRequester : private TransportObject {
   void Fail(size_t index, WcStatus status);
   // Completes the done WQEs at the head of the queue, in order (IBTA 9.7.5.1.2).
   void CompleteInOrder();
-  void ArmRetransmit();
+  // Arms the local ACK timer (and the early-retransmission probe) from now. `now_ns`: the time of this pass through
+  // the requester, read here when still 0 (one clock reading serves a pass's timers and round-trip sample).
+  void ArmRetransmit(uint64_t& now_ns);
+  void ArmRetransmit() {
+    uint64_t now_ns = 0;
+    ArmRetransmit(now_ns);
+  }
   // A timer was armed for `deadline`: RunTimers visits this QP, and the poller is woken if it would sleep past it.
   void TimerArmed(uint64_t deadline);
   // An ACK up to (not including) `next` arrived: ends the timing of a packet before it.
@@ -87,8 +93,9 @@ class RcRequester : private TransportObject {
   static uint64_t ProbeWaitNs(const PathWindow& path);
 
  private:
-  // Round-trip timing: `psn` (sent for the first time, asking for an ACK) is timed unless one is already.
-  void TimeRoundTrip(uint32_t psn);
+  // Round-trip timing: `psn` (sent for the first time, asking for an ACK) is timed unless one is already. `now_ns`
+  // as for ArmRetransmit.
+  void TimeRoundTrip(uint32_t psn, uint64_t& now_ns);
   // The oldest started WQE not done and, in *packet, its first unacknowledged packet (a READ: the first response
   // missing); sq.size() when nothing is outstanding.
   size_t OldestUnacknowledged(uint32_t* packet) const;
