@@ -211,6 +211,7 @@ void RcRequester::Progress(OutBatch& out) {
   QpAttributes& a = qp_.mutable_attributes();
   if (a.qp_state != QpState::kRts && a.qp_state != QpState::kSqd) return;
   if (r.rnr_deadline_ns != 0) return;  // waiting out an RNR NAK
+  if (r.cursor_wqe >= r.sq.size()) return;  // nothing to send (an ACK that completed the last WQE lands here)
   const uint32_t mtu = MtuBytes(a.path_mtu);
   const wire::UdpEndpoint dst = qp_.peer();
   const uint16_t sport = qp_.source_port();
