@@ -97,6 +97,8 @@ class Engine {
   // 10 runs (up to 9) without the spin, in 0 of 10 with it (and in 0 of 8 with a spin of 5 ms).
   void QpReadyToReceive();
   static constexpr uint64_t kFirstPacketsSpinNs = 20'000'000;
+  // How many times the receive side went from the progress thread to applications (printed as progress_handovers).
+  uint64_t handovers() const { return handovers_.load(std::memory_order_relaxed); }
   // A poll returned completions: the start of the application's think time (PollPattern).
   void NoteCompletion() { poll_pattern_.OnCompletion(wire::SystemClock::Instance().NowNs()); }
   // Times one data-path verb (ibv_post_send, ibv_post_recv, ...): PollPattern leaves it out of think times. While
