@@ -105,7 +105,7 @@ class Engine {
   // it runs, an application thread is inside the library and the lease does not end (`keeps_lease`; not for the
   // CPU a disengaged poller gives away, which is no work of the library's). `lengthy` false: a verb that cannot
   // take long (one receive posted) is not timed: its ~0.1 us is nothing beside PollPattern's thresholds, and its
-  // two clock readings and two atomics were on a ping-pong's critical path. A send is always timed: it includes the
+  // two clock readings and four atomics were on a ping-pong's critical path. A send is always timed: it includes the
   // send system call (~3.5 us on loopback), which as think time made ib_send_lat's server disengage.
   class VerbTimer {
    public:
