@@ -121,15 +121,13 @@ void DeviceCore::WakeForTimer(uint64_t deadline) {
 DeviceCore::SendResult DeviceCore::SendBatch(const OutBatch& out) {
   // A few datagrams (a ping-pong's request and ACK) are described on the stack; a burst in a vector.
   constexpr size_t kOnStack = 8;
+  const size_t n = out.packets.size();
   std::array<wire::OutDatagram, kOnStack> on_stack;
-  std::vector<wire::OutDatagram> on_heap;
-  std::span<wire::OutDatagram> batch(on_stack.data(), out.packets.size());
-  if (out.packets.size() > kOnStack) {
-    on_heap.resize(out.packets.size());
-    batch = on_heap;
-  }
+  std::vector<wire::OutDatagram> on_heap(n > kOnStack ? n : 0);
+  const std::span<wire::OutDatagram> batch =
+      n > kOnStack ? std::span<wire::OutDatagram>(on_heap) : std::span<wire::OutDatagram>(on_stack.data(), n);
   uint64_t bytes = 0;
-  for (size_t i = 0; i < out.packets.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const auto& p = out.packets[i];
     batch[i] = {p.dst, p.src_port, p.bytes};
     bytes += p.bytes.size();
