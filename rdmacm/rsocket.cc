@@ -6,7 +6,8 @@
 // buffer once the application has read it; a sender that outruns it meets RNR NAKs, retried without limit (rnr_retry
 // 7) after the shortest RNR timer the receiver advertises, so no credit protocol is needed. The end of a stream is a
 // zero-length SEND with immediate kFin (rshutdown SHUT_WR, rclose). Progress needs no thread of ours: the engine
-// moves the data, and every call polls the CQ.
+// moves the data, and every call polls the CQ; a blocking call (and rpoll) polls for a while, then sleeps on the
+// CQ's completion channel (WaitUntil).
 //
 // riomap announces a registered buffer to the peer (a SEND with immediate kIomap); riowrite is then RDMA WRITEs into
 // it. Datagram rsockets are UD QPs found through the host's port registry (below), uroce-to-uroce on one host.
@@ -33,7 +34,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "rdmacm/internal.h"
@@ -79,6 +79,7 @@ struct RSocket {
   rdma_event_channel* channel = nullptr;
   rdma_cm_id* id = nullptr;
   ibv_cq* cq = nullptr;
+  ibv_comp_channel* cq_channel = nullptr;  // where a blocked call sleeps (WaitUntil); non-blocking descriptor
   ibv_mr* recv_mr = nullptr;
   ibv_mr* send_mr = nullptr;
   int slots = kSlots;                 // send and receive buffers, each of slot_bytes
@@ -147,10 +148,25 @@ int SetUpBuffers(RSocket* rs, ibv_pd* pd) {
   return 0;
 }
 
+// The rsocket's CQ with a completion channel of its own, whose descriptor does not block (WaitUntil drains it
+// after poll(2) says it is readable, perhaps after another thread did). 0 or errno.
+int CreateCq(RSocket* rs, ibv_context* verbs) {
+  rs->cq_channel = ibv_create_comp_channel(verbs);
+  if (rs->cq_channel == nullptr) return errno ? errno : ENOMEM;
+  fcntl(rs->cq_channel->fd, F_SETFL, fcntl(rs->cq_channel->fd, F_GETFL) | O_NONBLOCK);
+  rs->cq = ibv_create_cq(verbs, 2 * rs->slots + 2, nullptr, rs->cq_channel, 0);
+  return rs->cq == nullptr ? (errno ? errno : ENOMEM) : 0;
+}
+
+// After the CQ is destroyed (every event it raised was acknowledged as it was taken).
+void DestroyCqChannel(RSocket* rs) {
+  if (rs->cq_channel) ibv_destroy_comp_channel(rs->cq_channel);
+  rs->cq_channel = nullptr;
+}
+
 // The QP, CQ and buffers of a connection id, receives posted. 0 or errno.
 int SetUpQueues(RSocket* rs) {
-  rs->cq = ibv_create_cq(rs->id->verbs, 2 * rs->slots + 2, nullptr, nullptr, 0);
-  if (rs->cq == nullptr) return errno;
+  if (int err = CreateCq(rs, rs->id->verbs)) return err;
   ibv_qp_init_attr attr{};
   attr.send_cq = rs->cq;
   attr.recv_cq = rs->cq;
@@ -182,6 +198,7 @@ void TearDown(RSocket* rs) {
   if (rs->recv_mr) ibv_dereg_mr(rs->recv_mr);
   if (rs->send_mr) ibv_dereg_mr(rs->send_mr);
   if (rs->cq) ibv_destroy_cq(rs->cq);
+  DestroyCqChannel(rs);
   if (rs->id) rdma_destroy_id(rs->id);
   if (rs->channel) rdma_destroy_event_channel(rs->channel);
   rs->id = nullptr;
@@ -232,14 +249,62 @@ bool Pending(RSocket* rs) {
   return poll(&p, 1, 0) > 0;
 }
 
-// Blocks until `ready()` holds, polling every 50 us (with the lock released).
+// How long a blocking call polls before it sleeps. Polling the CQ is what lets the calling thread drive uroce's
+// engine: a reply that comes meanwhile is taken at once (a ping-pong's comes within ~10 us), at the price of a CPU;
+// past it the thread sleeps on the CQ's completion channel, the engine's progress thread receives and an idle
+// connection costs nothing. 50 us is the engine's own polling streak (a poller that looks again within it keeps the
+// receive side). rdma-core's rsockets likewise poll for a while (their polling_time) before they sleep.
+constexpr auto kPollBeforeSleeping = std::chrono::microseconds(50);
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+// poll(2)'s timeout for `deadline`: -1 for none, else the milliseconds left, rounded up (waking early only loops).
+int PollTimeoutMs(Deadline deadline) {
+  if (deadline == Deadline::max()) return -1;
+  const auto left = deadline - std::chrono::steady_clock::now();
+  if (left <= Deadline::duration::zero()) return 0;
+  return int(std::chrono::ceil<std::chrono::milliseconds>(left).count());
+}
+
+// Takes every event the CQ's channel holds, acknowledging each (ibv_destroy_cq waits for that).
+void DrainCqEvents(RSocket* rs) {
+  if (rs->cq_channel == nullptr) return;
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  while (ibv_get_cq_event(rs->cq_channel, &cq, &context) == 0) ibv_ack_cq_events(cq, 1);
+}
+
+// Blocks, with the lock released, until `ready()` (which polls the CQ) holds -- true -- or `deadline` passes --
+// false. It polls for kPollBeforeSleeping, then arms the CQ, looks once more (a completion that came before the
+// arming raises no event, ibv_req_notify_cq(3)) and sleeps on the completion channel.
 template <typename F>
-void WaitUntil(std::unique_lock<std::mutex>& lock, F ready) {
+bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadline deadline = Deadline::max()) {
+  const Deadline poll_until = std::chrono::steady_clock::now() + kPollBeforeSleeping;
   while (!ready()) {
+    const Deadline now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    if (now < poll_until || rs->cq_channel == nullptr || ibv_req_notify_cq(rs->cq, 0) != 0) {
+      lock.unlock();  // other calls on other rsockets go on meanwhile
+      __builtin_ia32_pause();
+      lock.lock();
+      continue;
+    }
+    if (ready()) break;
     lock.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    pollfd p{rs->cq_channel->fd, POLLIN, 0};
+    poll(&p, 1, PollTimeoutMs(deadline));
     lock.lock();
+    DrainCqEvents(rs);
   }
+  return true;
+}
+
+// Blocks, with the lock released, until the listener's channel has a connection request (or another event) waiting.
+void WaitForConnectRequest(RSocket* ls, std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  pollfd p{ls->channel->fd, POLLIN, 0};
+  poll(&p, 1, -1);
+  lock.lock();
 }
 
 // A free send buffer, waiting for one when `wait`: its index, or -EAGAIN / -errno (the connection failed).
@@ -247,7 +312,7 @@ int TakeSendSlot(RSocket* rs, std::unique_lock<std::mutex>& lock, bool wait) {
   PollCq(rs);
   if (rs->free_send.empty()) {
     if (!wait) return -EAGAIN;
-    WaitUntil(lock, [&] {
+    WaitUntil(rs, lock, [&] {
       PollCq(rs);
       return !rs->free_send.empty() || rs->error;
     });
@@ -294,8 +359,8 @@ int DgramSetUp(RSocket* rs) {
   rs->slots = kDgramSlots;
   rs->slot_bytes = uint32_t(kGrh + kDgramHeader + rs->max_dgram);
   rs->pd = ibv_alloc_pd(verbs);
-  rs->cq = rs->pd ? ibv_create_cq(verbs, 2 * rs->slots + 2, nullptr, nullptr, 0) : nullptr;
-  if (rs->cq == nullptr) return errno ? errno : ENOMEM;
+  if (rs->pd == nullptr) return errno ? errno : ENOMEM;
+  if (int err = CreateCq(rs, verbs)) return err;
   ibv_qp_init_attr attr{};
   attr.send_cq = attr.recv_cq = rs->cq;
   attr.qp_type = IBV_QPT_UD;
@@ -328,6 +393,7 @@ void DgramTearDown(RSocket* rs) {
   if (rs->recv_mr) ibv_dereg_mr(rs->recv_mr);
   if (rs->send_mr) ibv_dereg_mr(rs->send_mr);
   if (rs->cq) ibv_destroy_cq(rs->cq);
+  DestroyCqChannel(rs);
   if (rs->pd) ibv_dealloc_pd(rs->pd);
   rs->ud_qp = nullptr;
   rs->recv_mr = rs->send_mr = nullptr;
@@ -400,7 +466,7 @@ ssize_t DgramRecv(RSocket* rs, std::unique_lock<std::mutex>& lock, void* buf, si
   PollCq(rs);
   if (rs->ready.empty()) {
     if (!wait) return Fail<ssize_t>(EAGAIN);
-    WaitUntil(lock, [&] {
+    WaitUntil(rs, lock, [&] {
       PollCq(rs);
       return !rs->ready.empty();
     });
@@ -442,7 +508,7 @@ ssize_t Send(int fd, const void* buf, size_t len, int flags, const sockaddr* dst
     if (rs->error) return done ? ssize_t(done) : Fail<ssize_t>(rs->error);
     if (rs->free_send.empty()) {
       if (done > 0 || !wait) break;
-      WaitUntil(lock, [&] {
+      WaitUntil(rs, lock, [&] {
         PollCq(rs);
         return !rs->free_send.empty() || rs->error;
       });
@@ -498,7 +564,7 @@ ssize_t Recv(int fd, void* buf, size_t len, int flags, sockaddr* src = nullptr, 
       return rs->error && rs->error != ECONNRESET ? Fail<ssize_t>(rs->error) : 0;  // end of stream
     }
     if (!wait) return done ? ssize_t(done) : Fail<ssize_t>(EAGAIN);
-    WaitUntil(lock, [&] {
+    WaitUntil(rs, lock, [&] {
       PollCq(rs);
       return Readable(rs);
     });
@@ -584,7 +650,7 @@ int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
     if (rdma_get_cm_event(ls->channel, &e) == 0) break;
     if (errno != EAGAIN) return -1;
     if (ls->nonblocking) return Fail(EAGAIN);
-    WaitUntil(lock, [&] { return Pending(ls); });
+    WaitForConnectRequest(ls, lock);
   }
   if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
     rdma_ack_cm_event(e);
@@ -693,12 +759,12 @@ int rclose(int socket) {
   // No longer in the table: nobody else reaches it. The end of stream (and what precedes it) leaves before the
   // QP goes to ERR.
   SendFin(rs.get());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (rs->fin_sent && !rs->error && rs->free_send.size() < size_t(rs->slots) &&
-         std::chrono::steady_clock::now() < deadline) {
+  std::mutex unshared;  // WaitUntil's lock: the rsocket is ours alone now
+  std::unique_lock lock(unshared);
+  WaitUntil(rs.get(), lock, [&] {
     PollCq(rs.get());
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+    return !rs->fin_sent || rs->error || rs->free_send.size() == size_t(rs->slots);
+  }, std::chrono::steady_clock::now() + std::chrono::seconds(1));
   TearDown(rs.get());
   close(rs->fd);
   return 0;
@@ -751,12 +817,21 @@ ssize_t rsendto(int socket, const void* buf, size_t len, int flags, const sockad
   return Send(socket, buf, len, flags, dest_addr);  // a stream ignores the address, as TCP
 }
 
+// Looks at every descriptor, polling for kPollBeforeSleeping (as WaitUntil), then sleeps in poll(2) on the
+// ordinary descriptors, the rsockets' completion channels (their CQs armed before the look that precedes the sleep)
+// and the listeners' event channels, until one of them stirs or the timeout passes.
 int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout < 0 ? 0 : timeout);
+  const Deadline start = std::chrono::steady_clock::now();
+  const Deadline deadline = timeout < 0 ? Deadline::max() : start + std::chrono::milliseconds(timeout);
+  const Deadline poll_until = start + kPollBeforeSleeping;
+  std::vector<pollfd> others, sleep_on;
+  std::vector<nfds_t> other_index;
   for (;;) {
     int ready = 0;
-    std::vector<pollfd> others;
-    std::vector<nfds_t> other_index;
+    others.clear();
+    other_index.clear();
+    sleep_on.clear();
+    const bool sleep = timeout != 0 && std::chrono::steady_clock::now() >= poll_until;
     {
       std::lock_guard lock(g_mu);
       for (nfds_t i = 0; i < nfds; ++i) {
@@ -766,6 +841,14 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
           others.push_back(fds[i]);
           other_index.push_back(i);
           continue;
+        }
+        if (sleep) {
+          // Armed before the look: what completes after it raises an event, what completed before it is seen now.
+          if (rs->listening) {
+            sleep_on.push_back({rs->channel->fd, POLLIN, 0});
+          } else if (rs->cq_channel != nullptr && ibv_req_notify_cq(rs->cq, 0) == 0) {
+            sleep_on.push_back({rs->cq_channel->fd, POLLIN, 0});
+          }
         }
         PollCq(rs);
         if (rs->listening) {
@@ -786,8 +869,16 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
       }
     }
     if (ready > 0 || timeout == 0) return ready;
-    if (timeout > 0 && std::chrono::steady_clock::now() >= deadline) return 0;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (std::chrono::steady_clock::now() >= deadline) return 0;
+    if (!sleep) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    sleep_on.insert(sleep_on.end(), others.begin(), others.end());
+    poll(sleep_on.data(), sleep_on.size(), PollTimeoutMs(deadline));
+    std::lock_guard lock(g_mu);
+    for (nfds_t i = 0; i < nfds; ++i)
+      if (RSocket* rs = Find(fds[i].fd)) DrainCqEvents(rs);
   }
 }
 
@@ -945,7 +1036,7 @@ size_t riowrite(int socket, const void* buf, size_t count, off_t offset, int fla
     if (map == nullptr) return done ? done : Fail<size_t>(EINVAL);  // nothing mapped there by the peer
     if (rs->free_send.empty()) {
       if (done > 0 || !wait) break;
-      WaitUntil(lock, [&] {
+      WaitUntil(rs, lock, [&] {
         PollCq(rs);
         return !rs->free_send.empty() || rs->error;
       });
