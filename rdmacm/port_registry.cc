@@ -23,16 +23,29 @@ std::string Prefix(uint16_t ps, uint16_t port) {
   return buf;
 }
 
+// What rdma_listen and datagram rsockets publish for a binding: the prefix, the device and the tag.
+std::string PublishedName(uint16_t ps, uint16_t port, const wire::IpAddress& device, std::optional<uint32_t> tag) {
+  std::string name = Prefix(ps, port) + "@" + device.ToString();
+  if (tag) name += "#" + std::to_string(*tag);
+  return name;
+}
+
+// The address of the abstract name `name`; its length.
+socklen_t AbstractAddress(const std::string& name, sockaddr_un* sun) {
+  *sun = {};
+  sun->sun_family = AF_UNIX;
+  // sun_path[0] == 0: the abstract namespace; the name is the bytes after it (no terminator).
+  const size_t n = std::min(name.size(), sizeof(sun->sun_path) - 1);
+  std::memcpy(sun->sun_path + 1, name.data(), n);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
 // A socket bound to the abstract name `name`; -errno on failure.
 int BindAbstract(const std::string& name) {
   const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
-  sockaddr_un sun{};
-  sun.sun_family = AF_UNIX;
-  // sun_path[0] == 0: the abstract namespace; the name is the bytes after it (no terminator).
-  const size_t n = std::min(name.size(), sizeof(sun.sun_path) - 1);
-  std::memcpy(sun.sun_path + 1, name.data(), n);
-  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  sockaddr_un sun;
+  const socklen_t len = AbstractAddress(name, &sun);
   if (bind(fd, reinterpret_cast<sockaddr*>(&sun), len) != 0) {
     const int err = errno;
     close(fd);
@@ -83,9 +96,7 @@ int PortBinding::Bind(uint16_t ps, uint16_t port) {
 int PortBinding::Publish(const wire::IpAddress& device, std::optional<uint32_t> tag) {
   if (!bound()) return EINVAL;
   if (info_fd_ >= 0) return 0;
-  std::string name = Prefix(port_space_, port_) + "@" + device.ToString();
-  if (tag) name += "#" + std::to_string(*tag);
-  const int info = BindAbstract(name);
+  const int info = BindAbstract(PublishedName(port_space_, port_, device, tag));
   if (info < 0) return -info;
   info_fd_ = info;
   return 0;
@@ -119,6 +130,19 @@ std::optional<PortOwner> FindPortOwnerWithTag(uint16_t ps, uint16_t port) {
     }
   }
   return std::nullopt;
+}
+
+PortOwnerProbe::~PortOwnerProbe() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool PortOwnerProbe::StillPublished(uint16_t ps, uint16_t port, const PortOwner& owner) {
+  if (fd_ < 0) fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) return false;  // the caller reads /proc/net/unix instead
+  sockaddr_un sun;
+  const socklen_t len = AbstractAddress(PublishedName(ps, port, owner.device, owner.tag), &sun);
+  // A datagram socket's connect(2) only names its peer: it fails with ECONNREFUSED where nobody holds the name.
+  return connect(fd_, reinterpret_cast<sockaddr*>(&sun), len) == 0;
 }
 
 std::optional<wire::IpAddress> FindPortOwner(uint16_t ps, uint16_t port) {

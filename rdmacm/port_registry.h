@@ -54,4 +54,21 @@ struct PortOwner {
 std::optional<wire::IpAddress> FindPortOwner(uint16_t port_space, uint16_t port);
 std::optional<PortOwner> FindPortOwnerWithTag(uint16_t port_space, uint16_t port);
 
+// Whether what FindPortOwnerWithTag found for (ps, port) still stands, without its reading of /proc/net/unix (~40 us
+// on a host with a few hundred sockets: once per datagram, that was most of a datagram rsocket's send). The name the
+// owner published holds its device and tag, so while that name exists, what is addressed to them reaches the port's
+// holder; once it is gone, ask FindPortOwnerWithTag again. One system call.
+class PortOwnerProbe {
+ public:
+  PortOwnerProbe() = default;
+  ~PortOwnerProbe();
+  PortOwnerProbe(const PortOwnerProbe&) = delete;
+  PortOwnerProbe& operator=(const PortOwnerProbe&) = delete;
+
+  bool StillPublished(uint16_t port_space, uint16_t port, const PortOwner& owner);
+
+ private:
+  int fd_ = -1;  // a datagram socket, connect(2)ed to each name asked about
+};
+
 }  // namespace uroce::rdmacm

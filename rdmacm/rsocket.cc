@@ -100,6 +100,8 @@ struct RSocket {
   size_t max_dgram = 0;                  // the largest datagram: the port's MTU less our header
   std::optional<sockaddr_storage> peer;  // rconnect's destination
   std::map<std::pair<uroce::wire::IpAddress, uint32_t>, ibv_ah*> ahs;
+  std::map<uint16_t, uroce::rdmacm::PortOwner> owners;  // by port: who held it when last looked up (OwnerOf)
+  uroce::rdmacm::PortOwnerProbe owner_probe;
 };
 
 std::mutex g_mu;
@@ -409,6 +411,18 @@ int DgramBind(RSocket* rs, uint16_t port) {
   return rs->binding.Publish(rs->device, rs->ud_qp->qp_num);
 }
 
+// Who holds datagram port `port` on this host: the owner looked up before while the name it published stands (one
+// system call), else the registry's answer (a scan of /proc/net/unix).
+std::optional<uroce::rdmacm::PortOwner> OwnerOf(RSocket* rs, uint16_t port) {
+  if (auto it = rs->owners.find(port); it != rs->owners.end()) {
+    if (rs->owner_probe.StillPublished(kDgramPortSpace, port, it->second)) return it->second;
+    rs->owners.erase(it);
+  }
+  auto owner = uroce::rdmacm::FindPortOwnerWithTag(kDgramPortSpace, port);
+  if (owner && owner->tag) rs->owners[port] = *owner;
+  return owner;
+}
+
 ssize_t DgramSend(RSocket* rs, std::unique_lock<std::mutex>& lock, const void* buf, size_t len, int flags,
                   const sockaddr* dst) {
   if (dst == nullptr) return Fail<ssize_t>(EDESTADDRREQ);
@@ -417,7 +431,7 @@ ssize_t DgramSend(RSocket* rs, std::unique_lock<std::mutex>& lock, const void* b
     if (int err = DgramBind(rs, 0)) return Fail<ssize_t>(err);
   // Only rsockets of this host are reachable: their device and QPN are in the registry under the port.
   if (!ThisHost(dst) && uroce::rdmacm::IpOf(dst) != rs->device) return Fail<ssize_t>(EHOSTUNREACH);
-  const auto owner = uroce::rdmacm::FindPortOwnerWithTag(kDgramPortSpace, uroce::rdmacm::PortOfSockaddr(dst));
+  const auto owner = OwnerOf(rs, uroce::rdmacm::PortOfSockaddr(dst));
   if (!owner || !owner->tag) {
     // Nobody holds that port. As UDP's sendto(2), the datagram is lost without an error (udpong's server answers
     // clients that may have gone: it exited on our ECONNREFUSED); a connected socket is told, as UDP's is once the

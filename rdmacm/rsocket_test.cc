@@ -130,6 +130,45 @@ TEST_F(DatagramRsocket, AConnectedSocketIsRefusedByAPortNobodyHolds) {
   EXPECT_EQ(errno, ECONNREFUSED);
 }
 
+// A send goes to whoever holds the port now: the owner a sender looked up before is not used once its binding is gone.
+TEST_F(DatagramRsocket, ADatagramGoesToWhoeverHoldsThePortNow) {
+  uint16_t port = 0;
+  const int first = BoundDatagramSocket(&port);
+  ASSERT_GE(first, 0) << strerror(errno);
+  const sockaddr_in to = Loopback(port);
+  const sockaddr* dst = reinterpret_cast<const sockaddr*>(&to);
+  char buf[16] = {};
+  ASSERT_EQ(rsendto(fd_, "one", 3, 0, dst, sizeof to), 3) << strerror(errno);
+  ASSERT_EQ(rrecv(first, buf, sizeof buf, 0), 3) << strerror(errno);
+  EXPECT_EQ(std::string(buf, 3), "one");
+  ASSERT_EQ(rclose(first), 0);
+
+  const int second = rsocket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(second, 0) << strerror(errno);
+  sockaddr_in same = Loopback(port);
+  ASSERT_EQ(rbind(second, reinterpret_cast<sockaddr*>(&same), sizeof same), 0) << strerror(errno);
+  ASSERT_EQ(rsendto(fd_, "two", 3, 0, dst, sizeof to), 3) << strerror(errno);
+  pollfd p{second, POLLIN, 0};
+  ASSERT_EQ(rpoll(&p, 1, 5000), 1) << "the datagram went to the port's former holder";
+  ASSERT_EQ(rrecv(second, buf, sizeof buf, MSG_DONTWAIT), 3) << strerror(errno);
+  EXPECT_EQ(std::string(buf, 3), "two");
+  EXPECT_EQ(rclose(second), 0);
+}
+
+// A connected socket whose peer was there a moment ago is refused once it is gone.
+TEST_F(DatagramRsocket, AConnectedSocketIsRefusedOnceItsPeerHasGone) {
+  uint16_t port = 0;
+  const int peer = BoundDatagramSocket(&port);
+  ASSERT_GE(peer, 0) << strerror(errno);
+  const sockaddr_in to = Loopback(port);
+  ASSERT_EQ(rconnect(fd_, reinterpret_cast<const sockaddr*>(&to), sizeof to), 0) << strerror(errno);
+  ASSERT_EQ(rsend(fd_, "x", 1, 0), 1) << strerror(errno);
+  ASSERT_EQ(rclose(peer), 0);
+  errno = 0;
+  EXPECT_EQ(rsend(fd_, "x", 1, 0), -1);
+  EXPECT_EQ(errno, ECONNREFUSED);
+}
+
 // A blocking receive with nothing to take sleeps (it polls only a moment, kPollBeforeSleeping) and wakes for the
 // datagram: over 300 ms of waiting its thread uses a few ms of CPU at most (spinning would use all 300; polling every
 // 50 us, as the wait once did, used ~10% here).
