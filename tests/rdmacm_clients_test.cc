@@ -6,6 +6,7 @@
 // A server is "listening" once its (port space, port) is published in the registry; every pair uses a port picked
 // free at run time, so tests run in parallel.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -430,6 +431,49 @@ INSTANTIATE_TEST_SUITE_P(
                       RstreamCase{"RiostreamVerified64k", {"-S", "65536", "-C", "100", "-T", "v"}, "riostream"},
                       RstreamCase{"RiostreamBlocking100", {"-S", "100", "-C", "1000", "-T", "b"}, "riostream"}),
     [](const ::testing::TestParamInfo<RstreamCase>& i) { return i.param.name; });
+
+// Debian's librspreload (librdmacm1; rsocket(7)), LD_PRELOAD'ed, makes a plain sockets program an rsockets one: its
+// socket(2) becomes rsocket() for every AF_INET / AF_INET6 socket. "" where it is not installed.
+std::string Librspreload() {
+  for (const char* dir : {"/usr/lib/x86_64-linux-gnu/rsocket", "/usr/lib/aarch64-linux-gnu/rsocket", "/usr/lib/rsocket"}) {
+    const std::string path = std::string(dir) + "/librspreload.so";
+    if (access(path.c_str(), R_OK) == 0) return path;
+  }
+  return "";
+}
+
+// rstream -T s is a plain sockets program (socket, bind, listen, accept, connect, send, recv; no rsocket call); under
+// librspreload its stream runs over an RC QP of uroce, checked byte for byte (-T v) and seen in uroce's counters.
+// uroce's own UDP sockets must stay the kernel's: the library made its first one with socket(2) while starting, which
+// librspreload turned into an rsocket over uroce itself -- and both programs waited on that start for ever.
+TEST_F(RdmaCmClientsTest, LibrspreloadRunsAPlainSocketsProgramOverUroce) {
+  const std::string rstream = Program("rstream");
+  const int port = Port();
+  if (rstream.empty() || port <= 0) return;
+  const std::string preload = Librspreload();
+  if (preload.empty()) GTEST_SKIP() << "librspreload.so is not installed (Debian's librdmacm1)";
+  EnvOverrides env = env_;
+  std::string preloads;  // after a sanitizer's runtime, which must come first
+  for (const auto& [name, value] : env)
+    if (name == "LD_PRELOAD") preloads = value;
+  env.emplace_back("LD_PRELOAD", preloads.empty() ? preload : preloads + ":" + preload);
+  env.emplace_back("UROCE_STATS", "1");
+  const std::vector<std::string> args = {"-p", std::to_string(port), "-S", "4096", "-C", "1000", "-T", "s", "-T", "v"};
+  std::vector<std::string> server = {rstream};
+  server.insert(server.end(), args.begin(), args.end());
+  std::vector<std::string> client = server;
+  client.insert(client.begin() + 1, {"-s", "127.0.0.1"});
+  PairResult r = RunCmPair(server, client, kTcp, port, env, env);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  const std::regex result(R"(custom\s+4k\s+1k\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)");
+  for (const ProcessResult* side : {&r.server, &r.client}) {
+    EXPECT_EQ(CountMatching(side->output, result), 1) << r.Describe();
+    // Each side received the other's 1000 messages of 4 KiB (one packet each at the 4096-byte MTU) over uroce.
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(side->output, m, std::regex(R"((?:^|\n)rx_packets (\d+))"))) << r.Describe();
+    EXPECT_GE(std::stoull(m[1]), 1000u) << r.Describe();
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // udpong: datagram rsockets (UD QPs found through the port registry); the server never exits by itself.

@@ -23,6 +23,7 @@
 #include "wire/fault_transport.h"
 #include "wire/pcap.h"
 #include "wire/socket_transport.h"
+#include "wire/udp_socket.h"
 #include "wire/uring_transport.h"
 
 namespace uroce::verbs {
@@ -94,7 +95,7 @@ wire::IpAddress LoopbackCandidate(uint32_t i) { return wire::IpAddress::V4(0x7f0
 // has). Probes with bind(2) on one bare socket, which a failed bind leaves unbound for the next try: a few
 // microseconds per address, where creating a transport per address costs ten times that.
 int NextFreeLoopbackCandidate(uint32_t from, uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
+  const int fd = wire::OpenKernelUdpSocket(AF_INET);
   if (fd < 0) return -errno;
   int result = -EADDRINUSE;
   for (uint32_t i = from; i < kLoopbackCandidates; ++i) {

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <vector>
 
+#include "wire/udp_socket.h"
+
 namespace uroce::wire {
 
 MulticastReceiver::MulticastReceiver(IpAddress local, uint16_t port, std::function<void(const InDatagram&)> deliver)
@@ -35,7 +37,7 @@ int MulticastReceiver::Join(const IpAddress& group) {
   std::lock_guard lock(mu_);
   Group& g = groups_[group];
   if (g.joins++ > 0) return 0;
-  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int fd = OpenKernelUdpSocket(AF_INET, SOCK_NONBLOCK);
   int err = fd < 0 ? errno : 0;
   const int one = 1;
   sockaddr_in sin{};

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <poll.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -78,12 +79,16 @@ UdpCounters UdpCounterSet::Snapshot() const {
   return c;
 }
 
+int OpenKernelUdpSocket(int family, int extra_flags) {
+  return static_cast<int>(syscall(SYS_socket, family, SOCK_DGRAM | SOCK_CLOEXEC | extra_flags, IPPROTO_UDP));
+}
+
 int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* local) {
   const int family = SocketFamily(bind);
   sockaddr_storage sa;
   socklen_t sa_len;
   if (int r = ToSockaddr(bind, family, &sa, &sa_len); r < 0) return r;
-  const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
+  const int fd = OpenKernelUdpSocket(family);
   if (fd < 0) return -errno;
   int r = SetOptions(fd, family, buffer_bytes, bind.addr.is_unspecified());
   if (r == 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sa_len) < 0) r = -errno;

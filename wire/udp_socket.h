@@ -46,6 +46,13 @@ inline size_t ReceiveBufferBytes(size_t max_datagram, bool gro) {
   return gro && max_datagram < kMaxGroBytes ? kMaxGroBytes : max_datagram;
 }
 
+// A UDP socket (socket(2): SOCK_DGRAM | SOCK_CLOEXEC | extra_flags), made by system call rather than through the C
+// library's `socket`: librspreload (rsocket(7), LD_PRELOAD'ed to run unmodified socket programs over rsockets)
+// replaces that symbol and makes every AF_INET / AF_INET6 socket an rsocket -- uroce's own UDP sockets included,
+// the first of which is made while the library starts, so the program waited on its own start for ever. The
+// descriptor, or -1 with errno.
+int OpenKernelUdpSocket(int family, int extra_flags = 0);
+
 struct UdpCounters {
   uint64_t packets_sent = 0;  // datagrams the kernel accepted
   uint64_t bytes_sent = 0;
