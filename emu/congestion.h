@@ -56,6 +56,16 @@ class PathWindow {
   uint64_t srtt_ns() const { return srtt_ns_; }      // 0: no sample yet
   uint64_t rttvar_ns() const { return rttvar_ns_; }
 
+  // Path order, for loss detection across QPs (RACK, RFC 8985, with the order in which packets left for the time
+  // they left): every packet a requester sends towards the peer, new or again, takes the next number, and a
+  // requester reports the number of each timed packet once an ACK covers it. A device's packets to one peer leave
+  // through one socket in that order, and a peer takes them in it; so once a packet numbered after all of a QP's
+  // has been acknowledged, that QP's are lost or answered, not still on their way.
+  uint64_t NoteSent() { return ++sent_seq_; }
+  uint64_t delivered() const { return delivered_; }  // packets delivered so far (OnDelivered)
+  void OnDeliveredSent(uint64_t seq) { delivered_seq_ = std::max(delivered_seq_, seq); }
+  bool DeliveredSentAfter(uint64_t seq) const { return delivered_seq_ > seq; }
+
   double window() const { return window_; }
   int64_t in_flight() const { return in_flight_; }
   Phase phase() const { return window_ < threshold_ ? Phase::kSlowStart : Phase::kCongestionAvoidance; }
@@ -74,6 +84,8 @@ class PathWindow {
   uint64_t decreases_ = 0;
   uint64_t srtt_ns_ = 0;
   uint64_t rttvar_ns_ = 0;
+  uint64_t sent_seq_ = 0;       // the number the newest packet sent took (NoteSent)
+  uint64_t delivered_seq_ = 0;  // the highest number of a packet known acknowledged
   std::deque<uint32_t> waiting_;
 };
 

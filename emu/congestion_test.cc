@@ -194,6 +194,25 @@ TEST(PathWindowOnTheWire, LossCutsTheWindowAndEveryQpStillFinishes) {
   EXPECT_LT(t.a->device->counters().tx_packets, needed * 3 / 2) << FormatCounters(t.a->device->counters());
 }
 
+// Under loss, with QPs queued for the window, a QP's lost tail is found within round trips (RcRequester::
+// SilenceMeansLoss), not by the local ACK timeout, which held the whole path meanwhile.
+TEST(PathWindowOnTheWire, UnderLossALostTailIsFoundWithoutTheLocalAckTimeout) {
+  wire::FaultConfig faults;
+  faults.loss = 0.01;
+  faults.delay_ns = 20'000;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    faults.seed = seed;
+    ManyQps t(faults);
+    t.PostAll();
+    t.fabric.Pump(10'000'000);
+    t.ExpectAllDelivered();
+    const DeviceCounters c = t.a->device->counters();
+    EXPECT_GT(c.rc_path_waits, 0u);  // QPs did wait for the window
+    EXPECT_GT(c.rc_early_retransmits, 0u) << FormatCounters(c);
+    EXPECT_EQ(c.rc_retransmit_timeouts, 0u) << "seed " << seed << "\n" << FormatCounters(c);
+  }
+}
+
 // A requester that waited for the window for longer than its local ACK timeout resumes with the timer started anew:
 // it runs on while the requester only waits (OnTimers re-arms it without spending a retry), and a deadline left from
 // the wait fired before the ACK of what the requester had just sent could come back. Here every datagram takes 200 us

@@ -98,7 +98,9 @@ void RcRequester::ArmRetransmit(uint64_t& now_ns) {
   if (core_.config.early_retransmit) {
     {
       std::lock_guard lock(core_.paths_mu);
-      r.probe_wait_ns = ProbeWaitNs(core_.PathOfLocked(qp_));
+      const PathWindow& path = core_.PathOfLocked(qp_);
+      r.probe_wait_ns = ProbeWaitNs(path);
+      r.path_delivered_seen = path.delivered();
     }
     if (r.probe_wait_ns < t) r.probe_deadline_ns = now + r.probe_wait_ns;
   }
@@ -113,6 +115,7 @@ void RcRequester::TimeRoundTrip(uint32_t psn, uint64_t& now_ns) {
     if (now_ns == 0) now_ns = core_.Now();
     r.rtt_sent_ns = now_ns;
     r.rtt_psn = psn;
+    r.rtt_seq = r.newest_sent_seq;  // the packet just sent
   }
 }
 
@@ -122,7 +125,9 @@ void RcRequester::AckedUpTo(uint32_t next) {
   const uint64_t now = core_.Now();
   {
     std::lock_guard lock(core_.paths_mu);
-    core_.PathOfLocked(qp_).OnRoundTrip(now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1);
+    PathWindow& path = core_.PathOfLocked(qp_);
+    path.OnRoundTrip(now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1);
+    path.OnDeliveredSent(r.rtt_seq);
   }
   r.rtt_sent_ns = 0;
 }
@@ -146,11 +151,16 @@ bool RcRequester::OnlyWaitsForPath() const {
   return r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0;
 }
 
-bool RcRequester::PathQueuesOthers() {
+bool RcRequester::SilenceMeansLoss() {
   std::lock_guard lock(core_.paths_mu);
-  for (uint32_t qpn : core_.PathOfLocked(qp_).waiting())
-    if (qpn != qp_.qpn()) return true;
-  return false;
+  const PathWindow& path = core_.PathOfLocked(qp_);
+  const bool path_silent = path.delivered() == state_.path_delivered_seen;
+  state_.path_delivered_seen = path.delivered();
+  if (path_silent || path.DeliveredSentAfter(state_.newest_sent_seq) || path.in_flight() <= state_.charged)
+    return true;
+  for (uint32_t qpn : path.waiting())
+    if (qpn != qp_.qpn()) return false;
+  return true;
 }
 
 size_t RcRequester::OldestUnacknowledged(uint32_t* packet) const {
@@ -252,6 +262,7 @@ void RcRequester::Progress(OutBatch& out) {
   auto sent_up_to = [&](uint32_t next) {
     if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
     std::lock_guard lock(core_.paths_mu);
+    r.newest_sent_seq = path.NoteSent();
     ChargeLocked(path);
   };
   while (r.cursor_wqe < r.sq.size()) {
@@ -386,6 +397,7 @@ void RcRequester::Progress(OutBatch& out) {
         // Charged in the same step, before the packet is built: one that cannot be built fails the QP, which
         // uncharges it (Fail -> EnterError -> Charge).
         if (is_new) r.sent_psn_next = next_psn;
+        r.newest_sent_seq = path.NoteSent();
         ChargeLocked(path);
       }
       if (is_new) {
@@ -523,7 +535,7 @@ void RcRequester::OnTimers(uint64_t now, OutBatch& out) {
     r.probe_deadline_ns = now + r.probe_wait_ns < r.retransmit_deadline_ns ? now + r.probe_wait_ns : 0;
     uint32_t packet = 0;
     const size_t i = OldestUnacknowledged(&packet);
-    if (i == r.sq.size() || OnlyWaitsForPath() || PathQueuesOthers()) return;
+    if (i == r.sq.size() || OnlyWaitsForPath() || !SilenceMeansLoss()) return;
     core_.Count(&DeviceCounters::rc_early_retransmits);
     Congestion();
     GoBack(i, packet);

@@ -95,10 +95,13 @@ struct RcRequesterState {
   // go-back-N that spends no retry (0: none), and the wait before it, doubled after each.
   uint64_t probe_deadline_ns = 0;
   uint64_t probe_wait_ns = 0;
+  uint64_t path_delivered_seen = 0;  // the path's delivered count when the probe was armed or last looked at
   // Round-trip time: one packet at a time is timed from its first sending to the ACK that covers it (never a packet
   // sent again: Karn's rule); the samples go to the path's estimate (PathWindow::OnRoundTrip).
   uint64_t rtt_sent_ns = 0;  // when the timed packet left (0: none timed)
   uint32_t rtt_psn = 0;
+  uint64_t rtt_seq = 0;  // the timed packet's number in path order (PathWindow::NoteSent)
+  uint64_t newest_sent_seq = 0;  // the path-order number of the newest packet sent, new or again
   int retries_left = 0;
   int rnr_retries_left = 0;
   bool drained_event_pending = false;   // SQD entered with en_sqd_async_notify

@@ -1148,6 +1148,50 @@ TEST(RcEarlyRetransmit, ATailDroppedInSilenceCutsThePathWindow) {
   EXPECT_EQ(path->phase(), PathWindow::Phase::kCongestionAvoidance);
 }
 
+// Others waiting for the path's window hold early retransmission off (their packets may be ahead of ours), but not
+// when everything in flight on the path is this QP's: then they wait behind it, and its silence is a loss
+// (RcRequester::SilenceMeansLoss). Its lost tail held the whole path until the local ACK timeout (67 ms here).
+TEST(RcEarlyRetransmit, ALostTailIsSentAgainEarlyThoughOthersWaitBehindIt) {
+  Rc t(Attrs(), Attrs());  // 1 KiB MTU; the path's window starts at 32 packets
+  CompletionQueue *cq_a2 = nullptr, *cq_b2 = nullptr;
+  ASSERT_EQ(t.a->device->CreateCq(64, &cq_a2), 0);
+  ASSERT_EQ(t.b->device->CreateCq(64, &cq_b2), 0);
+  QueuePair* qa2 = testing::CreateConnectedQp(*t.a->device, QpType::kRc, t.pa, cq_a2, nullptr, 0);
+  QueuePair* qb2 = testing::CreateConnectedQp(*t.b->device, QpType::kRc, t.pb, cq_b2, nullptr, 0);
+  ASSERT_NE(qa2, nullptr);
+  ASSERT_NE(qb2, nullptr);
+  testing::Connect(*t.a->device, qa2, *t.b->device, qb2->qpn(), kMrAll);  // the same two devices: the same path
+  testing::Connect(*t.b->device, qb2, *t.a->device, qa2->qpn(), kMrAll);
+  Buffer src = testing::Register(*t.a->device, t.pa, 48 * 1024, kMrAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 48 * 1024, kMrAll);
+  Fill(src.bytes, 7);
+  // qa's 32 packets fill the window; the last, the only one that asks for an ACK, is lost.
+  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 31; };
+  const uint64_t t0 = t.now();
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {src.At(0, 32 * 1024)}, dst.mr.iova,
+                                             dst.mr.rkey)),
+            0);
+  ASSERT_EQ(t.a->device->PostSend(qa2, Rdma(2, SendOpcode::kRdmaWrite, {src.At(32 * 1024, 16 * 1024)},
+                                            dst.mr.iova + 32 * 1024, dst.mr.rkey)),
+            0);
+  EXPECT_EQ(t.a->device->counters().rc_path_waits, 1u);  // qa2 waits for the window
+  t.fabric.Pump();
+  auto s1 = Drain(t.sa), s2 = Drain(cq_a2);
+  ASSERT_EQ(s1.size(), 1u);
+  ASSERT_EQ(s2.size(), 1u);
+  ExpectCompletion(s1[0], 1, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 32 * 1024, t.qa->qpn());
+  ExpectCompletion(s2[0], 2, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 16 * 1024, qa2->qpn());
+  EXPECT_EQ(0, std::memcmp(dst.bytes.data(), src.bytes.data(), 48 * 1024));
+  // Nothing was acknowledged: the 32 packets go again from the first, at the early-retransmission probe (no round
+  // trip measured yet: four assumed ones), not at the local ACK timeout.
+  const auto wa = Wire(*t.a);
+  ASSERT_GT(wa.size(), 32u);
+  EXPECT_EQ(wa[32].psn, wa[0].psn);
+  EXPECT_EQ(wa[32].time_ns, t0 + RcRequester::kProbeRoundTrips * RcRequester::kInitialRttNs);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
+}
+
 // A dead peer is found exactly as without early retransmission: RETRY_EXC_ERR after retry_cnt + 1 local ACK
 // timeouts, the early retransmissions between them spending no retry.
 TEST(RcEarlyRetransmit, ADeadPeerStillFailsAfterRetryCountPlusOneTimeouts) {
