@@ -101,6 +101,7 @@ void RcRequester::ArmRetransmit(uint64_t& now_ns) {
       const PathWindow& path = core_.PathOfLocked(qp_);
       r.probe_wait_ns = ProbeWaitNs(path);
       r.path_delivered_seen = path.delivered();
+      r.path_silent_looks = 0;
     }
     if (r.probe_wait_ns < t) r.probe_deadline_ns = now + r.probe_wait_ns;
   }
@@ -154,10 +155,9 @@ bool RcRequester::OnlyWaitsForPath() const {
 bool RcRequester::SilenceMeansLoss() {
   std::lock_guard lock(core_.paths_mu);
   const PathWindow& path = core_.PathOfLocked(qp_);
-  const bool path_silent = path.delivered() == state_.path_delivered_seen;
+  state_.path_silent_looks = path.delivered() == state_.path_delivered_seen ? state_.path_silent_looks + 1 : 0;
   state_.path_delivered_seen = path.delivered();
-  if (path_silent || path.DeliveredSentAfter(state_.newest_sent_seq) || path.in_flight() <= state_.charged)
-    return true;
+  if (path.DeliveredSentAfter(state_.newest_sent_seq) || state_.path_silent_looks >= kSilentLooks) return true;
   for (uint32_t qpn : path.waiting())
     if (qpn != qp_.qpn()) return false;
   return true;

@@ -31,6 +31,9 @@ class RcRequester : private TransportObject {
   static constexpr uint64_t kProbeRoundTrips = 4;
   static constexpr uint64_t kMinProbeNs = 200'000;
   static constexpr uint64_t kInitialRttNs = 250'000;
+  // Probes in a row that must find nothing delivered on the whole path before its silence counts as a loss while
+  // others wait for its window (SilenceMeansLoss).
+  static constexpr uint32_t kSilentLooks = 2;
 
   RcRequester(DeviceCore& core, QueuePair& qp) : TransportObject(core, qp) {}
 
@@ -105,10 +108,12 @@ class RcRequester : private TransportObject {
   // wait for the window of the QP's path: it is full, and this QP's packets may sit behind theirs for longer than
   // any round trip measured before (without this rule, 256 QPs went back early ~1100-1800 times in 5120 messages
   // without a loss) -- unless a packet sent after all of this QP's has been acknowledged meanwhile
-  // (PathWindow::NoteSent), or all the path has in flight is this QP's, or nothing at all was delivered on the path
-  // since the probe was armed or last looked at: then its packets or their ACK were lost, and the others wait
-  // behind it and those silent with it. Without these exceptions a lost tail of one of 256 QPs held the whole path
-  // until the local ACK timeout (67 ms): ~1400 timeouts in an ib_write_bw -q 256 under 1% loss, which ran at 42 MB/s.
+  // (PathWindow::NoteSent), or nothing at all was delivered on the path at kSilentLooks probes in a row (each twice
+  // the wait before it): then this QP's packets or their ACK were lost, and the others wait behind it and those
+  // silent with it. Without these exceptions a lost tail of one of 256 QPs held the whole path until the local ACK
+  // timeout (67 ms): ~1400 timeouts in an ib_write_bw -q 256 under 1% loss, which ran at 42 MB/s. One silent look
+  // was not enough: a receiver held off its CPU for longer than the probe (2 cores, 256 QPs) passed for a lost path
+  // 0-13 times in no-loss runs of 5,120 messages, and each early retransmission cuts the window.
   bool SilenceMeansLoss();
   // A READ request for `w`'s response packets from `from_pkt` to the end of that segment.
   void SendReadRequest(SendWqe& w, uint32_t from_pkt, OutBatch& out);

@@ -1149,8 +1149,9 @@ TEST(RcEarlyRetransmit, ATailDroppedInSilenceCutsThePathWindow) {
 }
 
 // Others waiting for the path's window hold early retransmission off (their packets may be ahead of ours), but not
-// when everything in flight on the path is this QP's: then they wait behind it, and its silence is a loss
-// (RcRequester::SilenceMeansLoss). Its lost tail held the whole path until the local ACK timeout (67 ms here).
+// when nothing is delivered on the path at all: here everything in flight is this QP's, the others wait behind it,
+// and its silence is a loss (RcRequester::SilenceMeansLoss). Its lost tail held the whole path until the local ACK
+// timeout (67 ms here).
 TEST(RcEarlyRetransmit, ALostTailIsSentAgainEarlyThoughOthersWaitBehindIt) {
   Rc t(Attrs(), Attrs());  // 1 KiB MTU; the path's window starts at 32 packets
   CompletionQueue *cq_a2 = nullptr, *cq_b2 = nullptr;
@@ -1182,12 +1183,14 @@ TEST(RcEarlyRetransmit, ALostTailIsSentAgainEarlyThoughOthersWaitBehindIt) {
   ExpectCompletion(s1[0], 1, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 32 * 1024, t.qa->qpn());
   ExpectCompletion(s2[0], 2, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 16 * 1024, qa2->qpn());
   EXPECT_EQ(0, std::memcmp(dst.bytes.data(), src.bytes.data(), 48 * 1024));
-  // Nothing was acknowledged: the 32 packets go again from the first, at the early-retransmission probe (no round
-  // trip measured yet: four assumed ones), not at the local ACK timeout.
+  // Nothing was acknowledged: the 32 packets go again from the first at the second early-retransmission probe that
+  // finds the path silent (RcRequester::kSilentLooks; no round trip measured yet, so the first waits four assumed
+  // ones and the second twice that), not at the local ACK timeout.
   const auto wa = Wire(*t.a);
   ASSERT_GT(wa.size(), 32u);
   EXPECT_EQ(wa[32].psn, wa[0].psn);
-  EXPECT_EQ(wa[32].time_ns, t0 + RcRequester::kProbeRoundTrips * RcRequester::kInitialRttNs);
+  static_assert(RcRequester::kSilentLooks == 2);
+  EXPECT_EQ(wa[32].time_ns, t0 + 3 * RcRequester::kProbeRoundTrips * RcRequester::kInitialRttNs);
   EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
   EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
 }
