@@ -854,6 +854,7 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     others.clear();
     other_index.clear();
     sleep_on.clear();
+    bool unwatched = false;
     const bool sleep = timeout != 0 && std::chrono::steady_clock::now() >= poll_until;
     {
       std::lock_guard lock(g_mu);
@@ -871,6 +872,8 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
             sleep_on.push_back({rs->channel->fd, POLLIN, 0});
           } else if (rs->cq_channel != nullptr && ibv_req_notify_cq(rs->cq, 0) == 0) {
             sleep_on.push_back({rs->cq_channel->fd, POLLIN, 0});
+          } else {
+            unwatched = true;  // not connected yet: another thread's rconnect would raise no event
           }
         }
         PollCq(rs);
@@ -898,7 +901,8 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
       continue;
     }
     sleep_on.insert(sleep_on.end(), others.begin(), others.end());
-    poll(sleep_on.data(), sleep_on.size(), PollTimeoutMs(deadline));
+    const int wait_ms = PollTimeoutMs(deadline);
+    poll(sleep_on.data(), sleep_on.size(), unwatched && (wait_ms < 0 || wait_ms > 10) ? 10 : wait_ms);
     std::lock_guard lock(g_mu);
     for (nfds_t i = 0; i < nfds; ++i)
       if (RSocket* rs = Find(fds[i].fd)) DrainCqEvents(rs);
