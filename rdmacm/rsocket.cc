@@ -285,16 +285,26 @@ void DrainCqEvents(RSocket* rs) {
   while (ibv_get_cq_event(rs->cq_channel, &cq, &context) == 0) ibv_ack_cq_events(cq, 1);
 }
 
+// The descriptor to sleep on until `rs` may have changed: a listener's event channel, else its CQ's completion
+// channel with the CQ armed first -- what completes after the arming raises an event, what completed before it
+// raises none (ibv_req_notify_cq(3)), so a look at the CQ must follow before the sleep. -1: nothing to sleep on (a
+// stream rsocket not connected yet).
+int ArmForSleep(RSocket* rs) {
+  if (rs->listening) return rs->channel->fd;
+  if (rs->cq_channel == nullptr || ibv_req_notify_cq(rs->cq, 0) != 0) return -1;
+  return rs->cq_channel->fd;
+}
+
 // Blocks, with the lock released, until `ready()` (which polls the CQ) holds -- true -- or `deadline` passes --
-// false. It polls for kPollBeforeSleeping, then arms the CQ, looks once more (a completion that came before the
-// arming raises no event, ibv_req_notify_cq(3)) and sleeps on the completion channel.
+// false. It polls for kPollBeforeSleeping, then arms the CQ, looks once more and sleeps on the completion channel.
 template <typename F>
 bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadline deadline = Deadline::max()) {
   const Deadline poll_until = std::chrono::steady_clock::now() + kPollBeforeSleeping;
   while (!ready()) {
     const Deadline now = std::chrono::steady_clock::now();
     if (now >= deadline) return false;
-    if (now < poll_until || rs->cq_channel == nullptr || ibv_req_notify_cq(rs->cq, 0) != 0) {
+    const int fd = now < poll_until ? -1 : ArmForSleep(rs);
+    if (fd < 0) {
       lock.unlock();  // other calls on other rsockets go on meanwhile
       CpuRelax();
       lock.lock();
@@ -302,7 +312,7 @@ bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadlin
     }
     if (ready()) break;
     lock.unlock();
-    pollfd p{rs->cq_channel->fd, POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     poll(&p, 1, PollTimeoutMs(deadline));
     lock.lock();
     DrainCqEvents(rs);
@@ -866,12 +876,9 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
           other_index.push_back(i);
           continue;
         }
-        if (sleep) {
-          // Armed before the look: what completes after it raises an event, what completed before it is seen now.
-          if (rs->listening) {
-            sleep_on.push_back({rs->channel->fd, POLLIN, 0});
-          } else if (rs->cq_channel != nullptr && ibv_req_notify_cq(rs->cq, 0) == 0) {
-            sleep_on.push_back({rs->cq_channel->fd, POLLIN, 0});
+        if (sleep) {  // armed before the look that follows
+          if (const int fd = ArmForSleep(rs); fd >= 0) {
+            sleep_on.push_back({fd, POLLIN, 0});
           } else {
             unwatched = true;  // not connected yet: another thread's rconnect would raise no event
           }
