@@ -2,15 +2,20 @@
 // (rstream). uroce-to-uroce only: the framing below is ours, not rdma-core's rsocket protocol.
 //
 // A stream rsocket is a connection id with one RC QP and one CQ. Each side pre-posts kSlots receive buffers of
-// kSlotBytes; a send copies up to kSlotBytes into one of kSlots send buffers and posts a SEND. The receiver reposts a
-// buffer once the application has read it; a sender that outruns it meets RNR NAKs, retried without limit (rnr_retry
-// 7) after the shortest RNR timer the receiver advertises, so no credit protocol is needed. The end of a stream is a
-// zero-length SEND with immediate kFin (rshutdown SHUT_WR, rclose). Progress needs no thread of ours: the engine
-// moves the data, and every call polls the CQ; a blocking call (and rpoll) polls for a while, then sleeps on the
-// CQ's completion channel (WaitUntil).
+// kSlotBytes; a send copies up to kSlotBytes into one of kSlots send buffers and posts a SEND. A SEND's immediate
+// data says what it is (MessageKind) and hands back credits; data that hands none back goes without (PostMessage).
+// The receiver posts a buffer again once the application has read it (a control message's at once), and each such
+// buffer is a credit for the peer: a SEND is posted only against a credit -- a receive the peer is known to have
+// posted -- so a sender that outruns its reader waits for credits instead of meeting RNR NAKs (each of which also
+// costs the packets in flight behind it, dropped out of sequence and sent again). Credits go back on every SEND, and
+// in a zero-length kCredits SEND once half the receive buffers are owed. The end of a stream is a zero-length kFin
+// SEND (rshutdown SHUT_WR, rclose). Progress needs no thread of ours: the engine moves the data, and every call
+// polls the CQ; a blocking call (and rpoll) polls for a while, then sleeps on the CQ's completion channel
+// (WaitUntil).
 //
-// riomap announces a registered buffer to the peer (a SEND with immediate kIomap); riowrite is then RDMA WRITEs into
-// it. Datagram rsockets are UD QPs found through the host's port registry (below), uroce-to-uroce on one host.
+// riomap announces a registered buffer to the peer (a kIomap SEND); riowrite is then RDMA WRITEs into it (they
+// consume no receive and need no credit). Datagram rsockets are UD QPs found through the host's port registry
+// (below), uroce-to-uroce on one host.
 // Not supported (README): datagrams to other hosts, librspreload's fork support.
 // rpoll and rselect take ordinary descriptors as poll(2) and select(2) do; rdmacm-utils' common code uses them so.
 #include <arpa/inet.h>
@@ -28,6 +33,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstring>
 #include <deque>
@@ -46,8 +52,22 @@ using uroce::rdmacm::PortBinding;
 
 constexpr int kSlots = 32;
 constexpr uint32_t kSlotBytes = 16384;
-constexpr uint32_t kFin = 1;            // immediate data of the end-of-stream SEND
-constexpr uint32_t kIomap = 2;          // immediate data of a SEND announcing a riomap'ed buffer (IomapAd)
+
+// A stream SEND's immediate data: the kind of message in the top byte, the credits it hands back below it.
+enum class MessageKind : uint32_t {
+  kData = 0,     // bytes of the stream
+  kFin = 1,      // the end of the stream (zero-length)
+  kIomap = 2,    // an IomapAd: a buffer the peer riomap'ed
+  kCredits = 3,  // credits only (zero-length)
+};
+constexpr int kKindShift = 24;
+constexpr uint32_t kCreditsMask = (1u << kKindShift) - 1;
+// Flow control (above). The last credit is kept for a kCredits SEND: with both sides sending, one whose reader has
+// freed buffers must still be able to say so, or each would wait for the other's credits for ever. Credits go back
+// once half the receive buffers are owed, and at most kMaxCreditSendsInFlight kCredits SENDs are outstanding (they
+// take no send slot; the send queue has room for them).
+constexpr int kReservedCredits = 1;
+constexpr int kMaxCreditSendsInFlight = 4;
 
 // What riomap tells the peer: its RDMA WRITEs to [offset, offset + length) land at addr with rkey.
 struct IomapAd {
@@ -86,6 +106,11 @@ struct RSocket {
   uint32_t slot_bytes = kSlotBytes;
   std::vector<uint8_t> recv_buf, send_buf;
   std::vector<int> free_send;                   // send slots not in flight
+  int credits = 0;                              // receives the peer has posted that our SENDs may consume
+  int credits_owed = 0;                         // receives posted again since the peer was last told
+  int credit_sends_in_flight = 0;               // kCredits SENDs not completed yet
+  bool fin_wanted = false;                      // rshutdown / rclose asked for the end of stream (sent once a
+                                                // credit allows)
   std::deque<std::pair<int, uint32_t>> ready;  // received slots, in order, with their lengths
   uint32_t ready_offset = 0;                   // bytes of ready.front() already read
   std::map<std::pair<int, int>, int> options;  // (level, name) -> value, for rgetsockopt
@@ -102,6 +127,22 @@ struct RSocket {
   std::map<std::pair<uroce::wire::IpAddress, uint32_t>, ibv_ah*> ahs;
   std::map<uint16_t, uroce::rdmacm::PortOwner> owners;  // by port: who held it when last looked up (OwnerOf)
   uroce::rdmacm::PortOwnerProbe owner_probe;
+  // Threads blocked on this rsocket (WaitUntil; a reader and a writer, say). One sleeps on the CQ's completion
+  // channel (channel_sleeper), the others on `changed`. A thread that takes completions from the CQ (PollCq) may take
+  // what another waits for -- a credit, a free send slot -- after that one armed the CQ and looked: so it signals
+  // `changed`, and `wake_fd`, which the channel sleeper polls beside the channel (an event of the channel wakes one
+  // sleeper's look, and whoever drains it first would otherwise leave the other asleep for good).
+  int waiters = 0;
+  bool channel_sleeper = false;
+  std::condition_variable changed;
+  int wake_fd = -1;  // eventfd, made on the first sleep
+
+  RSocket() = default;
+  RSocket(const RSocket&) = delete;
+  RSocket& operator=(const RSocket&) = delete;
+  ~RSocket() {
+    if (wake_fd >= 0) close(wake_fd);
+  }
 };
 
 std::mutex g_mu;
@@ -125,6 +166,10 @@ int Expect(RSocket* rs, rdma_cm_event_type want) {
     return status < 0 ? -status : EHOSTUNREACH;
   return ECONNABORTED;
 }
+
+// A stream SEND's work request ids: a send slot's index, or one of these for the SENDs that take none.
+uint64_t FinWrId(const RSocket* rs) { return uint64_t(rs->slots); }
+uint64_t CreditsWrId(const RSocket* rs) { return uint64_t(rs->slots) + 1; }
 
 int PostRecv(RSocket* rs, int slot) {
   ibv_sge sge{reinterpret_cast<uintptr_t>(rs->recv_buf.data()) + uint64_t(slot) * rs->slot_bytes, rs->slot_bytes,
@@ -156,7 +201,7 @@ int CreateCq(RSocket* rs, ibv_context* verbs) {
   rs->cq_channel = ibv_create_comp_channel(verbs);
   if (rs->cq_channel == nullptr) return errno ? errno : ENOMEM;
   fcntl(rs->cq_channel->fd, F_SETFL, fcntl(rs->cq_channel->fd, F_GETFL) | O_NONBLOCK);
-  rs->cq = ibv_create_cq(verbs, 2 * rs->slots + 2, nullptr, rs->cq_channel, 0);
+  rs->cq = ibv_create_cq(verbs, 2 * rs->slots + 2 + kMaxCreditSendsInFlight, nullptr, rs->cq_channel, 0);
   return rs->cq == nullptr ? (errno ? errno : ENOMEM) : 0;
 }
 
@@ -173,11 +218,13 @@ int SetUpQueues(RSocket* rs) {
   attr.send_cq = rs->cq;
   attr.recv_cq = rs->cq;
   attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = rs->slots + 1;
+  attr.cap.max_send_wr = rs->slots + 1 + kMaxCreditSendsInFlight;  // data, the end of stream, credits
   attr.cap.max_recv_wr = rs->slots;
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
   attr.sq_sig_all = 1;
   if (rdma_create_qp(rs->id, nullptr, &attr) != 0) return errno;
+  // Both sides are this library and post kSlots receives before the connection is established.
+  rs->credits = rs->slots;
   return SetUpBuffers(rs, rs->id->pd);
 }
 
@@ -209,15 +256,58 @@ void TearDown(RSocket* rs) {
   rs->recv_mr = rs->send_mr = nullptr;
 }
 
-// Takes what the CQ holds: received slots to `ready`, finished sends back to `free_send`.
+// Posts a SEND of `kind` on a stream rsocket's QP against one credit, handing back the credits owed. 0 or errno.
+// Data that hands back no credit goes without immediate data (a SEND without it is data with none): the immediate
+// makes a message's last packet 4 bytes longer than the others, so the message no longer leaves as one run of
+// equal packets (one UDP GSO send); rstream's 64 KiB transfers lost ~10-20% with an immediate on every SEND.
+int PostMessage(RSocket* rs, MessageKind kind, uint64_t wr_id, ibv_sge* sge) {
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = wr_id;
+  wr.sg_list = sge;
+  wr.num_sge = sge ? 1 : 0;
+  wr.opcode = kind == MessageKind::kData && rs->credits_owed == 0 ? IBV_WR_SEND : IBV_WR_SEND_WITH_IMM;
+  wr.imm_data = htonl(uint32_t(kind) << kKindShift | uint32_t(rs->credits_owed));
+  if (int err = ibv_post_send(rs->id->qp, &wr, &bad)) return err;
+  --rs->credits;
+  rs->credits_owed = 0;
+  return 0;
+}
+
+// Whether a SEND other than kCredits may be posted (the last credit is kept for those).
+bool HasCreditForData(const RSocket* rs) { return rs->credits > kReservedCredits; }
+
+// A stream receive buffer taken (read by the application, or a control message handled) goes back to the QP and is
+// owed to the peer as a credit.
+void Repost(RSocket* rs, int slot) {
+  if (rs->error || PostRecv(rs, slot) != 0) return;
+  ++rs->credits_owed;
+}
+
+// Sends what is waiting for a credit: the end of stream, and the credits owed once they are half the receive
+// buffers (no SEND of ours carried them meanwhile).
+void SendWhatCreditsAllow(RSocket* rs) {
+  if (rs->dgram || !rs->connected || rs->error) return;
+  if (rs->fin_wanted && !rs->fin_sent && HasCreditForData(rs) &&
+      PostMessage(rs, MessageKind::kFin, FinWrId(rs), nullptr) == 0)
+    rs->fin_sent = true;
+  if (rs->credits_owed >= rs->slots / 2 && rs->credits > 0 && rs->credit_sends_in_flight < kMaxCreditSendsInFlight &&
+      PostMessage(rs, MessageKind::kCredits, CreditsWrId(rs), nullptr) == 0)
+    ++rs->credit_sends_in_flight;
+}
+
+// Takes what the CQ holds: received slots to `ready`, finished sends back to `free_send`, credits to `credits`.
 void PollCq(RSocket* rs) {
   if (rs->cq == nullptr) return;
   ibv_wc wc[16];
   int n;
+  bool any = false;
   while ((n = ibv_poll_cq(rs->cq, 16, wc)) > 0) {
+    any = true;
     for (int i = 0; i < n; ++i) {
       const bool recv = wc[i].wr_id & kRecvFlag;
-      const int slot = int(wc[i].wr_id & 0xFFFFFFFF);
+      const uint64_t id = wc[i].wr_id & 0xFFFFFFFF;
+      const int slot = int(id);
+      if (!recv && !rs->dgram && id == CreditsWrId(rs)) --rs->credit_sends_in_flight;
       if (wc[i].status != IBV_WC_SUCCESS) {
         // Flushed after a disconnect, or the peer is gone: the stream has ended.
         if (!rs->peer_fin && !rs->fin_sent) rs->error = ECONNRESET;
@@ -226,24 +316,52 @@ void PollCq(RSocket* rs) {
         continue;
       }
       if (!recv) {
-        if (slot < rs->slots) rs->free_send.push_back(slot);  // the end-of-stream SEND has no slot
-      } else if ((wc[i].wc_flags & IBV_WC_WITH_IMM) && ntohl(wc[i].imm_data) == kFin) {
-        rs->peer_fin = true;
-      } else if ((wc[i].wc_flags & IBV_WC_WITH_IMM) && ntohl(wc[i].imm_data) == kIomap &&
-                 wc[i].byte_len == sizeof(IomapAd)) {
-        IomapAd ad;
-        std::memcpy(&ad, rs->recv_buf.data() + size_t(slot) * rs->slot_bytes, sizeof ad);
-        rs->peer_maps.push_back(ad);
-        PostRecv(rs, slot);
-      } else {
+        if (slot < rs->slots) rs->free_send.push_back(slot);  // the end of stream and credits take no slot
+        continue;
+      }
+      if (rs->dgram) {
         rs->ready.emplace_back(slot, wc[i].byte_len);
+        continue;
+      }
+      const uint32_t imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
+      rs->credits += int(imm & kCreditsMask);
+      switch (MessageKind(imm >> kKindShift)) {
+        case MessageKind::kData:
+          rs->ready.emplace_back(slot, wc[i].byte_len);
+          break;
+        case MessageKind::kFin:
+          rs->peer_fin = true;
+          Repost(rs, slot);
+          break;
+        case MessageKind::kIomap:
+          if (wc[i].byte_len == sizeof(IomapAd)) {
+            IomapAd ad;
+            std::memcpy(&ad, rs->recv_buf.data() + size_t(slot) * rs->slot_bytes, sizeof ad);
+            rs->peer_maps.push_back(ad);
+          }
+          Repost(rs, slot);
+          break;
+        default:  // kCredits
+          Repost(rs, slot);
+          break;
       }
     }
+  }
+  if (!any) return;
+  SendWhatCreditsAllow(rs);
+  if (rs->waiters > 0) rs->changed.notify_all();
+  if (rs->channel_sleeper) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(rs->wake_fd, &one, sizeof one);
   }
 }
 
 bool Readable(RSocket* rs) { return !rs->ready.empty() || rs->peer_fin || rs->error; }
-bool Writable(RSocket* rs) { return (rs->connected || rs->dgram) && (!rs->free_send.empty() || rs->error); }
+bool Writable(RSocket* rs) {
+  if (rs->error) return rs->connected || rs->dgram;
+  if (rs->dgram) return !rs->free_send.empty();
+  return rs->connected && !rs->free_send.empty() && HasCreditForData(rs);
+}
 
 // Whether a listener has a connection request waiting (its channel's descriptor is readable).
 bool Pending(RSocket* rs) {
@@ -296,28 +414,49 @@ int ArmForSleep(RSocket* rs) {
 }
 
 // Blocks, with the lock released, until `ready()` (which polls the CQ) holds -- true -- or `deadline` passes --
-// false. It polls for kPollBeforeSleeping, then arms the CQ, looks once more and sleeps on the completion channel.
+// false. It polls for kPollBeforeSleeping, then arms the CQ, looks once more and sleeps on the completion channel --
+// or, when another thread blocked on the rsocket sleeps there already, on `changed` (RSocket::waiters).
 template <typename F>
 bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadline deadline = Deadline::max()) {
   const Deadline poll_until = std::chrono::steady_clock::now() + kPollBeforeSleeping;
+  ++rs->waiters;
+  bool done = true;
   while (!ready()) {
     const Deadline now = std::chrono::steady_clock::now();
-    if (now >= deadline) return false;
+    if (now >= deadline) {
+      done = false;
+      break;
+    }
+    if (now >= poll_until && rs->channel_sleeper) {
+      // That thread signals `changed` when it wakes, as does every thread that takes completions meanwhile.
+      if (deadline == Deadline::max()) {
+        rs->changed.wait(lock);
+      } else {
+        rs->changed.wait_until(lock, deadline);
+      }
+      continue;
+    }
     const int fd = now < poll_until ? -1 : ArmForSleep(rs);
-    if (fd < 0) {
+    if (fd < 0 || (rs->wake_fd < 0 && (rs->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)) {
       lock.unlock();  // other calls on other rsockets go on meanwhile
       CpuRelax();
       lock.lock();
       continue;
     }
     if (ready()) break;
+    rs->channel_sleeper = true;
     lock.unlock();
-    pollfd p{fd, POLLIN, 0};
-    poll(&p, 1, PollTimeoutMs(deadline));
+    pollfd p[2] = {{fd, POLLIN, 0}, {rs->wake_fd, POLLIN, 0}};
+    poll(p, 2, PollTimeoutMs(deadline));
     lock.lock();
+    rs->channel_sleeper = false;
+    uint64_t wakes;
+    [[maybe_unused]] ssize_t n = read(rs->wake_fd, &wakes, sizeof wakes);
     DrainCqEvents(rs);
+    rs->changed.notify_all();  // the others look again; one of them sleeps on the channel next
   }
-  return true;
+  --rs->waiters;
+  return done;
 }
 
 // Blocks, with the lock released, until the listener's channel has a connection request (or another event) waiting.
@@ -328,17 +467,19 @@ void WaitForConnectRequest(RSocket* ls, std::unique_lock<std::mutex>& lock) {
   lock.lock();
 }
 
-// A free send buffer, waiting for one when `wait`: its index, or -EAGAIN / -errno (the connection failed).
-int TakeSendSlot(RSocket* rs, std::unique_lock<std::mutex>& lock, bool wait) {
+// A free send buffer -- and for a SEND of a stream rsocket (`needs_credit`) a credit for it -- waiting for them
+// when `wait`: the buffer's index, or -EAGAIN / -errno (the connection failed).
+int TakeSendSlot(RSocket* rs, std::unique_lock<std::mutex>& lock, bool wait, bool needs_credit) {
+  auto can_post = [&] { return !rs->free_send.empty() && (!needs_credit || HasCreditForData(rs)); };
   PollCq(rs);
-  if (rs->free_send.empty()) {
-    if (!wait) return -EAGAIN;
+  if (!can_post() && !rs->error && wait) {
     WaitUntil(rs, lock, [&] {
       PollCq(rs);
-      return !rs->free_send.empty() || rs->error;
+      return can_post() || rs->error;
     });
   }
-  if (rs->free_send.empty()) return -rs->error;
+  if (rs->error && !rs->dgram) return -rs->error;
+  if (!can_post()) return rs->error ? -rs->error : -EAGAIN;
   const int slot = rs->free_send.back();
   rs->free_send.pop_back();
   return slot;
@@ -468,7 +609,7 @@ ssize_t DgramSend(RSocket* rs, std::unique_lock<std::mutex>& lock, const void* b
     ah = ibv_create_ah(rs->pd, &a);
     if (ah == nullptr) return -1;
   }
-  const int slot = TakeSendSlot(rs, lock, !rs->nonblocking && !(flags & MSG_DONTWAIT));
+  const int slot = TakeSendSlot(rs, lock, !rs->nonblocking && !(flags & MSG_DONTWAIT), /*needs_credit=*/false);
   if (slot < 0) return Fail<ssize_t>(-slot);
   uint8_t* out = rs->send_buf.data() + size_t(slot) * rs->slot_bytes;
   const uint16_t port = htons(rs->binding.port());
@@ -537,28 +678,14 @@ ssize_t Send(int fd, const void* buf, size_t len, int flags, const sockaddr* dst
   const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
   size_t done = 0;
   while (done < len) {
-    PollCq(rs);
-    if (rs->error) return done ? ssize_t(done) : Fail<ssize_t>(rs->error);
-    if (rs->free_send.empty()) {
-      if (done > 0 || !wait) break;
-      WaitUntil(rs, lock, [&] {
-        PollCq(rs);
-        return !rs->free_send.empty() || rs->error;
-      });
-      continue;
-    }
-    const int slot = rs->free_send.back();
-    rs->free_send.pop_back();
+    const int slot = TakeSendSlot(rs, lock, wait && done == 0, /*needs_credit=*/true);
+    if (slot == -EAGAIN) break;
+    if (slot < 0) return done ? ssize_t(done) : Fail<ssize_t>(-slot);
     const uint32_t n = uint32_t(std::min<size_t>(rs->slot_bytes, len - done));
     uint8_t* dst = rs->send_buf.data() + size_t(slot) * rs->slot_bytes;
     std::memcpy(dst, static_cast<const uint8_t*>(buf) + done, n);
     ibv_sge sge{reinterpret_cast<uintptr_t>(dst), n, rs->send_mr->lkey};
-    ibv_send_wr wr{}, *bad = nullptr;
-    wr.wr_id = uint32_t(slot);
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    if (int err = ibv_post_send(rs->id->qp, &wr, &bad)) {
+    if (int err = PostMessage(rs, MessageKind::kData, uint32_t(slot), &sge)) {
       rs->free_send.push_back(slot);
       return done ? ssize_t(done) : Fail<ssize_t>(err);
     }
@@ -588,9 +715,10 @@ ssize_t Recv(int fd, void* buf, size_t len, int flags, sockaddr* src = nullptr, 
         const int s = slot;
         rs->ready.pop_front();
         rs->ready_offset = 0;
-        if (!rs->peer_fin) PostRecv(rs, s);
+        Repost(rs, s);
       }
     }
+    SendWhatCreditsAllow(rs);
     if (done == len || (done > 0 && !(flags & MSG_WAITALL))) return ssize_t(done);
     if (rs->ready.empty() && rs->peer_fin) {
       if (done > 0) return ssize_t(done);
@@ -604,15 +732,12 @@ ssize_t Recv(int fd, void* buf, size_t len, int flags, sockaddr* src = nullptr, 
   }
 }
 
-// The end of our direction: a zero-length SEND with immediate kFin, once.
+// The end of our direction: a zero-length kFin SEND, once, as soon as a credit allows.
 void SendFin(RSocket* rs) {
-  if (rs->fin_sent || !rs->connected || rs->error) return;
+  if (rs->fin_wanted || !rs->connected || rs->error) return;
+  rs->fin_wanted = true;
   PollCq(rs);
-  ibv_send_wr wr{}, *bad = nullptr;
-  wr.wr_id = uint32_t(rs->slots);  // not a send slot: its completion returns nothing
-  wr.opcode = IBV_WR_SEND_WITH_IMM;
-  wr.imm_data = htonl(kFin);
-  if (ibv_post_send(rs->id->qp, &wr, &bad) == 0) rs->fin_sent = true;
+  SendWhatCreditsAllow(rs);
 }
 
 }  // namespace
@@ -766,12 +891,21 @@ int rconnect(int socket, const sockaddr* addr, socklen_t addrlen) {
   return 0;
 }
 
+// The end of stream needs a credit like data (SendWhatCreditsAllow): rshutdown waits until it is posted, also on a
+// non-blocking rsocket, as rdma-core's does -- with no thread of ours, nothing would send it once the application
+// stops calling. It waits only while the peer's reader holds every buffer we filled.
 int rshutdown(int socket, int how) {
-  std::lock_guard lock(g_mu);
+  std::unique_lock lock(g_mu);
   RSocket* rs = Find(socket);
   if (rs == nullptr) return Fail(EBADF);
   if (!rs->connected) return Fail(ENOTCONN);
-  if (how == SHUT_WR || how == SHUT_RDWR) SendFin(rs);
+  if (how == SHUT_WR || how == SHUT_RDWR) {
+    SendFin(rs);
+    WaitUntil(rs, lock, [&] {
+      PollCq(rs);
+      return rs->fin_sent || rs->error;
+    });
+  }
   return 0;
 }
 
@@ -796,7 +930,7 @@ int rclose(int socket) {
   std::unique_lock lock(unshared);
   WaitUntil(rs.get(), lock, [&] {
     PollCq(rs.get());
-    return !rs->fin_sent || rs->error || rs->free_send.size() == size_t(rs->slots);
+    return !rs->fin_wanted || rs->error || (rs->fin_sent && rs->free_send.size() == size_t(rs->slots));
   }, std::chrono::steady_clock::now() + std::chrono::seconds(1));
   TearDown(rs.get());
   close(rs->fd);
@@ -864,7 +998,7 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     others.clear();
     other_index.clear();
     sleep_on.clear();
-    bool unwatched = false;
+    int look_again_ms = -1;  // a bound on the sleep for rsockets whose changes raise no event rpoll sleeps on
     const bool sleep = timeout != 0 && std::chrono::steady_clock::now() >= poll_until;
     {
       std::lock_guard lock(g_mu);
@@ -877,10 +1011,13 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
           continue;
         }
         if (sleep) {  // armed before the look that follows
+          // A thread blocked on it takes completions rpoll would not hear of (RSocket::waiters): look again soon.
+          if (rs->waiters > 0) look_again_ms = 1;
           if (const int fd = ArmForSleep(rs); fd >= 0) {
             sleep_on.push_back({fd, POLLIN, 0});
           } else {
-            unwatched = true;  // not connected yet: another thread's rconnect would raise no event
+            // Not connected yet: another thread's rconnect would raise no event.
+            if (look_again_ms < 0) look_again_ms = 10;
           }
         }
         PollCq(rs);
@@ -909,7 +1046,8 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     }
     sleep_on.insert(sleep_on.end(), others.begin(), others.end());
     const int wait_ms = PollTimeoutMs(deadline);
-    poll(sleep_on.data(), sleep_on.size(), unwatched && (wait_ms < 0 || wait_ms > 10) ? 10 : wait_ms);
+    poll(sleep_on.data(), sleep_on.size(),
+         look_again_ms >= 0 && (wait_ms < 0 || wait_ms > look_again_ms) ? look_again_ms : wait_ms);
     std::lock_guard lock(g_mu);
     for (nfds_t i = 0; i < nfds; ++i)
       if (RSocket* rs = Find(fds[i].fd)) DrainCqEvents(rs);
@@ -1016,7 +1154,7 @@ off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offse
   if (offset == -1) offset = 0;  // our choice of offset: the buffer's start
   ibv_mr* mr = ibv_reg_mr(rs->id->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (mr == nullptr) return -1;
-  const int slot = TakeSendSlot(rs, lock, !rs->nonblocking);
+  const int slot = TakeSendSlot(rs, lock, !rs->nonblocking, /*needs_credit=*/true);
   if (slot < 0) {
     ibv_dereg_mr(mr);
     return Fail<off_t>(-slot);
@@ -1025,13 +1163,7 @@ off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offse
   uint8_t* dst = rs->send_buf.data() + size_t(slot) * rs->slot_bytes;
   std::memcpy(dst, &ad, sizeof ad);
   ibv_sge sge{reinterpret_cast<uintptr_t>(dst), sizeof ad, rs->send_mr->lkey};
-  ibv_send_wr wr{}, *bad = nullptr;
-  wr.wr_id = uint32_t(slot);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND_WITH_IMM;
-  wr.imm_data = htonl(kIomap);
-  if (int err = ibv_post_send(rs->id->qp, &wr, &bad)) {
+  if (int err = PostMessage(rs, MessageKind::kIomap, uint32_t(slot), &sge)) {
     rs->free_send.push_back(slot);
     ibv_dereg_mr(mr);
     return Fail<off_t>(err);
@@ -1061,23 +1193,18 @@ size_t riowrite(int socket, const void* buf, size_t count, off_t offset, int fla
   const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
   size_t done = 0;
   while (done < count) {
-    PollCq(rs);
-    if (rs->error) return done ? done : Fail<size_t>(rs->error);
+    const int slot = TakeSendSlot(rs, lock, wait && done == 0, /*needs_credit=*/false);
+    if (slot == -EAGAIN) break;
+    if (slot < 0) return done ? done : Fail<size_t>(-slot);
+    // Looked up after the wait: the peer's maps may have grown meanwhile (PollCq).
     const uint64_t at = uint64_t(offset) + done;
     const IomapAd* map = nullptr;
     for (const IomapAd& m : rs->peer_maps)
       if (at >= m.offset && at < m.offset + m.length) map = &m;
-    if (map == nullptr) return done ? done : Fail<size_t>(EINVAL);  // nothing mapped there by the peer
-    if (rs->free_send.empty()) {
-      if (done > 0 || !wait) break;
-      WaitUntil(rs, lock, [&] {
-        PollCq(rs);
-        return !rs->free_send.empty() || rs->error;
-      });
-      continue;
+    if (map == nullptr) {  // nothing mapped there by the peer
+      rs->free_send.push_back(slot);
+      return done ? done : Fail<size_t>(EINVAL);
     }
-    const int slot = rs->free_send.back();
-    rs->free_send.pop_back();
     const uint32_t n = uint32_t(std::min<uint64_t>({rs->slot_bytes, count - done, map->offset + map->length - at}));
     uint8_t* src = rs->send_buf.data() + size_t(slot) * rs->slot_bytes;
     std::memcpy(src, static_cast<const uint8_t*>(buf) + done, n);

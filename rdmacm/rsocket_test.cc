@@ -1,4 +1,5 @@
-// Datagram rsockets (rsocket(3), SOCK_DGRAM over a UD QP) against the semantics of a UDP socket, in one process.
+// Datagram rsockets (rsocket(3), SOCK_DGRAM over a UD QP) against the semantics of a UDP socket, and stream
+// rsockets' flow control, in one process.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -11,8 +12,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -193,6 +196,156 @@ TEST_F(DatagramRsocket, RpollSleepsUntilADatagramComes) {
   EXPECT_LT(cpu, std::chrono::milliseconds(15));
   char buf[16] = {};
   EXPECT_EQ(rrecv(fd_, buf, sizeof buf, MSG_DONTWAIT), 4) << strerror(errno);
+}
+
+// --- stream rsockets' flow control ------------------------------------------------------------------------------
+// A SEND goes only against a credit (a receive buffer the peer posted; 32 of 16 KiB each side): a writer that
+// outruns its reader waits, and credits come back on the peer's SENDs or in a SEND of their own, the last credit kept
+// for that. The transfers below are many times the 512 KiB of receive buffers, so they finish only if the credits
+// flow in every case; a deadlock aborts the test (kStreamDeadline) instead of hanging it.
+constexpr auto kStreamDeadline = std::chrono::seconds(60);
+
+// Byte `i` of a stream: a pattern whose period (251) is prime to every buffer size, so a lost, repeated or misplaced
+// piece shows.
+uint8_t PatternByte(size_t i, uint8_t seed) { return uint8_t(i % 251 + seed); }
+
+// Writes `total` pattern bytes in pieces of `piece`; true when all were taken.
+bool WritePattern(int fd, size_t total, size_t piece, uint8_t seed) {
+  std::vector<uint8_t> buf(piece);
+  for (size_t done = 0; done < total;) {
+    const size_t n = std::min(piece, total - done);
+    for (size_t i = 0; i < n; ++i) buf[i] = PatternByte(done + i, seed);
+    for (size_t sent = 0; sent < n;) {
+      const ssize_t r = rsend(fd, buf.data() + sent, n - sent, 0);
+      if (r <= 0) return false;
+      sent += size_t(r);
+    }
+    done += n;
+  }
+  return true;
+}
+
+// Reads until the end of stream; the number of bytes that matched the pattern in order (stops at the first that
+// does not), or -1 on an error.
+ssize_t ReadPattern(int fd, size_t piece, uint8_t seed) {
+  std::vector<uint8_t> buf(piece);
+  size_t done = 0;
+  for (;;) {
+    const ssize_t r = rrecv(fd, buf.data(), buf.size(), 0);
+    if (r < 0) return -1;
+    if (r == 0) return ssize_t(done);
+    for (ssize_t i = 0; i < r; ++i)
+      if (buf[size_t(i)] != PatternByte(done + size_t(i), seed)) return ssize_t(done + size_t(i));
+    done += size_t(r);
+  }
+}
+
+// Runs `work` on threads of their own; aborts if they have not all finished within kStreamDeadline.
+void RunWithDeadline(std::vector<std::function<void()>> work, const char* what) {
+  std::atomic<int> left{int(work.size())};
+  std::vector<std::thread> threads;
+  for (auto& w : work)
+    threads.emplace_back([&left, w] {
+      w();
+      --left;
+    });
+  const auto deadline = std::chrono::steady_clock::now() + kStreamDeadline;
+  while (left > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (left > 0) {
+    ADD_FAILURE() << what << ": not finished after " << kStreamDeadline.count() << " s (the credits stopped)";
+    std::abort();
+  }
+  for (auto& t : threads) t.join();
+}
+
+// A connected pair of stream rsockets over loopback.
+class StreamRsockets : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const int listener = rsocket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(listener, 0) << strerror(errno);
+    sockaddr_in a = Loopback(0);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(rbind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    ASSERT_EQ(rlisten(listener, 1), 0) << strerror(errno);
+    ASSERT_EQ(rgetsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0) << strerror(errno);
+    int connected = -1;
+    std::thread connector([&] {
+      const int fd = rsocket(AF_INET, SOCK_STREAM, 0);
+      if (fd >= 0 && rconnect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+        connected = fd;
+      } else if (fd >= 0) {
+        rclose(fd);
+      }
+    });
+    a_ = raccept(listener, nullptr, nullptr);
+    connector.join();
+    b_ = connected;
+    rclose(listener);
+    ASSERT_GE(a_, 0) << strerror(errno);
+    ASSERT_GE(b_, 0);
+  }
+  void TearDown() override {
+    if (a_ >= 0) EXPECT_EQ(rclose(a_), 0);
+    if (b_ >= 0) EXPECT_EQ(rclose(b_), 0);
+  }
+
+  int a_ = -1, b_ = -1;
+};
+
+// Both sides write 8 MiB while they read the other's: each side's SENDs need the credits the other's reader frees,
+// and those travel while both send queues are busy.
+TEST_F(StreamRsockets, BothWaysAtOnceEveryByteArrives) {
+  constexpr size_t kTotal = 8 << 20;
+  ssize_t a_got = -2, b_got = -2;
+  RunWithDeadline({[&] { EXPECT_TRUE(WritePattern(a_, kTotal, 100000, 1)); rshutdown(a_, SHUT_WR); },
+                   [&] { EXPECT_TRUE(WritePattern(b_, kTotal, 65536, 2)); rshutdown(b_, SHUT_WR); },
+                   [&] { a_got = ReadPattern(a_, 7000, 2); },
+                   [&] { b_got = ReadPattern(b_, 300000, 1); }},
+                  "8 MiB each way");
+  EXPECT_EQ(a_got, ssize_t(kTotal));
+  EXPECT_EQ(b_got, ssize_t(kTotal));
+}
+
+// A reader that takes a little at a time, slowly: the writer waits for its credits and nothing is lost.
+TEST_F(StreamRsockets, ASlowReaderHoldsTheWriterBackWithoutLoss) {
+  constexpr size_t kTotal = 2 << 20;
+  ssize_t got = -2;
+  RunWithDeadline({[&] { EXPECT_TRUE(WritePattern(a_, kTotal, 1 << 20, 3)); rshutdown(a_, SHUT_WR); },
+                   [&] {
+                     std::vector<uint8_t> buf(4096);
+                     size_t done = 0;
+                     got = 0;
+                     for (ssize_t r; (r = rrecv(b_, buf.data(), buf.size(), 0)) > 0; done += size_t(r)) {
+                       for (ssize_t i = 0; i < r; ++i)
+                         if (buf[size_t(i)] != PatternByte(done + size_t(i), 3)) return;
+                       got = ssize_t(done + size_t(r));
+                       if (done % (64 << 10) == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
+                     }
+                   }},
+                  "a slow reader");
+  EXPECT_EQ(got, ssize_t(kTotal));
+}
+
+// After one side's end of stream (rshutdown SHUT_WR) the other still streams to it: the half-closed side's reader
+// frees buffers and its credits must still go back (its last credit was not spent on the end of stream).
+TEST_F(StreamRsockets, AHalfClosedSideStillReceivesTheOthersStream) {
+  constexpr size_t kFirst = 1 << 20, kSecond = 4 << 20;
+  ssize_t b_got = -2, a_got = -2;
+  RunWithDeadline({[&] {
+                     EXPECT_TRUE(WritePattern(a_, kFirst, 1 << 20, 4));
+                     EXPECT_EQ(rshutdown(a_, SHUT_WR), 0);
+                   },
+                   [&] {
+                     b_got = ReadPattern(b_, 65536, 4);
+                     EXPECT_TRUE(WritePattern(b_, kSecond, 1 << 20, 5));
+                     rshutdown(b_, SHUT_WR);
+                   },
+                   [&] { a_got = ReadPattern(a_, 65536, 5); }},
+                  "streaming to a half-closed side");
+  EXPECT_EQ(b_got, ssize_t(kFirst));
+  EXPECT_EQ(a_got, ssize_t(kSecond));
 }
 
 }  // namespace
