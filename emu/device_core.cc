@@ -38,6 +38,7 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"cq_overflows", &DeviceCounters::cq_overflows},
     {"rc_retransmit_timeouts", &DeviceCounters::rc_retransmit_timeouts},
     {"rc_early_retransmits", &DeviceCounters::rc_early_retransmits},
+    {"rc_tail_probes", &DeviceCounters::rc_tail_probes},
     {"rc_duplicates", &DeviceCounters::rc_duplicates},
     {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
     {"rc_path_waits", &DeviceCounters::rc_path_waits},

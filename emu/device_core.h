@@ -114,6 +114,7 @@ struct DeviceCounters {
   uint64_t cq_overflows = 0;
   uint64_t rc_retransmit_timeouts = 0;  // local ACK timeouts that resent
   uint64_t rc_early_retransmits = 0;    // go-back-N before the timeout, spending no retry (early_retransmit)
+  uint64_t rc_tail_probes = 0;          // the newest packet sent again alone first (RcRequester::SendTailProbe)
   uint64_t rc_duplicates = 0;           // duplicate requests answered again (or dropped)
   uint64_t rc_rnr_naks_sent = 0;
   uint64_t rc_path_waits = 0;          // a requester stopped because the window towards its peer was full

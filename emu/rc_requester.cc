@@ -103,6 +103,7 @@ void RcRequester::ArmRetransmit(uint64_t& now_ns) {
       r.path_delivered_seen = path.delivered();
       r.path_silent_looks = 0;
     }
+    r.tail_probes = 0;
     if (r.probe_wait_ns < t) r.probe_deadline_ns = now + r.probe_wait_ns;
   }
   // Only the timeout wakes a sleeping poller: it comes back on its own within 10 ms while packets flow (Engine's
@@ -152,15 +153,33 @@ bool RcRequester::OnlyWaitsForPath() const {
   return r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0;
 }
 
-bool RcRequester::SilenceMeansLoss() {
+RcRequester::Silence RcRequester::SilenceMeansLoss() {
   std::lock_guard lock(core_.paths_mu);
   const PathWindow& path = core_.PathOfLocked(qp_);
   state_.path_silent_looks = path.delivered() == state_.path_delivered_seen ? state_.path_silent_looks + 1 : 0;
   state_.path_delivered_seen = path.delivered();
-  if (path.DeliveredSentAfter(state_.newest_sent_seq) || state_.path_silent_looks >= kSilentLooks) return true;
+  if (path.DeliveredSentAfter(state_.newest_sent_seq)) return Silence::kLoss;
+  if (state_.path_silent_looks >= kSilentLooks) return Silence::kMaybeLoss;
   for (uint32_t qpn : path.waiting())
-    if (qpn != qp_.qpn()) return false;
-  return true;
+    if (qpn != qp_.qpn()) return Silence::kNotLoss;
+  return Silence::kMaybeLoss;
+}
+
+bool RcRequester::SendTailProbe(OutBatch& out) {
+  RcRequesterState& r = state_;
+  const uint32_t newest = PsnAdd(r.sent_psn_next, -1);
+  for (size_t j = 0; j < r.sq.size(); ++j) {
+    const SendWqe& w = r.sq[j];
+    if (!w.in_flight() || PsnDiff(newest, w.first_psn) < 0 || PsnDiff(newest, w.first_psn) >= int32_t(w.npsn))
+      continue;
+    if (w.is_read() || w.is_atomic()) return false;
+    // The cursor goes back to it, and Progress sends it (a resend that reaches the newest packet asks for an ACK)
+    // and then only what is new, as the windows allow.
+    GoBack(j, static_cast<uint32_t>(PsnDiff(newest, w.first_psn)));
+    Progress(out);
+    return true;
+  }
+  return false;
 }
 
 size_t RcRequester::OldestUnacknowledged(uint32_t* packet) const {
@@ -405,7 +424,9 @@ void RcRequester::Progress(OutBatch& out) {
                            stops_after || force_ack_req;
         r.packets_since_ack_req = spec.bth.ack_req ? 0 : r.packets_since_ack_req + 1;
       } else {
-        spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after;  // go-back-N resends
+        // Go-back-N resends, and tail probes: the newest packet sent asks for an ACK when it goes again.
+        spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after ||
+                           PsnDiff(next_psn, r.sent_psn_next) >= 0;
       }
       if (spec.bth.ack_req && is_new) TimeRoundTrip(psn, now_ns);
       if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
@@ -535,7 +556,14 @@ void RcRequester::OnTimers(uint64_t now, OutBatch& out) {
     r.probe_deadline_ns = now + r.probe_wait_ns < r.retransmit_deadline_ns ? now + r.probe_wait_ns : 0;
     uint32_t packet = 0;
     const size_t i = OldestUnacknowledged(&packet);
-    if (i == r.sq.size() || OnlyWaitsForPath() || !SilenceMeansLoss()) return;
+    if (i == r.sq.size() || OnlyWaitsForPath()) return;
+    const Silence silence = SilenceMeansLoss();
+    if (silence == Silence::kNotLoss) return;
+    if (silence == Silence::kMaybeLoss && r.tail_probes < kTailProbes && SendTailProbe(out)) {
+      ++r.tail_probes;
+      core_.Count(&DeviceCounters::rc_tail_probes);
+      return;
+    }
     core_.Count(&DeviceCounters::rc_early_retransmits);
     Congestion();
     GoBack(i, packet);

@@ -1057,8 +1057,9 @@ TEST(RcTimeout, ArmingWakesThePollerOnlyWhenItWouldSleepPastTheDeadline) {
 
 // --- early retransmission (DeviceConfig::early_retransmit) ------------------------------------------------------
 
-// A lost NAK leaves the responder dropping everything after the gap in silence (it NAKs a sequence error once):
-// without early retransmission only the local ACK timeout (67 ms at timeout 14) would end it.
+// A lost NAK leaves the responder dropping everything after the gap in silence (it NAKs a sequence error once, so
+// the tail probes draw nothing either): without early retransmission only the local ACK timeout (67 ms at timeout
+// 14) would end it.
 TEST(RcEarlyRetransmit, ALostNakIsRecoveredInRoundTripsNotByTheTimeout) {
   Rc t(Attrs(), Attrs());  // timeout 14, retry_cnt 7
   Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
@@ -1080,13 +1081,19 @@ TEST(RcEarlyRetransmit, ALostNakIsRecoveredInRoundTripsNotByTheTimeout) {
   ASSERT_FALSE(wb.empty());
   EXPECT_TRUE(wb[0].dropped);
   EXPECT_TRUE(IsNak(wb[0], wire::NakCode::kPsnSeqError));
-  // No RTT sample yet (nothing was ever acknowledged): four assumed round trips.
+  // No RTT sample yet (nothing was ever acknowledged): four assumed round trips, then twice and four times that.
   const uint64_t probe = RcRequester::kProbeRoundTrips * RcRequester::kInitialRttNs;
-  EXPECT_EQ(t.now(), t0 + probe);
+  static_assert(RcRequester::kTailProbes == 2);
+  EXPECT_EQ(t.now(), t0 + 7 * probe);
   const auto wa = Wire(*t.a);
-  ASSERT_EQ(wa.size(), 6u);  // PSN 0 (lost), 1, 2, then all three again from PSN 0
-  EXPECT_EQ(wa[3].psn, 0u);
+  ASSERT_EQ(wa.size(), 8u);  // PSN 0 (lost), 1, 2, two tail probes (PSN 2), then all three again from PSN 0
+  EXPECT_EQ(wa[3].psn, 2u);
   EXPECT_EQ(wa[3].time_ns, t0 + probe);
+  EXPECT_EQ(wa[4].psn, 2u);
+  EXPECT_EQ(wa[4].time_ns, t0 + 3 * probe);
+  EXPECT_EQ(wa[5].psn, 0u);
+  EXPECT_EQ(wa[5].time_ns, t0 + 7 * probe);
+  EXPECT_EQ(t.a->device->counters().rc_tail_probes, 2u);
   EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
   EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
   EXPECT_EQ(t.qa->requester().state().retries_left, 7);  // no retry spent
@@ -1105,7 +1112,8 @@ TEST(RcEarlyRetransmit, TheWaitFollowsTheMeasuredRoundTrip) {
   const uint64_t srtt = path->srtt_ns();
   EXPECT_GT(srtt, 0u);  // timed: the WRITE's first sending to its ACK
   EXPECT_LT(srtt, RcRequester::kMinProbeNs / RcRequester::kProbeRoundTrips);  // the simulated network is fast
-  // Its ACK is lost: the write is sent again after kMinProbeNs, not after four assumed round trips.
+  // Its ACK is lost: the write is sent again (a tail probe, which its ACK answers) after kMinProbeNs, not after four
+  // assumed round trips.
   t.b->transport->drop_if = [](uint64_t, std::span<const uint8_t>) { return true; };
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(2, SendOpcode::kRdmaWrite, {src.At(0, 8)}, dst.mr.iova, dst.mr.rkey)), 0);
@@ -1118,14 +1126,15 @@ TEST(RcEarlyRetransmit, TheWaitFollowsTheMeasuredRoundTrip) {
   ASSERT_EQ(wa.size(), 3u);
   EXPECT_EQ(wa[2].psn, wa[1].psn);
   EXPECT_EQ(wa[2].time_ns, t0 + RcRequester::kMinProbeNs);
-  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_tail_probes, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 0u);
 }
 
 // A peer that drops a burst's tail in silence (kernel rxe when its queues overflow: no packet behind the drop, so no
-// sequence NAK) is heard from only through early retransmission, so an early retransmission must cut the path's
-// window as a loss does. Without the cut the kernel-rxe interop test's uroce clients overran rxe again after each
-// resend and failed with RETRY_EXC_ERR.
-TEST(RcEarlyRetransmit, ATailDroppedInSilenceCutsThePathWindow) {
+// sequence NAK) is heard from only through early retransmission: the tail probe arrives out of sequence and its NAK
+// sends the rest again and cuts the path's window, as a loss must. Without the cut the kernel-rxe interop test's
+// uroce clients overran rxe again after each resend and failed with RETRY_EXC_ERR.
+TEST(RcEarlyRetransmit, ATailDroppedInSilenceIsFoundByAProbeAndCutsThePathWindow) {
   Rc t(Attrs(), Attrs());  // 1 KiB MTU: a 64 KiB WRITE is 64 packets, the first 32 within the initial window
   Buffer src = testing::Register(*t.a->device, t.pa, 64 * 1024, kMrAll);
   Buffer dst = testing::Register(*t.b->device, t.pb, 64 * 1024, kMrAll);
@@ -1139,8 +1148,9 @@ TEST(RcEarlyRetransmit, ATailDroppedInSilenceCutsThePathWindow) {
   ASSERT_EQ(s.size(), 1u);
   ExpectCompletion(s[0], 1, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 64 * 1024, t.qa->qpn());
   EXPECT_EQ(0, std::memcmp(dst.bytes.data(), src.bytes.data(), 64 * 1024));
-  EXPECT_EQ(t.b->device->counters().rx_out_of_sequence, 0u);  // nothing arrived behind the drop: no NAK
-  EXPECT_GE(t.a->device->counters().rc_early_retransmits, 1u);
+  EXPECT_EQ(t.b->device->counters().rx_out_of_sequence, 1u);  // only the probe arrived behind the drop
+  EXPECT_EQ(t.a->device->counters().rc_tail_probes, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 0u);
   EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
   const auto path = t.a->device->path_window(t.b->device->config().address);
   ASSERT_TRUE(path.has_value());
@@ -1183,15 +1193,17 @@ TEST(RcEarlyRetransmit, ALostTailIsSentAgainEarlyThoughOthersWaitBehindIt) {
   ExpectCompletion(s1[0], 1, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 32 * 1024, t.qa->qpn());
   ExpectCompletion(s2[0], 2, WcStatus::kSuccess, WcOpcode::kRdmaWrite, 16 * 1024, qa2->qpn());
   EXPECT_EQ(0, std::memcmp(dst.bytes.data(), src.bytes.data(), 48 * 1024));
-  // Nothing was acknowledged: the 32 packets go again from the first at the second early-retransmission probe that
-  // finds the path silent (RcRequester::kSilentLooks; no round trip measured yet, so the first waits four assumed
-  // ones and the second twice that), not at the local ACK timeout.
+  // Nothing was acknowledged: at the second early-retransmission probe that finds the path silent
+  // (RcRequester::kSilentLooks; no round trip measured yet, so the first waits four assumed ones and the second twice
+  // that), not at the local ACK timeout, the lost packet -- the newest -- goes again as a tail probe, and its ACK
+  // covers all 32: nothing else is sent twice.
   const auto wa = Wire(*t.a);
   ASSERT_GT(wa.size(), 32u);
-  EXPECT_EQ(wa[32].psn, wa[0].psn);
+  EXPECT_EQ(wa[32].psn, wa[31].psn);
   static_assert(RcRequester::kSilentLooks == 2);
   EXPECT_EQ(wa[32].time_ns, t0 + 3 * RcRequester::kProbeRoundTrips * RcRequester::kInitialRttNs);
-  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_tail_probes, 1u);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 0u);
   EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 0u);
 }
 
@@ -1214,8 +1226,10 @@ TEST(RcEarlyRetransmit, ADeadPeerStillFailsAfterRetryCountPlusOneTimeouts) {
   ExpectCompletion(s[0], 1, WcStatus::kRetryExcErr, WcOpcode::kSend, 10, t.qa->qpn());
   EXPECT_EQ(t.now(), t0 + 3 * T);
   EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 2u);
-  // 1 ms, 2 ms after each start of the timer (then 4 ms would pass the timeout): two per timeout period.
-  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 6u);
+  // 1 ms, 3 ms after each start of the timer (then 7 ms would pass the timeout): two tail probes per timeout period,
+  // no go-back-N.
+  EXPECT_EQ(t.a->device->counters().rc_tail_probes, 6u);
+  EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 0u);
   EXPECT_EQ(t.qa->state(), QpState::kErr);
 }
 
