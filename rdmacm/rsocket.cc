@@ -134,6 +134,7 @@ struct RSocket {
   // sleeper's look, and whoever drains it first would otherwise leave the other asleep for good).
   int waiters = 0;
   bool channel_sleeper = false;
+  bool closing = false;  // rclose is waiting for the blocked threads to leave (they fail with EBADF)
   std::condition_variable changed;
   int wake_fd = -1;  // eventfd, made on the first sleep
 
@@ -256,6 +257,15 @@ void TearDown(RSocket* rs) {
   rs->recv_mr = rs->send_mr = nullptr;
 }
 
+// Makes the threads blocked on `rs` (WaitUntil, WaitForConnectRequest) look again.
+void WakeWaiters(RSocket* rs) {
+  if (rs->waiters > 0) rs->changed.notify_all();
+  if (rs->wake_fd >= 0 && (rs->channel_sleeper || (rs->listening && rs->waiters > 0))) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(rs->wake_fd, &one, sizeof one);
+  }
+}
+
 // Posts a SEND of `kind` on a stream rsocket's QP against one credit, handing back the credits owed. 0 or errno.
 // Data that hands back no credit goes without immediate data (a SEND without it is data with none): the immediate
 // makes a message's last packet 4 bytes longer than the others, so the message no longer leaves as one run of
@@ -349,11 +359,7 @@ void PollCq(RSocket* rs) {
   }
   if (!any) return;
   SendWhatCreditsAllow(rs);
-  if (rs->waiters > 0) rs->changed.notify_all();
-  if (rs->channel_sleeper) {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(rs->wake_fd, &one, sizeof one);
-  }
+  WakeWaiters(rs);
 }
 
 bool Readable(RSocket* rs) { return !rs->ready.empty() || rs->peer_fin || rs->error; }
@@ -413,8 +419,8 @@ int ArmForSleep(RSocket* rs) {
   return rs->cq_channel->fd;
 }
 
-// Blocks, with the lock released, until `ready()` (which polls the CQ) holds -- true -- or `deadline` passes --
-// false. It polls for kPollBeforeSleeping, then arms the CQ, looks once more and sleeps on the completion channel --
+// Blocks, with the lock released, until `ready()` (which polls the CQ) holds -- true -- or `deadline` passes or
+// another thread closes the rsocket (RSocket::closing: the caller fails with EBADF) -- false. It polls for kPollBeforeSleeping, then arms the CQ, looks once more and sleeps on the completion channel --
 // or, when another thread blocked on the rsocket sleeps there already, on `changed` (RSocket::waiters).
 template <typename F>
 bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadline deadline = Deadline::max()) {
@@ -423,7 +429,7 @@ bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadlin
   bool done = true;
   while (!ready()) {
     const Deadline now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
+    if (now >= deadline || rs->closing) {
       done = false;
       break;
     }
@@ -455,16 +461,29 @@ bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadlin
     DrainCqEvents(rs);
     rs->changed.notify_all();  // the others look again; one of them sleeps on the channel next
   }
-  --rs->waiters;
+  if (--rs->waiters == 0 && rs->closing) rs->changed.notify_all();  // rclose waits for that
   return done;
 }
 
-// Blocks, with the lock released, until the listener's channel has a connection request (or another event) waiting.
-void WaitForConnectRequest(RSocket* ls, std::unique_lock<std::mutex>& lock) {
+// Blocks, with the lock released, until the listener's channel has a connection request (or another event)
+// waiting: true; false when another thread closes the listener meanwhile.
+bool WaitForConnectRequest(RSocket* ls, std::unique_lock<std::mutex>& lock) {
+  if (ls->wake_fd < 0 && (ls->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) return false;
+  ++ls->waiters;
+  const bool sleeper = !ls->channel_sleeper;  // two accepting threads: the second polls the wake_fd as well
+  if (sleeper) ls->channel_sleeper = true;
   lock.unlock();
-  pollfd p{ls->channel->fd, POLLIN, 0};
-  poll(&p, 1, -1);
+  pollfd p[2] = {{ls->channel->fd, POLLIN, 0}, {ls->wake_fd, POLLIN, 0}};
+  poll(p, 2, -1);
   lock.lock();
+  if (sleeper) ls->channel_sleeper = false;
+  const bool closing = ls->closing;
+  if (--ls->waiters == 0) {
+    uint64_t wakes;
+    [[maybe_unused]] ssize_t n = read(ls->wake_fd, &wakes, sizeof wakes);
+    if (closing) ls->changed.notify_all();
+  }
+  return !closing;
 }
 
 // A free send buffer -- and for a SEND of a stream rsocket (`needs_credit`) a credit for it -- waiting for them
@@ -477,6 +496,7 @@ int TakeSendSlot(RSocket* rs, std::unique_lock<std::mutex>& lock, bool wait, boo
       PollCq(rs);
       return can_post() || rs->error;
     });
+    if (rs->closing) return -EBADF;
   }
   if (rs->error && !rs->dgram) return -rs->error;
   if (!can_post()) return rs->error ? -rs->error : -EAGAIN;
@@ -640,10 +660,11 @@ ssize_t DgramRecv(RSocket* rs, std::unique_lock<std::mutex>& lock, void* buf, si
   PollCq(rs);
   if (rs->ready.empty()) {
     if (!wait) return Fail<ssize_t>(EAGAIN);
-    WaitUntil(rs, lock, [&] {
-      PollCq(rs);
-      return !rs->ready.empty();
-    });
+    if (!WaitUntil(rs, lock, [&] {
+          PollCq(rs);
+          return !rs->ready.empty();
+        }))
+      return Fail<ssize_t>(EBADF);  // closed meanwhile
   }
   const auto [slot, bytes] = rs->ready.front();
   rs->ready.pop_front();
@@ -725,10 +746,11 @@ ssize_t Recv(int fd, void* buf, size_t len, int flags, sockaddr* src = nullptr, 
       return rs->error && rs->error != ECONNRESET ? Fail<ssize_t>(rs->error) : 0;  // end of stream
     }
     if (!wait) return done ? ssize_t(done) : Fail<ssize_t>(EAGAIN);
-    WaitUntil(rs, lock, [&] {
-      PollCq(rs);
-      return Readable(rs);
-    });
+    if (!WaitUntil(rs, lock, [&] {
+          PollCq(rs);
+          return Readable(rs);
+        }))
+      return done ? ssize_t(done) : Fail<ssize_t>(EBADF);  // closed meanwhile
   }
 }
 
@@ -808,7 +830,7 @@ int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
     if (rdma_get_cm_event(ls->channel, &e) == 0) break;
     if (errno != EAGAIN) return -1;
     if (ls->nonblocking) return Fail(EAGAIN);
-    WaitForConnectRequest(ls, lock);
+    if (!WaitForConnectRequest(ls, lock)) return Fail(EBADF);  // closed meanwhile
   }
   if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
     rdma_ack_cm_event(e);
@@ -901,10 +923,11 @@ int rshutdown(int socket, int how) {
   if (!rs->connected) return Fail(ENOTCONN);
   if (how == SHUT_WR || how == SHUT_RDWR) {
     SendFin(rs);
-    WaitUntil(rs, lock, [&] {
-      PollCq(rs);
-      return rs->fin_sent || rs->error;
-    });
+    if (!WaitUntil(rs, lock, [&] {
+          PollCq(rs);
+          return rs->fin_sent || rs->error;
+        }))
+      return Fail(EBADF);  // closed meanwhile
   }
   return 0;
 }
@@ -912,19 +935,27 @@ int rshutdown(int socket, int how) {
 int rclose(int socket) {
   std::unique_ptr<RSocket> rs;
   {
-    std::lock_guard lock(g_mu);
+    std::unique_lock lock(g_mu);
     auto it = g_sockets.find(socket);
     if (it == g_sockets.end()) return Fail(EBADF);
     rs = std::move(it->second);
     g_sockets.erase(it);
+    // Threads blocked on it leave first, failing with EBADF: it is freed below. (A recv(2) blocked on a descriptor
+    // another thread closes goes on waiting; here it would wait on memory about to be gone.)
+    if (rs->waiters > 0) {
+      rs->closing = true;
+      WakeWaiters(rs.get());
+      rs->changed.wait(lock, [&] { return rs->waiters == 0; });
+      rs->closing = false;
+    }
   }
   if (rs->dgram) {
     DgramTearDown(rs.get());
     close(rs->fd);
     return 0;
   }
-  // No longer in the table: nobody else reaches it. The end of stream (and what precedes it) leaves before the
-  // QP goes to ERR.
+  // No longer in the table and nobody blocked on it: nobody else reaches it. The end of stream (and what precedes
+  // it) leaves before the QP goes to ERR.
   SendFin(rs.get());
   std::mutex unshared;  // WaitUntil's lock: the rsocket is ours alone now
   std::unique_lock lock(unshared);

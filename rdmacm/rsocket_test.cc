@@ -253,7 +253,7 @@ void RunWithDeadline(std::vector<std::function<void()>> work, const char* what) 
   while (left > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   if (left > 0) {
-    ADD_FAILURE() << what << ": not finished after " << kStreamDeadline.count() << " s (the credits stopped)";
+    ADD_FAILURE() << what << ": not finished after " << kStreamDeadline.count() << " s";
     std::abort();
   }
   for (auto& t : threads) t.join();
@@ -303,7 +303,7 @@ TEST_F(StreamRsockets, BothWaysAtOnceEveryByteArrives) {
                    [&] { EXPECT_TRUE(WritePattern(b_, kTotal, 65536, 2)); rshutdown(b_, SHUT_WR); },
                    [&] { a_got = ReadPattern(a_, 7000, 2); },
                    [&] { b_got = ReadPattern(b_, 300000, 1); }},
-                  "8 MiB each way");
+                  "8 MiB each way (the credits stopped?)");
   EXPECT_EQ(a_got, ssize_t(kTotal));
   EXPECT_EQ(b_got, ssize_t(kTotal));
 }
@@ -324,7 +324,7 @@ TEST_F(StreamRsockets, ASlowReaderHoldsTheWriterBackWithoutLoss) {
                        if (done % (64 << 10) == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
                      }
                    }},
-                  "a slow reader");
+                  "a slow reader (the credits stopped?)");
   EXPECT_EQ(got, ssize_t(kTotal));
 }
 
@@ -343,9 +343,52 @@ TEST_F(StreamRsockets, AHalfClosedSideStillReceivesTheOthersStream) {
                      rshutdown(b_, SHUT_WR);
                    },
                    [&] { a_got = ReadPattern(a_, 65536, 5); }},
-                  "streaming to a half-closed side");
+                  "streaming to a half-closed side (the credits stopped?)");
   EXPECT_EQ(b_got, ssize_t(kFirst));
   EXPECT_EQ(a_got, ssize_t(kSecond));
+}
+
+// --- closing an rsocket another thread is blocked on -----------------------------------------------------------
+// rclose frees the rsocket: a thread blocked on it must leave first, failing with EBADF, rather than wait on freed
+// memory for ever (or read it when woken). `block` is the blocking call; the test aborts if it does not return.
+void ExpectCloseEndsTheBlockedCall(int fd, const std::function<long()>& block, const char* what) {
+  long got = 0;
+  int err = 0;
+  std::atomic<bool> started{false};
+  RunWithDeadline({[&] {
+                     started = true;
+                     got = block();
+                     err = errno;
+                   },
+                   [&] {
+                     while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // asleep by now, not polling
+                     EXPECT_EQ(rclose(fd), 0) << strerror(errno);
+                   }},
+                  (std::string(what) + " blocked on an rsocket being closed").c_str());
+  EXPECT_EQ(got, -1) << what;
+  EXPECT_EQ(err, EBADF) << what;
+}
+
+TEST_F(StreamRsockets, ClosingEndsAReceiveBlockedOnIt) {
+  char buf[16];
+  ExpectCloseEndsTheBlockedCall(b_, [&] { return long(rrecv(b_, buf, sizeof buf, 0)); }, "rrecv");
+  b_ = -1;  // closed
+}
+
+TEST_F(DatagramRsocket, ClosingEndsAReceiveBlockedOnIt) {
+  char buf[16];
+  ExpectCloseEndsTheBlockedCall(fd_, [&] { return long(rrecv(fd_, buf, sizeof buf, 0)); }, "rrecv");
+  fd_ = -1;  // closed
+}
+
+TEST(ListeningRsocket, ClosingEndsAnAcceptBlockedOnIt) {
+  const int listener = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0) << strerror(errno);
+  sockaddr_in a = Loopback(0);
+  ASSERT_EQ(rbind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  ASSERT_EQ(rlisten(listener, 1), 0) << strerror(errno);
+  ExpectCloseEndsTheBlockedCall(listener, [&] { return long(raccept(listener, nullptr, nullptr)); }, "raccept");
 }
 
 }  // namespace
