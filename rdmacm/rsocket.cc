@@ -93,6 +93,7 @@ struct RSocket {
   bool connected = false;
   bool peer_fin = false;
   bool fin_sent = false;
+  bool read_shut = false;  // rshutdown SHUT_RD: a receive with nothing ready returns 0
   int error = 0;
   sockaddr_storage bound{};
   bool has_bound = false;
@@ -362,7 +363,7 @@ void PollCq(RSocket* rs) {
   WakeWaiters(rs);
 }
 
-bool Readable(RSocket* rs) { return !rs->ready.empty() || rs->peer_fin || rs->error; }
+bool Readable(RSocket* rs) { return !rs->ready.empty() || rs->peer_fin || rs->error || rs->read_shut; }
 bool Writable(RSocket* rs) {
   if (rs->error) return rs->connected || rs->dgram;
   if (rs->dgram) return !rs->free_send.empty();
@@ -741,6 +742,7 @@ ssize_t Recv(int fd, void* buf, size_t len, int flags, sockaddr* src = nullptr, 
     }
     SendWhatCreditsAllow(rs);
     if (done == len || (done > 0 && !(flags & MSG_WAITALL))) return ssize_t(done);
+    if (rs->ready.empty() && rs->read_shut) return ssize_t(done);  // rshutdown SHUT_RD: the end of the stream
     if (rs->ready.empty() && rs->peer_fin) {
       if (done > 0) return ssize_t(done);
       return rs->error && rs->error != ECONNRESET ? Fail<ssize_t>(rs->error) : 0;  // end of stream
@@ -921,6 +923,12 @@ int rshutdown(int socket, int how) {
   RSocket* rs = Find(socket);
   if (rs == nullptr) return Fail(EBADF);
   if (!rs->connected) return Fail(ENOTCONN);
+  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return Fail(EINVAL);
+  if (how == SHUT_RD || how == SHUT_RDWR) {
+    // As shutdown(2) on a TCP socket: what is ready is still read, then receives return 0, a blocked one at once.
+    rs->read_shut = true;
+    WakeWaiters(rs);
+  }
   if (how == SHUT_WR || how == SHUT_RDWR) {
     SendFin(rs);
     if (!WaitUntil(rs, lock, [&] {

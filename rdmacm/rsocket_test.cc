@@ -382,6 +382,32 @@ TEST_F(DatagramRsocket, ClosingEndsAReceiveBlockedOnIt) {
   fd_ = -1;  // closed
 }
 
+// rshutdown(SHUT_RD), as shutdown(2) on a TCP socket: a receive blocked on the rsocket returns 0 at once, and so does
+// every later one; the other direction goes on.
+TEST_F(StreamRsockets, ShutdownForReadingEndsABlockedReceive) {
+  char buf[16];
+  ssize_t got = -2;
+  std::atomic<bool> started{false};
+  RunWithDeadline({[&] {
+                     started = true;
+                     got = rrecv(b_, buf, sizeof buf, 0);
+                   },
+                   [&] {
+                     while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // asleep by now
+                     EXPECT_EQ(rshutdown(b_, SHUT_RD), 0) << strerror(errno);
+                   }},
+                  "rrecv blocked on an rsocket shut down for reading");
+  EXPECT_EQ(got, 0);
+  EXPECT_EQ(rrecv(b_, buf, sizeof buf, MSG_DONTWAIT), 0);
+  ASSERT_EQ(rsend(b_, "out", 3, 0), 3) << strerror(errno);
+  ASSERT_EQ(rrecv(a_, buf, 3, MSG_WAITALL), 3) << strerror(errno);
+  EXPECT_EQ(std::string(buf, 3), "out");
+  errno = 0;
+  EXPECT_EQ(rshutdown(b_, 42), -1);
+  EXPECT_EQ(errno, EINVAL);
+}
+
 TEST(ListeningRsocket, ClosingEndsAnAcceptBlockedOnIt) {
   const int listener = rsocket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(listener, 0) << strerror(errno);
