@@ -76,7 +76,38 @@ struct IomapAd {
   uint32_t rkey;
   uint32_t length;
 };
-constexpr uint8_t kShortestRnrTimer = 1;  // 0.01 ms (IBTA table 45): a sender that outran us retries soon
+// 0.01 ms (IBTA table 45). Credits keep a sender from outrunning our receives; should one (a bug) it retries soon.
+constexpr uint8_t kShortestRnrTimer = 1;
+
+// What the two sides of a stream connection say in its REQ and REP private data: that they speak this framing
+// (uroce's, not rdma-core's rsocket protocol), and how many receive buffers each posts -- the other's first credits.
+// A request without it (rdma-core's rsockets on another host, an rdma_cm program dialling the port) is rejected: it
+// would otherwise connect and then exchange what neither side understands.
+struct StreamHello {
+  char magic[4];
+  uint8_t version;
+  uint8_t reserved;
+  uint16_t slots;  // big-endian
+};
+constexpr char kStreamMagic[4] = {'u', 'r', 's', 'k'};
+constexpr uint8_t kStreamVersion = 1;
+
+StreamHello HelloFor(int slots) {
+  StreamHello h{};
+  std::memcpy(h.magic, kStreamMagic, sizeof h.magic);
+  h.version = kStreamVersion;
+  h.slots = htons(uint16_t(slots));
+  return h;
+}
+
+// The receive buffers a peer's hello announces; 0 when `data` is not one (then the connection is refused).
+int PeerSlots(const void* data, uint8_t len) {
+  if (data == nullptr || len < sizeof(StreamHello)) return 0;
+  StreamHello h;
+  std::memcpy(&h, data, sizeof h);
+  if (std::memcmp(h.magic, kStreamMagic, sizeof h.magic) != 0 || h.version != kStreamVersion) return 0;
+  return ntohs(h.slots);
+}
 constexpr uint64_t kRecvFlag = 1ull << 32;
 
 template <typename R = int>
@@ -155,12 +186,14 @@ RSocket* Find(int fd) {
   return it == g_sockets.end() ? nullptr : it->second.get();
 }
 
-// Waits for the next event of `rs`'s own channel (blocking) and checks it is `want`. 0 or errno.
-int Expect(RSocket* rs, rdma_cm_event_type want) {
+// Waits for the next event of `rs`'s own channel (blocking) and checks it is `want`. 0 or errno. `peer_slots`: the
+// receive buffers the event's private data announces (PeerSlots).
+int Expect(RSocket* rs, rdma_cm_event_type want, int* peer_slots = nullptr) {
   rdma_cm_event* e = nullptr;
   if (rdma_get_cm_event(rs->channel, &e) != 0) return errno;
   const rdma_cm_event_type got = e->event;
   const int status = e->status;
+  if (peer_slots) *peer_slots = PeerSlots(e->param.conn.private_data, e->param.conn.private_data_len);
   rdma_ack_cm_event(e);
   if (got == want) return 0;
   if (got == RDMA_CM_EVENT_REJECTED) return ECONNREFUSED;
@@ -225,8 +258,6 @@ int SetUpQueues(RSocket* rs) {
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
   attr.sq_sig_all = 1;
   if (rdma_create_qp(rs->id, nullptr, &attr) != 0) return errno;
-  // Both sides are this library and post kSlots receives before the connection is established.
-  rs->credits = rs->slots;
   return SetUpBuffers(rs, rs->id->pd);
 }
 
@@ -828,15 +859,26 @@ int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
   if (ls == nullptr) return Fail(EBADF);
   if (!ls->listening) return Fail(EINVAL);
   rdma_cm_event* e = nullptr;
+  int peer_slots = 0;
   for (;;) {
-    if (rdma_get_cm_event(ls->channel, &e) == 0) break;
-    if (errno != EAGAIN) return -1;
-    if (ls->nonblocking) return Fail(EAGAIN);
-    if (!WaitForConnectRequest(ls, lock)) return Fail(EBADF);  // closed meanwhile
-  }
-  if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+    if (rdma_get_cm_event(ls->channel, &e) != 0) {
+      if (errno != EAGAIN) return -1;
+      if (ls->nonblocking) return Fail(EAGAIN);
+      if (!WaitForConnectRequest(ls, lock)) return Fail(EBADF);  // closed meanwhile
+      continue;
+    }
+    if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+      rdma_ack_cm_event(e);
+      return Fail(ECONNABORTED);
+    }
+    peer_slots = PeerSlots(e->param.conn.private_data, e->param.conn.private_data_len);
+    if (peer_slots > 0) break;
+    // Not one of ours (StreamHello): refused, and the application never sees it, as accept(2) never sees a
+    // handshake that failed.
+    rdma_cm_id* stranger = e->id;
     rdma_ack_cm_event(e);
-    return Fail(ECONNABORTED);
+    rdma_reject(stranger, nullptr, 0);
+    rdma_destroy_id(stranger);
   }
   rdma_cm_id* child = e->id;
   rdma_ack_cm_event(e);
@@ -848,9 +890,13 @@ int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
   int err = rs->fd < 0 || rs->channel == nullptr ? (errno ? errno : ENOMEM) : 0;
   if (!err && rdma_migrate_id(child, rs->channel) != 0) err = errno;
   if (!err) err = SetUpQueues(rs.get());
+  rs->credits = peer_slots;  // posted before its REQ left
+  const StreamHello hello = HelloFor(rs->slots);
   rdma_conn_param param{};
+  param.private_data = &hello;
+  param.private_data_len = sizeof hello;
   param.retry_count = 7;
-  param.rnr_retry_count = 7;  // the receiver's buffers are the flow control: retry RNR without limit
+  param.rnr_retry_count = 7;  // credits keep RNR NAKs away; should one come, it is retried
   if (!err && rdma_accept(child, &param) != 0) err = errno;
   lock.unlock();  // the handshake's last step arrives on the engine's thread
   if (!err) err = Expect(rs.get(), RDMA_CM_EVENT_ESTABLISHED);
@@ -900,11 +946,17 @@ int rconnect(int socket, const sockaddr* addr, socklen_t addrlen) {
   if (!err && rdma_resolve_route(rs->id, 2000) != 0) err = errno;
   if (!err) err = Expect(rs, RDMA_CM_EVENT_ROUTE_RESOLVED);
   if (!err) err = SetUpQueues(rs);
+  const StreamHello hello = HelloFor(rs->slots);
   rdma_conn_param param{};
+  param.private_data = &hello;
+  param.private_data_len = sizeof hello;
   param.retry_count = 7;
   param.rnr_retry_count = 7;
   if (!err && rdma_connect(rs->id, &param) != 0) err = errno;
-  if (!err) err = Expect(rs, RDMA_CM_EVENT_ESTABLISHED);
+  int peer_slots = 0;
+  if (!err) err = Expect(rs, RDMA_CM_EVENT_ESTABLISHED, &peer_slots);
+  if (!err && peer_slots == 0) err = ECONNREFUSED;  // the acceptor is not one of ours (StreamHello)
+  rs->credits = peer_slots;  // posted before its REP left
   lock.lock();
   if (err) {
     TearDown(rs);

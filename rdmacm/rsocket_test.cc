@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 
 #include <poll.h>
@@ -415,6 +416,91 @@ TEST(ListeningRsocket, ClosingEndsAnAcceptBlockedOnIt) {
   ASSERT_EQ(rbind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
   ASSERT_EQ(rlisten(listener, 1), 0) << strerror(errno);
   ExpectCloseEndsTheBlockedCall(listener, [&] { return long(raccept(listener, nullptr, nullptr)); }, "raccept");
+}
+
+// --- who may connect --------------------------------------------------------------------------------------------
+// A stream listener takes only connections that say they speak uroce's rsocket framing (their REQ's private data):
+// an rdma_cm program dialling its port -- or rdma-core's rsockets from another host -- is rejected, and raccept never
+// returns it; a real rsocket connects after it.
+TEST(ListeningRsocket, AConnectionThatIsNotAnRsocketIsRejected) {
+  const int listener = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  ASSERT_GE(listener, 0) << strerror(errno);
+  sockaddr_in a = Loopback(0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(rbind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  ASSERT_EQ(rlisten(listener, 4), 0) << strerror(errno);
+  ASSERT_EQ(rgetsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0) << strerror(errno);
+
+  std::atomic<int> outcome{-1};  // the stranger's last CM event
+  std::atomic<bool> done{false};
+  std::thread stranger([&] {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    rdma_cm_id* id = nullptr;
+    rdma_cm_event* e = nullptr;
+    auto next = [&](rdma_cm_event_type want) {
+      if (rdma_get_cm_event(ch, &e) != 0) return false;
+      const rdma_cm_event_type got = e->event;
+      outcome = got;
+      rdma_ack_cm_event(e);
+      return got == want;
+    };
+    if (ch && rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0 &&
+        rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000) == 0 &&
+        next(RDMA_CM_EVENT_ADDR_RESOLVED) && rdma_resolve_route(id, 2000) == 0 &&
+        next(RDMA_CM_EVENT_ROUTE_RESOLVED)) {
+      ibv_qp_init_attr qa{};
+      qa.qp_type = IBV_QPT_RC;
+      qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
+      qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+      const char hello[] = "not an rsocket";
+      rdma_conn_param param{};
+      param.private_data = hello;
+      param.private_data_len = sizeof hello;
+      if (rdma_create_qp(id, nullptr, &qa) == 0 && rdma_connect(id, &param) == 0) next(RDMA_CM_EVENT_REJECTED);
+      if (id->qp) rdma_destroy_qp(id);
+    }
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+    done = true;
+  });
+  // The listener works the CM's events inside raccept: it must keep returning EAGAIN while it refuses the stranger.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    errno = 0;
+    const int fd = raccept(listener, nullptr, nullptr);
+    EXPECT_EQ(fd, -1) << "raccept returned a connection that is not an rsocket";
+    if (fd >= 0) rclose(fd);
+    EXPECT_EQ(errno, EAGAIN);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(done) << "the stranger's connection was neither refused nor accepted";
+  stranger.join();
+  EXPECT_EQ(outcome, RDMA_CM_EVENT_REJECTED);
+
+  // A real rsocket still connects.
+  int client = -1;
+  std::thread connector([&] {
+    const int fd = rsocket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && rconnect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) client = fd;
+  });
+  int server = -1;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (server < 0 && std::chrono::steady_clock::now() < until) {
+    server = raccept(listener, nullptr, nullptr);
+    if (server < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  connector.join();
+  ASSERT_GE(server, 0);
+  ASSERT_GE(client, 0);
+  char buf[4] = {};
+  ASSERT_EQ(rsend(client, "hi", 2, 0), 2) << strerror(errno);
+  pollfd p{server, POLLIN, 0};
+  ASSERT_EQ(rpoll(&p, 1, 5000), 1);
+  ASSERT_EQ(rrecv(server, buf, 2, 0), 2) << strerror(errno);
+  EXPECT_EQ(std::string(buf, 2), "hi");
+  rclose(client);
+  rclose(server);
+  rclose(listener);
 }
 
 }  // namespace
