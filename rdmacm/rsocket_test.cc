@@ -260,17 +260,27 @@ void RunWithDeadline(std::vector<std::function<void()>> work, const char* what) 
   for (auto& t : threads) t.join();
 }
 
+// A stream rsocket listening on an ephemeral loopback port (its address in `where`), or -1.
+int ListeningStreamSocket(int flags, sockaddr_in* where) {
+  const int fd = rsocket(AF_INET, SOCK_STREAM | flags, 0);
+  if (fd < 0) return -1;
+  *where = Loopback(0);
+  socklen_t len = sizeof *where;
+  if (rbind(fd, reinterpret_cast<sockaddr*>(where), sizeof *where) != 0 || rlisten(fd, 4) != 0 ||
+      rgetsockname(fd, reinterpret_cast<sockaddr*>(where), &len) != 0) {
+    rclose(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // A connected pair of stream rsockets over loopback.
 class StreamRsockets : public ::testing::Test {
  protected:
   void SetUp() override {
-    const int listener = rsocket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    const int listener = ListeningStreamSocket(0, &a);
     ASSERT_GE(listener, 0) << strerror(errno);
-    sockaddr_in a = Loopback(0);
-    socklen_t len = sizeof a;
-    ASSERT_EQ(rbind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    ASSERT_EQ(rlisten(listener, 1), 0) << strerror(errno);
-    ASSERT_EQ(rgetsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0) << strerror(errno);
     int connected = -1;
     std::thread connector([&] {
       const int fd = rsocket(AF_INET, SOCK_STREAM, 0);
@@ -410,11 +420,9 @@ TEST_F(StreamRsockets, ShutdownForReadingEndsABlockedReceive) {
 }
 
 TEST(ListeningRsocket, ClosingEndsAnAcceptBlockedOnIt) {
-  const int listener = rsocket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  const int listener = ListeningStreamSocket(0, &a);
   ASSERT_GE(listener, 0) << strerror(errno);
-  sockaddr_in a = Loopback(0);
-  ASSERT_EQ(rbind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-  ASSERT_EQ(rlisten(listener, 1), 0) << strerror(errno);
   ExpectCloseEndsTheBlockedCall(listener, [&] { return long(raccept(listener, nullptr, nullptr)); }, "raccept");
 }
 
@@ -423,13 +431,9 @@ TEST(ListeningRsocket, ClosingEndsAnAcceptBlockedOnIt) {
 // an rdma_cm program dialling its port -- or rdma-core's rsockets from another host -- is rejected, and raccept never
 // returns it; a real rsocket connects after it.
 TEST(ListeningRsocket, AConnectionThatIsNotAnRsocketIsRejected) {
-  const int listener = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  sockaddr_in a{};
+  const int listener = ListeningStreamSocket(SOCK_NONBLOCK, &a);
   ASSERT_GE(listener, 0) << strerror(errno);
-  sockaddr_in a = Loopback(0);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(rbind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-  ASSERT_EQ(rlisten(listener, 4), 0) << strerror(errno);
-  ASSERT_EQ(rgetsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0) << strerror(errno);
 
   std::atomic<int> outcome{-1};  // the stranger's last CM event
   std::atomic<bool> done{false};
