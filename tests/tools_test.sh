@@ -101,6 +101,20 @@ test_run_keeps_directory_and_exit_status() {
   expect_status 2 "$rc" "uroce run --mtu (no value)"
 }
 
+# Every counter `uroce run --stats` prints is explained in the README's counters table.
+test_readme_explains_every_counter() {
+  local rc=0 name missing=""
+  "$ROOT/tools/uroce" run --stats --loss 0 -- ibv_devinfo >"$WORK/stats.out" 2>&1 || rc=$?  # --loss: faults_ lines
+  expect_status 0 "$rc" "uroce run --stats --loss 0 -- ibv_devinfo"
+  expect_grep "^rx_packets [0-9]+$" "$WORK/stats.out" "the counters are printed"
+  expect_grep "^faults_send seen " "$WORK/stats.out" "the fault counters are printed"
+  awk '/^### Counters/ {on = 1; next} /^#/ {on = 0} on' "$ROOT/README.md" >"$WORK/counters.md"
+  while read -r name; do
+    grep -qF -- "\`$name\`" "$WORK/counters.md" || missing+=" $name"
+  done < <(awk '/^[a-z_]+ [0-9]+$/ {print $1} /^faults_(send|receive) seen / {print $1}' "$WORK/stats.out")
+  [ -z "$missing" ] || fail "counters the README's table does not name:$missing"
+}
+
 test_install_refuses_the_system_library_path() {
   local prefix rc
   for prefix in / /usr /usr/local; do
