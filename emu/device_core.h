@@ -107,7 +107,7 @@ struct DeviceCounters {
   uint64_t rx_bad_pkey = 0;
   uint64_t rx_bad_qkey = 0;
   uint64_t rx_no_receive_wqe = 0;   // UD/UC: dropped for want of a posted receive
-  uint64_t rx_out_of_sequence = 0;  // UC: PSN gap, message dropped (IBTA 9.7.6.1.3)
+  uint64_t rx_out_of_sequence = 0;  // past the expected PSN: RC NAKs the gap once (9.7.5.1.1), UC drops the message
   uint64_t rx_remote_access_denied = 0;
   uint64_t rx_cnp = 0;
   uint64_t tx_errors = 0;

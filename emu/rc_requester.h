@@ -129,7 +129,7 @@ class RcRequester : private TransportObject {
   Silence SilenceMeansLoss();
   // A tail loss probe (RFC 8985 section 7, for a go-back-N peer): the newest packet sent goes again alone, asking
   // for an ACK, and the responder's answer tells what the silence was. If an earlier packet was lost the probe
-  // arrives out of sequence and draws a PSN sequence error NAK (9.7.5.2.1), which sends everything from the gap again
+  // arrives out of sequence and draws a PSN sequence error NAK (9.7.5.1.1), which sends everything from the gap again
   // (a peer that NAKed that gap already stays silent: the next probe or the go-back-N follows); if all arrived and
   // only their ACK is late or lost, the duplicate is acknowledged with the newest PSN (9.7.5.1.3) and nothing else is
   // sent again. False, sending nothing, when the newest packet is a READ or atomic request (their duplicates are
