@@ -61,14 +61,6 @@ void RcCompleter::OnResponse(const wire::PacketView& p, OutBatch& out) {
       requester.AckedUpTo(next);
     }
   };
-  auto find_containing = [&](uint32_t q) -> size_t {
-    for (size_t i = 0; i < r.sq.size(); ++i) {
-      const SendWqe& w = r.sq[i];
-      if (!w.started()) break;
-      if (PsnDiff(q, w.first_psn) >= 0 && PsnDiff(q, w.last_psn()) <= 0) return i;
-    }
-    return r.sq.size();
-  };
 
   if (p.info->op == wire::Operation::kAcknowledge && p.aeth) {
     const wire::Aeth& aeth = *p.aeth;
@@ -80,7 +72,7 @@ void RcCompleter::OnResponse(const wire::PacketView& p, OutBatch& out) {
       case wire::AethKind::kRnrNak: {
         ack_before(psn, false);
         advance_acked(psn);
-        const size_t i = find_containing(psn);
+        const size_t i = requester.WqeContaining(psn);
         if (i == r.sq.size()) break;  // stale
         if (r.rnr_retries_left == 0) {
           requester.Fail(i, WcStatus::kRnrRetryExcErr);
@@ -96,7 +88,7 @@ void RcCompleter::OnResponse(const wire::PacketView& p, OutBatch& out) {
       }
       case wire::AethKind::kNak: {
         ack_before(psn, false);
-        const size_t i = find_containing(psn);
+        const size_t i = requester.WqeContaining(psn);
         if (aeth.nak_code() == wire::NakCode::kPsnSeqError) {
           // The responder expects `psn`: resend from there at once (9.7.5.2.1), without spending a retry. A packet
           // was lost on the way: the path is congested.
@@ -127,7 +119,7 @@ void RcCompleter::OnResponse(const wire::PacketView& p, OutBatch& out) {
         return;  // reserved syndrome: ignored
     }
   } else if (p.info->op == wire::Operation::kReadResponse) {
-    const size_t i = find_containing(psn);
+    const size_t i = requester.WqeContaining(psn);
     if (i == r.sq.size() || !r.sq[i].is_read() || r.sq[i].done()) return;  // duplicate or stale
     SendWqe& w = r.sq[i];
     const uint32_t expected = PsnAdd(w.first_psn, w.read_next);
@@ -159,7 +151,7 @@ void RcCompleter::OnResponse(const wire::PacketView& p, OutBatch& out) {
     if (r.cursor_wqe == i && r.cursor_pkt < w.read_next) r.cursor_pkt = w.read_next;
     progressed = true;
   } else if (p.info->op == wire::Operation::kAtomicAcknowledge) {
-    const size_t i = find_containing(psn);
+    const size_t i = requester.WqeContaining(psn);
     if (i == r.sq.size() || !r.sq[i].is_atomic() || r.sq[i].done()) return;
     if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return;
     ack_before(psn, false);

@@ -168,18 +168,23 @@ RcRequester::Silence RcRequester::SilenceMeansLoss() {
 bool RcRequester::SendTailProbe(OutBatch& out) {
   RcRequesterState& r = state_;
   const uint32_t newest = PsnAdd(r.sent_psn_next, -1);
-  for (size_t j = 0; j < r.sq.size(); ++j) {
-    const SendWqe& w = r.sq[j];
-    if (!w.in_flight() || PsnDiff(newest, w.first_psn) < 0 || PsnDiff(newest, w.first_psn) >= int32_t(w.npsn))
-      continue;
-    if (w.is_read() || w.is_atomic()) return false;
-    // The cursor goes back to it, and Progress sends it (a resend that reaches the newest packet asks for an ACK)
-    // and then only what is new, as the windows allow.
-    GoBack(j, static_cast<uint32_t>(PsnDiff(newest, w.first_psn)));
-    Progress(out);
-    return true;
+  const size_t j = WqeContaining(newest);
+  if (j == r.sq.size() || !r.sq[j].in_flight() || r.sq[j].is_read() || r.sq[j].is_atomic()) return false;
+  // The cursor goes back to it, and Progress sends it (a resend that reaches the newest packet asks for an ACK) and
+  // then only what is new, as the windows allow.
+  GoBack(j, static_cast<uint32_t>(PsnDiff(newest, r.sq[j].first_psn)));
+  Progress(out);
+  return true;
+}
+
+size_t RcRequester::WqeContaining(uint32_t psn) const {
+  const RcRequesterState& r = state_;
+  for (size_t i = 0; i < r.sq.size(); ++i) {
+    const SendWqe& w = r.sq[i];
+    if (!w.started()) break;
+    if (PsnDiff(psn, w.first_psn) >= 0 && PsnDiff(psn, w.last_psn()) <= 0) return i;
   }
-  return false;
+  return r.sq.size();
 }
 
 size_t RcRequester::OldestUnacknowledged(uint32_t* packet) const {

@@ -95,6 +95,8 @@ class RcRequester : private TransportObject {
   void AckedUpTo(uint32_t next);
   // Moves the cursor back to packet `packet` of WQE `index` (go-back-N) and drops the timed packet.
   void GoBack(size_t index, uint32_t packet);
+  // The started WQE whose PSNs include `psn` (for a READ, its response packets'); sq.size() when none does.
+  size_t WqeContaining(uint32_t psn) const;
   // After a lost READ response: asks again from the first missing one, once per gap, and cuts the path's window.
   void RerequestRead(SendWqe& w, OutBatch& out);
   void Congestion();  // a loss seen by this requester: the path's window is cut
