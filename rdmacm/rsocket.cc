@@ -289,6 +289,12 @@ void TearDown(RSocket* rs) {
   rs->recv_mr = rs->send_mr = nullptr;
 }
 
+// The rsocket's wake_fd, made on first use; -1 (errno set) when no eventfd can be made.
+int WakeFd(RSocket* rs) {
+  if (rs->wake_fd < 0) rs->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  return rs->wake_fd;
+}
+
 // Makes the threads blocked on `rs` (WaitUntil, WaitForConnectRequest) look again.
 void WakeWaiters(RSocket* rs) {
   if (rs->waiters > 0) rs->changed.notify_all();
@@ -475,7 +481,7 @@ bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadlin
       continue;
     }
     const int fd = now < poll_until ? -1 : ArmForSleep(rs);
-    if (fd < 0 || (rs->wake_fd < 0 && (rs->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)) {
+    if (fd < 0 || WakeFd(rs) < 0) {
       lock.unlock();  // other calls on other rsockets go on meanwhile
       CpuRelax();
       lock.lock();
@@ -500,15 +506,12 @@ bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadlin
 // Blocks, with the lock released, until the listener's channel has a connection request (or another event)
 // waiting: true; false when another thread closes the listener meanwhile.
 bool WaitForConnectRequest(RSocket* ls, std::unique_lock<std::mutex>& lock) {
-  if (ls->wake_fd < 0 && (ls->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) return false;
-  ++ls->waiters;
-  const bool sleeper = !ls->channel_sleeper;  // two accepting threads: the second polls the wake_fd as well
-  if (sleeper) ls->channel_sleeper = true;
+  if (WakeFd(ls) < 0) return false;
+  ++ls->waiters;  // WakeWaiters signals wake_fd while a listener has waiters
   lock.unlock();
   pollfd p[2] = {{ls->channel->fd, POLLIN, 0}, {ls->wake_fd, POLLIN, 0}};
   poll(p, 2, -1);
   lock.lock();
-  if (sleeper) ls->channel_sleeper = false;
   const bool closing = ls->closing;
   if (--ls->waiters == 0) {
     uint64_t wakes;
