@@ -504,9 +504,9 @@ bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadlin
 }
 
 // Blocks, with the lock released, until the listener's channel has a connection request (or another event)
-// waiting: true; false when another thread closes the listener meanwhile.
-bool WaitForConnectRequest(RSocket* ls, std::unique_lock<std::mutex>& lock) {
-  if (WakeFd(ls) < 0) return false;
+// waiting: 0; EBADF when another thread closes the listener meanwhile, the eventfd's errno when none can be made.
+int WaitForConnectRequest(RSocket* ls, std::unique_lock<std::mutex>& lock) {
+  if (WakeFd(ls) < 0) return errno;
   ++ls->waiters;  // WakeWaiters signals wake_fd while a listener has waiters
   lock.unlock();
   pollfd p[2] = {{ls->channel->fd, POLLIN, 0}, {ls->wake_fd, POLLIN, 0}};
@@ -518,7 +518,7 @@ bool WaitForConnectRequest(RSocket* ls, std::unique_lock<std::mutex>& lock) {
     [[maybe_unused]] ssize_t n = read(ls->wake_fd, &wakes, sizeof wakes);
     if (closing) ls->changed.notify_all();
   }
-  return !closing;
+  return closing ? EBADF : 0;
 }
 
 // A free send buffer -- and for a SEND of a stream rsocket (`needs_credit`) a credit for it -- waiting for them
@@ -867,7 +867,7 @@ int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
     if (rdma_get_cm_event(ls->channel, &e) != 0) {
       if (errno != EAGAIN) return -1;
       if (ls->nonblocking) return Fail(EAGAIN);
-      if (!WaitForConnectRequest(ls, lock)) return Fail(EBADF);  // closed meanwhile
+      if (int err = WaitForConnectRequest(ls, lock)) return Fail(err);  // closed meanwhile, or no eventfd
       continue;
     }
     if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
