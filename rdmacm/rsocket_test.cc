@@ -52,32 +52,74 @@ std::chrono::nanoseconds ThreadCpuTime() {
   return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
-// Runs `wait` (a blocking call) on a thread of its own, sends it a datagram from another rsocket after `idle`, and
-// returns the CPU time the waiting thread used meanwhile; `wait` gets the time it was called. Aborts if the datagram
-// does not end the wait within 10 s (a wait that never ends would otherwise hang the test).
-template <typename F>
-std::chrono::nanoseconds CpuOfAWaitEndedByADatagram(uint16_t to, std::chrono::milliseconds idle, F wait) {
-  std::atomic<bool> done{false};
-  std::chrono::nanoseconds cpu{};
-  std::thread waiter([&] {
-    const auto before = ThreadCpuTime();
-    wait();
-    cpu = ThreadCpuTime() - before;
-    done = true;
-  });
-  std::this_thread::sleep_for(idle);
-  uint16_t port = 0;
-  const int sender = BoundDatagramSocket(&port);
-  EXPECT_GE(sender, 0) << strerror(errno);
-  const sockaddr_in dst = Loopback(to);
-  EXPECT_EQ(rsendto(sender, "wake", 4, 0, reinterpret_cast<const sockaddr*>(&dst), sizeof dst), 4) << strerror(errno);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!done) {
-    ADD_FAILURE() << "the datagram did not end the wait";
+// Runs `work` on threads of their own; aborts if they have not all finished within `deadline` (a call that never
+// returns would otherwise hang the test).
+void RunWithDeadline(std::vector<std::function<void()>> work, const std::string& what, std::chrono::seconds deadline) {
+  std::atomic<int> left{int(work.size())};
+  std::vector<std::thread> threads;
+  for (auto& w : work)
+    threads.emplace_back([&left, w] {
+      w();
+      --left;
+    });
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (left > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (left > 0) {
+    ADD_FAILURE() << what << ": not finished after " << deadline.count() << " s";
     std::abort();
   }
-  waiter.join();
+  for (auto& t : threads) t.join();
+}
+
+// What a blocking call returned, and errno after it.
+struct CallResult {
+  long value = 0;
+  int err = 0;
+};
+
+// Runs `block` (a blocking call) on a thread of its own and, once it has been running for `idle` (asleep by then,
+// not polling), `end` on another; what `block` returned. Aborts if they are not done within `deadline`.
+CallResult EndABlockedCall(const std::function<long()>& block, const std::function<void()>& end,
+                           std::chrono::milliseconds idle, const std::string& what, std::chrono::seconds deadline) {
+  CallResult result;
+  std::atomic<bool> started{false};
+  RunWithDeadline({[&] {
+                     started = true;
+                     result.value = block();
+                     result.err = errno;
+                   },
+                   [&] {
+                     while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                     std::this_thread::sleep_for(idle);
+                     end();
+                   }},
+                  what, deadline);
+  return result;
+}
+
+// Runs `wait` (a blocking call) on a thread of its own, sends it a datagram from another rsocket after `idle`, and
+// returns the CPU time the waiting thread used meanwhile. Aborts if the datagram does not end the wait within 10 s.
+template <typename F>
+std::chrono::nanoseconds CpuOfAWaitEndedByADatagram(uint16_t to, std::chrono::milliseconds idle, F wait) {
+  std::chrono::nanoseconds cpu{};
+  int sender = -1;
+  EndABlockedCall(
+      [&] {
+        const auto before = ThreadCpuTime();
+        wait();
+        cpu = ThreadCpuTime() - before;
+        return 0L;
+      },
+      [&] {
+        uint16_t port = 0;
+        sender = BoundDatagramSocket(&port);
+        EXPECT_GE(sender, 0) << strerror(errno);
+        const sockaddr_in dst = Loopback(to);
+        EXPECT_EQ(rsendto(sender, "wake", 4, 0, reinterpret_cast<const sockaddr*>(&dst), sizeof dst), 4)
+            << strerror(errno);
+      },
+      idle, "a wait the datagram should end", std::chrono::seconds(10));
   rclose(sender);
   return cpu;
 }
@@ -241,25 +283,6 @@ ssize_t ReadPattern(int fd, size_t piece, uint8_t seed) {
   }
 }
 
-// Runs `work` on threads of their own; aborts if they have not all finished within kStreamDeadline.
-void RunWithDeadline(std::vector<std::function<void()>> work, const char* what) {
-  std::atomic<int> left{int(work.size())};
-  std::vector<std::thread> threads;
-  for (auto& w : work)
-    threads.emplace_back([&left, w] {
-      w();
-      --left;
-    });
-  const auto deadline = std::chrono::steady_clock::now() + kStreamDeadline;
-  while (left > 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  if (left > 0) {
-    ADD_FAILURE() << what << ": not finished after " << kStreamDeadline.count() << " s";
-    std::abort();
-  }
-  for (auto& t : threads) t.join();
-}
-
 // A stream rsocket listening on an ephemeral loopback port (its address in `where`), or -1.
 int ListeningStreamSocket(int flags, sockaddr_in* where) {
   const int fd = rsocket(AF_INET, SOCK_STREAM | flags, 0);
@@ -314,7 +337,7 @@ TEST_F(StreamRsockets, BothWaysAtOnceEveryByteArrives) {
                    [&] { EXPECT_TRUE(WritePattern(b_, kTotal, 65536, 2)); rshutdown(b_, SHUT_WR); },
                    [&] { a_got = ReadPattern(a_, 7000, 2); },
                    [&] { b_got = ReadPattern(b_, 300000, 1); }},
-                  "8 MiB each way (the credits stopped?)");
+                  "8 MiB each way (the credits stopped?)", kStreamDeadline);
   EXPECT_EQ(a_got, ssize_t(kTotal));
   EXPECT_EQ(b_got, ssize_t(kTotal));
 }
@@ -335,7 +358,7 @@ TEST_F(StreamRsockets, ASlowReaderHoldsTheWriterBackWithoutLoss) {
                        if (done % (64 << 10) == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
                      }
                    }},
-                  "a slow reader (the credits stopped?)");
+                  "a slow reader (the credits stopped?)", kStreamDeadline);
   EXPECT_EQ(got, ssize_t(kTotal));
 }
 
@@ -354,7 +377,7 @@ TEST_F(StreamRsockets, AHalfClosedSideStillReceivesTheOthersStream) {
                      rshutdown(b_, SHUT_WR);
                    },
                    [&] { a_got = ReadPattern(a_, 65536, 5); }},
-                  "streaming to a half-closed side (the credits stopped?)");
+                  "streaming to a half-closed side (the credits stopped?)", kStreamDeadline);
   EXPECT_EQ(b_got, ssize_t(kFirst));
   EXPECT_EQ(a_got, ssize_t(kSecond));
 }
@@ -363,22 +386,11 @@ TEST_F(StreamRsockets, AHalfClosedSideStillReceivesTheOthersStream) {
 // rclose frees the rsocket: a thread blocked on it must leave first, failing with EBADF, rather than wait on freed
 // memory for ever (or read it when woken). `block` is the blocking call; the test aborts if it does not return.
 void ExpectCloseEndsTheBlockedCall(int fd, const std::function<long()>& block, const char* what) {
-  long got = 0;
-  int err = 0;
-  std::atomic<bool> started{false};
-  RunWithDeadline({[&] {
-                     started = true;
-                     got = block();
-                     err = errno;
-                   },
-                   [&] {
-                     while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // asleep by now, not polling
-                     EXPECT_EQ(rclose(fd), 0) << strerror(errno);
-                   }},
-                  (std::string(what) + " blocked on an rsocket being closed").c_str());
-  EXPECT_EQ(got, -1) << what;
-  EXPECT_EQ(err, EBADF) << what;
+  const CallResult r = EndABlockedCall(
+      block, [&] { EXPECT_EQ(rclose(fd), 0) << strerror(errno); }, std::chrono::milliseconds(200),
+      std::string(what) + " blocked on an rsocket being closed", kStreamDeadline);
+  EXPECT_EQ(r.value, -1) << what;
+  EXPECT_EQ(r.err, EBADF) << what;
 }
 
 TEST_F(StreamRsockets, ClosingEndsAReceiveBlockedOnIt) {
@@ -397,19 +409,11 @@ TEST_F(DatagramRsocket, ClosingEndsAReceiveBlockedOnIt) {
 // every later one; the other direction goes on.
 TEST_F(StreamRsockets, ShutdownForReadingEndsABlockedReceive) {
   char buf[16];
-  ssize_t got = -2;
-  std::atomic<bool> started{false};
-  RunWithDeadline({[&] {
-                     started = true;
-                     got = rrecv(b_, buf, sizeof buf, 0);
-                   },
-                   [&] {
-                     while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // asleep by now
-                     EXPECT_EQ(rshutdown(b_, SHUT_RD), 0) << strerror(errno);
-                   }},
-                  "rrecv blocked on an rsocket shut down for reading");
-  EXPECT_EQ(got, 0);
+  const CallResult r = EndABlockedCall(
+      [&] { return long(rrecv(b_, buf, sizeof buf, 0)); },
+      [&] { EXPECT_EQ(rshutdown(b_, SHUT_RD), 0) << strerror(errno); }, std::chrono::milliseconds(200),
+      "rrecv blocked on an rsocket shut down for reading", kStreamDeadline);
+  EXPECT_EQ(r.value, 0);
   EXPECT_EQ(rrecv(b_, buf, sizeof buf, MSG_DONTWAIT), 0);
   ASSERT_EQ(rsend(b_, "out", 3, 0), 3) << strerror(errno);
   ASSERT_EQ(rrecv(a_, buf, 3, MSG_WAITALL), 3) << strerror(errno);
