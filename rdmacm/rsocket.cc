@@ -458,8 +458,9 @@ int ArmForSleep(RSocket* rs) {
 }
 
 // Blocks, with the lock released, until `ready()` (which polls the CQ) holds -- true -- or `deadline` passes or
-// another thread closes the rsocket (RSocket::closing: the caller fails with EBADF) -- false. It polls for kPollBeforeSleeping, then arms the CQ, looks once more and sleeps on the completion channel --
-// or, when another thread blocked on the rsocket sleeps there already, on `changed` (RSocket::waiters).
+// another thread closes the rsocket (RSocket::closing: the caller fails with EBADF) -- false. It polls for
+// kPollBeforeSleeping, then arms the CQ, looks once more and sleeps on the completion channel -- or, when another
+// thread blocked on the rsocket sleeps there already, on `changed` (RSocket::waiters).
 template <typename F>
 bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadline deadline = Deadline::max()) {
   const Deadline poll_until = std::chrono::steady_clock::now() + kPollBeforeSleeping;
