@@ -287,7 +287,7 @@ int Device::DestroyQp(QueuePair* qp) {
     qp->responder().SendHeldAck(out);
     DetachSharedReceiveLocked(qp->init());
     for (auto m = multicast_.begin(); m != multicast_.end();) {
-      std::erase(m->second, qp);
+      multicast_attachments_ -= std::erase(m->second, qp);
       m = m->second.empty() ? multicast_.erase(m) : std::next(m);
     }
     qp->mutable_attributes().qp_state = QpState::kReset;
@@ -303,11 +303,20 @@ static bool IsMulticastGroup(const wire::IpAddress& a) {
   return a.bytes()[0] == 0xFF;                   // ff00::/8
 }
 
-int Device::AttachMulticast(QueuePair* qp, const wire::IpAddress& group) {
+int Device::AttachMulticast(QueuePair* qp, const wire::IpAddress& group, bool* new_attachment) {
+  if (new_attachment) *new_attachment = false;
   if (qp == nullptr || qp->type() != QpType::kUd || !IsMulticastGroup(group)) return EINVAL;
+  const DeviceLimits& limits = core_.config.limits;
   std::unique_lock lock(objects_mu_);
-  std::vector<QueuePair*>& qps = multicast_[group];
-  if (std::find(qps.begin(), qps.end(), qp) == qps.end()) qps.push_back(qp);  // attaching twice is one attachment
+  auto it = multicast_.find(group);
+  if (it != multicast_.end() && std::find(it->second.begin(), it->second.end(), qp) != it->second.end())
+    return 0;  // attaching twice is one attachment
+  if (it == multicast_.end() && multicast_.size() >= limits.max_mcast_grp) return ENOMEM;
+  if (it != multicast_.end() && it->second.size() >= limits.max_mcast_qp_attach) return ENOMEM;
+  if (multicast_attachments_ >= limits.max_total_mcast_qp_attach) return ENOMEM;
+  multicast_[group].push_back(qp);
+  ++multicast_attachments_;
+  if (new_attachment) *new_attachment = true;
   return 0;
 }
 
@@ -318,8 +327,17 @@ int Device::DetachMulticast(QueuePair* qp, const wire::IpAddress& group) {
   if (it == multicast_.end() || std::find(it->second.begin(), it->second.end(), qp) == it->second.end())
     return EINVAL;
   std::erase(it->second, qp);
+  --multicast_attachments_;
   if (it->second.empty()) multicast_.erase(it);
   return 0;
+}
+
+std::vector<wire::IpAddress> Device::MulticastGroupsOf(const QueuePair* qp) {
+  std::shared_lock lock(objects_mu_);
+  std::vector<wire::IpAddress> groups;
+  for (const auto& [group, qps] : multicast_)
+    if (std::find(qps.begin(), qps.end(), qp) != qps.end()) groups.push_back(group);
+  return groups;
 }
 
 QueuePair* Device::FindQpLocked(uint32_t qpn) {

@@ -111,10 +111,14 @@ class Device {
   // --- multicast (IBTA 10.5, ibv_attach_mcast(3)) ---------------------------------------------------------------
   // A UD QP joins the group of multicast GID `group` (an IPv4-mapped 224.0.0.0/4 or an ff00::/8 address): a UD
   // packet to QPN 0xFFFFFF addressed to the group is delivered to every QP attached to it. EINVAL for another QP
-  // type, a GID that is not multicast, or (detach) a QP that is not attached. The network side (receiving the group's
-  // datagrams) is the caller's: this only keeps the attachments.
-  int AttachMulticast(QueuePair* qp, const wire::IpAddress& group);
+  // type, a GID that is not multicast, or (detach) a QP that is not attached; ENOMEM past the limits' groups, QPs per
+  // group or attachments in all (as rxe). Attaching an attached QP again succeeds and changes nothing
+  // (`*new_attachment` tells which). The network side (receiving the group's datagrams) is the caller's: this only
+  // keeps the attachments, one network join per attachment.
+  int AttachMulticast(QueuePair* qp, const wire::IpAddress& group, bool* new_attachment = nullptr);
   int DetachMulticast(QueuePair* qp, const wire::IpAddress& group);
+  // The groups `qp` is attached to: DestroyQp detaches them, and the caller leaves them on the network.
+  std::vector<wire::IpAddress> MulticastGroupsOf(const QueuePair* qp);
 
   // --- data path ----------------------------------------------------------------------------------------------
   // Posts one work request; a post-time error (bad state, too many SGEs, queue full) is returned and nothing is
@@ -175,6 +179,7 @@ class Device {
   std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
   std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
   std::map<wire::IpAddress, std::vector<QueuePair*>> multicast_;  // group -> attached UD QPs
+  size_t multicast_attachments_ = 0;                                // the sum of multicast_'s list sizes
   std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;  // by SRQ number
   std::map<XrcDomain*, std::unique_ptr<XrcDomain>> xrcds_;
   uint32_t next_srqn_ = 1;

@@ -138,6 +138,12 @@ struct DeviceLimits {
   uint32_t max_ah = 65536;
   uint32_t max_inline_data = 256;
   uint32_t max_mw = 65536;
+  // UD multicast (IBTA 10.5): groups the device is attached to, QPs per group, attachments in all. Each group the
+  // process receives costs the engine one UDP socket (wire::MulticastReceiver), so groups stay well below the usual
+  // 1024-descriptor limit; attachments are list entries.
+  uint32_t max_mcast_grp = 256;
+  uint32_t max_mcast_qp_attach = 256;
+  uint32_t max_total_mcast_qp_attach = 65536;
   uint16_t max_pkeys = 1;
   uint32_t gid_table_len = 1;  // populated GID entries (an sgid_index names one); verbs lists empty slots after
   uint8_t local_ca_ack_delay = 15;

@@ -445,5 +445,44 @@ TEST(UdMulticast, AttachRules) {
   EXPECT_EQ(dev.DetachMulticast(t.qb, group), EINVAL);
 }
 
+// The limits ibv_query_device reports are the ones attach enforces, with ENOMEM as rxe gives: groups, QPs per
+// group, attachments in all. A QP attached twice counts once, and a destroyed QP gives its attachments back.
+TEST(UdMulticast, AttachBeyondTheDeviceLimitsIsEnomem) {
+  DeviceConfig config;
+  config.limits.max_mcast_grp = 2;
+  config.limits.max_mcast_qp_attach = 3;
+  config.limits.max_total_mcast_qp_attach = 5;
+  Fabric fabric(config);
+  Device& dev = *fabric.AddNode().device;
+  ProtectionDomain* pd = dev.AllocPd();
+  CompletionQueue* cq;
+  ASSERT_EQ(dev.CreateCq(64, &cq), 0);
+  std::vector<QueuePair*> qps;
+  for (int i = 0; i < 6; ++i) qps.push_back(testing::CreateUdQp(dev, pd, cq, kQkey));
+  const wire::IpAddress g1 = *wire::IpAddress::Parse("239.1.1.1");
+  const wire::IpAddress g2 = *wire::IpAddress::Parse("239.1.1.2");
+  const wire::IpAddress g3 = *wire::IpAddress::Parse("239.1.1.3");
+  bool fresh = false;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(dev.AttachMulticast(qps[i], g1, &fresh), 0);
+    EXPECT_TRUE(fresh);
+  }
+  EXPECT_EQ(dev.AttachMulticast(qps[3], g1), ENOMEM);  // a fourth QP in one group
+  EXPECT_EQ(dev.AttachMulticast(qps[0], g1, &fresh), 0);  // again: no new attachment, not refused
+  EXPECT_FALSE(fresh);
+  ASSERT_EQ(dev.AttachMulticast(qps[3], g2), 0);
+  EXPECT_EQ(dev.AttachMulticast(qps[3], g3, &fresh), ENOMEM);  // a third group
+  EXPECT_FALSE(fresh);
+  ASSERT_EQ(dev.AttachMulticast(qps[4], g2), 0);
+  EXPECT_EQ(dev.AttachMulticast(qps[5], g2), ENOMEM);  // a sixth attachment in all
+  EXPECT_EQ(dev.MulticastGroupsOf(qps[3]), (std::vector<wire::IpAddress>{g2}));
+  ASSERT_EQ(dev.DestroyQp(qps[3]), 0);  // gives back its attachment, and g2 keeps qps[4]
+  EXPECT_EQ(dev.AttachMulticast(qps[5], g2), 0);
+  ASSERT_EQ(dev.DetachMulticast(qps[4], g2), 0);
+  ASSERT_EQ(dev.DetachMulticast(qps[5], g2), 0);  // g2 empty: the group is gone, a new one fits
+  EXPECT_EQ(dev.AttachMulticast(qps[5], g3), 0);
+  EXPECT_TRUE(dev.MulticastGroupsOf(qps[4]).empty());
+}
+
 }  // namespace
 }  // namespace uroce::emu

@@ -263,8 +263,11 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   a->hw_ver = 1;
   a->max_qp = static_cast<int>(l.max_qp);
   a->max_qp_wr = static_cast<int>(l.max_qp_wr);
+  // Memory windows of both types, type 2 checked against the QP and the PD (2B, as rxe and mlx5 report), and the
+  // memory-management extensions userspace can use: LOCAL_INV and SEND_WITH_INV (README's support table).
   a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SYS_IMAGE_GUID |
-                        IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_RESIZE_MAX_WR | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
+                        IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_RESIZE_MAX_WR | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC |
+                        IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_MEM_MGT_EXTENSIONS;
   a->max_sge = static_cast<int>(l.max_sge);
   a->max_sge_rd = static_cast<int>(l.max_sge_rd);
   a->max_cq = static_cast<int>(l.max_cq);
@@ -281,6 +284,9 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   a->max_srq_wr = static_cast<int>(l.max_srq_wr);
   a->max_srq_sge = static_cast<int>(l.max_srq_sge);
   a->max_mw = static_cast<int>(l.max_mw);
+  a->max_mcast_grp = static_cast<int>(l.max_mcast_grp);
+  a->max_mcast_qp_attach = static_cast<int>(l.max_mcast_qp_attach);
+  a->max_total_mcast_qp_attach = static_cast<int>(l.max_total_mcast_qp_attach);
   a->max_pkeys = l.max_pkeys;
   a->local_ca_ack_delay = l.local_ca_ack_delay;
   a->phys_port_cnt = 1;

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "verbs_api/internal.h"
 #include "verbs_api/qp_ex_ops.h"
@@ -337,7 +338,13 @@ int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr*
 
 int ibv_destroy_qp(ibv_qp* qp) {
   if (qp->qp_type == IBV_QPT_XRC_RECV) UntrackXrcTarget(ToQp(qp));  // opened handles (srq_verbs.cc)
-  if (int err = Ctx(qp->context)->dev().DestroyQp(ToQp(qp)->emu)) return err;
+  Context* ctx = Ctx(qp->context);
+  // A QP destroyed while attached to multicast groups is detached from them, as the kernel's uverbs does before it
+  // destroys a QP; the engine then stops receiving the groups nobody else here is attached to.
+  const std::vector<wire::IpAddress> groups =
+      qp->qp_type == IBV_QPT_UD ? ctx->dev().MulticastGroupsOf(ToQp(qp)->emu) : std::vector<wire::IpAddress>{};
+  if (int err = ctx->dev().DestroyQp(ToQp(qp)->emu)) return err;
+  for (const wire::IpAddress& group : groups) ctx->engine->LeaveMulticast(group);
   ReleaseSendOps(ToQp(qp));  // send ops API (qp_ex_ops.cc)
   pthread_cond_destroy(&qp->cond);
   pthread_mutex_destroy(&qp->mutex);

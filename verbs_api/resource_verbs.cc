@@ -499,7 +499,9 @@ int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
   return uroce::verbs::NoThrow(ENOMEM, [&] {
     Context* ctx = Ctx(qp->context);
     const wire::IpAddress group = wire::IpAddress::FromBytes(gid->raw);
-    if (int err = ctx->dev().AttachMulticast(ToQp(qp)->emu, group)) return err;
+    bool new_attachment = false;
+    if (int err = ctx->dev().AttachMulticast(ToQp(qp)->emu, group, &new_attachment)) return err;
+    if (!new_attachment) return 0;  // the engine counts one join per attachment
     if (int err = ctx->engine->JoinMulticast(group)) {
       ctx->dev().DetachMulticast(ToQp(qp)->emu, group);
       return err;

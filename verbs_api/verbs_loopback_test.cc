@@ -3,6 +3,7 @@
 // overrun as an async event, and a forked child opening its own device.
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <dirent.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -227,6 +228,62 @@ TEST(VerbsLoopback, GidTableHasTheAddressThenEmptySlots) {
   errno = 0;
   EXPECT_EQ(ibv_create_ah(e.pd, &ah), nullptr);
   EXPECT_EQ(errno, EINVAL);
+}
+
+// Descriptors open in this process (the engine receives each multicast group on a socket of its own).
+int OpenDescriptors() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (readdir(dir) != nullptr) ++n;
+    closedir(dir);
+  }
+  return n;
+}
+
+// Waits up to 5 s for the engine to close what it no longer receives (its multicast thread closes a group's socket).
+bool DescriptorsBackTo(int expected) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (OpenDescriptors() != expected) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    usleep(1000);
+  }
+  return true;
+}
+
+// ibv_query_device reports the multicast limits and memory windows the device has (pyverbs skips its multicast
+// tests when max_mcast_grp is 0, and leaves MW_BIND out of its access-flag tests without IBV_DEVICE_MEM_WINDOW); the
+// network side follows the attachments: attaching a QP twice is one attachment, and a QP destroyed while attached
+// is detached, as the kernel's uverbs does, so the group's socket closes.
+TEST(VerbsLoopback, MulticastLimitsReportedAndAttachmentsLeftWithTheirQp) {
+  Env e;
+  ibv_device_attr attr{};
+  ASSERT_EQ(ibv_query_device(e.ctx, &attr), 0);
+  EXPECT_GT(attr.max_mcast_grp, 0);
+  EXPECT_GT(attr.max_mcast_qp_attach, 0);
+  EXPECT_GE(attr.max_total_mcast_qp_attach, attr.max_mcast_grp);
+  EXPECT_TRUE(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW);
+  EXPECT_TRUE(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B);
+  ibv_cq* cq = ibv_create_cq(e.ctx, 16, nullptr, nullptr, 0);
+  ibv_qp* qp = UdQp(e, cq);
+  ASSERT_NE(qp, nullptr);
+  ibv_gid group{};
+  group.raw[10] = group.raw[11] = 0xff;  // ::ffff:239.77.x.y, x.y from our pid (tests run in parallel)
+  group.raw[12] = 239;
+  group.raw[13] = 77;
+  group.raw[14] = static_cast<uint8_t>(getpid() >> 8);
+  group.raw[15] = static_cast<uint8_t>(getpid());
+  ASSERT_EQ(ibv_attach_mcast(qp, &group, 0), 0);
+  const int joined = OpenDescriptors();  // the group's socket (and, the first time, the multicast thread's eventfd)
+  ASSERT_EQ(ibv_attach_mcast(qp, &group, 0), 0);
+  EXPECT_EQ(OpenDescriptors(), joined);
+  ASSERT_EQ(ibv_detach_mcast(qp, &group, 0), 0);
+  EXPECT_EQ(ibv_detach_mcast(qp, &group, 0), EINVAL);  // the second attach was the same attachment
+  EXPECT_TRUE(DescriptorsBackTo(joined - 1));  // the group's socket closed with its one attachment
+  ASSERT_EQ(ibv_attach_mcast(qp, &group, 0), 0);
+  EXPECT_EQ(OpenDescriptors(), joined);
+  ASSERT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_TRUE(DescriptorsBackTo(joined - 1));
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
 }
 
 TEST(VerbsLoopback, ForkedChildOpensItsOwnDevice) {
