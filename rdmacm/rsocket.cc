@@ -732,10 +732,13 @@ ssize_t Send(int fd, const void* buf, size_t len, int flags, const sockaddr* dst
   }
   if (!rs->connected) return Fail<ssize_t>(ENOTCONN);
   if (rs->fin_sent) return Fail<ssize_t>(EPIPE);
+  // A blocking send returns when all of it is on its way, as send(2) on a blocking TCP socket and rdma-core's rsend
+  // do (rcopy sends a whole file in one rsend and takes a short count for an error); a non-blocking one sends what the
+  // credits allow.
   const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
   size_t done = 0;
   while (done < len) {
-    const int slot = TakeSendSlot(rs, lock, wait && done == 0, /*needs_credit=*/true);
+    const int slot = TakeSendSlot(rs, lock, wait, /*needs_credit=*/true);
     if (slot == -EAGAIN) break;
     if (slot < 0) return done ? ssize_t(done) : Fail<ssize_t>(-slot);
     const uint32_t n = uint32_t(std::min<size_t>(rs->slot_bytes, len - done));
@@ -1037,10 +1040,14 @@ ssize_t rsend(int socket, const void* buf, size_t len, int flags) { return Send(
 ssize_t rread(int socket, void* buf, size_t count) { return Recv(socket, buf, count, 0); }
 ssize_t rwrite(int socket, const void* buf, size_t count) { return Send(socket, buf, count, 0); }
 
-ssize_t rreadv(int socket, const iovec* iov, int iovcnt) {
+// readv/writev over Recv and Send. A read fills the buffers in order and stops at the first one left short (what
+// was ready is read; MSG_WAITALL waits for all of it); a write sends every buffer, blocking for each as Send does on
+// a blocking socket, and stops at the first short one on a non-blocking socket or with MSG_DONTWAIT.
+static ssize_t ReadV(int socket, const iovec* iov, int iovcnt, int flags) {
   ssize_t total = 0;
   for (int i = 0; i < iovcnt; ++i) {
-    const ssize_t n = Recv(socket, iov[i].iov_base, iov[i].iov_len, i ? MSG_DONTWAIT : 0);
+    const int f = i == 0 || (flags & MSG_WAITALL) ? flags : flags | MSG_DONTWAIT;
+    const ssize_t n = Recv(socket, iov[i].iov_base, iov[i].iov_len, f);
     if (n < 0) return total ? total : n;
     total += n;
     if (size_t(n) < iov[i].iov_len) break;
@@ -1048,27 +1055,28 @@ ssize_t rreadv(int socket, const iovec* iov, int iovcnt) {
   return total;
 }
 
-ssize_t rwritev(int socket, const iovec* iov, int iovcnt) {
+static ssize_t WriteV(int socket, const iovec* iov, int iovcnt, int flags) {
   ssize_t total = 0;
   for (int i = 0; i < iovcnt; ++i) {
-    const ssize_t n = Send(socket, iov[i].iov_base, iov[i].iov_len, i ? MSG_DONTWAIT : 0);
+    const ssize_t n = Send(socket, iov[i].iov_base, iov[i].iov_len, flags);
     if (n < 0) return total ? total : n;
     total += n;
     if (size_t(n) < iov[i].iov_len) break;
   }
   return total;
 }
+
+ssize_t rreadv(int socket, const iovec* iov, int iovcnt) { return ReadV(socket, iov, iovcnt, 0); }
+ssize_t rwritev(int socket, const iovec* iov, int iovcnt) { return WriteV(socket, iov, iovcnt, 0); }
 
 ssize_t rrecvmsg(int socket, msghdr* msg, int flags) {
   if (msg == nullptr) return Fail<ssize_t>(EINVAL);
-  (void)flags;
-  return rreadv(socket, msg->msg_iov, int(msg->msg_iovlen));
+  return ReadV(socket, msg->msg_iov, int(msg->msg_iovlen), flags);
 }
 
 ssize_t rsendmsg(int socket, const msghdr* msg, int flags) {
   if (msg == nullptr) return Fail<ssize_t>(EINVAL);
-  (void)flags;
-  return rwritev(socket, msg->msg_iov, int(msg->msg_iovlen));
+  return WriteV(socket, msg->msg_iov, int(msg->msg_iovlen), flags);
 }
 
 ssize_t rrecvfrom(int socket, void* buf, size_t len, int flags, sockaddr* src_addr, socklen_t* addrlen) {

@@ -382,6 +382,58 @@ TEST_F(StreamRsockets, AHalfClosedSideStillReceivesTheOthersStream) {
   EXPECT_EQ(a_got, ssize_t(kSecond));
 }
 
+// A blocking rsend, rwritev or rsendmsg returns once all of it is on its way, as send(2) on a blocking TCP socket:
+// 3 MiB, six times the receive buffers, in one call each, the reader slow. A short count here is taken for an error
+// by programs such as rcopy, which sends a whole file in one rsend (it returned after the first 480 KiB).
+TEST_F(StreamRsockets, ABlockingSendTakesEverything) {
+  constexpr size_t kOne = 3 << 20;
+  std::vector<uint8_t> data(3 * kOne);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = PatternByte(i, 6);
+  ssize_t sent = -2, vector_sent = -2, msg_sent = -2, got = -2;
+  RunWithDeadline({[&] {
+                     sent = rsend(a_, data.data(), kOne, 0);
+                     iovec iov[3] = {{data.data() + kOne, 1000}, {data.data() + kOne + 1000, kOne / 2 - 1000},
+                                     {data.data() + kOne + kOne / 2, kOne / 2}};
+                     vector_sent = rwritev(a_, iov, 3);
+                     msghdr msg{};
+                     iovec one{data.data() + 2 * kOne, kOne};
+                     msg.msg_iov = &one;
+                     msg.msg_iovlen = 1;
+                     msg_sent = rsendmsg(a_, &msg, 0);
+                     rshutdown(a_, SHUT_WR);
+                   },
+                   [&] {
+                     std::vector<uint8_t> buf(8192);
+                     size_t done = 0;
+                     got = 0;
+                     for (ssize_t r; (r = rrecv(b_, buf.data(), buf.size(), 0)) > 0; done += size_t(r)) {
+                       if (std::memcmp(buf.data(), data.data() + done, size_t(r)) != 0) return;
+                       got = ssize_t(done + size_t(r));
+                       if (done % (256 << 10) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                     }
+                   }},
+                  "blocking sends of 3 MiB each", kStreamDeadline);
+  EXPECT_EQ(sent, ssize_t(kOne));
+  EXPECT_EQ(vector_sent, ssize_t(kOne));
+  EXPECT_EQ(msg_sent, ssize_t(kOne));
+  EXPECT_EQ(got, ssize_t(data.size()));
+}
+
+// A non-blocking one (MSG_DONTWAIT here) sends what the peer's credits allow and says how much.
+TEST_F(StreamRsockets, ANonBlockingSendTakesWhatTheCreditsAllow) {
+  std::vector<uint8_t> data(4 << 20, 0x5a);
+  const ssize_t sent = rsend(a_, data.data(), data.size(), MSG_DONTWAIT);
+  EXPECT_GT(sent, 0);
+  EXPECT_LT(sent, ssize_t(data.size()));  // nobody reads: 4 MiB is beyond the receive buffers
+  msghdr msg{};
+  iovec one{data.data(), data.size()};
+  msg.msg_iov = &one;
+  msg.msg_iovlen = 1;
+  errno = 0;
+  EXPECT_EQ(rsendmsg(a_, &msg, MSG_DONTWAIT), -1);  // the credits are spent: rsendmsg honours its flags
+  EXPECT_EQ(errno, EAGAIN);
+}
+
 // --- closing an rsocket another thread is blocked on -----------------------------------------------------------
 // rclose frees the rsocket: a thread blocked on it must leave first, failing with EBADF, rather than wait on freed
 // memory for ever (or read it when woken). `block` is the blocking call; the test aborts if it does not return.
