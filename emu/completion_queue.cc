@@ -4,6 +4,8 @@
 
 namespace uroce::emu {
 
+thread_local HeldNotifications* HeldNotifications::current_ = nullptr;
+
 uint32_t CompletionQueue::capacity() const {
   std::lock_guard lock(mu_);
   return static_cast<uint32_t>(ring_.size() - 1);
@@ -33,8 +35,22 @@ bool CompletionQueue::Push(const Completion& c) {
       fire = notifier_;
     }
   }
-  if (fire) fire(*this);
+  if (fire) {
+    if (HeldNotifications* held = HeldNotifications::current())
+      held->Add(handle_);
+    else
+      fire(*this);
+  }
   return true;
+}
+
+void CompletionQueue::Notify() {
+  Notifier fire;
+  {
+    std::lock_guard lock(mu_);
+    fire = notifier_;
+  }
+  if (fire) fire(*this);
 }
 
 int CompletionQueue::Poll(Completion* out, int max) {

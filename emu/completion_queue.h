@@ -16,6 +16,30 @@
 
 namespace uroce::emu {
 
+// Completion events held back while the packets of the same processing step wait to be sent. Device::OnDatagram
+// opens one around a packet: the ACK it builds leaves before the event that wakes the application, whose answer could
+// otherwise reach the wire ahead of the ACK of the request it answers -- a real HCA acknowledges on arrival, and
+// programs see that order (perftest's latency tests with -e take the first event on their one channel as their send's
+// completion). A CQ armed while its event is held is not armed twice: the event is the one that was due.
+class HeldNotifications {
+ public:
+  HeldNotifications() : outer_(current_) { current_ = this; }
+  ~HeldNotifications() { current_ = outer_; }
+  HeldNotifications(const HeldNotifications&) = delete;
+  HeldNotifications& operator=(const HeldNotifications&) = delete;
+  // The scope open on this thread, or nullptr (events are then delivered at once).
+  static HeldNotifications* current() { return current_; }
+  void Add(uint32_t cq_handle) { handles_.push_back(cq_handle); }
+  // The CQs whose events wait, in the order they were raised; the owner delivers them (CompletionQueue::Notify)
+  // after sending, for the CQs that still exist.
+  const std::vector<uint32_t>& handles() const { return handles_; }
+
+ private:
+  static thread_local HeldNotifications* current_;
+  HeldNotifications* outer_;
+  std::vector<uint32_t> handles_;
+};
+
 class CompletionQueue {
  public:
   // Called when an armed CQ gets a qualifying completion (verbs_api posts it to the completion channel).
@@ -50,6 +74,8 @@ class CompletionQueue {
 
   // Arms the CQ; 0 or EINVAL.
   int RequestNotify(bool solicited_only);
+  // Delivers an event that was held (HeldNotifications) to the notifier.
+  void Notify();
   // New capacity >= current depth, else EINVAL (resize_cq, IBTA 11.2.9.3).
   int Resize(uint32_t capacity);
   void set_notifier(Notifier n);

@@ -410,12 +410,15 @@ void Device::Transmit(OutBatch& out) {
 void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
   OutBatch out;
   std::optional<GsiMad> gsi;
+  HeldNotifications events;  // delivered once `out` has left (completion_queue.h)
   {
     std::shared_lock objects(objects_mu_);
     DeviceCore::ack_timing = acks;
     OnDatagramLocked(d, out, gsi);
     DeviceCore::ack_timing = AckTiming::kNow;
-    if (acks == AckTiming::kNow) {
+    // An event is about to wake an application, which may answer at once: the ACKs held for what it received leave
+    // first, as an HCA's would have on arrival.
+    if (acks == AckTiming::kNow || !events.handles().empty()) {
       if (core_.next_held_ack_due_ns.load(std::memory_order_relaxed) != 0) SendHeldAcksLocked(UINT64_MAX, out);
     } else {
       const uint64_t due = core_.next_held_ack_due_ns.load(std::memory_order_relaxed);
@@ -426,6 +429,11 @@ void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
     }
   }
   Transmit(out);
+  if (!events.handles().empty()) {
+    std::shared_lock objects(objects_mu_);
+    for (uint32_t handle : events.handles())
+      if (auto it = cqs_.find(handle); it != cqs_.end()) it->second->Notify();  // unless destroyed meanwhile
+  }
   if (gsi) cm_.OnMad(gsi->peer, gsi->qkey, gsi->src_qp, gsi->mad);
 }
 

@@ -1415,6 +1415,38 @@ TEST_F(RcHeldAck, MovingTheQpToErrorSendsItsHeldAckFirst) {
   EXPECT_EQ(sa[0].status, WcStatus::kSuccess);
 }
 
+// An event wakes an application that may answer at once: the ACK held for what it received leaves before the event
+// is delivered, as an HCA's would have on arrival. (perftest's ib_send_lat -e takes the first event on its one
+// channel as its send's completion: when the answer overtook the ACK, its peer saw them the other way round and hung.)
+TEST(RcHeldAckEvents, AnEventIsDeliveredAfterTheAckOfWhatItReports) {
+  Rc t;
+  t.b->ack_timing = Device::AckTiming::kHeld;
+  Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  size_t acks_out_at_event = 0;
+  int events = 0;
+  t.rb->set_notifier([&](CompletionQueue&) {
+    ++events;
+    for (const Pkt& p : Wire(*t.b)) acks_out_at_event += IsAck(p);
+  });
+  ASSERT_EQ(t.rb->RequestNotify(false), 0);
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{5, {lb.At(0, 64)}}), 0);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Wr(1, SendOpcode::kSend, {la.At(0, 8)})), 0);
+  StepUntilReceived(t, *t.b, 1);
+  EXPECT_EQ(events, 1);
+  EXPECT_EQ(acks_out_at_event, 1u);
+  // Unarmed, the ACK is held as before (it leaves with b's next request or at its time).
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{6, {lb.At(0, 64)}}), 0);
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Wr(2, SendOpcode::kSend, {la.At(0, 8)})), 0);
+  StepUntilReceived(t, *t.b, 2);
+  size_t acks = 0;
+  for (const Pkt& p : Wire(*t.b)) acks += IsAck(p);
+  EXPECT_EQ(acks, 1u);
+  t.fabric.Pump();
+  EXPECT_EQ(Drain(t.sa).size(), 2u);
+  EXPECT_EQ(Drain(t.rb).size(), 2u);
+}
+
 // --- duplicates --------------------------------------------------------------------------------------------------
 
 TEST(RcDuplicate, LostReadResponseIsAnsweredAgainFromSavedState) {
