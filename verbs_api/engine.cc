@@ -134,7 +134,9 @@ int OpenTransport(TransportChoice* choice, const wire::UdpEndpoint& ep, std::uni
   if (*choice == TransportChoice::kAuto && g_uring_refused.load()) *choice = TransportChoice::kSocket;
   if (*choice != TransportChoice::kSocket) {
     std::unique_ptr<wire::UringTransport> uring;
-    const int rc = wire::UringTransport::Create(ep, &uring);
+    wire::UringTransport::Options options;
+    options.responses_first = true;  // completions in a hardware's order (wire::DeliverReceived)
+    const int rc = wire::UringTransport::Create(ep, options, &uring);
     if (rc == 0) {
       *choice = TransportChoice::kUring;
       *out = std::move(uring);
@@ -155,7 +157,9 @@ int OpenTransport(TransportChoice* choice, const wire::UdpEndpoint& ep, std::uni
     *choice = TransportChoice::kSocket;
   }
   std::unique_ptr<wire::SocketTransport> socket;
-  const int rc = wire::SocketTransport::Create(ep, &socket);
+  wire::SocketTransport::Options options;
+  options.responses_first = true;
+  const int rc = wire::SocketTransport::Create(ep, options, &socket);
   if (rc == 0) *out = std::move(socket);
   return rc;
 }

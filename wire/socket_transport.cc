@@ -31,7 +31,7 @@ int SocketTransport::Init(const UdpEndpoint& bind, const Options& options) {
     EnableUdpOffloads(fd_, &gso, &gro_);
     gso_ = gso;
   }
-  return receiver_.Init(options_.batch, options_.max_datagram, gro_);
+  return receiver_.Init(options_.batch, options_.max_datagram, gro_, options_.responses_first);
 }
 
 SocketTransport::~SocketTransport() {

@@ -15,6 +15,7 @@
 
 #include "wire/bytes.h"
 #include "wire/icrc.h"
+#include "wire/opcode.h"
 
 namespace uroce::wire {
 namespace {
@@ -282,7 +283,7 @@ bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep) {
 }
 
 int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload, int msg_flags,
-                    const UdpEndpoint& local, size_t max_datagram, UdpCounterSet& counters) {
+                    const UdpEndpoint& local, size_t max_datagram, bool responses_first, UdpCounterSet& counters) {
   if (msg_flags & MSG_TRUNC) {
     counters.Truncated();
     return 0;
@@ -313,20 +314,36 @@ int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   in.timestamp_ns = uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
-  if (segment < payload.size()) counters.CoalescedReceive();
+  const bool run = segment < payload.size();
+  if (run) counters.CoalescedReceive();
+  // A run is what one peer sent in one go. With responses_first its acknowledgements and READ/atomic responses are
+  // handed over before its requests: a uroce peer holds the ACK of our request and sends it behind its own next request (one UDP_SEGMENT
+  // send), where an HCA would have sent it as soon as our request arrived; taken in the run's order, our send would
+  // complete after the receive of the peer's answer -- the reverse of what programs see on hardware (perftest's
+  // latency tests with -e take the first event on their one channel as their send's completion, poll once, and hang
+  // when it is the receive's). The two kinds belong to independent streams (the peer's responder and its requester,
+  // IBTA 9.7), and each keeps its order.
+  auto is_response = [](std::span<const uint8_t> p) {
+    const OpcodeInfo* op = p.empty() ? nullptr : FindOpcode(p[0]);
+    return op != nullptr && !op->is_request;
+  };
+  const bool two_passes = run && responses_first;
   int delivered = 0;
-  size_t at = 0;
-  do {  // once for an empty datagram
-    in.payload = payload.subspan(at, std::min(segment, payload.size() - at));
-    at += in.payload.size();
-    if (in.payload.size() > max_datagram) {
-      counters.Truncated();
-      continue;
-    }
-    counters.Received(in.payload.size());
-    handler(in);
-    ++delivered;
-  } while (at < payload.size());
+  for (int pass = two_passes ? 0 : 1; pass < 2; ++pass) {
+    size_t at = 0;
+    do {  // once for an empty datagram
+      in.payload = payload.subspan(at, std::min(segment, payload.size() - at));
+      at += in.payload.size();
+      if (two_passes && is_response(in.payload) != (pass == 0)) continue;
+      if (in.payload.size() > max_datagram) {
+        counters.Truncated();
+        continue;
+      }
+      counters.Received(in.payload.size());
+      handler(in);
+      ++delivered;
+    } while (at < payload.size());
+  }
   return delivered;
 }
 
@@ -336,9 +353,10 @@ void DrainEventFd(int fd) {
   }
 }
 
-int DatagramReceiver::Init(unsigned batch, size_t max_datagram, bool gro) {
+int DatagramReceiver::Init(unsigned batch, size_t max_datagram, bool gro, bool responses_first) {
   if (batch == 0 || max_datagram == 0) return -EINVAL;
   max_datagram_ = max_datagram;
+  responses_first_ = responses_first;
   buffer_bytes_ = ReceiveBufferBytes(max_datagram, gro);
   // Left uninitialised: the kernel writes a datagram before anything reads it, and untouched pages cost nothing.
   buffers_.reset(new (std::nothrow) uint8_t[size_t(batch) * buffer_bytes_]);
@@ -392,7 +410,7 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
     const auto* buffer = static_cast<const uint8_t*>(slots_[size_t(i)].iov.iov_base);
     // With MSG_TRUNC set, msg_len is the datagram's full length: never read past the buffer.
     const size_t len = std::min<size_t>(msgs_[size_t(i)].msg_len, buffer_bytes_);
-    delivered += DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, max_datagram_, counters);
+    delivered += DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, max_datagram_, responses_first_, counters);
   }
   return delivered;
 }

@@ -129,10 +129,11 @@ bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep);
 // Hands what one receive returned to `handler`, one datagram at a time (a UDP_GRO run is split at the segment size
 // its control message gives): source from msg_name, destination `local` with the address of the IP_PKTINFO /
 // IPV6_PKTINFO control message, arrival time on CLOCK_MONOTONIC. A truncated receive (MSG_TRUNC in `msg_flags`), a
-// datagram longer than `max_datagram` or an unreadable source is counted and not delivered. Returns how many
-// datagrams were delivered.
+// datagram longer than `max_datagram` or an unreadable source is counted and not delivered. With `responses_first`
+// the RoCE acknowledgements and READ/atomic responses of a UDP_GRO run are handed over before its requests, each kind
+// in its order (why: the definition). Returns how many datagrams were delivered.
 int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload, int msg_flags,
-                    const UdpEndpoint& local, size_t max_datagram, UdpCounterSet& counters);
+                    const UdpEndpoint& local, size_t max_datagram, bool responses_first, UdpCounterSet& counters);
 
 // Batched non-blocking receive straight from a UDP socket: one recvmmsg(MSG_DONTWAIT) of up to `batch` datagrams
 // into buffers it owns. SocketTransport receives only this way; UringTransport does while its receive side is
@@ -140,8 +141,9 @@ int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span
 class DatagramReceiver {
  public:
   // Up to `batch` receives per recvmmsg, each of up to max_datagram bytes, or of a whole UDP_GRO run (kMaxGroBytes)
-  // when `gro` (EnableUdpOffloads said the socket has it). 0, -EINVAL for a batch or size of 0, -ENOMEM.
-  int Init(unsigned batch, size_t max_datagram, bool gro);
+  // when `gro` (EnableUdpOffloads said the socket has it); `responses_first` as DeliverReceived's. 0, -EINVAL for a
+  // batch or size of 0, -ENOMEM.
+  int Init(unsigned batch, size_t max_datagram, bool gro, bool responses_first = false);
   // Delivers what is queued on `fd`: after an empty receive one datagram (recvmsg), then twice as many each time a
   // receive came back full, up to `batch` (recvmmsg). Returns the number delivered (0 when every datagram received
   // was dropped as truncated), -EAGAIN when nothing was queued, or -errno.
@@ -158,6 +160,7 @@ class DatagramReceiver {
     alignas(cmsghdr) uint8_t control[kReceiveControlBytes]{};
   };
   size_t max_datagram_ = 0;
+  bool responses_first_ = false;
   size_t buffer_bytes_ = 0;  // per receive
   std::unique_ptr<uint8_t[]> buffers_;
   std::vector<Slot> slots_;

@@ -2,6 +2,7 @@
 // receives come back full (a stream).
 #include "wire/udp_socket.h"
 
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +13,63 @@
 
 namespace uroce::wire {
 namespace {
+
+// What DeliverReceived hands over for one receive of `payload` from 127.0.0.9:4791, split at `gso_size` (0: no
+// UDP_GRO control message): each datagram's first byte (its BTH opcode) in delivery order.
+std::vector<uint8_t> DeliveredOpcodes(const std::vector<uint8_t>& payload, int gso_size, bool responses_first = true) {
+  sockaddr_storage from;
+  socklen_t from_len;
+  EXPECT_EQ(ToSockaddr({IpAddress::V4(0x7f000009), 4791}, AF_INET, &from, &from_len), 0);
+  alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_name = &from;
+  msg.msg_namelen = from_len;
+  if (gso_size > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_GRO;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &gso_size, sizeof gso_size);
+  }
+  std::vector<uint8_t> order;
+  UdpCounterSet counters;
+  const int n = DeliverReceived([&](const InDatagram& d) { order.push_back(d.payload[0]); }, msg, payload, 0,
+                                {IpAddress::V4(0x7f000001), 4791}, 9216, responses_first, counters);
+  EXPECT_EQ(n, int(order.size()));
+  return order;
+}
+
+// Datagrams of `size` bytes with these first bytes, back to back (as a UDP_GRO run holds them).
+std::vector<uint8_t> BackToBack(std::initializer_list<uint8_t> opcodes, size_t size) {
+  std::vector<uint8_t> out;
+  for (uint8_t op : opcodes) {
+    out.push_back(op);
+    out.resize(out.size() + size - 1, 0);
+  }
+  return out;
+}
+
+// With responses_first, in a UDP_GRO run acknowledgements and READ/atomic responses are handed over before requests, each kind in its
+// order: a uroce peer sends the ACK it held for our request behind its own next request, and our send must complete
+// before the receive of its answer, as on hardware.
+TEST(DeliverReceived, ResponsesInARunComeBeforeItsRequests) {
+  constexpr uint8_t kSend = 0x04, kWriteOnly = 0x0A, kAck = 0x11, kReadLast = 0x0F, kAtomicAck = 0x12;
+  EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend, kAck}, 20), 20), (std::vector<uint8_t>{kAck, kSend}));
+  EXPECT_EQ(DeliveredOpcodes(BackToBack({kWriteOnly, kAck, kSend, kReadLast, kAtomicAck}, 40), 40),
+            (std::vector<uint8_t>{kAck, kReadLast, kAtomicAck, kWriteOnly, kSend}));
+  // The last segment of a run may be shorter: [WRITE 40, ACK 20] as one run.
+  std::vector<uint8_t> uneven = BackToBack({kWriteOnly}, 40);
+  const std::vector<uint8_t> ack = BackToBack({kAck}, 20);
+  uneven.insert(uneven.end(), ack.begin(), ack.end());
+  EXPECT_EQ(DeliveredOpcodes(uneven, 40), (std::vector<uint8_t>{kAck, kWriteOnly}));
+  // Requests alone keep their order, and a datagram that is not a run is handed over as it is.
+  EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend, kWriteOnly, kSend}, 64), 64), (std::vector<uint8_t>{kSend, kWriteOnly, kSend}));
+  EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend}, 64), 0), (std::vector<uint8_t>{kSend}));
+  // Without responses_first (a transport's default) a run keeps its order.
+  EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend, kAck}, 20), 20, false), (std::vector<uint8_t>{kSend, kAck}));
+}
 
 class DatagramReceiverTest : public testing::Test {
  protected:

@@ -443,7 +443,7 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
             // The kernel sets MSG_TRUNC in out->flags and payloadlen to the datagram's full length.
             const auto* payload = static_cast<const uint8_t*>(io_uring_recvmsg_payload(out, multishot_msg_.get()));
             delivered += DeliverReceived(handler, msg, {payload, len}, int(out->flags), local_, options_.max_datagram,
-                                         counters_);
+                                         options_.responses_first, counters_);
           }
         }
         io_uring_buf_ring_add(buf_ring_, buf, unsigned(buf_size_), bid, mask, returned++);
@@ -459,7 +459,7 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
       ReceiveSlot& slot = receive_slots_[index];
       if (c.res >= 0) {
         delivered += DeliverReceived(handler, slot.msg, {slot.buffer, size_t(c.res)}, slot.msg.msg_flags, local_,
-                                     options_.max_datagram, counters_);
+                                     options_.max_datagram, options_.responses_first, counters_);
       } else if (c.res != -ECANCELED) {
         counters_.ReceiveFailed();
       }
@@ -537,7 +537,7 @@ int UringTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
 
 int UringTransport::PollSocketDirectly(const DatagramHandler& handler, int64_t timeout_ns) {
   if (!direct_ready_) {
-    if (int r = direct_.Init(32, options_.max_datagram, gro_); r < 0) return r;
+    if (int r = direct_.Init(32, options_.max_datagram, gro_, options_.responses_first); r < 0) return r;
     direct_ready_ = true;
   }
   return direct_.Poll(fd_, wake_fd_, handler, local_, counters_, timeout_ns);

@@ -49,6 +49,7 @@ struct UringTransportOptions {
   int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
   bool force_fallback_receive = false;
   bool udp_offloads = true;           // UDP_SEGMENT sends and UDP_GRO receives where the kernel has them
+  bool responses_first = false;       // RoCE responses of a UDP_GRO run before its requests (DeliverReceived)
   // false: every datagram goes through the send ring, as when the socket buffer is full (on loopback it rarely is:
   // tests set this to run that path).
   bool direct_sends = true;
