@@ -554,6 +554,20 @@ constexpr size_t kGrh = 40;
 // one copy of its current request was dropped it resent only older ones, forever.
 constexpr int kDgramSlots = 256;
 
+// getsockname(2)'s contract for rgetsockname / rgetpeername: the address is cut to *addrlen bytes (none with a
+// length of 0, when `addr` may be NULL: librspreload asks the size that way before it turns an rsocket whose
+// rconnect failed into a TCP socket) and *addrlen says its full size. An unbound socket reads as its family's any
+// address, port 0. 0 or EFAULT.
+int CopyOutAddress(const sockaddr_storage& from, int family, sockaddr* addr, socklen_t* addrlen) {
+  if (addrlen == nullptr || (addr == nullptr && *addrlen > 0)) return EFAULT;
+  sockaddr_storage a = from;
+  if (a.ss_family == AF_UNSPEC) a.ss_family = sa_family_t(family);
+  const socklen_t size = a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  if (*addrlen > 0) std::memcpy(addr, &a, std::min(*addrlen, size));
+  *addrlen = size;
+  return 0;
+}
+
 bool ThisHost(const sockaddr* sa) {
   return uroce::rdmacm::IsAnyOrLoopback(sa);
 }
@@ -1165,10 +1179,8 @@ int rgetpeername(int socket, sockaddr* addr, socklen_t* addrlen) {
   std::lock_guard lock(g_mu);
   RSocket* rs = Find(socket);
   if (rs == nullptr) return Fail(EBADF);
-  if (!rs->connected || addr == nullptr || addrlen == nullptr) return Fail(rs->connected ? EINVAL : ENOTCONN);
-  const socklen_t n = std::min<socklen_t>(*addrlen, sizeof(sockaddr_storage));
-  std::memcpy(addr, &rs->id->route.addr.dst_storage, n);
-  *addrlen = n;
+  if (!rs->connected) return Fail(ENOTCONN);
+  if (int err = CopyOutAddress(rs->id->route.addr.dst_storage, rs->family, addr, addrlen)) return Fail(err);
   return 0;
 }
 
@@ -1176,16 +1188,12 @@ int rgetsockname(int socket, sockaddr* addr, socklen_t* addrlen) {
   std::lock_guard lock(g_mu);
   RSocket* rs = Find(socket);
   if (rs == nullptr) return Fail(EBADF);
-  if (addr == nullptr || addrlen == nullptr) return Fail(EINVAL);
-  const socklen_t n = std::min<socklen_t>(*addrlen, sizeof(sockaddr_storage));
-  if (rs->dgram) {
-    sockaddr_storage ss{};
+  sockaddr_storage ss{};
+  if (rs->dgram)
     uroce::rdmacm::SetSockaddr(&ss, rs->device, rs->binding.port(), rs->family);
-    std::memcpy(addr, &ss, n);
-  } else {
-    std::memcpy(addr, rs->id ? &rs->id->route.addr.src_storage : &rs->bound, n);
-  }
-  *addrlen = n;
+  else
+    ss = rs->id ? rs->id->route.addr.src_storage : rs->bound;
+  if (int err = CopyOutAddress(ss, rs->family, addr, addrlen)) return Fail(err);
   return 0;
 }
 

@@ -328,6 +328,32 @@ class StreamRsockets : public ::testing::Test {
   int a_ = -1, b_ = -1;
 };
 
+// rgetsockname / rgetpeername keep getsockname(2)'s contract: the address is cut to the length given, the length
+// returned is the address's full size, and a length of 0 with no buffer only asks that size (librspreload does so
+// before it turns a socket whose rconnect failed into a TCP one; it got EINVAL).
+TEST_F(StreamRsockets, AddressesAreCutToTheLengthGivenWhichSaysTheirSize) {
+  for (auto get : {&rgetsockname, &rgetpeername}) {
+    socklen_t len = 0;
+    EXPECT_EQ(get(a_, nullptr, &len), 0) << strerror(errno);
+    EXPECT_EQ(len, socklen_t(sizeof(sockaddr_in)));
+    sockaddr_storage ss;
+    std::memset(&ss, 0xee, sizeof ss);
+    len = 2;  // the family only
+    EXPECT_EQ(get(a_, reinterpret_cast<sockaddr*>(&ss), &len), 0);
+    EXPECT_EQ(len, socklen_t(sizeof(sockaddr_in)));
+    EXPECT_EQ(ss.ss_family, AF_INET);
+    EXPECT_EQ(reinterpret_cast<const uint8_t*>(&ss)[2], 0xee);  // nothing past the length given
+    len = sizeof ss;
+    EXPECT_EQ(get(a_, reinterpret_cast<sockaddr*>(&ss), &len), 0);
+    EXPECT_EQ(len, socklen_t(sizeof(sockaddr_in)));
+    EXPECT_NE(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port, 0);
+    len = 4;
+    errno = 0;
+    EXPECT_EQ(get(a_, nullptr, &len), -1);  // a length but nowhere to put it
+    EXPECT_EQ(errno, EFAULT);
+  }
+}
+
 // Both sides write 8 MiB while they read the other's: each side's SENDs need the credits the other's reader frees,
 // and those travel while both send queues are busy.
 TEST_F(StreamRsockets, BothWaysAtOnceEveryByteArrives) {

@@ -511,6 +511,16 @@ std::string Librspreload() {
   return "";
 }
 
+// `env` with `preload` added to LD_PRELOAD, after a sanitizer's runtime, which must come first.
+EnvOverrides WithPreload(const EnvOverrides& env, const std::string& preload) {
+  EnvOverrides out = env;
+  std::string preloads;
+  for (const auto& [name, value] : out)
+    if (name == "LD_PRELOAD") preloads = value;
+  out.emplace_back("LD_PRELOAD", preloads.empty() ? preload : preloads + ":" + preload);
+  return out;
+}
+
 // rstream -T s is a plain sockets program (socket, bind, listen, accept, connect, send, recv; no rsocket call); under
 // librspreload its stream runs over an RC QP of uroce, checked byte for byte (-T v) and seen in uroce's counters.
 // uroce's own UDP sockets must stay the kernel's: the library made its first one with socket(2) while starting, which
@@ -521,11 +531,7 @@ TEST_F(RdmaCmClientsTest, LibrspreloadRunsAPlainSocketsProgramOverUroce) {
   if (rstream.empty() || port <= 0) return;
   const std::string preload = Librspreload();
   if (preload.empty()) GTEST_SKIP() << "librspreload.so is not installed (Debian's librdmacm1)";
-  EnvOverrides env = env_;
-  std::string preloads;  // after a sanitizer's runtime, which must come first
-  for (const auto& [name, value] : env)
-    if (name == "LD_PRELOAD") preloads = value;
-  env.emplace_back("LD_PRELOAD", preloads.empty() ? preload : preloads + ":" + preload);
+  EnvOverrides env = WithPreload(env_, preload);
   env.emplace_back("UROCE_STATS", "1");
   const std::vector<std::string> args = {"-p", std::to_string(port), "-S", "4096", "-C", "1000", "-T", "s", "-T", "v"};
   std::vector<std::string> server = {rstream};
@@ -540,6 +546,27 @@ TEST_F(RdmaCmClientsTest, LibrspreloadRunsAPlainSocketsProgramOverUroce) {
     // Each side received the other's 1000 messages of 4 KiB (one packet each at the 4096-byte MTU) over uroce.
     EXPECT_GE(StatsCounter(side->output, "rx_packets"), 1000) << r.Describe();
   }
+}
+
+// A program under librspreload that dials a plain TCP server: its rconnect finds no rsocket listening, and
+// librspreload turns the socket into a TCP one and connects again -- which first asks rgetsockname for the address's
+// size with a NULL address and a length of 0 (getsockname(2) allows it). That call failed with EINVAL, and so did the
+// connect: rstream printed "rconnect: Invalid argument".
+TEST_F(RdmaCmClientsTest, LibrspreloadFallsBackToTcpForAPlainServer) {
+  const std::string rstream = Program("rstream");
+  const int port = Port();
+  if (rstream.empty() || port <= 0) return;
+  const std::string preload = Librspreload();
+  if (preload.empty()) GTEST_SKIP() << "librspreload.so is not installed (Debian's librdmacm1)";
+  const std::vector<std::string> args = {"-p", std::to_string(port), "-S", "10000", "-C", "100", "-T", "s", "-T", "v"};
+  std::vector<std::string> server = {rstream};
+  server.insert(server.end(), args.begin(), args.end());
+  std::vector<std::string> client = server;
+  client.insert(client.begin() + 1, {"-s", "127.0.0.1"});
+  const PairResult r = RunPair(server, env_, client, WithPreload(env_, preload), port, kPairTimeout);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  const std::regex result(R"(custom\s+9.7k\s+100\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)");
+  for (const ProcessResult* side : {&r.server, &r.client}) EXPECT_EQ(CountMatching(side->output, result), 1) << r.Describe();
 }
 
 // ---------------------------------------------------------------------------------------------------------------
