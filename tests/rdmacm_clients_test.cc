@@ -396,6 +396,19 @@ TEST_F(RdmaCmClientsTest, MckeyMulticast) {
 // over RC, and riomap/riowrite.
 // ---------------------------------------------------------------------------------------------------------------
 
+// rstream's (or riostream's) two command lines for a pair on `port`: `args` on both, the client's dialling 127.0.0.1.
+struct RstreamCommands {
+  std::vector<std::string> server, client;
+};
+RstreamCommands RstreamPair(const std::string& program, int port, const std::vector<std::string>& args) {
+  RstreamCommands c;
+  c.server = {program, "-p", std::to_string(port)};
+  c.server.insert(c.server.end(), args.begin(), args.end());
+  c.client = c.server;
+  c.client.insert(c.client.begin() + 1, {"-s", "127.0.0.1"});
+  return c;
+}
+
 struct RstreamCase {
   std::string name;
   std::vector<std::string> args;  // the same on both sides
@@ -408,11 +421,8 @@ TEST_P(RstreamTest, TransfersAndReports) {
   const std::string rstream = Program(GetParam().program);
   const int port = Port();
   if (rstream.empty() || port <= 0) return;
-  std::vector<std::string> server = {rstream, "-p", std::to_string(port)};
-  server.insert(server.end(), GetParam().args.begin(), GetParam().args.end());
-  std::vector<std::string> client = server;
-  client.insert(client.begin() + 1, {"-s", "127.0.0.1"});
-  PairResult r = RunCmPair(server, client, kTcp, port);
+  const RstreamCommands c = RstreamPair(rstream, port, GetParam().args);
+  PairResult r = RunCmPair(c.server, c.client, kTcp, port);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   // The header and one result line: "custom  4k  1k  1  7.8m  0.22s  0.30  108.04".
   const std::string header = R"(name\s+bytes\s+xfers\s+iters\s+total\s+time\s+Gb/sec\s+usec/xfer\s*)";
@@ -453,10 +463,8 @@ TEST_F(RdmaCmClientsTest, RstreamMovesMegabytesWithoutRnrNaks) {
   if (rstream.empty() || port <= 0) return;
   EnvOverrides env = env_;
   env.emplace_back("UROCE_STATS", "1");
-  std::vector<std::string> server = {rstream, "-p", std::to_string(port), "-S", "1000000", "-C", "20", "-T", "v"};
-  std::vector<std::string> client = server;
-  client.insert(client.begin() + 1, {"-s", "127.0.0.1"});
-  PairResult r = RunCmPair(server, client, kTcp, port, env, env);
+  const RstreamCommands c = RstreamPair(rstream, port, {"-S", "1000000", "-C", "20", "-T", "v"});
+  PairResult r = RunCmPair(c.server, c.client, kTcp, port, env, env);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   for (const ProcessResult* side : {&r.server, &r.client}) {
     EXPECT_EQ(CountMatching(side->output, std::regex(R"(custom\s+976k\s+20\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)")), 1)
@@ -533,12 +541,8 @@ TEST_F(RdmaCmClientsTest, LibrspreloadRunsAPlainSocketsProgramOverUroce) {
   if (preload.empty()) GTEST_SKIP() << "librspreload.so is not installed (Debian's librdmacm1)";
   EnvOverrides env = WithPreload(env_, preload);
   env.emplace_back("UROCE_STATS", "1");
-  const std::vector<std::string> args = {"-p", std::to_string(port), "-S", "4096", "-C", "1000", "-T", "s", "-T", "v"};
-  std::vector<std::string> server = {rstream};
-  server.insert(server.end(), args.begin(), args.end());
-  std::vector<std::string> client = server;
-  client.insert(client.begin() + 1, {"-s", "127.0.0.1"});
-  PairResult r = RunCmPair(server, client, kTcp, port, env, env);
+  const RstreamCommands c = RstreamPair(rstream, port, {"-S", "4096", "-C", "1000", "-T", "s", "-T", "v"});
+  PairResult r = RunCmPair(c.server, c.client, kTcp, port, env, env);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   const std::regex result(R"(custom\s+4k\s+1k\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)");
   for (const ProcessResult* side : {&r.server, &r.client}) {
@@ -558,12 +562,8 @@ TEST_F(RdmaCmClientsTest, LibrspreloadFallsBackToTcpForAPlainServer) {
   if (rstream.empty() || port <= 0) return;
   const std::string preload = Librspreload();
   if (preload.empty()) GTEST_SKIP() << "librspreload.so is not installed (Debian's librdmacm1)";
-  const std::vector<std::string> args = {"-p", std::to_string(port), "-S", "10000", "-C", "100", "-T", "s", "-T", "v"};
-  std::vector<std::string> server = {rstream};
-  server.insert(server.end(), args.begin(), args.end());
-  std::vector<std::string> client = server;
-  client.insert(client.begin() + 1, {"-s", "127.0.0.1"});
-  const PairResult r = RunPair(server, env_, client, WithPreload(env_, preload), port, kPairTimeout);
+  const RstreamCommands c = RstreamPair(rstream, port, {"-S", "10000", "-C", "100", "-T", "s", "-T", "v"});
+  const PairResult r = RunPair(c.server, env_, c.client, WithPreload(env_, preload), port, kPairTimeout);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   const std::regex result(R"(custom\s+9.7k\s+100\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)");
   for (const ProcessResult* side : {&r.server, &r.client}) EXPECT_EQ(CountMatching(side->output, result), 1) << r.Describe();
