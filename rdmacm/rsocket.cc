@@ -123,6 +123,7 @@ struct RSocket {
   bool listening = false;
   bool connected = false;
   bool peer_fin = false;
+  bool cm_disconnected = false;  // the connection's DISCONNECTED event was taken (TakeCmEvents)
   bool fin_sent = false;
   bool read_shut = false;  // rshutdown SHUT_RD: a receive with nothing ready returns 0
   int error = 0;
@@ -267,6 +268,8 @@ void Connected(RSocket* rs) {
   a.min_rnr_timer = kShortestRnrTimer;
   ibv_modify_qp(rs->id->qp, &a, IBV_QP_MIN_RNR_TIMER);
   rs->connected = true;
+  // From now on its channel is only looked at (TakeCmEvents), never waited on.
+  fcntl(rs->channel->fd, F_SETFL, fcntl(rs->channel->fd, F_GETFL) | O_NONBLOCK);
 }
 
 void TearDown(RSocket* rs) {
@@ -400,6 +403,25 @@ void PollCq(RSocket* rs) {
   WakeWaiters(rs);
 }
 
+// The connection's own CM events, looked at when a call is about to sleep and when it wakes. A DISCONNECTED without
+// the peer's end of stream means its process died or it dropped the connection (uroce's CM speaks for a dead
+// process with a DREQ, as the kernel does): what arrived before is still read, then the stream ends, and sends fail
+// with ECONNRESET -- TCP's behaviour once its peer is gone -- where every call on it used to wait for ever.
+void TakeCmEvents(RSocket* rs) {
+  if (rs->dgram || rs->listening || !rs->connected || rs->channel == nullptr || rs->cm_disconnected) return;
+  rdma_cm_event* e = nullptr;
+  while (rdma_get_cm_event(rs->channel, &e) == 0) {
+    if (e->event == RDMA_CM_EVENT_DISCONNECTED) rs->cm_disconnected = true;
+    rdma_ack_cm_event(e);
+  }
+  if (!rs->cm_disconnected) return;
+  PollCq(rs);  // its end of stream, if it sent one, may be among the completions not taken yet
+  if (!rs->peer_fin) {
+    rs->peer_fin = true;
+    if (!rs->error) rs->error = ECONNRESET;
+  }
+}
+
 bool Readable(RSocket* rs) { return !rs->ready.empty() || rs->peer_fin || rs->error || rs->read_shut; }
 bool Writable(RSocket* rs) {
   if (rs->error) return rs->connected || rs->dgram;
@@ -488,16 +510,20 @@ bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadlin
       lock.lock();
       continue;
     }
+    TakeCmEvents(rs);
     if (ready()) break;
     rs->channel_sleeper = true;
     lock.unlock();
-    pollfd p[2] = {{fd, POLLIN, 0}, {rs->wake_fd, POLLIN, 0}};
-    poll(p, 2, PollTimeoutMs(deadline));
+    // The connection's CM channel too: a peer that dies sends nothing the CQ would hear of.
+    const int cm_fd = rs->connected && rs->channel ? rs->channel->fd : -1;
+    pollfd p[3] = {{fd, POLLIN, 0}, {rs->wake_fd, POLLIN, 0}, {cm_fd, POLLIN, 0}};
+    poll(p, 3, PollTimeoutMs(deadline));
     lock.lock();
     rs->channel_sleeper = false;
     uint64_t wakes;
     [[maybe_unused]] ssize_t n = read(rs->wake_fd, &wakes, sizeof wakes);
     DrainCqEvents(rs);
+    TakeCmEvents(rs);
     rs->changed.notify_all();  // the others look again; one of them sleeps on the channel next
   }
   if (--rs->waiters == 0 && rs->closing) rs->changed.notify_all();  // rclose waits for that
@@ -930,9 +956,7 @@ int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
   }
   Connected(rs.get());
   if (addr && addrlen) {
-    const socklen_t n = std::min<socklen_t>(*addrlen, sizeof(sockaddr_storage));
-    std::memcpy(addr, &child->route.addr.dst_storage, n);
-    *addrlen = n;
+    CopyOutAddress(child->route.addr.dst_storage, rs->family, addr, addrlen);
   }
   const int fd = rs->fd;
   g_sockets[fd] = std::move(rs);
@@ -1132,6 +1156,8 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
           if (rs->waiters > 0) look_again_ms = 1;
           if (const int fd = ArmForSleep(rs); fd >= 0) {
             sleep_on.push_back({fd, POLLIN, 0});
+            TakeCmEvents(rs);
+            if (rs->connected && !rs->dgram && !rs->cm_disconnected) sleep_on.push_back({rs->channel->fd, POLLIN, 0});
           } else {
             // Not connected yet: another thread's rconnect would raise no event.
             if (look_again_ms < 0) look_again_ms = 10;
@@ -1166,8 +1192,12 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     poll(sleep_on.data(), sleep_on.size(),
          look_again_ms >= 0 && (wait_ms < 0 || wait_ms > look_again_ms) ? look_again_ms : wait_ms);
     std::lock_guard lock(g_mu);
-    for (nfds_t i = 0; i < nfds; ++i)
-      if (RSocket* rs = Find(fds[i].fd)) DrainCqEvents(rs);
+    for (nfds_t i = 0; i < nfds; ++i) {
+      if (RSocket* rs = Find(fds[i].fd)) {
+        DrainCqEvents(rs);
+        TakeCmEvents(rs);
+      }
+    }
   }
 }
 

@@ -7,8 +7,13 @@
 #include <rdma/rsocket.h>
 
 #include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -281,6 +286,21 @@ ssize_t ReadPattern(int fd, size_t piece, uint8_t seed) {
       if (buf[size_t(i)] != PatternByte(done + size_t(i), seed)) return ssize_t(done + size_t(i));
     done += size_t(r);
   }
+}
+
+// Reads exactly `total` bytes that must follow the pattern of `seed`; how many matched in order (it stops at a
+// mismatch, the end of the stream or an error).
+ssize_t ReadPatternUpTo(int fd, size_t total, uint8_t seed = 0) {
+  std::vector<uint8_t> buf(8192);
+  size_t done = 0;
+  while (done < total) {
+    const ssize_t r = rrecv(fd, buf.data(), std::min(buf.size(), total - done), 0);
+    if (r <= 0) break;
+    for (ssize_t i = 0; i < r; ++i)
+      if (buf[size_t(i)] != PatternByte(done + size_t(i), seed)) return ssize_t(done + size_t(i));
+    done += size_t(r);
+  }
+  return ssize_t(done);
 }
 
 // A stream rsocket listening on an ephemeral loopback port (its address in `where`), or -1.
@@ -587,6 +607,56 @@ TEST(ListeningRsocket, AConnectionThatIsNotAnRsocketIsRejected) {
   rclose(client);
   rclose(server);
   rclose(listener);
+}
+
+// The path of a program built for this test (its runfiles), or "".
+std::string Runfile(const std::string& path) {
+  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
+    const char* root = std::getenv(var);
+    if (root == nullptr || root[0] == '\0') continue;
+    const std::string full = std::string(root) + "/uroce/" + path;
+    if (access(full.c_str(), X_OK) == 0) return full;
+  }
+  return "";
+}
+
+// A peer whose process is killed (SIGKILL: no rclose, no end of stream, no disconnect) ends the stream as TCP's does
+// once its peer is gone: what it sent is read, then a blocked rrecv returns 0 and rsend fails with ECONNRESET.
+// uroce's connection manager notices the death (its PeerWatch) and speaks for the dead process with a DREQ, as the
+// kernel does; the rsocket left the resulting DISCONNECTED unread on its channel, and both calls waited for ever.
+TEST(StreamRsocketPeer, ADeadPeersStreamEndsAndSendsFail) {
+  const std::string peer = Runfile("rdmacm/rsocket_dying_peer");
+  ASSERT_FALSE(peer.empty()) << "rdmacm/rsocket_dying_peer is not in the runfiles";
+  sockaddr_in where{};
+  const int listener = ListeningStreamSocket(0, &where);
+  ASSERT_GE(listener, 0) << strerror(errno);
+  constexpr size_t kBytes = 100000;
+  const std::string port = std::to_string(ntohs(where.sin_port)), bytes = std::to_string(kBytes);
+  char* const argv[] = {const_cast<char*>(peer.c_str()), const_cast<char*>(port.c_str()),
+                        const_cast<char*>(bytes.c_str()), nullptr};
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, peer.c_str(), nullptr, nullptr, argv, environ), 0);
+  int fd = -1;
+  RunWithDeadline({[&] { fd = raccept(listener, nullptr, nullptr); }}, "raccept of the peer", kStreamDeadline);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ssize_t got = -2, after_death = -2;
+  RunWithDeadline({[&] {
+                     got = ReadPatternUpTo(fd, kBytes);
+                     rsend(fd, "k", 1, 0);  // read: now it dies
+                     char b;
+                     after_death = rrecv(fd, &b, 1, 0);
+                   }},
+                  "rrecv on a stream whose peer was killed", kStreamDeadline);
+  EXPECT_EQ(got, ssize_t(kBytes));
+  EXPECT_EQ(after_death, 0);  // the end of the stream
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the peer exited with status " << status;
+  errno = 0;
+  EXPECT_EQ(rsend(fd, "x", 1, 0), -1);
+  EXPECT_EQ(errno, ECONNRESET);
+  EXPECT_EQ(rclose(fd), 0);
+  EXPECT_EQ(rclose(listener), 0);
 }
 
 }  // namespace
