@@ -1334,7 +1334,7 @@ size_t riowrite(int socket, const void* buf, size_t count, off_t offset, int fla
   const bool wait = !rs->nonblocking && !(flags & MSG_DONTWAIT);
   size_t done = 0;
   while (done < count) {
-    const int slot = TakeSendSlot(rs, lock, wait && done == 0, /*needs_credit=*/false);
+    const int slot = TakeSendSlot(rs, lock, wait, /*needs_credit=*/false);  // blocking: all of it, as rsend
     if (slot == -EAGAIN) break;
     if (slot < 0) return done ? done : Fail<size_t>(-slot);
     // Looked up after the wait: the peer's maps may have grown meanwhile (PollCq).

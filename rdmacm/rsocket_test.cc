@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <time.h>
@@ -620,43 +621,83 @@ std::string Runfile(const std::string& path) {
   return "";
 }
 
+// The rsocket_test_peer process in `mode` ("die", "iomap") connected to a listener of ours: its pid and our end.
+struct Peer {
+  pid_t pid = -1;
+  int fd = -1;
+};
+Peer StartPeer(const std::string& mode, size_t bytes) {
+  Peer p;
+  const std::string program = Runfile("rdmacm/rsocket_test_peer");
+  EXPECT_FALSE(program.empty()) << "rdmacm/rsocket_test_peer is not in the runfiles";
+  sockaddr_in where{};
+  const int listener = ListeningStreamSocket(0, &where);
+  EXPECT_GE(listener, 0) << strerror(errno);
+  if (program.empty() || listener < 0) return p;
+  const std::string port = std::to_string(ntohs(where.sin_port)), size = std::to_string(bytes);
+  char* const argv[] = {const_cast<char*>(program.c_str()), const_cast<char*>(mode.c_str()),
+                        const_cast<char*>(port.c_str()), const_cast<char*>(size.c_str()), nullptr};
+  EXPECT_EQ(posix_spawn(&p.pid, program.c_str(), nullptr, nullptr, argv, environ), 0);
+  RunWithDeadline({[&] { p.fd = raccept(listener, nullptr, nullptr); }}, "raccept of the peer", kStreamDeadline);
+  EXPECT_GE(p.fd, 0) << strerror(errno);
+  rclose(listener);
+  return p;
+}
+
 // A peer whose process is killed (SIGKILL: no rclose, no end of stream, no disconnect) ends the stream as TCP's does
 // once its peer is gone: what it sent is read, then a blocked rrecv returns 0 and rsend fails with ECONNRESET.
 // uroce's connection manager notices the death (its PeerWatch) and speaks for the dead process with a DREQ, as the
 // kernel does; the rsocket left the resulting DISCONNECTED unread on its channel, and both calls waited for ever.
 TEST(StreamRsocketPeer, ADeadPeersStreamEndsAndSendsFail) {
-  const std::string peer = Runfile("rdmacm/rsocket_dying_peer");
-  ASSERT_FALSE(peer.empty()) << "rdmacm/rsocket_dying_peer is not in the runfiles";
-  sockaddr_in where{};
-  const int listener = ListeningStreamSocket(0, &where);
-  ASSERT_GE(listener, 0) << strerror(errno);
   constexpr size_t kBytes = 100000;
-  const std::string port = std::to_string(ntohs(where.sin_port)), bytes = std::to_string(kBytes);
-  char* const argv[] = {const_cast<char*>(peer.c_str()), const_cast<char*>(port.c_str()),
-                        const_cast<char*>(bytes.c_str()), nullptr};
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, peer.c_str(), nullptr, nullptr, argv, environ), 0);
-  int fd = -1;
-  RunWithDeadline({[&] { fd = raccept(listener, nullptr, nullptr); }}, "raccept of the peer", kStreamDeadline);
-  ASSERT_GE(fd, 0) << strerror(errno);
+  const Peer peer = StartPeer("die", kBytes);
+  ASSERT_GE(peer.fd, 0);
   ssize_t got = -2, after_death = -2;
   RunWithDeadline({[&] {
-                     got = ReadPatternUpTo(fd, kBytes);
-                     rsend(fd, "k", 1, 0);  // read: now it dies
+                     got = ReadPatternUpTo(peer.fd, kBytes);
+                     rsend(peer.fd, "k", 1, 0);  // read: now it dies
                      char b;
-                     after_death = rrecv(fd, &b, 1, 0);
+                     after_death = rrecv(peer.fd, &b, 1, 0);
                    }},
                   "rrecv on a stream whose peer was killed", kStreamDeadline);
   EXPECT_EQ(got, ssize_t(kBytes));
   EXPECT_EQ(after_death, 0);  // the end of the stream
   int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_EQ(waitpid(peer.pid, &status, 0), peer.pid);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the peer exited with status " << status;
   errno = 0;
-  EXPECT_EQ(rsend(fd, "x", 1, 0), -1);
+  EXPECT_EQ(rsend(peer.fd, "x", 1, 0), -1);
   EXPECT_EQ(errno, ECONNRESET);
-  EXPECT_EQ(rclose(fd), 0);
-  EXPECT_EQ(rclose(listener), 0);
+  EXPECT_EQ(rclose(peer.fd), 0);
+}
+
+// A blocking riowrite, like a blocking rsend, returns once all of it is on its way (rdma-core's waits for send
+// buffers as often as it needs): 2 MiB, four times the send buffers, into the buffer a stopped peer riomap'ed. While
+// the peer is stopped (SIGSTOP) nothing is acknowledged and the send buffers run out; it returned 512 KiB then.
+TEST(StreamRsocketPeer, ABlockingRiowriteTakesEverything) {
+  constexpr size_t kBytes = 2 << 20;
+  const Peer peer = StartPeer("iomap", kBytes);
+  ASSERT_GE(peer.fd, 0);
+  char c = 0;
+  ASSERT_EQ(rrecv(peer.fd, &c, 1, 0), 1);  // after its map's announcement on the same QP
+  std::vector<uint8_t> data(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) data[i] = PatternByte(i, 0);
+  ASSERT_EQ(kill(peer.pid, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(peer.pid, &status, WUNTRACED), peer.pid);  // stopped, all its threads
+  ASSERT_TRUE(WIFSTOPPED(status));
+  size_t written = 0;
+  EndABlockedCall(
+      [&] {
+        written = riowrite(peer.fd, data.data(), kBytes, 0, 0);
+        return long(rsend(peer.fd, "d", 1, 0));  // behind the RDMA WRITEs on the QP
+      },
+      [&] { kill(peer.pid, SIGCONT); }, std::chrono::milliseconds(100), "a blocking riowrite to a stopped peer",
+      kStreamDeadline);
+  EXPECT_EQ(written, kBytes);
+  ASSERT_EQ(waitpid(peer.pid, &status, 0), peer.pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the peer found the pattern: exit status " << status;
+  EXPECT_EQ(rclose(peer.fd), 0);
 }
 
 }  // namespace
