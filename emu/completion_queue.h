@@ -20,7 +20,7 @@ namespace uroce::emu {
 // opens one around a packet: the ACK it builds leaves before the event that wakes the application, whose answer could
 // otherwise reach the wire ahead of the ACK of the request it answers -- a real HCA acknowledges on arrival, and
 // programs see that order (perftest's latency tests with -e take the first event on their one channel as their send's
-// completion). A CQ armed while its event is held is not armed twice: the event is the one that was due.
+// completion). The CQ is disarmed when its event is raised, as when it is delivered at once; only the delivery waits.
 class HeldNotifications {
  public:
   HeldNotifications() : outer_(current_) { current_ = this; }
