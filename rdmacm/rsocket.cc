@@ -407,8 +407,13 @@ void PollCq(RSocket* rs) {
 // the peer's end of stream means its process died or it dropped the connection (uroce's CM speaks for a dead
 // process with a DREQ, as the kernel does): what arrived before is still read, then the stream ends, and sends fail
 // with ECONNRESET -- TCP's behaviour once its peer is gone -- where every call on it used to wait for ever.
+// The CM channel a wait watches beside the CQ's: a connected stream's, until its DISCONNECTED is taken; else -1.
+int CmWatchFd(const RSocket* rs) {
+  return !rs->dgram && rs->connected && rs->channel != nullptr && !rs->cm_disconnected ? rs->channel->fd : -1;
+}
+
 void TakeCmEvents(RSocket* rs) {
-  if (rs->dgram || rs->listening || !rs->connected || rs->channel == nullptr || rs->cm_disconnected) return;
+  if (CmWatchFd(rs) < 0) return;
   rdma_cm_event* e = nullptr;
   while (rdma_get_cm_event(rs->channel, &e) == 0) {
     if (e->event == RDMA_CM_EVENT_DISCONNECTED) rs->cm_disconnected = true;
@@ -515,8 +520,7 @@ bool WaitUntil(RSocket* rs, std::unique_lock<std::mutex>& lock, F ready, Deadlin
     rs->channel_sleeper = true;
     lock.unlock();
     // The connection's CM channel too: a peer that dies sends nothing the CQ would hear of.
-    const int cm_fd = rs->connected && rs->channel ? rs->channel->fd : -1;
-    pollfd p[3] = {{fd, POLLIN, 0}, {rs->wake_fd, POLLIN, 0}, {cm_fd, POLLIN, 0}};
+    pollfd p[3] = {{fd, POLLIN, 0}, {rs->wake_fd, POLLIN, 0}, {CmWatchFd(rs), POLLIN, 0}};
     poll(p, 3, PollTimeoutMs(deadline));
     lock.lock();
     rs->channel_sleeper = false;
@@ -1157,7 +1161,7 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
           if (const int fd = ArmForSleep(rs); fd >= 0) {
             sleep_on.push_back({fd, POLLIN, 0});
             TakeCmEvents(rs);
-            if (rs->connected && !rs->dgram && !rs->cm_disconnected) sleep_on.push_back({rs->channel->fd, POLLIN, 0});
+            if (const int cm_fd = CmWatchFd(rs); cm_fd >= 0) sleep_on.push_back({cm_fd, POLLIN, 0});
           } else {
             // Not connected yet: another thread's rconnect would raise no event.
             if (look_again_ms < 0) look_again_ms = 10;
