@@ -276,7 +276,7 @@ int Device::QueryQp(QueuePair* qp, QpAttributes* attr) {
   return 0;
 }
 
-int Device::DestroyQp(QueuePair* qp) {
+int Device::DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups) {
   OutBatch out;
   {
     std::unique_lock lock(objects_mu_);
@@ -287,7 +287,7 @@ int Device::DestroyQp(QueuePair* qp) {
     qp->responder().SendHeldAck(out);
     DetachSharedReceiveLocked(qp->init());
     for (auto m = multicast_.begin(); m != multicast_.end();) {
-      multicast_attachments_ -= std::erase(m->second, qp);
+      if (std::erase(m->second, qp) > 0 && left_groups) left_groups->push_back(m->first);
       m = m->second.empty() ? multicast_.erase(m) : std::next(m);
     }
     qp->mutable_attributes().qp_state = QpState::kReset;
@@ -313,9 +313,10 @@ int Device::AttachMulticast(QueuePair* qp, const wire::IpAddress& group, bool* n
     return 0;  // attaching twice is one attachment
   if (it == multicast_.end() && multicast_.size() >= limits.max_mcast_grp) return ENOMEM;
   if (it != multicast_.end() && it->second.size() >= limits.max_mcast_qp_attach) return ENOMEM;
-  if (multicast_attachments_ >= limits.max_total_mcast_qp_attach) return ENOMEM;
+  size_t attachments = 0;  // a few hundred groups at most: counted when needed rather than kept
+  for (const auto& [g, qps] : multicast_) attachments += qps.size();
+  if (attachments >= limits.max_total_mcast_qp_attach) return ENOMEM;
   multicast_[group].push_back(qp);
-  ++multicast_attachments_;
   if (new_attachment) *new_attachment = true;
   return 0;
 }
@@ -327,17 +328,8 @@ int Device::DetachMulticast(QueuePair* qp, const wire::IpAddress& group) {
   if (it == multicast_.end() || std::find(it->second.begin(), it->second.end(), qp) == it->second.end())
     return EINVAL;
   std::erase(it->second, qp);
-  --multicast_attachments_;
   if (it->second.empty()) multicast_.erase(it);
   return 0;
-}
-
-std::vector<wire::IpAddress> Device::MulticastGroupsOf(const QueuePair* qp) {
-  std::shared_lock lock(objects_mu_);
-  std::vector<wire::IpAddress> groups;
-  for (const auto& [group, qps] : multicast_)
-    if (std::find(qps.begin(), qps.end(), qp) != qps.end()) groups.push_back(group);
-  return groups;
 }
 
 QueuePair* Device::FindQpLocked(uint32_t qpn) {

@@ -88,8 +88,9 @@ class Device {
   int CreateQp(QpInitAttributes& init, QueuePair** out);
   int ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
   int QueryQp(QueuePair* qp, QpAttributes* attr);
-  // Drops one handle on the QP (an XRC target opened by OpenQp has several); the QP goes with the last.
-  int DestroyQp(QueuePair* qp);
+  // Drops one handle on the QP (an XRC target opened by OpenQp has several); the QP goes with the last, detached
+  // from its multicast groups, which `*left_groups` (when given) receives: the caller leaves them on the network.
+  int DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups = nullptr);
 
   // --- shared receive queues and XRC (srq.h; IBTA Annex A14) ---------------------------------------------------
   // Creates an SRQ: basic (pd required) or XRC (pd, xrcd and cq required). `attr` is updated to what it really has.
@@ -117,8 +118,6 @@ class Device {
   // keeps the attachments, one network join per attachment.
   int AttachMulticast(QueuePair* qp, const wire::IpAddress& group, bool* new_attachment = nullptr);
   int DetachMulticast(QueuePair* qp, const wire::IpAddress& group);
-  // The groups `qp` is attached to: DestroyQp detaches them, and the caller leaves them on the network.
-  std::vector<wire::IpAddress> MulticastGroupsOf(const QueuePair* qp);
 
   // --- data path ----------------------------------------------------------------------------------------------
   // Posts one work request; a post-time error (bad state, too many SGEs, queue full) is returned and nothing is
@@ -179,7 +178,6 @@ class Device {
   std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> qps_;
   std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
   std::map<wire::IpAddress, std::vector<QueuePair*>> multicast_;  // group -> attached UD QPs
-  size_t multicast_attachments_ = 0;                                // the sum of multicast_'s list sizes
   std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;  // by SRQ number
   std::map<XrcDomain*, std::unique_ptr<XrcDomain>> xrcds_;
   uint32_t next_srqn_ = 1;

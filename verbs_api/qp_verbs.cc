@@ -341,9 +341,8 @@ int ibv_destroy_qp(ibv_qp* qp) {
   Context* ctx = Ctx(qp->context);
   // A QP destroyed while attached to multicast groups is detached from them, as the kernel's uverbs does before it
   // destroys a QP; the engine then stops receiving the groups nobody else here is attached to.
-  const std::vector<wire::IpAddress> groups =
-      qp->qp_type == IBV_QPT_UD ? ctx->dev().MulticastGroupsOf(ToQp(qp)->emu) : std::vector<wire::IpAddress>{};
-  if (int err = ctx->dev().DestroyQp(ToQp(qp)->emu)) return err;
+  std::vector<wire::IpAddress> groups;
+  if (int err = ctx->dev().DestroyQp(ToQp(qp)->emu, &groups)) return err;
   for (const wire::IpAddress& group : groups) ctx->engine->LeaveMulticast(group);
   ReleaseSendOps(ToQp(qp));  // send ops API (qp_ex_ops.cc)
   pthread_cond_destroy(&qp->cond);
