@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -274,31 +275,21 @@ bool WritePattern(int fd, size_t total, size_t piece, uint8_t seed) {
   return true;
 }
 
-// Reads until the end of stream; the number of bytes that matched the pattern in order (stops at the first that
-// does not), or -1 on an error.
-ssize_t ReadPattern(int fd, size_t piece, uint8_t seed) {
+// Reads pieces of up to `piece` bytes until the end of the stream or `up_to` bytes: how many matched the pattern of
+// `seed` in order (it stops at the first that does not), or -1 on an error. `slowly`: a 500 us pause after every
+// 64 KiB, a reader that falls behind its writer.
+ssize_t ReadPattern(int fd, size_t piece, uint8_t seed, size_t up_to = SIZE_MAX, bool slowly = false) {
+  constexpr size_t kSlowStep = 64 << 10;
   std::vector<uint8_t> buf(piece);
   size_t done = 0;
-  for (;;) {
-    const ssize_t r = rrecv(fd, buf.data(), buf.size(), 0);
+  while (done < up_to) {
+    const ssize_t r = rrecv(fd, buf.data(), std::min(buf.size(), up_to - done), 0);
     if (r < 0) return -1;
-    if (r == 0) return ssize_t(done);
+    if (r == 0) break;
     for (ssize_t i = 0; i < r; ++i)
       if (buf[size_t(i)] != PatternByte(done + size_t(i), seed)) return ssize_t(done + size_t(i));
-    done += size_t(r);
-  }
-}
-
-// Reads exactly `total` bytes that must follow the pattern of `seed`; how many matched in order (it stops at a
-// mismatch, the end of the stream or an error).
-ssize_t ReadPatternUpTo(int fd, size_t total, uint8_t seed = 0) {
-  std::vector<uint8_t> buf(8192);
-  size_t done = 0;
-  while (done < total) {
-    const ssize_t r = rrecv(fd, buf.data(), std::min(buf.size(), total - done), 0);
-    if (r <= 0) break;
-    for (ssize_t i = 0; i < r; ++i)
-      if (buf[size_t(i)] != PatternByte(done + size_t(i), seed)) return ssize_t(done + size_t(i));
+    if (slowly && done / kSlowStep != (done + size_t(r)) / kSlowStep)
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
     done += size_t(r);
   }
   return ssize_t(done);
@@ -394,17 +385,7 @@ TEST_F(StreamRsockets, ASlowReaderHoldsTheWriterBackWithoutLoss) {
   constexpr size_t kTotal = 2 << 20;
   ssize_t got = -2;
   RunWithDeadline({[&] { EXPECT_TRUE(WritePattern(a_, kTotal, 1 << 20, 3)); rshutdown(a_, SHUT_WR); },
-                   [&] {
-                     std::vector<uint8_t> buf(4096);
-                     size_t done = 0;
-                     got = 0;
-                     for (ssize_t r; (r = rrecv(b_, buf.data(), buf.size(), 0)) > 0; done += size_t(r)) {
-                       for (ssize_t i = 0; i < r; ++i)
-                         if (buf[size_t(i)] != PatternByte(done + size_t(i), 3)) return;
-                       got = ssize_t(done + size_t(r));
-                       if (done % (64 << 10) == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
-                     }
-                   }},
+                   [&] { got = ReadPattern(b_, 4096, 3, SIZE_MAX, /*slowly=*/true); }},
                   "a slow reader (the credits stopped?)", kStreamDeadline);
   EXPECT_EQ(got, ssize_t(kTotal));
 }
@@ -449,16 +430,7 @@ TEST_F(StreamRsockets, ABlockingSendTakesEverything) {
                      msg_sent = rsendmsg(a_, &msg, 0);
                      rshutdown(a_, SHUT_WR);
                    },
-                   [&] {
-                     std::vector<uint8_t> buf(8192);
-                     size_t done = 0;
-                     got = 0;
-                     for (ssize_t r; (r = rrecv(b_, buf.data(), buf.size(), 0)) > 0; done += size_t(r)) {
-                       if (std::memcmp(buf.data(), data.data() + done, size_t(r)) != 0) return;
-                       got = ssize_t(done + size_t(r));
-                       if (done % (256 << 10) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                     }
-                   }},
+                   [&] { got = ReadPattern(b_, 8192, 6, SIZE_MAX, /*slowly=*/true); }},
                   "blocking sends of 3 MiB each", kStreamDeadline);
   EXPECT_EQ(sent, ssize_t(kOne));
   EXPECT_EQ(vector_sent, ssize_t(kOne));
@@ -654,7 +626,7 @@ TEST(StreamRsocketPeer, ADeadPeersStreamEndsAndSendsFail) {
   ASSERT_GE(peer.fd, 0);
   ssize_t got = -2, after_death = -2;
   RunWithDeadline({[&] {
-                     got = ReadPatternUpTo(peer.fd, kBytes);
+                     got = ReadPattern(peer.fd, 8192, 0, kBytes);
                      rsend(peer.fd, "k", 1, 0);  // read: now it dies
                      char b;
                      after_death = rrecv(peer.fd, &b, 1, 0);
