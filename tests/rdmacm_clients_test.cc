@@ -466,9 +466,9 @@ TEST_F(RdmaCmClientsTest, RstreamMovesMegabytesWithoutRnrNaks) {
   const RstreamCommands c = RstreamPair(rstream, port, {"-S", "1000000", "-C", "20", "-T", "v"});
   PairResult r = RunCmPair(c.server, c.client, kTcp, port, env, env);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  const std::regex result(R"(custom\s+976k\s+20\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)");
   for (const ProcessResult* side : {&r.server, &r.client}) {
-    EXPECT_EQ(CountMatching(side->output, std::regex(R"(custom\s+976k\s+20\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)")), 1)
-        << r.Describe();
+    EXPECT_EQ(CountMatching(side->output, result), 1) << r.Describe();
     EXPECT_EQ(StatsCounter(side->output, "rc_rnr_naks_sent"), 0) << r.Describe();
     EXPECT_EQ(StatsCounter(side->output, "rx_out_of_sequence"), 0) << r.Describe();
     EXPECT_GE(StatsCounter(side->output, "rx_packets"), 20 * 1000000 / 4096) << r.Describe();
@@ -566,7 +566,8 @@ TEST_F(RdmaCmClientsTest, LibrspreloadFallsBackToTcpForAPlainServer) {
   const PairResult r = RunPair(c.server, env_, c.client, WithPreload(env_, preload), port, kPairTimeout);
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   const std::regex result(R"(custom\s+9.7k\s+100\s+1\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s*)");
-  for (const ProcessResult* side : {&r.server, &r.client}) EXPECT_EQ(CountMatching(side->output, result), 1) << r.Describe();
+  for (const ProcessResult* side : {&r.server, &r.client})
+    EXPECT_EQ(CountMatching(side->output, result), 1) << r.Describe();
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -317,12 +317,12 @@ int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span
   const bool run = segment < payload.size();
   if (run) counters.CoalescedReceive();
   // A run is what one peer sent in one go. With responses_first its acknowledgements and READ/atomic responses are
-  // handed over before its requests: a uroce peer holds the ACK of our request and sends it behind its own next request (one UDP_SEGMENT
-  // send), where an HCA would have sent it as soon as our request arrived; taken in the run's order, our send would
-  // complete after the receive of the peer's answer -- the reverse of what programs see on hardware (perftest's
-  // latency tests with -e take the first event on their one channel as their send's completion, poll once, and hang
-  // when it is the receive's). The two kinds belong to independent streams (the peer's responder and its requester,
-  // IBTA 9.7), and each keeps its order.
+  // handed over before its requests: a uroce peer holds the ACK of our request and sends it behind its own next
+  // request (one UDP_SEGMENT send), where an HCA would have sent it as soon as our request arrived; taken in the run's
+  // order, our send would complete after the receive of the peer's answer -- the reverse of what programs see on
+  // hardware (perftest's latency tests with -e take the first event on their one channel as their send's completion,
+  // poll once, and hang when it is the receive's). The two kinds belong to independent streams (the peer's responder
+  // and its requester, IBTA 9.7), and each keeps its order.
   auto is_response = [](std::span<const uint8_t> p) {
     const OpcodeInfo* op = p.empty() ? nullptr : FindOpcode(p[0]);
     return op != nullptr && !op->is_request;
@@ -410,7 +410,8 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
     const auto* buffer = static_cast<const uint8_t*>(slots_[size_t(i)].iov.iov_base);
     // With MSG_TRUNC set, msg_len is the datagram's full length: never read past the buffer.
     const size_t len = std::min<size_t>(msgs_[size_t(i)].msg_len, buffer_bytes_);
-    delivered += DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, max_datagram_, responses_first_, counters);
+    delivered +=
+        DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, max_datagram_, responses_first_, counters);
   }
   return delivered;
 }

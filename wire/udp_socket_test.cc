@@ -51,9 +51,9 @@ std::vector<uint8_t> BackToBack(std::initializer_list<uint8_t> opcodes, size_t s
   return out;
 }
 
-// With responses_first, in a UDP_GRO run acknowledgements and READ/atomic responses are handed over before requests, each kind in its
-// order: a uroce peer sends the ACK it held for our request behind its own next request, and our send must complete
-// before the receive of its answer, as on hardware.
+// With responses_first, in a UDP_GRO run acknowledgements and READ/atomic responses are handed over before requests,
+// each kind in its order: a uroce peer sends the ACK it held for our request behind its own next request, and our
+// send must complete before the receive of its answer, as on hardware.
 TEST(DeliverReceived, ResponsesInARunComeBeforeItsRequests) {
   constexpr uint8_t kSend = 0x04, kWriteOnly = 0x0A, kAck = 0x11, kReadLast = 0x0F, kAtomicAck = 0x12;
   EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend, kAck}, 20), 20), (std::vector<uint8_t>{kAck, kSend}));
@@ -65,7 +65,8 @@ TEST(DeliverReceived, ResponsesInARunComeBeforeItsRequests) {
   uneven.insert(uneven.end(), ack.begin(), ack.end());
   EXPECT_EQ(DeliveredOpcodes(uneven, 40), (std::vector<uint8_t>{kAck, kWriteOnly}));
   // Requests alone keep their order, and a datagram that is not a run is handed over as it is.
-  EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend, kWriteOnly, kSend}, 64), 64), (std::vector<uint8_t>{kSend, kWriteOnly, kSend}));
+  EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend, kWriteOnly, kSend}, 64), 64),
+            (std::vector<uint8_t>{kSend, kWriteOnly, kSend}));
   EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend}, 64), 0), (std::vector<uint8_t>{kSend}));
   // Without responses_first (a transport's default) a run keeps its order.
   EXPECT_EQ(DeliveredOpcodes(BackToBack({kSend, kAck}, 20), 20, false), (std::vector<uint8_t>{kSend, kAck}));
