@@ -14,15 +14,19 @@ source "$ROOT/tools/uroce.bash"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/uroce-tools-test.XXXXXX")
 SERVER_PID=""
+NETNS=""
 cleanup() {
   if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; fi
+  if [ -n "$NETNS" ]; then ip netns del "$NETNS" 2>/dev/null; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
 FIXTURES=//tests/runner_fixtures
 case_ok=1
+case_skipped=""
 fail() { echo "    FAIL: $*" >&2; case_ok=0; }
+skip() { case_skipped="$*"; }  # skip REASON: the case did not run here, and says why
 expect_status() {  # expect_status WANT GOT WHAT; WANT "nonzero" accepts any failure
   if [ "$1" = nonzero ]; then [ "$2" -ne 0 ] || fail "$3: exit status 0, want non-zero"
   else [ "$2" -eq "$1" ] || fail "$3: exit status $2, want $1"; fi
@@ -101,6 +105,60 @@ test_run_keeps_directory_and_exit_status() {
   expect_status 2 "$rc" "uroce run --mtu (no value)"
 }
 
+# `uroce run` never starts a program against the system's libibverbs: a copy of the commands away from any build,
+# whose Bazel fails, must say why and exit non-zero without running it; so must an installed launcher whose
+# libraries are gone.
+test_run_refuses_without_the_libraries() {
+  local fake="$WORK/no-build" rc=0
+  mkdir -p "$fake/tools" "$fake/bin" "$fake/prefix/bin" "$fake/prefix/share/uroce" "$fake/prefix/lib/uroce"
+  cp "$ROOT/tools/uroce" "$ROOT/tools/uroce.bash" "$fake/tools/"
+  printf '#!/bin/sh\necho "bazel: cannot reach the server" >&2\nexit 37\n' >"$fake/bin/bazel"
+  chmod +x "$fake/bin/bazel"
+  PATH="$fake/bin:$PATH" "$fake/tools/uroce" run -- touch "$WORK/ran" >"$WORK/norun.out" 2>&1 || rc=$?
+  expect_status 1 "$rc" "uroce run whose Bazel fails"
+  expect_grep "^uroce: .*not starting touch" "$WORK/norun.out" "it says why"
+  [ ! -e "$WORK/ran" ] || fail "the program ran without uroce's libraries"
+  cp "$ROOT/tools/uroce_launcher" "$fake/prefix/bin/uroce"
+  cp "$ROOT/tools/uroce.bash" "$fake/prefix/share/uroce/"
+  rc=0
+  "$fake/prefix/bin/uroce" run -- touch "$WORK/ran" >"$WORK/norun.out" 2>&1 || rc=$?
+  expect_status 1 "$rc" "installed uroce run with no libraries"
+  expect_grep "^uroce: .*not starting touch" "$WORK/norun.out" "the installed launcher says why"
+  [ ! -e "$WORK/ran" ] || fail "the installed launcher ran the program without uroce's libraries"
+}
+
+# Eight programs started at once through `uroce run`, four of them in a second network namespace (where the Bazel
+# server, reached over loopback TCP, cannot be reached): each opens uroce0 and finds its port active.
+test_run_from_another_network_namespace() {
+  if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
+    skip "needs root and iproute2 to make a network namespace"; return
+  fi
+  NETNS="uroce-tools-$$"
+  if ! ip netns add "$NETNS" 2>"$WORK/netns.err" || ! ip -n "$NETNS" link set lo up 2>>"$WORK/netns.err"; then
+    skip "cannot make a network namespace: $(head -n1 "$WORK/netns.err")"; NETNS=""; return
+  fi
+  local rc=0 i
+  "$ROOT/tools/uroce" run -- true >"$WORK/warm.out" 2>&1 || rc=$?  # builds if needed, in Bazel's namespace
+  expect_status 0 "$rc" "uroce run -- true"
+  local -a pids=()
+  for i in 1 2 3 4; do
+    "$ROOT/tools/uroce" run -- ibv_devinfo -d uroce0 >"$WORK/here$i.out" 2>&1 &
+    pids+=($!)
+    ip netns exec "$NETNS" "$ROOT/tools/uroce" run -- ibv_devinfo -d uroce0 >"$WORK/there$i.out" 2>&1 &
+    pids+=($!)
+  done
+  local pid out
+  for pid in "${pids[@]}"; do
+    rc=0; wait "$pid" || rc=$?
+    expect_status 0 "$rc" "a concurrent uroce run -- ibv_devinfo"
+  done
+  for out in "$WORK"/here?.out "$WORK"/there?.out; do
+    expect_grep "hca_id:[[:space:]]+uroce0" "$out" "$(basename "$out" .out) lists uroce0"
+    expect_grep "state:[[:space:]]+PORT_ACTIVE" "$out" "$(basename "$out" .out) opened uroce0"
+  done
+  ip netns del "$NETNS"; NETNS=""
+}
+
 # Every counter `uroce run --stats` prints is explained in the README's counters table.
 test_readme_explains_every_counter() {
   local rc=0 name missing=""
@@ -169,12 +227,15 @@ test_install_works_away_from_the_checkout() {
 
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || mapfile -t cases < <(declare -F | sed -n 's/^declare -f test_/test_/p')
-passed=0 failed=0
+passed=0 failed=0 skipped=0
 for name in "${cases[@]}"; do
-  case_ok=1
+  case_ok=1 case_skipped=""
   echo "[tools] $name" >&2
   if declare -F "$name" >/dev/null; then "$name"; else fail "no such case"; fi
-  if [ "$case_ok" = 1 ]; then passed=$((passed + 1)); echo "    ok" >&2; else failed=$((failed + 1)); fi
+  if [ "$case_ok" != 1 ]; then failed=$((failed + 1))
+  elif [ -n "$case_skipped" ]; then skipped=$((skipped + 1)); echo "    SKIPPED: $case_skipped" >&2
+  else passed=$((passed + 1)); echo "    ok" >&2; fi
 done
-echo "$passed passed, $failed failed"
+if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"
+else echo "$passed passed, $failed failed"; fi
 [ "$failed" -eq 0 ]
