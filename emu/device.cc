@@ -176,7 +176,7 @@ int Device::CreateAh(ProtectionDomain* pd, const AddressVector& av, AddressHandl
   if (!av.is_global || av.sgid_index >= core_.config.limits.gid_table_len || av.port_num != 1) return EINVAL;
   std::unique_lock lock(objects_mu_);
   if (ahs_.size() >= core_.config.limits.max_ah) return ENOMEM;
-  auto ah = std::make_unique<AddressHandle>(pd, av);
+  auto ah = std::make_unique<AddressHandle>(pd, StoredAddressVector(av));
   *out = ah.get();
   ahs_[ah.get()] = std::move(ah);
   return 0;

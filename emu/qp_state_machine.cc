@@ -205,17 +205,14 @@ constexpr uint32_t kKnownQpAccessFlags = access::kLocalWrite | access::kRemoteWr
                                          access::kOnDemand | access::kHugetlb | kOptionalAccessRange;
 static_assert((access::kRelaxedOrdering & kOptionalAccessRange) == access::kRelaxedOrdering);
 
-// The GRH flow label is 20 bits (IBTA 8.3.1).
-constexpr uint32_t kFlowLabelLimit = 1u << 20;
-
 // Value checks of an address vector given with kAv. The port is 1 (the device has one port); the source GID index
 // must name an entry of the GID table; RoCE carries a GRH on every packet (IBTA annex A17, RoCEv2), so the AV must be
-// global, as the kernel's rdma_check_ah_attr requires for RoCE AVs.
+// global, as the kernel's rdma_check_ah_attr requires for RoCE AVs. A flow label wider than the GRH's 20 bits is
+// not an error: HCAs and rxe keep its low 20 bits (`StoredAddressVector`), and UCX passes ~0.
 int ValidateAddressVector(const AddressVector& av, const DeviceLimits& limits) {
   if (av.port_num != 1) return EINVAL;
   if (!av.is_global) return EINVAL;
   if (av.sgid_index >= limits.gid_table_len) return EINVAL;
-  if (av.flow_label >= kFlowLabelLimit) return EINVAL;
   return 0;
 }
 
@@ -352,7 +349,7 @@ void ApplyAttributes(QpAttributes& current, const QpAttributes& attr, uint32_t m
   if (mask & kPkeyIndex) current.pkey_index = attr.pkey_index;
   if (mask & kPort) current.port_num = attr.port_num;
   if (mask & kQkey) current.qkey = attr.qkey;
-  if (mask & kAv) current.ah_attr = attr.ah_attr;
+  if (mask & kAv) current.ah_attr = StoredAddressVector(attr.ah_attr);
   if (mask & kPathMtu) current.path_mtu = attr.path_mtu;
   if (mask & kTimeout) current.timeout = attr.timeout;
   if (mask & kRetryCnt) current.retry_cnt = attr.retry_cnt;
@@ -360,7 +357,7 @@ void ApplyAttributes(QpAttributes& current, const QpAttributes& attr, uint32_t m
   if (mask & kRqPsn) current.rq_psn = attr.rq_psn & (k24BitLimit - 1);
   if (mask & kMaxQpRdAtomic) current.max_rd_atomic = attr.max_rd_atomic;
   if (mask & kAltPath) {
-    current.alt_ah_attr = attr.alt_ah_attr;
+    current.alt_ah_attr = StoredAddressVector(attr.alt_ah_attr);
     current.alt_pkey_index = attr.alt_pkey_index;
     current.alt_port_num = attr.alt_port_num;
     current.alt_timeout = attr.alt_timeout;

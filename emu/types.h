@@ -81,6 +81,15 @@ struct AddressVector {
   bool is_global = true;
 };
 
+// The GRH flow label is 20 bits (IBTA 8.3.1).
+inline constexpr uint32_t kFlowLabelMask = (1u << 20) - 1;
+
+// An address vector as the device keeps it: the flow label cut to its 20 bits, as HCAs and rxe do.
+inline AddressVector StoredAddressVector(AddressVector av) {
+  av.flow_label &= kFlowLabelMask;
+  return av;
+}
+
 struct QpCapabilities {
   uint32_t max_send_wr = 0;
   uint32_t max_recv_wr = 0;

@@ -35,6 +35,12 @@ void BuildGrh(const wire::InDatagram& d, size_t payload_len, uint8_t grh[kGrhSiz
   }
 }
 
+// What a RoCEv2 UD receive reports in wc.sl: the L3 header type of the packet, 2 for IPv4 and 1 for IPv6. IBTA
+// annex A17.4.5.1 says a RoCEv2 UD completion carries a flag telling the two apart and ibv_wc has no field for it;
+// mlx5 (its PRM's L3_Header_Type) and hns put it in sl, and UCX's ud_verbs (up to 1.18) reads it there to find the
+// GID in the GRH area; an InfiniBand SL has no meaning on RoCE.
+uint8_t RoceL3HeaderType(const wire::IpAddress& src) { return src.is_v4() ? 2 : 1; }
+
 }  // namespace
 
 int UdTransport::Post(SendWr& wr, OutBatch& out) {
@@ -82,6 +88,7 @@ void UdTransport::Receive(const wire::InDatagram& d, const wire::PacketView& p) 
   c.src_qp = p.deth->src_qp;
   c.byte_len = static_cast<uint32_t>(kGrhSize + p.payload.size());
   c.wc_flags = wc_flags::kGrh;
+  c.sl = RoceL3HeaderType(d.src.addr);
   c.solicited = p.bth.solicited;
   if (p.imm) {
     c.imm_data = p.imm->imm;

@@ -311,7 +311,10 @@ int BindLocked(Lib& lib, IdPriv* p, const sockaddr* addr) {
   p->state = IdState::kAddrBound;
   std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, lib.gid.data(), 16);
   p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
-  if (!any) AttachDevice(lib, p);
+  // An id bound to an address of this host has its device, as the kernel's cma_acquire_dev_by_src_ip gives the
+  // device whose GID holds the address: ours holds every loopback address (this host) and its own. Only the wildcard
+  // leaves id->verbs NULL until the id resolves or connects. (librpma finds its ibv_context this way.)
+  if (!ip->is_unspecified()) AttachDevice(lib, p);
   return 0;
 }
 
@@ -849,6 +852,13 @@ int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
     to = reinterpret_cast<Channel*>(channel);
   }
   std::unique_lock lock(lib->mu);
+  // A synchronous id keeps its last event in id->event until its next call; leaving the synchronous mode acks it
+  // (as rdma-core does), or the wait below would wait for ever: libfabric and librpma resolve an id synchronously
+  // and then migrate it with that event unacknowledged.
+  if (p->sync && p->id.event) {
+    AckLocked(*lib, EventOf(p->id.event));
+    p->id.event = nullptr;
+  }
   Channel* from = p->channel;
   for (Event* e : RemoveQueued(from, p)) Enqueue(*lib, to, e);
   p->channel = to;

@@ -27,7 +27,11 @@
 
 #include <gtest/gtest.h>
 
+#include "rdmacm/run_with_deadline.h"
+
 namespace {
+
+using uroce::rdmacm::testing::RunWithDeadline;
 
 sockaddr_in Loopback(uint16_t port) {
   sockaddr_in a{};
@@ -57,26 +61,6 @@ std::chrono::nanoseconds ThreadCpuTime() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
-}
-
-// Runs `work` on threads of their own; aborts if they have not all finished within `deadline` (a call that never
-// returns would otherwise hang the test).
-void RunWithDeadline(std::vector<std::function<void()>> work, const std::string& what, std::chrono::seconds deadline) {
-  std::atomic<int> left{int(work.size())};
-  std::vector<std::thread> threads;
-  for (auto& w : work)
-    threads.emplace_back([&left, w] {
-      w();
-      --left;
-    });
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  while (left > 0 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  if (left > 0) {
-    ADD_FAILURE() << what << ": not finished after " << deadline.count() << " s";
-    std::abort();
-  }
-  for (auto& t : threads) t.join();
 }
 
 // What a blocking call returned, and errno after it.

@@ -199,6 +199,28 @@ TEST_P(ModifyQpConformance, EveryTransitionEveryBit) {
   EXPECT_GT(checked, 500);
 }
 
+// UCX sets grh.flow_label = ~0 when it moves a QP to RTR; HCAs and rxe keep the label's 20 bits (IBTA 8.3.1) and
+// accept the modify, and so must we: an EINVAL here made UCX's rc_verbs fail "error modifying QP to RTR".
+TEST_P(ModifyQpConformance, FlowLabelKeepsItsLowTwentyBits) {
+  if (GetParam() == IBV_QPT_UD) GTEST_SKIP() << "a UD QP takes no address vector";
+  ibv_qp* qp = QpIn(IBV_QPS_INIT);
+  ASSERT_NE(qp, nullptr);
+  ibv_qp_attr a = ValidAttributes(peer_, gid_);
+  a.qp_state = IBV_QPS_RTR;
+  a.ah_attr.grh.flow_label = ~0u;
+  const auto rule = uroce::emu::RuleFor(QpState::kInit, QpState::kRtr, static_cast<QpType>(GetParam()));
+  ASSERT_EQ(ibv_modify_qp(qp, &a, static_cast<int>(rule.required) | IBV_QP_STATE), 0);
+  ibv_qp_attr q{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(qp, &q, IBV_QP_AV, &qi), 0);
+  EXPECT_EQ(q.ah_attr.grh.flow_label, 0xfffffu);
+  ibv_ah_attr ah = a.ah_attr;
+  ibv_ah* handle = ibv_create_ah(pd_, &ah);
+  EXPECT_NE(handle, nullptr) << "an AH with the same label";
+  if (handle) ibv_destroy_ah(handle);
+  ASSERT_EQ(ibv_destroy_qp(qp), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, ModifyQpConformance, ::testing::Values(IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD),
                          [](const auto& info) {
                            return std::string(info.param == IBV_QPT_RC   ? "RC"
