@@ -45,7 +45,6 @@ struct UringMultishot {
     UringTransport::Options o;
     o.max_datagram = max_datagram;
     o.force_fallback_receive = fallback;
-    o.direct_sends = !fallback;  // the single-shot kind also sends every datagram through the ring
     const int r = UringTransport::Create(bind, o, out);
     if (r == -ENOSYS || r == -EPERM) *skip = "io_uring unavailable: " + std::string(strerror(-r));
     if (r == 0 && !fallback && !(*out)->multishot_active()) {
@@ -56,7 +55,7 @@ struct UringMultishot {
     return r;
   }
 };
-// Linked single-shot receives, and every send through the send ring (what a full socket buffer makes of a send).
+// Linked single-shot receives.
 struct UringSingleShot {
   using Type = UringTransport;
   static int Create(const UdpEndpoint& bind, size_t max_datagram, std::unique_ptr<Type>* out, std::string* skip) {

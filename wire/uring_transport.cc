@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "wire/bytes.h"
 
@@ -30,16 +31,15 @@ constexpr unsigned kReapBatch = 64;
 
 size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-}  // namespace
+// Runs `work` on a thread made for it and returns what it returned (file comment: why rings are set up and torn
+// down away from the caller's thread).
+int OnOwnThread(const std::function<int()>& work) {
+  int result = 0;
+  std::thread([&] { result = work(); }).join();
+  return result;
+}
 
-struct UringTransport::SendSlot {
-  msghdr msg{};
-  iovec iov{};
-  sockaddr_storage addr{};
-  alignas(cmsghdr) uint8_t control[kUdpSegmentControlBytes]{};
-  uint8_t* buffer = nullptr;
-  uint32_t datagrams = 0;  // 2 or more: a UDP_SEGMENT run
-};
+}  // namespace
 
 struct UringTransport::ReceiveSlot {
   msghdr msg{};
@@ -50,20 +50,19 @@ struct UringTransport::ReceiveSlot {
 };
 
 int UringTransport::Create(const UdpEndpoint& bind, const Options& options, std::unique_ptr<UringTransport>* out) {
-  if (options.ring_entries == 0 || options.send_slots == 0 || options.max_datagram == 0 ||
+  if (options.ring_entries == 0 || options.max_datagram == 0 ||
       options.fallback_receives == 0 || options.receive_buffers == 0) {
     return -EINVAL;
   }
   std::unique_ptr<UringTransport> t(new UringTransport());
-  const int r = t->Init(bind, options);
-  if (r < 0) return r;
+  const int r = OnOwnThread([&] { return t->Init(bind, options); });
+  if (r < 0) return r;  // the destructor tears down what Init set up
   *out = std::move(t);
   return 0;
 }
 
 int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
   options_ = options;
-  options_.send_slots = std::min(options_.send_slots, options_.ring_entries * 2);  // never overflow the send CQ
   options_.fallback_receives = std::min(options_.fallback_receives, options_.ring_entries);  // one chain per submit
   family_ = SocketFamily(bind);
 
@@ -76,32 +75,9 @@ int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
   }
   receive_bytes_ = ReceiveBufferBytes(options_.max_datagram, gro_);
 
-  // Send ring and its slots.
-  send_ring_ = std::make_unique<io_uring>();
-  io_uring_params params{};
-  params.flags = IORING_SETUP_CQSIZE;
-  params.cq_entries = options_.ring_entries * 2;
-  if (int r = io_uring_queue_init_params(options_.ring_entries, send_ring_.get(), &params); r < 0) return r;
-  send_ring_ready_ = true;
-  // Mapped, not touched: the slots in use are taken from the top of a stack, so few pages of the larger GSO slots
-  // are ever touched.
-  send_slot_bytes_ = gso_ ? std::max(options_.max_datagram, kMaxGsoBytes) : options_.max_datagram;
-  send_buffers_bytes_ = AlignUp(size_t(options_.send_slots) * send_slot_bytes_, 4096);
-  send_buffers_ = static_cast<uint8_t*>(
-      mmap(nullptr, send_buffers_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  if (send_buffers_ == MAP_FAILED) {
-    send_buffers_ = nullptr;
-    return -ENOMEM;
-  }
-  send_slots_.resize(options_.send_slots);
-  for (uint32_t i = 0; i < options_.send_slots; ++i) {
-    send_slots_[i].buffer = send_buffers_ + size_t(i) * send_slot_bytes_;
-    free_send_slots_.push_back(options_.send_slots - 1 - i);
-  }
-
   // Receive ring, woken through an eventfd.
   receive_ring_ = std::make_unique<io_uring>();
-  params = {};
+  io_uring_params params{};
   params.flags = IORING_SETUP_CQSIZE;
   params.cq_entries = std::max(options_.ring_entries, std::max(options_.receive_buffers, options_.fallback_receives)) * 4;
   if (int r = io_uring_queue_init_params(options_.ring_entries, receive_ring_.get(), &params); r < 0) return r;
@@ -168,29 +144,31 @@ int UringTransport::SetUpMultishot() {
 }
 
 UringTransport::~UringTransport() {
-  if (receive_ring_ready_) CancelReceives();
-  if (send_ring_ready_) {
-    std::lock_guard lock(send_mu_);
-    // Wait for sends in flight: the kernel reads their slots until they complete.
-    while (free_send_slots_.size() < send_slots_.size()) {
-      io_uring_cqe* cqe = nullptr;
-      __kernel_timespec ts{1, 0};
-      if (io_uring_wait_cqe_timeout(send_ring_.get(), &cqe, &ts) < 0) break;
-      ReapSendsLocked();
-    }
-    io_uring_queue_exit(send_ring_.get());
-  }
+  // Torn down on a thread of its own, as it was set up (file comment): the kernel's notification to the ring's users
+  // then reaches no thread of the application.
+  OnOwnThread([this] {
+    TearDown();
+    return 0;
+  });
+}
+
+void UringTransport::TearDown() {
   if (receive_ring_ready_) {
+    CancelReceives();
     if (buf_ring_registered_) io_uring_unregister_buf_ring(receive_ring_.get(), kBufferGroup);
     io_uring_queue_exit(receive_ring_.get());
+    receive_ring_ready_ = false;
   }
   if (fd_ >= 0) close(fd_);
   if (ring_event_fd_ >= 0) close(ring_event_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
+  fd_ = ring_event_fd_ = wake_fd_ = -1;
   for (ReceiveSlot& s : receive_slots_) delete[] s.buffer;
-  if (send_buffers_) munmap(send_buffers_, send_buffers_bytes_);
+  receive_slots_.clear();
   if (receive_buffers_) munmap(receive_buffers_, receive_buffers_bytes_);
   if (buf_ring_) munmap(buf_ring_, buf_ring_bytes_);
+  receive_buffers_ = nullptr;
+  buf_ring_ = nullptr;
 }
 
 void UringTransport::CountEndedReceive(const Completion& c) {
@@ -234,126 +212,12 @@ void UringTransport::CancelReceives(std::vector<Completion>* keep) {
   }
 }
 
-void UringTransport::ReapSendsLocked() {
-  io_uring* ring = send_ring_.get();
-  io_uring_cqe* cqes[kReapBatch];
-  while (true) {
-    const unsigned n = io_uring_peek_batch_cqe(ring, cqes, kReapBatch);
-    if (n == 0) return;
-    for (unsigned i = 0; i < n; ++i) {
-      const int res = cqes[i]->res;
-      const uint32_t index = uint32_t(cqes[i]->user_data);
-      const uint32_t datagrams = send_slots_[index].datagrams;
-      free_send_slots_.push_back(index);
-      if (res < 0) {
-        // EIO: the route cannot checksum segments, it never will. (EINVAL, a segment above the path MTU, is what
-        // each datagram alone would have met as EMSGSIZE: lost either way.)
-        if (datagrams > 1 && res == -EIO) gso_ = false;
-        for (uint32_t k = 0; k < datagrams; ++k) counters_.SendFailed(res);
-      } else {
-        if (datagrams > 1) counters_.SegmentedSend();
-        counters_.Sent(size_t(res), datagrams);
-      }
-    }
-    io_uring_cq_advance(ring, n);
-  }
-}
-
 int UringTransport::Send(std::span<const OutDatagram> batch) {
-  std::lock_guard lock(send_mu_);
-  io_uring* ring = send_ring_.get();
-  ReapSendsLocked();
-  size_t done = 0;
-  if (options_.direct_sends && free_send_slots_.size() == send_slots_.size()) {
-    // Nothing in flight on the ring, so a direct send overtakes nothing: sendmmsg straight from the caller's memory,
-    // without the copy into a slot and the ring's submission and completion (ib_write_bw 64 KiB +8-18% median of 8
-    // interleaved runs, ib_send_lat 7.2 -> 5.9 us typical). What the full socket buffer refuses goes through the
-    // ring below, which waits for room without blocking the caller.
-    const int r = SendDatagrams(fd_, family_, batch, options_.max_datagram, kMaxSendChunk, gso_, counters_,
-                                MSG_DONTWAIT);
-    if (r < 0 && r != -EAGAIN) return r;
-    if (r > 0) done = size_t(r);
-    if (done == batch.size()) return int(done);
-  }
-  int queued = 0;
-  int error = 0;
-  for (; done < batch.size(); ++done) {
-    const OutDatagram& dg = batch[done];
-    if (dg.payload.size() > options_.max_datagram) {
-      error = -EMSGSIZE;
-      break;
-    }
-    sockaddr_storage sa;
-    socklen_t sa_len;
-    if (int r = ToSockaddr(dg.dst, family_, &sa, &sa_len); r < 0) {
-      error = r;
-      break;
-    }
-    while (free_send_slots_.empty()) {
-      // All slots are in flight: hand the kernel what is queued and wait for one to complete.
-      if (queued > 0) {
-        io_uring_submit(ring);
-        queued = 0;
-      }
-      ReapSendsLocked();
-      if (!free_send_slots_.empty()) break;
-      io_uring_cqe* cqe = nullptr;
-      if (int r = io_uring_wait_cqe(ring, &cqe); r < 0 && r != -EINTR) {
-        error = r;
-        break;
-      }
-    }
-    if (error) break;
-    io_uring_sqe* sqe = io_uring_get_sqe(ring);
-    if (!sqe) {
-      io_uring_submit(ring);
-      queued = 0;
-      sqe = io_uring_get_sqe(ring);
-      if (!sqe) {
-        error = -EAGAIN;
-        break;
-      }
-    }
-    const uint32_t index = free_send_slots_.back();
-    free_send_slots_.pop_back();
-    SendSlot& slot = send_slots_[index];
-    // A run of datagrams shares the slot, each re-sealed for the IP ID its segment will carry; the rest of a run is
-    // no longer than its first, so it fits max_datagram too.
-    const size_t run = gso_.load(std::memory_order_relaxed) ? GsoRunLength(batch.subspan(done)) : 1;
-    size_t bytes = 0;
-    for (size_t k = 0; k < run; ++k) {
-      const OutDatagram& d = batch[done + k];
-      uint8_t* at = slot.buffer + bytes;
-      std::memcpy(at, d.payload.data(), d.payload.size());
-      if (k > 0 && d.payload.size() >= 4) StoreLe32(at + d.payload.size() - 4, GsoSegmentTrailer(d, k));
-      bytes += d.payload.size();
-    }
-    slot.datagrams = uint32_t(run);
-    slot.addr = sa;
-    slot.iov = iovec{slot.buffer, bytes};
-    slot.msg = msghdr{};
-    slot.msg.msg_name = &slot.addr;
-    slot.msg.msg_namelen = sa_len;
-    slot.msg.msg_iov = &slot.iov;
-    slot.msg.msg_iovlen = 1;
-    if (run > 1) SetUdpSegmentControl(&slot.msg, slot.control, uint16_t(dg.payload.size()));
-    io_uring_prep_sendmsg(sqe, fd_, &slot.msg, 0);
-    io_uring_sqe_set_data64(sqe, index);
-    ++queued;
-    done += run - 1;  // the loop's ++done takes the last
-  }
-  if (queued > 0) {
-    // One submit per batch. The SQEs stay in the SQ if the kernel is briefly out of room (-EAGAIN/-EBUSY) and go
-    // with the next submit.
-    int r = io_uring_submit(ring);
-    if (r == -EBUSY || r == -EAGAIN) {
-      ReapSendsLocked();
-      r = io_uring_submit(ring);
-    }
-    if (r < 0 && done == 0) return r;
-  }
-  if (done == 0 && error) return error;
-  return int(done);
+  // From any thread, with no lock, as SocketTransport sends: what a full send buffer refuses waits for room in the
+  // caller's sendmmsg. Queued on a ring instead, it would have to be submitted from the caller's thread, which would
+  // make that thread a user of the ring (file comment). On loopback, veth and tap the send buffer is released as a
+  // datagram is handed on (the devices orphan it), so a sender waits only where a NIC's queue is full.
+  return SendDatagrams(fd_, family_, batch, options_.max_datagram, kMaxSendChunk, gso_, counters_, 0);
 }
 
 int UringTransport::ArmReceives() {
@@ -502,11 +366,6 @@ int UringTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
   if (!armed_) {
     if (int r = ArmReceives(); r < 0) return r;
   }
-  {
-    // Opportunistically account finished sends (errors included) without making senders wait.
-    std::unique_lock lock(send_mu_, std::try_to_lock);
-    if (lock.owns_lock()) ReapSendsLocked();
-  }
   const auto deadline = timeout_ns > 0 ? std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns)
                                        : std::chrono::steady_clock::time_point{};
   while (true) {
@@ -548,13 +407,7 @@ void UringTransport::Wake() {
   [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
 }
 
-UdpCounters UringTransport::counters() const {
-  {
-    std::lock_guard lock(send_mu_);
-    const_cast<UringTransport*>(this)->ReapSendsLocked();
-  }
-  return counters_.Snapshot();
-}
+UdpCounters UringTransport::counters() const { return counters_.Snapshot(); }
 
 }  // namespace uroce::wire
 

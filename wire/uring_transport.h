@@ -1,22 +1,27 @@
-// UringTransport: RoCEv2 datagrams over a UDP socket driven by io_uring (liburing 2.3).
+// UringTransport: RoCEv2 datagrams over a UDP socket, received through io_uring (liburing 2.3).
 //
-// Two rings, so that no lock sits between the senders and the receiver:
-//  - Send (from any thread, behind one mutex: liburing's SQ and CQ are not thread-safe): while nothing is queued on
-//    the send ring, sendmmsg(MSG_DONTWAIT) straight from the caller's payloads (wire::SendDatagrams, as
-//    SocketTransport sends), runs of equal-size datagrams to one destination as one UDP_SEGMENT message. What the
-//    full socket buffer refuses goes on the send ring as batched IORING_OP_SENDMSG SQEs: copied into transport-owned
-//    slots, so the caller may reuse its memory, a run sharing a slot with each ICRC re-sealed there for the IP ID its
-//    segment gets, one submit per Send. Send completions are reaped by later Sends, by Poll and by counters(); errors
-//    are counted (send_errors, last_send_error), not lost.
+//  - Send (from any thread, no lock), as SocketTransport sends: sendmmsg straight from the caller's payloads
+//    (wire::SendDatagrams), runs of equal-size datagrams to one destination as one UDP_SEGMENT message; a full send
+//    buffer makes the caller wait for room. Errors are counted (send_errors, last_send_error), not lost.
 //  - the receive ring belongs to the polling thread: a multishot IORING_OP_RECVMSG with a provided-buffer ring
 //    (Linux 6.0+) or, when the kernel lacks it or Options::force_fallback_receive is set, a chain of N linked
 //    single-shot recvmsg SQEs (linked so that completions keep the socket's arrival order). With UDP_GRO a receive
-//    may return a run of datagrams, split back into datagrams for the handler; its buffers then hold kMaxGroBytes. Poll sleeps in ppoll(2) on an eventfd registered with the ring (io_uring_register_eventfd(3))
-//    plus a wake-up eventfd, so an idle Poll blocks in the kernel, and dispatches the handler holding no lock (the
-//    handler may Send). Receives are armed by the first Poll, on the polling thread: io_uring cancels a request when
-//    the thread that submitted it exits, so they are re-armed on -ECANCELED too. SetReceiveArmed(false) cancels
-//    them for application-driven progress: an armed receive would wake the polling thread for every datagram that
-//    an application thread is about to read itself; meanwhile Poll reads the socket directly.
+//    may return a run of datagrams, split back into datagrams for the handler; its buffers then hold kMaxGroBytes.
+//    Poll sleeps in ppoll(2) on an eventfd registered with the ring (io_uring_register_eventfd(3)) plus a wake-up
+//    eventfd, so an idle Poll blocks in the kernel, and dispatches the handler holding no lock (the handler may
+//    Send). Receives are armed by the first Poll, on the polling thread: io_uring cancels a request when the thread
+//    that submitted it exits, so they are re-armed on -ECANCELED too. SetReceiveArmed(false) cancels them for
+//    application-driven progress: an armed receive would wake the polling thread for every datagram that an
+//    application thread is about to read itself; meanwhile Poll reads the socket directly.
+//
+// Which threads touch the ring. io_uring_setup(2), and io_uring_enter(2) with submissions, make the calling thread a
+// user of the ring; when the ring is torn down, the kernel queues work to each of its users with a signal-like
+// notification (task_work, TWA_SIGNAL) that interrupts a blocking system call it is in: recv with SO_RCVTIMEO,
+// epoll_wait, poll, read return EINTR although no signal was sent (libfabric's fi_getinfo opens and closes devices
+// while its application's threads wait; fi_pingpong died of it). So the ring is set up (Create) and torn down (the
+// destructor) on a thread made for it, Send never submits, and only the polling thread does, which the
+// transport's owner provides (the engine's progress thread; an application thread that polls while receives are
+// not armed reads the socket and submits nothing).
 //
 // The socket and its options, address conversion and received-datagram parsing are shared with SocketTransport
 // (wire/udp_socket.h).
@@ -27,7 +32,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
@@ -41,18 +45,14 @@ struct io_uring_buf_ring;
 namespace uroce::wire {
 
 struct UringTransportOptions {
-  unsigned ring_entries = 256;        // SQ entries of each ring
+  unsigned ring_entries = 256;        // SQ entries of the receive ring
   unsigned receive_buffers = 256;     // provided buffers (rounded up to a power of two, max 32768)
   unsigned fallback_receives = 64;    // linked single-shot recvmsg SQEs per chain in fallback mode (<= ring_entries)
-  unsigned send_slots = 256;          // transport-owned send buffers; Send waits for a free one when all are in flight
   size_t max_datagram = 9216;         // larger received datagrams are truncated: counted and not delivered
   int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
   bool force_fallback_receive = false;
   bool udp_offloads = true;           // UDP_SEGMENT sends and UDP_GRO receives where the kernel has them
   bool responses_first = false;       // RoCE responses of a UDP_GRO run before its requests (DeliverReceived)
-  // false: every datagram goes through the send ring, as when the socket buffer is full (on loopback it rarely is:
-  // tests set this to run that path).
-  bool direct_sends = true;
 };
 
 class UringTransport final : public Transport {
@@ -74,7 +74,7 @@ class UringTransport final : public Transport {
   UdpEndpoint local() const override { return local_; }
   // A UDP socket sends from its bound port whatever src_port says; IPv4 DF datagrams leave with ID 0.
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override { return Flow{local_, dst, 0}; }
-  // Returns the number queued and submitted; -EMSGSIZE for a payload above max_datagram, -EAFNOSUPPORT for an IPv6
+  // Returns the number sent; -EMSGSIZE for a payload above max_datagram, -EAFNOSUPPORT for an IPv6
   // destination from an IPv4 socket (both only when it is the first of the batch; otherwise the count before it).
   int Send(std::span<const OutDatagram> batch) override;
   int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
@@ -87,13 +87,12 @@ class UringTransport final : public Transport {
   // True when receives use multishot recvmsg with a provided-buffer ring. Decided at Create (kernel probe, buffer
   // ring registration, options) and may turn false at the first Poll if the kernel rejects multishot recvmsg.
   bool multishot_active() const { return multishot_.load(std::memory_order_relaxed); }
-  UdpCounters counters() const;  // reaps pending send completions first
+  UdpCounters counters() const;
   int fd() const { return fd_; }
   bool segmenting() const { return gso_.load(std::memory_order_relaxed); }  // UDP_SEGMENT in use
   bool coalescing() const { return gro_; }                                   // UDP_GRO in use
 
  private:
-  struct SendSlot;
   struct ReceiveSlot;
   struct Completion {
     uint64_t user_data;
@@ -104,7 +103,7 @@ class UringTransport final : public Transport {
   UringTransport() = default;
   int Init(const UdpEndpoint& bind, const Options& options);
   int SetUpMultishot();
-  void ReapSendsLocked();
+  void TearDown();  // the destructor's work, on its own thread
   int ArmReceives();
   int ReapReceives(const DatagramHandler& handler);
   // A receive's last completion (a multishot without IORING_CQE_F_MORE, any single-shot one): it is no longer armed.
@@ -130,16 +129,6 @@ class UringTransport final : public Transport {
   std::atomic<bool> gso_{false};
   bool gro_ = false;
   size_t receive_bytes_ = 0;  // per receive buffer: max_datagram, or kMaxGroBytes with UDP_GRO
-
-  // Send side, guarded by send_mu_.
-  mutable std::mutex send_mu_;
-  std::unique_ptr<io_uring> send_ring_;
-  bool send_ring_ready_ = false;
-  std::vector<SendSlot> send_slots_;
-  std::vector<uint32_t> free_send_slots_;
-  uint8_t* send_buffers_ = nullptr;
-  size_t send_buffers_bytes_ = 0;
-  size_t send_slot_bytes_ = 0;  // max_datagram, or kMaxGsoBytes for a UDP_SEGMENT run
 
   // Receive side: the polling thread only (and Create / the destructor).
   std::unique_ptr<io_uring> receive_ring_;

@@ -39,7 +39,7 @@ TEST(UringTransportCreateTest, BadOptions) {
   bad.ring_entries = 0;
   EXPECT_EQ(UringTransport::Create(kLoopbackAnyPort, bad, &t), -EINVAL);
   bad = {};
-  bad.send_slots = 0;
+  bad.max_datagram = 0;
   EXPECT_EQ(UringTransport::Create(kLoopbackAnyPort, bad, &t), -EINVAL);
   EXPECT_FALSE(t);
 }
