@@ -54,19 +54,28 @@ uroce_parse_run_options() {
   RUN_COMMAND=("$@")
 }
 
-# uroce_has_drop_in_libs DIR: whether DIR holds uroce's libibverbs.so.1 and librdmacm.so.1.
-uroce_has_drop_in_libs() { [ -n "$1" ] && [ -r "$1/libibverbs.so.1" ] && [ -r "$1/librdmacm.so.1" ]; }
+# The libraries a program runs with: the drop-in libibverbs and librdmacm, and the discovery shim that shows uroce0
+# in /sys/class/infiniband and /dev/infiniband (verbs_api/discovery_preload.c).
+UROCE_LIBS=(libibverbs.so.1 librdmacm.so.1 liburoce_preload.so)
 
-# uroce_exec_run LIB_DIR: replaces the shell with RUN_COMMAND, LIB_DIR first on the library path and RUN_ENV set, in
-# the caller's working directory; its exit status is the program's. Without uroce's libraries in LIB_DIR the program
-# would load the system's libibverbs (no device): it says so and exits 1 instead.
+# uroce_has_drop_in_libs DIR: whether DIR holds every one of UROCE_LIBS.
+uroce_has_drop_in_libs() {
+  [ -n "$1" ] || return 1
+  local lib
+  for lib in "${UROCE_LIBS[@]}"; do [ -r "$1/$lib" ] || return 1; done
+}
+
+# uroce_exec_run LIB_DIR: replaces the shell with RUN_COMMAND, LIB_DIR first on the library path, the discovery shim
+# preloaded and RUN_ENV set, in the caller's working directory; its exit status is the program's. Without uroce's
+# libraries in LIB_DIR the program would load the system's libibverbs (no device): it says so and exits 1 instead.
 uroce_exec_run() {
   if ! uroce_has_drop_in_libs "$1"; then
-    printf "uroce: not starting %s: uroce's libibverbs.so.1 and librdmacm.so.1 are not in '%s'\n" \
-      "${RUN_COMMAND[0]}" "$1" >&2
+    printf "uroce: not starting %s: uroce's libraries (%s) are not in '%s'\n" \
+      "${RUN_COMMAND[0]}" "${UROCE_LIBS[*]}" "$1" >&2
     exit 1
   fi
-  exec env "LD_LIBRARY_PATH=$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${RUN_ENV[@]}" "${RUN_COMMAND[@]}"
+  exec env "LD_LIBRARY_PATH=$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "LD_PRELOAD=$1/liburoce_preload.so${LD_PRELOAD:+:$LD_PRELOAD}" "${RUN_ENV[@]}" "${RUN_COMMAND[@]}"
 }
 
 free_tcp_port() {

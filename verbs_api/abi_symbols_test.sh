@@ -15,13 +15,16 @@
 #                          and every pyverbs extension module (missing files are skipped);
 #   resolves:<binary>      `ldd -r` with LD_LIBRARY_PATH=<our dir> finds our copy and reports no missing symbol or
 #                          version (the loader's own check, without running the program);
+#   no_fallback_answers    no public function is still answered by its weak fallback (fallback_symbols.cc) unless
+#                          README.md's line "Weak fallbacks still exported" names it (README passed as $2);
 #   loads:ibv_devices, loads:ib_send_bw_-h, loads:pyverbs_import
 #                          the program runs with our library and the loader prints no "symbol lookup error" /
 #                          "version ... not found" / "undefined symbol" (exit status and output are not judged: there is
 #                          no device yet).
 set -uo pipefail
 
-ours_in="${1:?usage: abi_symbols_test.sh PATH/TO/libibverbs.so.1}"
+ours_in="${1:?usage: abi_symbols_test.sh PATH/TO/libibverbs.so.1 README.md}"
+readme="${2:?usage: abi_symbols_test.sh PATH/TO/libibverbs.so.1 README.md}"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/abi"
 mkdir -p "$tmp/lib"
 cp "$ours_in" "$tmp/lib/libibverbs.so.1"
@@ -117,6 +120,14 @@ if [ -r "$REAL_LIB" ]; then
 else
   skip real_library_exports "$REAL_LIB not installed"
 fi
+
+# Weak definitions left in the library are the generated fallbacks: a real call would get EOPNOTSUPP from a function
+# nobody implemented. Only those README.md names (on its line "Weak fallbacks still exported") may remain.
+weak=$(readelf --dyn-syms -W "$ours" | awk '$5 == "WEAK" && $7 != "UND" && $8 ~ /@@IBVERBS/ {sub(/@@.*/, "", $8); print $8}' |
+  sort -u)
+allowed=$(grep -m1 '^Weak fallbacks still exported' "$readme" | grep -o '`[a-z_0-9]*`' | tr -d '`' | sort -u)
+unlisted=$(comm -23 <(printf '%s\n' "$weak" | sed '/^$/d') <(printf '%s\n' "$allowed" | sed '/^$/d'))
+check no_fallback_answers "$([ -z "$unlisted" ] || printf 'answered by a weak fallback, not named by README:\n%s' "$unlisted")"
 
 # --- what each client imports ---
 for f in "${CLIENT_BINARIES[@]}" "${CLIENT_LIBRARIES[@]}" "${PYVERBS_MODULES[@]}"; do

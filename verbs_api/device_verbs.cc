@@ -10,6 +10,7 @@
 #include <cstring>
 #include <set>
 
+#include "verbs_api/device_tree.h"
 #include "verbs_api/internal.h"
 #include "verbs_api/verbs_table.h"
 
@@ -416,7 +417,7 @@ int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_inde
   entry->gid_index = 0;
   entry->port_num = 1;
   entry->gid_type = IBV_GID_TYPE_ROCE_V2;
-  entry->ndev_ifindex = 1;  // lo
+  entry->ndev_ifindex = NetdevOf(Ctx(context)->dev().config().address).index;  // the interface holding the address
   return 0;
 }
 

@@ -1,5 +1,7 @@
 #include "verbs_api/engine.h"
 
+#include "verbs_api/device_tree.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -240,7 +242,13 @@ std::shared_ptr<Engine> Engine::Acquire() {
     return nullptr;
   }
   g_engine = e;
+  RefreshDeviceTree(e->address());  // GID 0 in the sysfs tree the discovery shim shows, now that it is known
   return e;
+}
+
+std::shared_ptr<Engine> Engine::Running() {
+  std::lock_guard lock(g_engine_mu);
+  return g_engine.lock();
 }
 
 int Engine::Start(const EngineConfig& config) {

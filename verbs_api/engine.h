@@ -66,6 +66,8 @@ class Engine {
   // The process's engine, created on first use; nullptr with errno set, after one line on stderr saying why, when
   // it cannot start (bad configuration, no free address, UROCE_TRANSPORT=uring where io_uring is refused).
   static std::shared_ptr<Engine> Acquire();
+  // The process's engine if one runs, without starting one.
+  static std::shared_ptr<Engine> Running();
 
   ~Engine();
   emu::Device& device() { return *device_; }

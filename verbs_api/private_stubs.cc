@@ -9,8 +9,8 @@
 //  - the ibv_cmd_* kernel-command wrappers and execute_ioctl fail with EOPNOTSUPP, returned as a positive errno
 //    value (rdma-core's cmd layer returns errno values, not -errno) and also left in errno;
 //  - functions returning pointers return NULL with errno = EOPNOTSUPP; void ones do nothing.
-//  - ibv_query_gid_type is NOT here: the lead implements it for real (pyverbs, ibv_devinfo and libmlx5 import it);
-//    until then tools/gen_fallback_symbols.py gives it a weak fallback in fallback_symbols.cc.
+//  - ibv_query_gid_type is NOT here: it is implemented for real in device_verbs.cc (pyverbs, ibv_devinfo and
+//    libmlx5 import it).
 //
 // Signatures follow rdma-core v44 libibverbs/driver.h and cmd_ioctl.h. Only symbol names are part of the C ABI; the
 // parameter lists are kept so the intent is readable, and the types rdma-core's installed headers do not provide

@@ -1,0 +1,225 @@
+#include "verbs_api/device_tree.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "verbs_api/engine.h"
+
+namespace uroce::verbs {
+namespace {
+
+// The device's numbers, where ibv_query_device / ibv_query_port take them from (device_verbs.cc).
+constexpr const char* kFirmware = "uroce 0.1";
+constexpr unsigned kGidSlots = 16;
+
+// Writes `text` and a newline to `path` through a temporary file renamed over it: a reader sees the old file or the
+// new one, never half of it.
+int WriteFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  FILE* f = fopen(tmp.c_str(), "w");
+  if (f == nullptr) return errno;
+  const bool ok = fputs(text.c_str(), f) >= 0 && fputc('\n', f) != EOF;
+  if (fclose(f) != 0 || !ok) {
+    unlink(tmp.c_str());
+    return EIO;
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return err;
+  }
+  return 0;
+}
+
+// mkdir -p.
+int MakeFolders(const std::string& path) {
+  for (size_t at = 1; at <= path.size(); ++at) {
+    if (at != path.size() && path[at] != '/') continue;
+    const std::string part = path.substr(0, at);
+    if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return errno;
+  }
+  return 0;
+}
+
+int Link(const std::string& target, const std::string& path) {
+  if (symlink(target.c_str(), path.c_str()) != 0 && errno != EEXIST) return errno;
+  return 0;
+}
+
+// A GUID as sysfs prints it: four groups of four hex digits.
+std::string GuidText(uint64_t guid) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%04x:%04x:%04x:%04x", unsigned(guid >> 48) & 0xffff, unsigned(guid >> 32) & 0xffff,
+                unsigned(guid >> 16) & 0xffff, unsigned(guid) & 0xffff);
+  return b;
+}
+
+// A GID as sysfs prints it (%pI6): eight groups of four hex digits.
+std::string GidText(const std::array<uint8_t, 16>& gid) {
+  std::string out;
+  char b[8];
+  for (int i = 0; i < 16; i += 2) {
+    std::snprintf(b, sizeof b, "%s%02x%02x", i ? ":" : "", gid[i], gid[i + 1]);
+    out += b;
+  }
+  return out;
+}
+
+// The online CPUs as a sysfs cpumask ("00000003": comma-separated 32-bit words, highest first) and as a list
+// ("0-1"): a software device is local to every CPU.
+std::pair<std::string, std::string> OnlineCpus() {
+  std::string list = "0";
+  if (FILE* f = fopen("/sys/devices/system/cpu/online", "r")) {
+    char b[256] = {};
+    if (fgets(b, sizeof b, f)) list = std::string(b).substr(0, std::strcspn(b, "\n"));
+    fclose(f);
+  }
+  std::vector<uint32_t> words(1);
+  for (size_t at = 0; at < list.size();) {
+    unsigned lo = 0, hi = 0;
+    int used = 0;
+    if (std::sscanf(list.c_str() + at, "%u%n", &lo, &used) != 1) break;
+    at += size_t(used);
+    hi = lo;
+    if (at < list.size() && list[at] == '-') {
+      ++at;
+      if (std::sscanf(list.c_str() + at, "%u%n", &hi, &used) != 1) break;
+      at += size_t(used);
+    }
+    for (unsigned cpu = lo; cpu <= hi && cpu < 8192; ++cpu) {
+      if (words.size() <= cpu / 32) words.resize(cpu / 32 + 1);
+      words[cpu / 32] |= 1u << (cpu % 32);
+    }
+    if (at < list.size() && list[at] == ',') ++at;
+  }
+  std::string mask;
+  char b[16];
+  for (size_t i = words.size(); i-- > 0;) {
+    std::snprintf(b, sizeof b, "%s%08x", mask.empty() ? "" : ",", words[i]);
+    mask += b;
+  }
+  return {mask, list};
+}
+
+int WriteTree(const std::string& root, const std::optional<wire::IpAddress>& address) {
+  const std::string dev = root + "/sys/devices/virtual/infiniband/uroce0";
+  const std::string port = dev + "/ports/1";
+  const std::string uverbs = root + "/sys/devices/virtual/infiniband_verbs/uverbs0";
+  for (const std::string& folder :
+       {port + "/gids", port + "/pkeys", port + "/gid_attrs/types", port + "/gid_attrs/ndevs", dev + "/device", uverbs,
+        root + "/sys/class/infiniband", root + "/sys/class/infiniband_verbs", root + "/dev/infiniband"}) {
+    if (int err = MakeFolders(folder)) return err;
+  }
+  const uint64_t guid = NodeGuid();
+  const Netdev netdev = address ? NetdevOf(*address) : NetdevOf(wire::IpAddress::V4(0x7f000001));
+  const auto [cpu_mask, cpu_list] = OnlineCpus();
+  const std::pair<std::string, std::string> files[] = {
+      {dev + "/node_type", "1: CA"},
+      {dev + "/node_guid", GuidText(guid)},
+      {dev + "/sys_image_guid", GuidText(guid)},
+      {dev + "/node_desc", "uroce0"},
+      {dev + "/fw_ver", kFirmware},
+      {dev + "/hw_rev", "1"},
+      {dev + "/device/numa_node", "-1"},
+      {dev + "/device/local_cpus", cpu_mask},
+      {dev + "/device/local_cpulist", cpu_list},
+      {port + "/state", "4: ACTIVE"},
+      {port + "/phys_state", "5: LinkUp"},
+      {port + "/link_layer", "Ethernet"},
+      {port + "/rate", "100 Gb/sec (4X EDR)"},  // active_width 4X, active_speed EDR (QueryPort)
+      {port + "/lid", "0x0"},
+      {port + "/sm_lid", "0x0"},
+      {port + "/lmc", "0"},
+      {port + "/sm_sl", "0"},
+      {port + "/cap_mask", "0x00000000"},
+      {port + "/pkeys/0", "0xffff"},
+      // GID 0: the device's address in RoCEv2 form (empty until it is known); the populated entry's attributes.
+      {port + "/gid_attrs/types/0", "RoCE v2"},
+      {port + "/gid_attrs/ndevs/0", netdev.name},
+      {uverbs + "/ibdev", "uroce0"},
+      {uverbs + "/abi_version", "1"},
+      {uverbs + "/dev", "231:192"},
+      {root + "/sys/class/infiniband_verbs/abi_version", "6"},
+      // Placeholders for the listing: the shim answers these two with /dev/null, a character device.
+      {root + "/dev/infiniband/uverbs0", ""},
+      {root + "/dev/infiniband/rdma_cm", ""},
+  };
+  for (const auto& [path, text] : files) {
+    if (int err = WriteFile(path, text)) return err;
+  }
+  for (unsigned i = 0; i < kGidSlots; ++i) {
+    std::array<uint8_t, 16> gid{};
+    if (i == 0 && address) gid = address->bytes();
+    if (int err = WriteFile(port + "/gids/" + std::to_string(i), GidText(gid))) return err;
+  }
+  if (int err = Link("../../devices/virtual/infiniband/uroce0", root + "/sys/class/infiniband/uroce0")) return err;
+  if (int err = Link("../../devices/virtual/infiniband_verbs/uverbs0", root + "/sys/class/infiniband_verbs/uverbs0"))
+    return err;
+  return 0;
+}
+
+// The shim's tree of this process, if it made one (discovery_preload.c exports this).
+const char* ShimTree() {
+  using TreeFn = const char* (*)();
+  auto fn = reinterpret_cast<TreeFn>(dlsym(RTLD_DEFAULT, "uroce_preload_tree"));
+  return fn ? fn() : nullptr;
+}
+
+}  // namespace
+
+Netdev NetdevOf(const wire::IpAddress& address) {
+  Netdev found;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a != nullptr && found.name.empty(); a = a->ifa_next) {
+      if (a->ifa_addr == nullptr) continue;
+      std::optional<wire::IpAddress> ip;
+      if (a->ifa_addr->sa_family == AF_INET) {
+        ip = wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr));
+      } else if (a->ifa_addr->sa_family == AF_INET6) {
+        ip = wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr.s6_addr);
+      }
+      if (ip && *ip == address) found.name = a->ifa_name;
+    }
+    freeifaddrs(list);
+  }
+  const bool loopback = address.is_v4() ? (address.v4() >> 24) == 127 : address == *wire::IpAddress::Parse("::1");
+  if (found.name.empty() && loopback) found.name = "lo";
+  if (!found.name.empty()) found.index = if_nametoindex(found.name.c_str());
+  return found;
+}
+
+int WriteDeviceTree(const std::string& root) {
+  if (auto engine = Engine::Running()) return WriteTree(root, engine->address());
+  EngineConfig config;  // no engine yet: the pinned address, if any
+  std::string error;
+  return WriteTree(root, LoadEngineConfig(&config, &error) == 0 ? config.address : std::nullopt);
+}
+
+void RefreshDeviceTree(const wire::IpAddress& address) {
+  if (const char* tree = ShimTree()) WriteTree(tree, address);
+}
+
+}  // namespace uroce::verbs
+
+// For the discovery shim: writes the tree into `root` (its own folder for this process). 0 or an errno.
+extern "C" int uroce_write_device_tree(const char* root) {
+  if (root == nullptr) return EINVAL;
+  try {
+    return uroce::verbs::WriteDeviceTree(root);
+  } catch (...) {
+    return ENOMEM;
+  }
+}
