@@ -311,10 +311,12 @@ int BindLocked(Lib& lib, IdPriv* p, const sockaddr* addr) {
   p->state = IdState::kAddrBound;
   std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, lib.gid.data(), 16);
   p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
-  // An id bound to an address of this host has its device, as the kernel's cma_acquire_dev_by_src_ip gives the
-  // device whose GID holds the address: ours holds every loopback address (this host) and its own. Only the wildcard
-  // leaves id->verbs NULL until the id resolves or connects. (librpma finds its ibv_context this way.)
-  if (!ip->is_unspecified()) AttachDevice(lib, p);
+  // An id bound to the device's own address has the device, as the kernel's cma_acquire_dev_by_src_ip gives the
+  // device whose GID holds the address, also when that address is a loopback one (librpma finds its ibv_context
+  // this way). Other addresses of this host and the wildcard name no device: id->verbs stays NULL until the id
+  // resolves or connects, as the kernel leaves it for an address no RDMA device holds (libfabric binds "localhost"
+  // and then looks for the device's addresses itself).
+  if (*ip == lib.address) AttachDevice(lib, p);
   return 0;
 }
 

@@ -58,24 +58,13 @@ shopt -u nullglob
 
 LOADER_ERRORS='symbol lookup error|version `?IBVERBS[^ ]*'"'"'? not found|undefined symbol|cannot open shared object'
 
-# --- JUnit bookkeeping ---
-cases=()
-passed=0 failed=0 skipped=0
-xml_escape() { sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
-pass() { cases+=("<testcase classname=\"abi\" name=\"$1\"/>"); passed=$((passed + 1)); echo "PASS $1"; }
-skip() {
-  cases+=("<testcase classname=\"abi\" name=\"$1\"><skipped message=\"$(printf '%s' "$2" | xml_escape)\"/></testcase>")
-  skipped=$((skipped + 1)); echo "SKIP $1: $2"
-}
-fail() {
-  local msg
-  msg=$(printf '%s' "$2" | xml_escape)
-  cases+=("<testcase classname=\"abi\" name=\"$1\"><failure message=\"failed\">$msg</failure></testcase>")
-  failed=$((failed + 1)); printf 'FAIL %s:\n%s\n' "$1" "$2"
-}
-check() {  # check NAME PROBLEMS: passes when PROBLEMS is empty
-  if [ -z "$2" ]; then pass "$1"; else fail "$1" "$2"; fi
-}
+# From the runfiles root (Bazel's working directory for a test), or the checkout's when run by hand.
+# shellcheck source=tests/junit.bash
+source tests/junit.bash
+pass() { junit_pass "$1"; }
+skip() { junit_skip "$1" "$2"; }
+fail() { junit_fail "$1" "$2"; }
+check() { junit_check "$1" "$2"; }
 
 # "name@@NODE" for every versioned default definition of a shared object.
 default_exports() {
@@ -184,12 +173,4 @@ else
 fi
 
 # --- report ---
-{
-  echo '<?xml version="1.0" encoding="UTF-8"?>'
-  echo "<testsuites><testsuite name=\"verbs_api.abi_symbols_test\" tests=\"$((passed + failed + skipped))\"" \
-    "failures=\"$failed\" skipped=\"$skipped\">"
-  printf '%s\n' "${cases[@]}"
-  echo '</testsuite></testsuites>'
-} >"${XML_OUTPUT_FILE:-/dev/null}"
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ]
+junit_report verbs_api.abi_symbols_test

@@ -205,7 +205,8 @@ int WriteDeviceTree(const std::string& root) {
   if (auto engine = Engine::Running()) return WriteTree(root, engine->address());
   EngineConfig config;  // no engine yet: the pinned address, if any
   std::string error;
-  return WriteTree(root, LoadEngineConfig(&config, &error) == 0 ? config.address : std::nullopt);
+  const bool pinned = LoadEngineConfig(&config, &error) == 0 && !config.address_prefix_len;
+  return WriteTree(root, pinned ? config.address : std::nullopt);
 }
 
 void RefreshDeviceTree(const wire::IpAddress& address) {

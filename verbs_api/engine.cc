@@ -3,12 +3,14 @@
 #include "verbs_api/device_tree.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <vector>
 
@@ -43,9 +46,18 @@ std::string Trim(std::string s) {
 
 int ApplySetting(EngineConfig* c, const std::string& key, const std::string& value, std::string* error) {
   if (key == "address") {
-    auto a = wire::IpAddress::Parse(value);
+    const auto slash = value.find('/');
+    auto a = wire::IpAddress::Parse(value.substr(0, slash));
     if (!a) return *error = "bad address '" + value + "'", EINVAL;
     c->address = *a;
+    c->address_prefix_len.reset();
+    if (slash != std::string::npos) {
+      char* end = nullptr;
+      const long n = std::strtol(value.c_str() + slash + 1, &end, 10);
+      if (*end != '\0' || end == value.c_str() + slash + 1 || n < 0 || n > (a->is_v4() ? 32 : 128))
+        return *error = "bad prefix length in '" + value + "'", EINVAL;
+      c->address_prefix_len = int(a->is_v4() ? n + 96 : n);  // over the 128 bits of the IPv4-mapped form
+    }
   } else if (key == "port") {
     char* end = nullptr;
     const long p = std::strtol(value.c_str(), &end, 10);
@@ -93,19 +105,69 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
 constexpr uint32_t kLoopbackCandidates = 256 * 254;
 wire::IpAddress LoopbackCandidate(uint32_t i) { return wire::IpAddress::V4(0x7f000000u | (i / 254) << 8 | (i % 254 + 1)); }
 
+// The addresses a device may take, in the order they are tried.
+struct Candidates {
+  uint32_t count = 0;
+  std::function<wire::IpAddress(uint32_t)> at;
+  std::string description;  // for "no free address in ..."
+};
+
+Candidates LoopbackCandidates() {
+  return {kLoopbackCandidates, LoopbackCandidate,
+          LoopbackCandidate(0).ToString() + "-" + LoopbackCandidate(kLoopbackCandidates - 1).ToString()};
+}
+
+// This host's addresses inside prefix/len (len over the 128 bits of the IPv4-mapped form), lowest first.
+Candidates HostAddressesIn(const wire::IpAddress& prefix, int len) {
+  auto inside = [&](const wire::IpAddress& a) {
+    for (int bit = 0; bit < len; ++bit) {
+      const int byte = bit / 8, mask = 0x80 >> (bit % 8);
+      if ((a.bytes()[byte] & mask) != (prefix.bytes()[byte] & mask)) return false;
+    }
+    return true;
+  };
+  std::vector<wire::IpAddress> found;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;  // the socket is IPv4 or IPv6 alike
+      const auto a = wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr));
+      if (inside(a)) found.push_back(a);
+    }
+    for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET6) continue;
+      const auto a = wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr.s6_addr);
+      if (inside(a)) found.push_back(a);
+    }
+    freeifaddrs(list);
+  }
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  const std::string description =
+      prefix.ToString() + "/" + std::to_string(prefix.is_v4() ? len - 96 : len) + " (this host's addresses there)";
+  return {uint32_t(found.size()), [found](uint32_t i) { return found[i]; }, description};
+}
+
 // The index of the first candidate from `from` whose address has `port` free, or -errno (-EADDRINUSE when none
-// has). Probes with bind(2) on one bare socket, which a failed bind leaves unbound for the next try: a few
+// has). Probes with bind(2) on a bare socket, which a failed bind leaves unbound for the next try: a few
 // microseconds per address, where creating a transport per address costs ten times that.
-int NextFreeLoopbackCandidate(uint32_t from, uint16_t port) {
-  const int fd = wire::OpenKernelUdpSocket(AF_INET);
-  if (fd < 0) return -errno;
+int NextFreeCandidate(const Candidates& candidates, uint32_t from, uint16_t port) {
+  int fds[2] = {-1, -1};  // IPv4, IPv6: made when first needed
   int result = -EADDRINUSE;
-  for (uint32_t i = from; i < kLoopbackCandidates; ++i) {
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    sa.sin_addr.s_addr = htonl(LoopbackCandidate(i).v4());
-    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+  for (uint32_t i = from; i < candidates.count; ++i) {
+    const wire::IpAddress a = candidates.at(i);
+    int& fd = fds[a.is_v4() ? 0 : 1];
+    if (fd < 0 && (fd = wire::OpenKernelUdpSocket(a.is_v4() ? AF_INET : AF_INET6)) < 0) {
+      result = -errno;
+      break;
+    }
+    sockaddr_storage sa;
+    socklen_t len;
+    if (int r = wire::ToSockaddr({a, port}, a.is_v4() ? AF_INET : AF_INET6, &sa, &len); r < 0) {
+      result = r;
+      break;
+    }
+    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0) {
       result = int(i);
       break;
     }
@@ -114,12 +176,11 @@ int NextFreeLoopbackCandidate(uint32_t from, uint16_t port) {
       break;
     }
   }
-  close(fd);
+  for (int fd : fds)
+    if (fd >= 0) close(fd);
   return result;
 }
 
-// Set once io_uring has been refused in this process: later engines go straight to sockets, and the notice is not
-// repeated.
 std::atomic<bool> g_uring_refused{false};
 
 // io_uring_setup(2)'s refusals that plain sockets do not share: EPERM (seccomp profiles of Docker >= 25 and
@@ -256,7 +317,7 @@ int Engine::Start(const EngineConfig& config) {
   int rc;
   bool reported = false;
   TransportChoice choice = config.transport;
-  if (config.address) {
+  if (config.address && !config.address_prefix_len) {
     bound = *config.address;
     // A process that had this address a moment ago may still hold its socket: io_uring drops it from a kernel worker
     // after the process has gone, and the next program on the same UROCE_ADDR, started at once, failed with
@@ -271,23 +332,25 @@ int Engine::Start(const EngineConfig& config) {
               strerror(-rc));
     }
   } else {
-    // Embedded default: the first free loopback address, so processes on one machine reach each other unconfigured.
+    // The first free of several: the embedded default's loopback addresses, so that processes on one machine reach
+    // each other unconfigured, or this host's addresses in UROCE_ADDR's prefix.
+    const Candidates candidates = config.address ? HostAddressesIn(*config.address, *config.address_prefix_len)
+                                                 : LoopbackCandidates();
     rc = -EADDRINUSE;
     for (int i = 0; rc == -EADDRINUSE; ++i) {
-      i = NextFreeLoopbackCandidate(uint32_t(i), config.port);
+      i = NextFreeCandidate(candidates, uint32_t(i), config.port);
       if (i < 0) {
         rc = i;
         break;
       }
-      bound = LoopbackCandidate(uint32_t(i));
+      bound = candidates.at(uint32_t(i));
       rc = OpenTransport(&choice, {bound, config.port}, &transport_, &reported);  // -EADDRINUSE if another process won the race
     }
     if (rc == -EADDRINUSE) {
       fprintf(stderr,
-              "uroce: no free address in %s-%s on UDP port %u (held on all addresses by another program, such as "
+              "uroce: no free address in %s on UDP port %u (held on all addresses by another program, such as "
               "kernel rxe? UROCE_PORT or UROCE_ADDR choose another)\n",
-              LoopbackCandidate(0).ToString().c_str(), LoopbackCandidate(kLoopbackCandidates - 1).ToString().c_str(),
-              config.port);
+              candidates.description.c_str(), config.port);
     } else if (rc < 0 && !reported) {
       fprintf(stderr, "uroce: cannot bind %s: %s\n", wire::UdpEndpoint{bound, config.port}.ToString().c_str(),
               strerror(-rc));

@@ -42,6 +42,9 @@ enum class TransportChoice {
 
 struct EngineConfig {
   std::optional<wire::IpAddress> address;  // pinned address; default: first free of 127.0.0.1 ... 127.0.255.254
+  // With address_prefix_len (UROCE_ADDR=A/N): not one address but the first of this host's addresses inside A/N
+  // whose port is free, so that every process of a job finds one of its own on a real interface.
+  std::optional<int> address_prefix_len;
   uint16_t port = wire::kRoceV2UdpPort;
   emu::Mtu mtu = emu::Mtu::k4096;
   std::string pcap_path;  // capture every packet sent and received (UROCE_PCAP)
