@@ -6,10 +6,11 @@ BEP_JSON_FILE is what `bazel test --build_event_json_file=FILE` wrote: it names,
 in this invocation (testSummary.overallStatus) and the test.xml each run/shard/attempt wrote (testResult). Only those
 files are read, so a test.xml left in bazel-testlogs by an earlier run never counts.
 
-Prints one line per failing case or target, then a last line "PASSED FAILED SKIPPED". A target fails as a whole when
-it has no result in this invocation (it did not build, or Bazel stopped first), when Bazel's status for it is anything
-but PASSED or FLAKY (FAILED, TIMEOUT, INCOMPLETE, ...) without a failing case saying why, or when its results are
-unreadable or hold no case. FLAKY (failed, then passed on a later --flaky_test_attempts attempt) is listed, not failed.
+Prints one line per failing, skipped (with the reason) or flaky target, then a last line "PASSED FAILED SKIPPED FLAKY".
+A target fails as a whole when it has no result in this invocation (it did not build, or Bazel stopped first), when
+Bazel's status for it is anything but PASSED or FLAKY (FAILED, TIMEOUT, INCOMPLETE, ...) without a failing case saying
+why, or when its results are unreadable or hold no case. A FLAKY target (it failed, then passed on a later
+--flaky_test_attempts attempt) is neither failed nor passed: its cases are counted as flaky and the target is named.
 """
 import json
 import sys
@@ -56,7 +57,7 @@ def skip_reason(case) -> str:
 
 def main() -> int:
     run, bep, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
-    passed = failed = skipped = 0
+    passed = failed = skipped = flaky = 0
     try:
         status, attempts = read_events(bep)
     except (OSError, ValueError) as e:
@@ -82,7 +83,7 @@ def main() -> int:
             failed += 1
             continue
         skip_reasons = {}  # reason -> number of cases skipped for it
-        target_failed = 0
+        target_failed = target_passed = 0
         for case in cases:
             case_name = f"{label} {case.get('classname', '')}.{case.get('name', '')}"
             if case.find("failure") is not None or case.find("error") is not None:
@@ -93,13 +94,16 @@ def main() -> int:
                 reason = skip_reason(case)
                 skip_reasons[reason] = skip_reasons.get(reason, 0) + 1
             else:
-                passed += 1
+                target_passed += 1
         for reason, count in skip_reasons.items():
             print(f"[{run}] SKIPPED {label}: {count} case(s): {reason}")
         if status[label] == "FLAKY" and target_failed == 0:
-            # Failed, then passed on a later attempt (--flaky_test_attempts): Bazel's own run succeeded, and so do
-            # the cases of the attempt that counts; said loudly so the flake gets looked at.
-            print(f"[{run}] FLAKY {label}: failed an attempt, passed on a later one")
+            # Failed, then passed on a later attempt (--flaky_test_attempts): the cases of the attempt that counts
+            # passed, but only on a retry, so they are counted apart, and the target is named so the flake gets looked
+            # at.
+            print(f"[{run}] FLAKY {label}: failed an attempt, passed on a later one ({target_passed} case(s))")
+            flaky += target_passed
+            target_passed = 0
         elif status[label] != "PASSED" and target_failed == 0:
             # A timeout, a crash after the last case, or a flaky pass on a later attempt: the cases do not say it.
             print(f"[{run}] FAILED {label}: Bazel says {status[label]}")
@@ -108,8 +112,9 @@ def main() -> int:
             print(f"[{run}] FAILED {label}: ran no test case")
             target_failed = 1
         failed += target_failed
-    print(f"[{run}] {passed} passed, {failed} failed, {skipped} skipped")
-    print(passed, failed, skipped)
+        passed += target_passed
+    print(f"[{run}] {passed} passed, {failed} failed, {skipped} skipped, {flaky} flaky")
+    print(passed, failed, skipped, flaky)
     return 0
 
 

@@ -6,8 +6,10 @@
 #   3. the wire, emu and verbs_api tests again under ASan+UBSan, and the threaded ones under TSan;
 #   4. the libFuzzer packet parser for a bounded time (UROCE_FUZZ_SECONDS, default 60).
 # Counts individual test cases from the JUnit XML each target wrote in this run (Bazel's build events name them, see
-# tests/junit_count.py) and ends with the line "N passed, N failed" (", N skipped" when some were). Exits non-zero
-# when any case or target failed, a target left no result, or any Bazel invocation failed.
+# tests/junit_count.py) and ends with the line "N passed, N failed" (", N skipped" and ", N flaky" when some were),
+# after a summary that names every skipped case with its reason and every flaky target (one that passed only on a
+# retry: its cases are counted as flaky, not as passed). Exits non-zero when any case or target failed, a target left
+# no result, or any Bazel invocation failed.
 #
 # UROCE_TEST_TARGETS="//pkg:a //pkg:b" runs only those targets ("manual" ones included) with the extra Bazel flags
 # in UROCE_TEST_FLAGS, and no other stage: tests/tools_test.sh points it at deliberately failing fixtures that way.
@@ -20,18 +22,22 @@ FUZZ_SECONDS="${UROCE_FUZZ_SECONDS:-60}"
 total_pass=0
 total_fail=0
 total_skip=0
+total_flaky=0
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/uroce-run-all.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+SUMMARY="$WORK/summary"  # the SKIPPED and FLAKY lines of every stage, repeated before the closing line
+: >"$SUMMARY"
 
-# add_counts NAME "PASSED FAILED SKIPPED": adds a stage's counts to the totals.
+# add_counts NAME "PASSED FAILED [SKIPPED [FLAKY]]": adds a stage's counts to the totals.
 add_counts() {
-  local p f s
-  read -r p f s <<<"$2"
-  if ! [[ "$p" =~ ^[0-9]+$ && "$f" =~ ^[0-9]+$ && "${s:-0}" =~ ^[0-9]+$ ]]; then
+  local p f s k
+  read -r p f s k <<<"$2"
+  if ! [[ "$p" =~ ^[0-9]+$ && "$f" =~ ^[0-9]+$ && "${s:-0}" =~ ^[0-9]+$ && "${k:-0}" =~ ^[0-9]+$ ]]; then
     echo "[$1] FAILED: no counts ('$2')" >&2
-    p=0 f=1 s=0
+    p=0 f=1 s=0 k=0
   fi
   total_pass=$((total_pass + p)); total_fail=$((total_fail + f)); total_skip=$((total_skip + ${s:-0}))
+  total_flaky=$((total_flaky + ${k:-0}))
 }
 
 # run_bazel_tests NAME PATTERN [bazel flags...]: runs the test targets of PATTERN (without the "manual" ones unless
@@ -53,25 +59,30 @@ run_bazel_tests() {
   rm -f "$events"
   # shellcheck disable=SC2086
   bazel test "$@" --keep_going --build_event_json_file="$events" $targets >&2 || rc=$?
-  local counts p f s
+  local counts p f s k
   # shellcheck disable=SC2086
   counts=$("$PY" "$ROOT/tests/junit_count.py" "$name" "$events" $targets)
-  read -r p f s <<<"$(tail -n1 <<<"$counts")"
+  read -r p f s k <<<"$(tail -n1 <<<"$counts")"
   sed '$d' <<<"$counts" >&2
+  grep -E '^\[[^]]*\] (SKIPPED|FLAKY) ' <<<"$counts" >>"$SUMMARY"
   if [ "$rc" -ne 0 ] && [ "${f:-0}" = 0 ]; then
     echo "[$name] FAILED: bazel test exited with status $rc" >&2
     f=1
   fi
-  add_counts "$name" "$p $f $s"
+  add_counts "$name" "$p $f $s $k"
 }
 
-# The closing line, "N passed, N failed" (", N skipped" when some were); the exit status says whether all passed.
+# The summary of skipped and flaky cases, then the closing line, "N passed, N failed" (", N skipped", ", N flaky" when
+# some were); the exit status says whether all passed.
 print_totals_and_exit() {
-  if [ "$total_skip" -gt 0 ]; then
-    echo "$total_pass passed, $total_fail failed, $total_skip skipped"
-  else
-    echo "$total_pass passed, $total_fail failed"
+  if [ -s "$SUMMARY" ]; then
+    echo "Skipped and flaky, with their reasons:"
+    sed 's/^/  /' "$SUMMARY"
   fi
+  local line="$total_pass passed, $total_fail failed"
+  [ "$total_skip" -eq 0 ] || line+=", $total_skip skipped"
+  [ "$total_flaky" -eq 0 ] || line+=", $total_flaky flaky"
+  echo "$line"
   [ "$total_fail" -eq 0 ]
   exit
 }
@@ -91,6 +102,7 @@ echo "[tools] tests/tools_test.sh" >&2
 tools_rc=0
 "$ROOT/tests/tools_test.sh" >"$WORK/tools.out" || tools_rc=$?
 tools_counts=$(sed -nE 's/^([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$/\1 \2 \4/p' "$WORK/tools.out" | tail -n1)
+grep '^\[tools\] SKIPPED ' "$WORK/tools.out" >>"$SUMMARY"
 if [ "$tools_rc" -ne 0 ] && [ "$(cut -d' ' -f2 <<<"$tools_counts")" = 0 ]; then
   echo "[tools] FAILED: tests/tools_test.sh exited with status $tools_rc" >&2
   tools_counts="0 1 0"
@@ -99,8 +111,8 @@ add_counts tools "$tools_counts"
 
 if [ "${UROCE_SKIP_SANITIZERS:-0}" != 1 ]; then
   # The engine's own tests (no Debian client processes) under ASan+UBSan and under TSan.
-  run_bazel_tests asan "//wire/... + //emu/... + //verbs_api/..." --config=asan
-  run_bazel_tests tsan "//emu/... + //verbs_api/... + //wire:uring_transport_test + //wire:udp_transport_test + //wire:socket_transport_test + //wire:sim_network_test + //wire:fault_transport_test + //wire:capture_transport_test" --config=tsan
+  run_bazel_tests asan "//wire/... + //emu/... + //verbs_api/... + //rdmacm/..." --config=asan
+  run_bazel_tests tsan "//emu/... + //verbs_api/... + //rdmacm/... + //wire:uring_transport_test + //wire:udp_transport_test + //wire:socket_transport_test + //wire:sim_network_test + //wire:fault_transport_test + //wire:capture_transport_test" --config=tsan
 fi
 
 # Fuzzing: a bounded libFuzzer run of the packet parser; a crash or sanitizer report fails it. The clang build lives in

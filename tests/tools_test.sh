@@ -79,6 +79,17 @@ test_runner_ignores_a_stale_result() {
   [ -f "$xml" ] || fail "the stale $xml is gone: the case proved nothing"
 }
 
+# A target that fails and then passes on a retry is FLAKY: named with its reason before the closing line, its case
+# counted as flaky, not as passed, and the run still succeeds (Bazel's retry did).
+test_runner_reports_a_flaky_target() {
+  local marker="$WORK/flaky.marker"
+  run_runner "$FIXTURES:flaky_test" "--flaky_test_attempts=2 --test_env=UROCE_FIXTURE_MARKER=$marker"
+  expect_status 0 "$RC" "runner on a target that passes on its second attempt"
+  [ "$(closing_line)" = "0 passed, 0 failed, 1 flaky" ] || fail "closing line '$(closing_line)', want '0 passed, 0 failed, 1 flaky'"
+  expect_grep "FLAKY $FIXTURES:flaky_test: failed an attempt, passed on a later one" "$WORK/runner.out" \
+    "the flaky target is named in the summary"
+}
+
 test_runner_fails_on_an_unknown_target() {
   run_runner "$FIXTURES:no_such_test"
   expect_status nonzero "$RC" "runner on a target that does not exist"
@@ -159,6 +170,44 @@ test_run_from_another_network_namespace() {
   ip netns del "$NETNS"; NETNS=""
 }
 
+# `uroce run --one-packet-per-datagram`: a tcpdump of lo shows every RoCE packet as a datagram of its own, and scapy's
+# RoCEv2 code reproduces every ICRC. Without it, loopback carries whole UDP_SEGMENT runs, which scapy cannot read as
+# one packet each (the capture is made in a network namespace of its own, so that its lo carries only this pair).
+test_run_one_packet_per_datagram_for_tcpdump() {
+  if [ "$(id -u)" -ne 0 ] || ! command -v tcpdump >/dev/null || ! unshare --net true 2>/dev/null; then
+    skip "needs root, tcpdump and a network namespace to capture lo alone"; return
+  fi
+  local with="$WORK/one-per-datagram.pcap" without="$WORK/segmented.pcap"
+  ROOT="$ROOT" WORK="$WORK" unshare --net bash -c '
+    source "$ROOT/tools/uroce.bash"
+    ip link set lo up
+    capture() {  # capture FILE [uroce run options]: an ibv_rc_pingpong -s 4096 pair on lo, captured by tcpdump
+      local file="$1" port
+      shift
+      port=$(free_tcp_port)
+      tcpdump -i lo -U -w "$file" udp port 4791 2>"$file.log" &
+      local dump=$!
+      for _ in $(seq 1 100); do grep -q "listening on" "$file.log" && break; sleep 0.05; done
+      "$ROOT/tools/uroce" run "$@" -- ibv_rc_pingpong -g 0 -c -s 4096 -n 50 -p "$port" >"$file.server" 2>&1 &
+      local server=$!
+      wait_listening "$port" "$server"
+      "$ROOT/tools/uroce" run "$@" -- ibv_rc_pingpong -g 0 -c -s 4096 -n 50 -p "$port" 127.0.0.1 >"$file.client" 2>&1
+      wait "$server"
+      sleep 0.2
+      kill -INT "$dump"; wait "$dump"
+    }
+    capture "'"$with"'" --one-packet-per-datagram
+    capture "'"$without"'"'
+  local out rc=0
+  out=$(/usr/bin/python3 "$ROOT/tests/scapy_icrc_check.py" "$with") || rc=$?
+  expect_status 0 "$rc" "scapy checks every ICRC of the capture with --one-packet-per-datagram ($out)"
+  [[ "$out" =~ ^packets\ ([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge 400 ] ||
+    fail "only '$out' in the capture: 50 round trips of 4 packets each, and their ACKs, expected"
+  out=$(/usr/bin/python3 "$ROOT/tests/scapy_icrc_check.py" "$without") || true
+  [[ "$out" =~ superdatagrams\ ([1-9][0-9]*) ]] ||
+    fail "without the switch lo carries UDP_SEGMENT runs whole, but the capture shows none ($out): the case proves nothing"
+}
+
 # Every counter `uroce run --stats` prints is explained in the README's counters table.
 test_readme_explains_every_counter() {
   local rc=0 name missing=""
@@ -233,7 +282,9 @@ for name in "${cases[@]}"; do
   echo "[tools] $name" >&2
   if declare -F "$name" >/dev/null; then "$name"; else fail "no such case"; fi
   if [ "$case_ok" != 1 ]; then failed=$((failed + 1))
-  elif [ -n "$case_skipped" ]; then skipped=$((skipped + 1)); echo "    SKIPPED: $case_skipped" >&2
+  elif [ -n "$case_skipped" ]; then
+    skipped=$((skipped + 1)); echo "    SKIPPED: $case_skipped" >&2
+    echo "[tools] SKIPPED $name: $case_skipped"  # for the suite's summary
   else passed=$((passed + 1)); echo "    ok" >&2; fi
 done
 if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"

@@ -9,6 +9,8 @@ uroce_run_options_help() {
       --pcap FILE       record every packet sent and received
       --stats           print the device's counters (drops by reason, retransmissions, faults) at exit
       --transport T     uring or socket (default: io_uring, plain sockets where io_uring is refused)
+      --one-packet-per-datagram
+                        no UDP segmentation offload: tcpdump then shows each RoCE packet as a datagram of its own
       --loss P --dup P --reorder P --corrupt P --delay-us N --seed S
                         deterministic fault injection on this process's packets
 HELP
@@ -24,6 +26,7 @@ uroce_parse_run_options() {
     case "$1" in
       --) shift; break ;;
       --stats) RUN_ENV+=("UROCE_STATS=1"); shift; continue ;;
+      --one-packet-per-datagram) RUN_ENV+=("UROCE_ONE_PACKET_PER_DATAGRAM=1"); shift; continue ;;
       -h|--help)
         echo "usage: uroce run [options] -- COMMAND [ARGS...]"
         uroce_run_options_help

@@ -81,6 +81,8 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
     c->stats = value == "1" || value == "yes" || value == "true";
   } else if (key == "retry_forever") {
     c->retry_forever = value == "1" || value == "yes" || value == "true";
+  } else if (key == "one_packet_per_datagram") {
+    c->one_packet_per_datagram = value == "1" || value == "yes" || value == "true";
   } else if (key == "transport") {
     if (value == "uring" || value == "io_uring") {
       c->transport = TransportChoice::kUring;
@@ -192,13 +194,14 @@ bool UringRefused(int rc) { return rc == -EPERM || rc == -ENOSYS || rc == -ENOME
 // Opens the transport *choice names on `ep`. kAuto tries io_uring first and, when it is refused, switches *choice
 // to kSocket for the rest of the process and says so once. Returns 0 or -errno (-EADDRINUSE: try another address);
 // *reported tells that the error has been printed.
-int OpenTransport(TransportChoice* choice, const wire::UdpEndpoint& ep, std::unique_ptr<wire::Transport>* out,
-                  bool* reported) {
+int OpenTransport(TransportChoice* choice, const wire::UdpEndpoint& ep, bool udp_offloads,
+                  std::unique_ptr<wire::Transport>* out, bool* reported) {
   if (*choice == TransportChoice::kAuto && g_uring_refused.load()) *choice = TransportChoice::kSocket;
   if (*choice != TransportChoice::kSocket) {
     std::unique_ptr<wire::UringTransport> uring;
     wire::UringTransport::Options options;
     options.responses_first = true;  // completions in a hardware's order (wire::DeliverReceived)
+    options.udp_offloads = udp_offloads;
     const int rc = wire::UringTransport::Create(ep, options, &uring);
     if (rc == 0) {
       *choice = TransportChoice::kUring;
@@ -222,6 +225,7 @@ int OpenTransport(TransportChoice* choice, const wire::UdpEndpoint& ep, std::uni
   std::unique_ptr<wire::SocketTransport> socket;
   wire::SocketTransport::Options options;
   options.responses_first = true;
+  options.udp_offloads = udp_offloads;
   const int rc = wire::SocketTransport::Create(ep, options, &socket);
   if (rc == 0) *out = std::move(socket);
   return rc;
@@ -261,7 +265,9 @@ int LoadEngineConfig(EngineConfig* config, std::string* error) {
       return err;
     }
   }
-  static const char* kKeys[] = {"address", "port", "mtu", "pcap", "faults", "stats", "retry_forever", "transport"};
+  static const char* kKeys[] = {"address", "port",          "mtu",       "pcap",
+                                "faults",  "stats",         "retry_forever", "transport",
+                                "one_packet_per_datagram"};
   for (const char* key : kKeys) {
     std::string env = "UROCE_";
     for (const char* k = key; *k; ++k) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*k)));
@@ -317,13 +323,14 @@ int Engine::Start(const EngineConfig& config) {
   int rc;
   bool reported = false;
   TransportChoice choice = config.transport;
+  const bool offloads = !config.one_packet_per_datagram;
   if (config.address && !config.address_prefix_len) {
     bound = *config.address;
     // A process that had this address a moment ago may still hold its socket: io_uring drops it from a kernel worker
     // after the process has gone, and the next program on the same UROCE_ADDR, started at once, failed with
     // EADDRINUSE. Taken for longer than kBindRetryNs, it is another program's.
     const uint64_t give_up = wire::SystemClock::Instance().NowNs() + kBindRetryNs;
-    while ((rc = OpenTransport(&choice, {bound, config.port}, &transport_, &reported)) == -EADDRINUSE &&
+    while ((rc = OpenTransport(&choice, {bound, config.port}, offloads, &transport_, &reported)) == -EADDRINUSE &&
            wire::SystemClock::Instance().NowNs() < give_up) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -344,7 +351,8 @@ int Engine::Start(const EngineConfig& config) {
         break;
       }
       bound = candidates.at(uint32_t(i));
-      rc = OpenTransport(&choice, {bound, config.port}, &transport_, &reported);  // -EADDRINUSE if another process won the race
+      // -EADDRINUSE if another process won the race
+      rc = OpenTransport(&choice, {bound, config.port}, offloads, &transport_, &reported);
     }
     if (rc == -EADDRINUSE) {
       fprintf(stderr,

@@ -52,10 +52,13 @@ struct EngineConfig {
   bool stats = false;     // print the device's counters to stderr when the engine ends (UROCE_STATS=1)
   bool retry_forever = false;  // retry_cnt 7 retries forever, as kernel rxe does (UROCE_RETRY_FOREVER=1)
   TransportChoice transport = TransportChoice::kAuto;  // UROCE_TRANSPORT=uring|socket
+  // UROCE_ONE_PACKET_PER_DATAGRAM=1: no UDP_SEGMENT runs, so that a capture of the interface (tcpdump -i lo, where
+  // loopback never splits a run) shows each RoCE packet as a datagram of its own, its ICRC for the IP ID 0 it has.
+  bool one_packet_per_datagram = false;
 };
 
 // Reads UROCE_ADDR, UROCE_PORT, UROCE_MTU, UROCE_PCAP, UROCE_FAULTS, UROCE_STATS, UROCE_RETRY_FOREVER,
-// UROCE_TRANSPORT, and the config file named by UROCE_CONFIG (default /etc/uroce.conf, if present): "key = value"
+// UROCE_TRANSPORT, UROCE_ONE_PACKET_PER_DATAGRAM, and the config file named by UROCE_CONFIG (default /etc/uroce.conf, if present): "key = value"
 // lines with the same keys in lower case without the prefix (address, port, mtu, ...); the environment wins.
 // Returns 0, or an errno with *error set to a message naming the variable or file line at fault: EINVAL for a bad
 // value or line, the open error (ENOENT, EACCES) for an unreadable UROCE_CONFIG.
