@@ -81,6 +81,23 @@ uroce_exec_run() {
     "LD_PRELOAD=$1/liburoce_preload.so${LD_PRELOAD:+:$LD_PRELOAD}" "${RUN_ENV[@]}" "${RUN_COMMAND[@]}"
 }
 
+# uroce_stats [PID...]: the counters of running programs started by `uroce run` (all of this user's, or those PIDs),
+# as UROCE_STATS prints them at exit, refreshed every half second while each has traffic. They live in the folder
+# the discovery shim makes per process (verbs_api/discovery_preload.c: <base>/<pid>.<start time>/counters).
+uroce_stats() {
+  local base="${UROCE_DEVICE_TREE:-${XDG_RUNTIME_DIR:-${TMPDIR:-/tmp}}/uroce-$(id -u)}" dir pid found=0
+  for dir in "$base"/*.*/; do
+    dir=${dir%/}
+    pid=$(basename "$dir"); pid=${pid%%.*}
+    [ -r "$dir/counters" ] && [ -d "/proc/$pid" ] || continue
+    if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$pid"; then continue; fi
+    found=1
+    printf '== pid %s: %s\n' "$pid" "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"
+    cat "$dir/counters"
+  done
+  [ "$found" = 1 ] || { echo "uroce stats: no running program of $(id -un) started by uroce run${1:+ with pid $*}" >&2; return 1; }
+}
+
 free_tcp_port() {
   /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }

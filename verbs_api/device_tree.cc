@@ -170,11 +170,12 @@ int WriteTree(const std::string& root, const std::optional<wire::IpAddress>& add
   return 0;
 }
 
-// The shim's tree of this process, if it made one (discovery_preload.c exports this).
-const char* ShimTree() {
-  using TreeFn = const char* (*)();
-  auto fn = reinterpret_cast<TreeFn>(dlsym(RTLD_DEFAULT, "uroce_preload_tree"));
-  return fn ? fn() : nullptr;
+// The shim's tree of this process (discovery_preload.c exports uroce_preload_tree; looked up once), made first when
+// `make` and there is none; nullptr without the shim.
+const char* ShimTree(bool make = false) {
+  using TreeFn = const char* (*)(int);
+  static const auto fn = reinterpret_cast<TreeFn>(dlsym(RTLD_DEFAULT, "uroce_preload_tree"));
+  return fn ? fn(make ? 1 : 0) : nullptr;
 }
 
 }  // namespace
@@ -210,7 +211,15 @@ int WriteDeviceTree(const std::string& root) {
 }
 
 void RefreshDeviceTree(const wire::IpAddress& address) {
-  if (const char* tree = ShimTree()) WriteTree(tree, address);
+  if (const char* tree = ShimTree()) {
+    WriteTree(tree, address);
+  } else {
+    ShimTree(/*make=*/true);  // written with the running engine's address
+  }
+}
+
+void WriteCountersFile(const std::string& text) {
+  if (const char* tree = ShimTree()) WriteFile(std::string(tree) + "/counters", text);
 }
 
 }  // namespace uroce::verbs

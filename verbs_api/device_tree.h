@@ -14,6 +14,7 @@
 //       ports/1/gid_attrs/{types,ndevs}/0 (the populated entry)   device/{numa_node,local_cpus,local_cpulist}
 //   sys/devices/virtual/infiniband_verbs/uverbs0/{ibdev,abi_version,dev}
 //   dev/infiniband/{uverbs0,rdma_cm}
+//   counters   (the engine's counters while it runs, as UROCE_STATS prints them: `uroce stats` reads them)
 #pragma once
 
 #include <string>
@@ -38,5 +39,9 @@ int WriteDeviceTree(const std::string& root);
 
 // The engine started on `address`: rewrites the tree the discovery shim made for this process, if it made one.
 void RefreshDeviceTree(const wire::IpAddress& address);
+
+// Replaces the file `counters` at the root of this process's tree (if the shim made one) with `text`: the running
+// engine's counters, for `uroce stats`.
+void WriteCountersFile(const std::string& text);
 
 }  // namespace uroce::verbs

@@ -144,10 +144,11 @@ static const char* Tree(void) {
   return g_tree[0] ? g_tree : NULL;
 }
 
-// For uroce's libibverbs: this process's folder if the shim has made it (the library then rewrites it when its device
-// starts), else NULL. Never makes one, and takes no lock: the library calls it holding its own, which a thread making
-// the folder may be waiting for.
-const char* uroce_preload_tree(void) {
+// For uroce's libibverbs: this process's folder, NULL when there is none. With `make`, made first if it was not (the
+// library asks when its device starts: its live counters go there); without, it takes no lock.
+const char* uroce_preload_tree(int make);
+const char* uroce_preload_tree(int make) {
+  if (make) return Tree();
   return __atomic_load_n(&g_tree_pid, __ATOMIC_ACQUIRE) == getpid() && g_tree[0] ? g_tree : NULL;
 }
 

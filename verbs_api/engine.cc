@@ -294,22 +294,28 @@ uint64_t NodeGuid() {
 std::shared_ptr<Engine> Engine::Acquire() {
   static std::once_flag atfork_once;
   std::call_once(atfork_once, [] { pthread_atfork(nullptr, nullptr, ForgetEngineInChild); });
-  std::lock_guard lock(g_engine_mu);
-  if (auto e = g_engine.lock()) return e;
-  EngineConfig config;
-  std::string error;
-  if (int err = LoadEngineConfig(&config, &error)) {
-    fprintf(stderr, "uroce: %s\n", error.c_str());
-    errno = err;
-    return nullptr;
+  std::shared_ptr<Engine> e;
+  {
+    std::lock_guard lock(g_engine_mu);
+    if (auto running = g_engine.lock()) return running;
+    EngineConfig config;
+    std::string error;
+    if (int err = LoadEngineConfig(&config, &error)) {
+      fprintf(stderr, "uroce: %s\n", error.c_str());
+      errno = err;
+      return nullptr;
+    }
+    e.reset(new Engine());
+    if (int err = e->Start(config)) {
+      errno = err;
+      return nullptr;
+    }
+    g_engine = e;
   }
-  std::shared_ptr<Engine> e(new Engine());
-  if (int err = e->Start(config)) {
-    errno = err;
-    return nullptr;
-  }
-  g_engine = e;
-  RefreshDeviceTree(e->address());  // GID 0 in the sysfs tree the discovery shim shows, now that it is known
+  // The discovery shim's files of this process, made now if they were not (the live counters go there), with GID 0
+  // now that it is known. Outside g_engine_mu: the shim writes them through WriteDeviceTree, which takes it.
+  RefreshDeviceTree(e->address());
+  e->WriteLiveCounters(wire::SystemClock::Instance().NowNs());
   return e;
 }
 
@@ -429,6 +435,10 @@ int Engine::Start(const EngineConfig& config) {
 
 void Engine::PrintStatsOnce() {
   if (!stats_ || !device_ || stats_printed_.exchange(true)) return;
+  fputs(CountersText().c_str(), stderr);
+}
+
+std::string Engine::CountersText() const {
   std::string text = "uroce: counters of uroce0 at " + device_->config().address.ToString() + " (" +
                      transport_name_ + " transport)\n" +
                      emu::FormatCounters(device_->counters());
@@ -445,13 +455,23 @@ void Engine::PrintStatsOnce() {
     const wire::UdpCounters u = udp_counters_();
     text += "udp_datagrams_sent " + std::to_string(u.packets_sent) + "\nudp_segmented_sends " +
             std::to_string(u.segmented_sends) + "\nudp_datagrams_received " + std::to_string(u.packets_received) +
-            "\nudp_coalesced_receives " + std::to_string(u.coalesced_receives) + "\n";
+            "\nudp_coalesced_receives " + std::to_string(u.coalesced_receives) + "\nudp_receive_overflows " +
+            std::to_string(u.receive_overflows) + "\n";
   }
   if (faults_ != nullptr) {
     text += faults_line("faults_send", faults_->send_counters());
     text += faults_line("faults_receive", faults_->receive_counters());
   }
-  fputs(text.c_str(), stderr);
+  return text;
+}
+
+void Engine::WriteLiveCounters(uint64_t now_ns) {
+  uint64_t due = live_counters_due_ns_.load(std::memory_order_relaxed);
+  if (now_ns < due || !live_counters_due_ns_.compare_exchange_strong(due, now_ns + kLiveCountersEveryNs,
+                                                                     std::memory_order_relaxed)) {
+    return;
+  }
+  WriteCountersFile(CountersText());
 }
 
 void Engine::ProgressLoop() {
@@ -516,8 +536,10 @@ void Engine::ProgressLoop() {
       std::lock_guard lock(receive_mu_);
       n = transport_->Poll(handler_, timeout);
     }
-    dev->SendHeldAcks(clock.NowNs());
-    if (n > 0) last_traffic_ns_.store(clock.NowNs(), std::memory_order_relaxed);
+    now = clock.NowNs();
+    dev->SendHeldAcks(now);
+    if (n > 0) last_traffic_ns_.store(now, std::memory_order_relaxed);
+    WriteLiveCounters(now);
   }
 }
 
@@ -573,6 +595,7 @@ int Engine::DriveFromApplication() {
     app_timers_due_ns_.store(now + kAppTimersEveryNs, std::memory_order_relaxed);
     // Until the lease ends, this or the progress thread comes back: timers armed later need no wake-up.
     device_->RunTimers(lease_until_ns_.load(std::memory_order_relaxed));
+    WriteLiveCounters(now);
     worked = true;
   }
   // The engine's own work here (processing what arrived, sending what an ACK released) is time inside the library,

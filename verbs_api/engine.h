@@ -79,6 +79,11 @@ class Engine {
   emu::Device& device() { return *device_; }
   // Prints the counters (once) if UROCE_STATS asked for them: at the end of the engine or of the process.
   void PrintStatsOnce();
+  // The counters as UROCE_STATS prints them: "uroce: counters of uroce0 at ADDRESS (...)", then "name value" lines.
+  std::string CountersText() const;
+  // While the engine runs (and has work), its counters are written every kLiveCountersEveryNs into the file `counters`
+  // of the discovery shim's folder for this process, where `uroce stats` reads them (verbs_api/device_tree.h).
+  static constexpr uint64_t kLiveCountersEveryNs = 500'000'000;
   const wire::IpAddress& address() const { return device_->config().address; }
   // The network side of ibv_attach_mcast(3): receive the datagrams of IPv4 group `group` (counted; the first join
   // starts the multicast receiver's thread). 0, or EINVAL (IPv6 group) / the errno of its socket.
@@ -146,6 +151,8 @@ class Engine {
   void ArmLeaseTimer(uint64_t at_ns);
   // The progress thread's side of the lease: hands the receive side to applications or takes it back.
   void HandReceiveToApplications(bool to_applications);
+  // Writes the counters file when kLiveCountersEveryNs have passed since the last write (one thread writes).
+  void WriteLiveCounters(uint64_t now_ns);
   // The engine's end, and the process's exit if it comes first: the held ACKs leave, the counters are printed
   // (UROCE_STATS), and the multicast receiver's thread and the progress thread, which deliver into the device, stop.
   // Application threads may still drive the device. Safe to call again.
@@ -182,6 +189,7 @@ class Engine {
   const char* transport_name_ = "";
   bool stats_ = false;
   std::atomic<bool> stats_printed_{false};
+  std::atomic<uint64_t> live_counters_due_ns_{0};
   std::function<wire::UdpCounters()> udp_counters_;  // the UDP socket transport's, for UROCE_STATS
   wire::FaultInjectingTransport* faults_ = nullptr;  // the fault decorator inside transport_ (UROCE_FAULTS)
   std::atomic<bool> stop_{false};

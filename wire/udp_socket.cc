@@ -45,6 +45,8 @@ int SetOptions(int fd, int family, int buffer_bytes, bool pktinfo) {
   }
   SetBuffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, buffer_bytes);
   SetBuffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, buffer_bytes);
+  // Receives then say how many datagrams the full receive buffer made the kernel drop (only once some were).
+  setsockopt(fd, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof one);
   return 0;
 }
 
@@ -77,7 +79,14 @@ UdpCounters UdpCounterSet::Snapshot() const {
   c.bytes_received = bytes_received_.load();
   c.receive_truncations = receive_truncations_.load();
   c.receive_errors = receive_errors_.load();
+  c.receive_overflows = receive_overflows_.load();
   return c;
+}
+
+void UdpCounterSet::Overflowed(uint32_t total) {
+  uint64_t seen = receive_overflows_.load(std::memory_order_relaxed);
+  while (total > seen && !receive_overflows_.compare_exchange_weak(seen, total, std::memory_order_relaxed)) {
+  }
 }
 
 int OpenKernelUdpSocket(int family, int extra_flags) {
@@ -309,6 +318,10 @@ int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span
       int gso_size = 0;
       std::memcpy(&gso_size, CMSG_DATA(c), sizeof gso_size);
       if (gso_size > 0) segment = std::min(segment, size_t(gso_size));
+    } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL && c->cmsg_len >= CMSG_LEN(sizeof(uint32_t))) {
+      uint32_t dropped = 0;
+      std::memcpy(&dropped, CMSG_DATA(c), sizeof dropped);
+      counters.Overflowed(dropped);
     }
   }
   timespec ts{};

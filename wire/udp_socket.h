@@ -64,6 +64,9 @@ struct UdpCounters {
   uint64_t receive_errors = 0;       // receives that failed or carried an unreadable source address
   uint64_t segmented_sends = 0;      // UDP_SEGMENT sends (each carried 2 or more of packets_sent)
   uint64_t coalesced_receives = 0;   // receives that returned a run of 2 or more of packets_received (UDP_GRO)
+  // Datagrams the kernel dropped because the socket's receive buffer was full: a sender outran this receiver
+  // (SO_RXQ_OVFL, socket(7)).
+  uint64_t receive_overflows = 0;
 };
 
 // The counters a transport updates from any thread.
@@ -76,13 +79,15 @@ class UdpCounterSet {
   void CoalescedReceive() { coalesced_receives_.fetch_add(1, std::memory_order_relaxed); }
   void Truncated() { receive_truncations_.fetch_add(1, std::memory_order_relaxed); }
   void ReceiveFailed() { receive_errors_.fetch_add(1, std::memory_order_relaxed); }
+  // The socket's drop count so far (SO_RXQ_OVFL's control message holds the total, not the increase).
+  void Overflowed(uint32_t total);
   UdpCounters Snapshot() const;
 
  private:
   std::atomic<uint64_t> packets_sent_{0}, bytes_sent_{0}, send_errors_{0};
   std::atomic<int> last_send_error_{0};
   std::atomic<uint64_t> packets_received_{0}, bytes_received_{0}, receive_truncations_{0}, receive_errors_{0};
-  std::atomic<uint64_t> segmented_sends_{0}, coalesced_receives_{0};
+  std::atomic<uint64_t> segmented_sends_{0}, coalesced_receives_{0}, receive_overflows_{0};
 };
 
 // Opens a UDP socket (blocking, close-on-exec) with the options above, bound to `bind` (port 0: an ephemeral port),
