@@ -24,6 +24,28 @@ void PathWindow::OnCongestion() {
   ++decreases_;
 }
 
+void PathWindow::OnUnreliableCnp(uint64_t now_ns) {
+  if (unreliable_rate_ != 0 && now_ns - unreliable_last_cnp_ns_ < kUnreliableCnpIntervalNs) return;
+  unreliable_rate_ = unreliable_rate_ == 0 ? kUnreliableInitialRate : std::max(kUnreliableMinRate, unreliable_rate_ / 2);
+  unreliable_last_cnp_ns_ = now_ns;
+}
+
+uint64_t PathWindow::UnreliableSendAt(uint64_t now_ns) {
+  if (unreliable_rate_ == 0) return 0;
+  // Recovery: 1.5 times faster for each quiet kUnreliableRecoveryNs since the last CNP (or the last step up).
+  while (unreliable_rate_ != 0 && now_ns - unreliable_last_cnp_ns_ >= kUnreliableRecoveryNs) {
+    unreliable_last_cnp_ns_ += kUnreliableRecoveryNs;
+    unreliable_rate_ *= 1.5;
+    if (unreliable_rate_ > kUnreliableMaxRate) unreliable_rate_ = 0;
+  }
+  return unreliable_rate_ == 0 ? 0 : unreliable_next_send_ns_;
+}
+
+void PathWindow::ChargeUnreliable(uint64_t bytes, uint64_t now_ns) {
+  if (unreliable_rate_ == 0) return;
+  unreliable_next_send_ns_ = std::max(unreliable_next_send_ns_, now_ns) + uint64_t(double(bytes) / unreliable_rate_);
+}
+
 void PathWindow::OnRoundTrip(uint64_t sample_ns) {
   if (srtt_ns_ == 0) {
     srtt_ns_ = sample_ns;

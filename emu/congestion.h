@@ -71,6 +71,27 @@ class PathWindow {
   Phase phase() const { return window_ < threshold_ ? Phase::kSlowStart : Phase::kCongestionAvoidance; }
   uint64_t decreases() const { return decreases_; }
 
+  // Unreliable (UC, UD) sending towards the peer, paced once the peer's CNPs asked for it (DCQCN's reaction point, in
+  // its simplest form): unlimited until a first CNP, then kUnreliableInitialRate bytes/ns, halved by each later CNP
+  // (at most one per kUnreliableCnpIntervalNs, never below kUnreliableMinRate), and 1.5 times faster for each
+  // kUnreliableRecoveryNs without one, unlimited again above kUnreliableMaxRate. A sender paced this way stays
+  // below what a receiver takes on average, so the receiver's queue absorbs the time it is not running (a time
+  // slice on a busy host) instead of overflowing, which UC and UD cannot repair.
+  static constexpr double kUnreliableInitialRate = 1.0;  // bytes per ns: ~1 GB/s
+  static constexpr double kUnreliableMinRate = 0.02;
+  static constexpr double kUnreliableMaxRate = 8.0;
+  static constexpr uint64_t kUnreliableCnpIntervalNs = 50'000;
+  static constexpr uint64_t kUnreliableRecoveryNs = 2'000'000;
+  // A CNP for one of this device's UC/UD QPs arrived from the peer at `now_ns`.
+  void OnUnreliableCnp(uint64_t now_ns);
+  // When the next unreliable message may leave (<= now_ns: at once).
+  uint64_t UnreliableSendAt(uint64_t now_ns);
+  // An unreliable message of `bytes` left at `now_ns`.
+  void ChargeUnreliable(uint64_t bytes, uint64_t now_ns);
+  double unreliable_rate() const { return unreliable_rate_; }  // bytes per ns; 0: unlimited
+  // When this device last sent the peer a CNP (DeviceCore::kCnpIntervalNs).
+  uint64_t last_cnp_sent_ns = 0;
+
   // QPNs of requesters that stopped because the window was full, woken in order as it opens (each at most once).
   std::deque<uint32_t>& waiting() { return waiting_; }
   const std::deque<uint32_t>& waiting() const { return waiting_; }
@@ -87,6 +108,9 @@ class PathWindow {
   uint64_t sent_seq_ = 0;       // the number the newest packet sent took (NoteSent)
   uint64_t delivered_seq_ = 0;  // the highest number of a packet known acknowledged
   std::deque<uint32_t> waiting_;
+  double unreliable_rate_ = 0;           // bytes per ns; 0: unlimited
+  uint64_t unreliable_next_send_ns_ = 0;
+  uint64_t unreliable_last_cnp_ns_ = 0;  // also where recovery counts from
 };
 
 std::string_view ToString(PathWindow::Phase phase);

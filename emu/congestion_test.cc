@@ -146,6 +146,31 @@ TEST(PathWindow, WaitersAreWokenForABurstNotForEveryPacket) {
 
 // RFC 6298's smoothing: the first sample sets srtt and half of it as rttvar; later ones move srtt by 1/8 of the
 // difference and rttvar by 1/4 of the deviation from it.
+// Unreliable pacing (DCQCN's reaction point, simplest form): unlimited until a CNP, then kUnreliableInitialRate, halved
+// by each later CNP at most once per interval, 1.5 times faster per quiet recovery period, unlimited again at the top.
+TEST(PathWindow, UnreliablePacingFollowsCnps) {
+  PathWindow w;
+  EXPECT_EQ(w.UnreliableSendAt(1000), 0u) << "unlimited before any CNP";
+  w.ChargeUnreliable(4096, 1000);
+  EXPECT_EQ(w.UnreliableSendAt(1000), 0u);
+  w.OnUnreliableCnp(1000);
+  EXPECT_DOUBLE_EQ(w.unreliable_rate(), PathWindow::kUnreliableInitialRate);
+  w.ChargeUnreliable(1000, 1000);  // 1000 bytes at 1 byte/ns: the next may leave 1000 ns later
+  EXPECT_EQ(w.UnreliableSendAt(1000), 2000u);
+  w.OnUnreliableCnp(1000 + PathWindow::kUnreliableCnpIntervalNs / 2);  // within the interval: not a new signal
+  EXPECT_DOUBLE_EQ(w.unreliable_rate(), PathWindow::kUnreliableInitialRate);
+  w.OnUnreliableCnp(1000 + PathWindow::kUnreliableCnpIntervalNs);
+  EXPECT_DOUBLE_EQ(w.unreliable_rate(), PathWindow::kUnreliableInitialRate / 2);
+  for (int i = 2; i < 20; ++i) w.OnUnreliableCnp(1000 + uint64_t(i) * PathWindow::kUnreliableCnpIntervalNs);
+  EXPECT_DOUBLE_EQ(w.unreliable_rate(), PathWindow::kUnreliableMinRate) << "never below the minimum";
+  // Quiet: each recovery period multiplies the rate by 1.5 until it is unlimited again.
+  const uint64_t quiet = 1000 + 19 * PathWindow::kUnreliableCnpIntervalNs;
+  w.UnreliableSendAt(quiet + PathWindow::kUnreliableRecoveryNs);
+  EXPECT_DOUBLE_EQ(w.unreliable_rate(), PathWindow::kUnreliableMinRate * 1.5);
+  EXPECT_EQ(w.UnreliableSendAt(quiet + 100 * PathWindow::kUnreliableRecoveryNs), 0u);
+  EXPECT_EQ(w.unreliable_rate(), 0);
+}
+
 TEST(PathWindow, RoundTripSamplesAreSmoothedAsRfc6298) {
   PathWindow w;
   EXPECT_EQ(w.srtt_ns(), 0u);

@@ -258,6 +258,7 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
     for (CompletionQueue* cq : {qp->init().send_cq, qp->init().recv_cq})
       if (cq != nullptr) cq->RemoveQp(qp->qpn());
     qp->receive_queue().clear();
+    qp->held_sends().clear();
     qp->inbound() = InboundMessage{};
     qp->requester().Reset();
     qp->responder().Reset();
@@ -456,10 +457,14 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
     if (*id != 0) core_.Count(&DeviceCounters::rx_icrc_ip_id_inferred);
   }
   if (p.info->transport == wire::TransportKind::kCnp) {
-    // A CNP: the peer saw congestion marks on what we sent it (RoCEv2 Annex A17.9): cut the window towards it.
+    // A CNP: the peer saw congestion marks on what the QP it names sent it (RoCEv2 Annex A17.9). Unreliable
+    // sending towards the peer is paced (PathWindow::OnUnreliableCnp); otherwise the RC window towards it is cut.
     core_.Count(&DeviceCounters::rx_cnp);
+    const QueuePair* named = FindQpLocked(p.bth.dest_qp);  // its type never changes: no lock needed to read it
     std::lock_guard lock(core_.paths_mu);
-    if (auto it = core_.paths.find(d.src.addr); it != core_.paths.end()) {
+    if (named != nullptr && (named->type() == QpType::kUd || named->type() == QpType::kUc)) {
+      core_.paths[d.src.addr].OnUnreliableCnp(core_.Now());
+    } else if (auto it = core_.paths.find(d.src.addr); it != core_.paths.end()) {
       it->second.OnCongestion();
       core_.Count(&DeviceCounters::rc_congestion_signals);
     }
@@ -524,6 +529,12 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
     core_.Count(&DeviceCounters::rx_bad_pkey);
     return;
   }
+  // Our queue is filling with what an unreliable sender sends (DeviceCore::kCnpIntervalNs): ask it to slow down.
+  if (d.congestion_experienced && qp->type() == QpType::kUd && p.deth) {
+    NotifyCongestionLocked(d.src.addr, p.deth->src_qp, out);
+  } else if (d.congestion_experienced && qp->type() == QpType::kUc) {
+    NotifyCongestionLocked(d.src.addr, qp->attributes().dest_qp_num, out);
+  }
   switch (qp->type()) {
     case QpType::kUd:
       qp->ud().Receive(d, p);
@@ -551,6 +562,46 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
     default:
       break;
   }
+}
+
+void Device::NotifyCongestionLocked(const wire::IpAddress& peer, uint32_t peer_qpn, OutBatch& out) {
+  const uint64_t now = core_.Now();
+  {
+    std::lock_guard lock(core_.paths_mu);
+    PathWindow& path = core_.paths[peer];
+    if (path.last_cnp_sent_ns != 0 && now - path.last_cnp_sent_ns < DeviceCore::kCnpIntervalNs) return;
+    path.last_cnp_sent_ns = now;
+  }
+  // A17.9.2: BTH with opcode CNP, the BECN bit, the notified QP, PSN 0, then 16 reserved bytes.
+  wire::PacketSpec spec;
+  spec.bth.opcode = wire::opcode::kCnp;
+  spec.bth.becn = true;
+  spec.bth.dest_qp = peer_qpn;
+  static constexpr uint8_t kReserved[16] = {};
+  out.Add(core_.transport, spec, kReserved, {peer, wire::kRoceV2UdpPort}, wire::RoceSourcePort(peer_qpn, peer_qpn));
+  core_.Count(&DeviceCounters::tx_cnp);
+}
+
+uint64_t Device::SendHeldLocked(QueuePair& qp, uint64_t now, OutBatch& out) {
+  auto& held = qp.held_sends();
+  while (!held.empty()) {
+    if (qp.state() == QpState::kSqe || qp.state() == QpState::kErr) {
+      // A send that failed moved the send queue to SQE: what waited behind it is flushed (IBTA 10.3.1.5).
+      for (const HeldSend& h : held) core_.CompleteSend(qp, h.wr, WcStatus::kWrFlushErr);
+      held.clear();
+      break;
+    }
+    const uint64_t at = core_.UnreliableSendAt(held.front().peer);
+    if (at > now) return at;
+    const HeldSend h = std::move(held.front());
+    held.pop_front();
+    if (qp.type() == QpType::kUd) {
+      qp.ud().Send(h.wr, h.peer, out);
+    } else {
+      qp.uc().Send(h.wr, out);
+    }
+  }
+  return 0;
 }
 
 void Device::SendHeldAcks(uint64_t due_by_ns) {
@@ -581,6 +632,22 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
         if (!path.waiting().empty()) peers.push_back(peer);
     }
     for (const wire::IpAddress& peer : peers) WakePathWaitersLocked(peer, out);
+    // UC/UD sends held for a peer's pause: those whose pause ended leave, in order; the rest wait for theirs.
+    std::vector<uint32_t> held;
+    {
+      std::lock_guard lock(core_.timers_mu);
+      held.swap(core_.held_qps);
+    }
+    for (uint32_t qpn : held) {
+      QueuePair* qp = FindQpLocked(qpn);
+      if (qp == nullptr) continue;
+      std::lock_guard lock(qp->mutex());
+      if (const uint64_t until = SendHeldLocked(*qp, now, out)) {
+        next = wire::EarlierDeadline(next, until);
+        std::lock_guard timers(core_.timers_mu);
+        core_.held_qps.push_back(qpn);
+      }
+    }
     // The RC requesters with a timer armed, each under its own lock. Those that still have one afterwards are listed
     // again; a timer armed meanwhile (another QP's progress, another thread) lists its QP in core_.timed_qps already.
     std::vector<uint32_t> timed;

@@ -148,6 +148,11 @@ class Device {
     std::vector<uint8_t> mad;
   };
   // The checks every packet gets, then the QP (or multicast group, or the CM) it is for.
+  // Sends a CNP to `peer_qpn` at `peer`, unless one went to that peer less than DeviceCore::kCnpIntervalNs ago.
+  void NotifyCongestionLocked(const wire::IpAddress& peer, uint32_t peer_qpn, OutBatch& out);
+  // Sends `qp`'s held UC/UD sends whose pace allows them now, in order (with its lock held); when the first still held
+  // may go, 0 when none is.
+  uint64_t SendHeldLocked(QueuePair& qp, uint64_t now, OutBatch& out);
   void OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi);
   // RC and XRC initiator (rc.cc), with the QP's lock held: a request to the QP's responder, a response to its
   // completer. True when the response opened the path's window: the caller wakes its waiters once the QP's lock is

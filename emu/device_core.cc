@@ -35,6 +35,8 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"rx_out_of_sequence", &DeviceCounters::rx_out_of_sequence},
     {"rx_remote_access_denied", &DeviceCounters::rx_remote_access_denied},
     {"rx_cnp", &DeviceCounters::rx_cnp},
+    {"tx_cnp", &DeviceCounters::tx_cnp},
+    {"unreliable_sends_held", &DeviceCounters::unreliable_sends_held},
     {"cq_overflows", &DeviceCounters::cq_overflows},
     {"rc_retransmit_timeouts", &DeviceCounters::rc_retransmit_timeouts},
     {"rc_early_retransmits", &DeviceCounters::rc_early_retransmits},
@@ -376,6 +378,40 @@ void DeviceCore::Flush(QueuePair& qp) {
   }
   qp.inbound() = InboundMessage{};
   qp.requester().Flush();  // send WQEs not yet completed (RC)
+  for (const HeldSend& h : qp.held_sends()) CompleteSend(qp, h.wr, WcStatus::kWrFlushErr);  // UC/UD, paused
+  qp.held_sends().clear();
+}
+
+bool DeviceCore::HoldUnreliableSend(QueuePair& qp, SendWr& wr, const wire::IpAddress& peer, int* err) {
+  *err = 0;
+  auto& held = qp.held_sends();
+  if (held.empty()) {
+    const uint64_t at = UnreliableSendAt(peer);
+    if (at <= Now()) return false;
+    WakeForTimer(at);
+  }
+  if (held.size() >= qp.attributes().cap.max_send_wr) {
+    *err = ENOMEM;  // the send queue is full (ibv_post_send(3))
+    return true;
+  }
+  if (held.empty()) {
+    std::lock_guard lock(timers_mu);
+    held_qps.push_back(qp.qpn());
+  }
+  held.push_back({std::move(wr), peer});
+  Count(&DeviceCounters::unreliable_sends_held);
+  return true;
+}
+
+uint64_t DeviceCore::UnreliableSendAt(const wire::IpAddress& peer) {
+  std::lock_guard lock(paths_mu);
+  auto it = paths.find(peer);
+  return it == paths.end() ? 0 : it->second.UnreliableSendAt(Now());
+}
+
+void DeviceCore::ChargeUnreliable(const wire::IpAddress& peer, uint64_t bytes) {
+  std::lock_guard lock(paths_mu);
+  if (auto it = paths.find(peer); it != paths.end()) it->second.ChargeUnreliable(bytes, Now());
 }
 
 void DeviceCore::FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus status) {

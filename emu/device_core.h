@@ -110,6 +110,8 @@ struct DeviceCounters {
   uint64_t rx_out_of_sequence = 0;  // past the expected PSN: RC NAKs the gap once (9.7.5.1.1), UC drops the message
   uint64_t rx_remote_access_denied = 0;
   uint64_t rx_cnp = 0;
+  uint64_t tx_cnp = 0;                 // CNPs sent: this device's queue was filling with a peer's UC/UD datagrams
+  uint64_t unreliable_sends_held = 0;  // UC/UD sends that waited for a pause a peer's CNP asked for
   uint64_t tx_errors = 0;
   uint64_t cq_overflows = 0;
   uint64_t rc_retransmit_timeouts = 0;  // local ACK timeouts that resent
@@ -159,6 +161,24 @@ class DeviceCore {
   // The windows towards peers (congestion.h), by peer address, and every PathWindow in the map.
   mutable std::mutex paths_mu;
   std::map<wire::IpAddress, PathWindow> paths;
+
+  // Unreliable senders and a receiver that cannot keep up. UC and UD do not retransmit, so a datagram a full socket
+  // drops is a lost message, where a lossless RoCE fabric would have held the sender back instead (PFC). So a
+  // receiver whose queue is filling (InDatagram::congestion_experienced) answers a peer's UC/UD datagrams with a CNP
+  // (RoCEv2 A17.9: the notification point), at most one per kCnpIntervalNs for each peer, and the peer paces its
+  // UC/UD sending towards it (PathWindow::OnUnreliableCnp): a send that may not leave yet waits in its QP
+  // (QueuePair::held_sends) and leaves from RunTimers, in order, completing then.
+  static constexpr uint64_t kCnpIntervalNs = 50'000;
+  // Whether `wr`, a UC/UD send towards `peer`, must wait: its pace does not allow it yet, or earlier sends of the QP
+  // wait. Then it is queued (*err 0), or refused when the send queue is full (*err ENOMEM). Takes paths_mu and
+  // timers_mu.
+  bool HoldUnreliableSend(QueuePair& qp, SendWr& wr, const wire::IpAddress& peer, int* err);
+  // When the next unreliable message towards `peer` may leave (<= now: at once). Takes paths_mu.
+  uint64_t UnreliableSendAt(const wire::IpAddress& peer);
+  // An unreliable message of `bytes` left towards `peer`. Takes paths_mu.
+  void ChargeUnreliable(const wire::IpAddress& peer, uint64_t bytes);
+  // QPNs with held sends, visited by RunTimers. Guarded by timers_mu.
+  std::vector<uint32_t> held_qps;
 
   // When the RC responders of the datagram this thread is processing send their ACKs (Device::OnDatagram sets it).
   static thread_local AckTiming ack_timing;

@@ -63,6 +63,13 @@ struct InboundMessage {
   bool dropping = false;  // UC: discard until the next FIRST/ONLY (9.7.6.1.3)
 };
 
+// A UC/UD send waiting for the pause towards its peer to end (DeviceCore::HoldUnreliableSend): the WR and where it
+// goes (a UD WR's address handle may be destroyed meanwhile).
+struct HeldSend {
+  SendWr wr;
+  wire::IpAddress peer;
+};
+
 class QueuePair {
  public:
   QueuePair(DeviceCore& core, uint32_t qpn, const QpInitAttributes& init)
@@ -90,6 +97,7 @@ class QueuePair {
   QpAttributes& mutable_attributes() { return attrs_; }
 
   std::deque<RecvWr>& receive_queue() { return rq_; }
+  std::deque<HeldSend>& held_sends() { return held_sends_; }
   InboundMessage& inbound() { return inbound_; }
   RcRequester& requester() { return requester_; }
   RcCompleter& completer() { return completer_; }
@@ -124,6 +132,7 @@ class QueuePair {
   QpInitAttributes init_;
   QpAttributes attrs_;
   std::deque<RecvWr> rq_;
+  std::deque<HeldSend> held_sends_;
   InboundMessage inbound_;
   RcRequester requester_;
   RcCompleter completer_;

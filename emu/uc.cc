@@ -14,6 +14,17 @@
 namespace uroce::emu {
 
 int UcTransport::Post(SendWr& wr, OutBatch& out) {
+  const bool local = wr.opcode == SendOpcode::kBindMw || wr.opcode == SendOpcode::kLocalInv;
+  const bool is_write = wr.opcode == SendOpcode::kRdmaWrite || wr.opcode == SendOpcode::kRdmaWriteWithImm;
+  const bool is_send = wr.opcode == SendOpcode::kSend || wr.opcode == SendOpcode::kSendWithImm;
+  if (!local && !is_write && !is_send) return EINVAL;  // UC has no READ, atomics or invalidate (IBTA table 39)
+  int err = 0;
+  if (core_.HoldUnreliableSend(qp_, wr, qp_.peer().addr, &err)) return err;
+  Send(wr, out);
+  return 0;
+}
+
+void UcTransport::Send(const SendWr& wr, OutBatch& out) {
   if (wr.opcode == SendOpcode::kBindMw || wr.opcode == SendOpcode::kLocalInv) {
     const WcStatus st = core_.ExecuteLocalOp(qp_, wr);
     if (st == WcStatus::kSuccess) {
@@ -21,17 +32,16 @@ int UcTransport::Post(SendWr& wr, OutBatch& out) {
     } else {
       core_.FailUnreliableSend(qp_, wr, st);
     }
-    return 0;
+    return;
   }
   const bool is_write = wr.opcode == SendOpcode::kRdmaWrite || wr.opcode == SendOpcode::kRdmaWriteWithImm;
   const bool is_send = wr.opcode == SendOpcode::kSend || wr.opcode == SendOpcode::kSendWithImm;
-  if (!is_write && !is_send) return EINVAL;  // UC has no READ, atomics or invalidate (IBTA table 39)
   std::vector<uint8_t> payload;
   WcStatus st = core_.Gather(qp_, wr, payload);
   if (st == WcStatus::kSuccess && payload.size() > core_.config.limits.max_msg_sz) st = WcStatus::kLocLenErr;
   if (st != WcStatus::kSuccess) {
     core_.FailUnreliableSend(qp_, wr, st);
-    return 0;
+    return;
   }
   const QpAttributes& a = qp_.attributes();
   const size_t mtu = MtuBytes(a.path_mtu);
@@ -57,8 +67,8 @@ int UcTransport::Post(SendWr& wr, OutBatch& out) {
     const size_t len = std::min(mtu, total - std::min(total, off));
     out.Add(core_.transport, spec, std::span<const uint8_t>(payload).subspan(std::min(off, total), len), dst, sport);
   }
+  core_.ChargeUnreliable(dst.addr, total);
   core_.CompleteSend(qp_, wr, WcStatus::kSuccess);
-  return 0;
 }
 
 void UcTransport::Receive(const wire::PacketView& p) {

@@ -20,7 +20,10 @@ class UcTransport : private TransportObject {
 
   // EINVAL for an operation UC does not carry (IBTA table 39); errors found while gathering complete the WR with
   // an error status and move the send queue to SQE.
+  // A send towards a peer that asked for a pause waits in the QP (DeviceCore::HoldUnreliableSend).
   int Post(SendWr& wr, OutBatch& out);
+  // Sends (or executes) a posted WR: at once, or once the pause towards the QP's peer ended.
+  void Send(const SendWr& wr, OutBatch& out);
   void Receive(const wire::PacketView& p);
 };
 

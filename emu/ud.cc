@@ -46,12 +46,20 @@ uint8_t RoceL3HeaderType(const wire::IpAddress& src) { return src.is_v4() ? 2 : 
 int UdTransport::Post(SendWr& wr, OutBatch& out) {
   if (wr.opcode != SendOpcode::kSend && wr.opcode != SendOpcode::kSendWithImm) return EINVAL;
   if (wr.ah == nullptr || wr.ah->pd() != qp_.init().pd) return EINVAL;
+  const wire::IpAddress peer = wr.ah->destination();
+  int err = 0;
+  if (core_.HoldUnreliableSend(qp_, wr, peer, &err)) return err;
+  Send(wr, peer, out);
+  return 0;
+}
+
+void UdTransport::Send(const SendWr& wr, const wire::IpAddress& peer, OutBatch& out) {
   std::vector<uint8_t> payload;
   WcStatus st = core_.Gather(qp_, wr, payload);
   if (st == WcStatus::kSuccess && payload.size() > MtuBytes(core_.config.active_mtu)) st = WcStatus::kLocLenErr;
   if (st != WcStatus::kSuccess) {
     core_.FailUnreliableSend(qp_, wr, st);
-    return 0;
+    return;
   }
   wire::PacketSpec spec;
   // UD defines SEND ONLY, with and without immediate (IBTA table 38); the opcode check above lets nothing else through.
@@ -64,10 +72,10 @@ int UdTransport::Post(SendWr& wr, OutBatch& out) {
   const uint32_t qkey = (wr.remote_qkey & 0x80000000u) ? qp_.attributes().qkey : wr.remote_qkey;
   spec.deth = wire::Deth{qkey, 0, qp_.qpn()};
   spec.imm = wire::ImmDt{wr.imm_data};
-  const wire::UdpEndpoint dst{wr.ah->destination(), wire::kRoceV2UdpPort};
+  const wire::UdpEndpoint dst{peer, wire::kRoceV2UdpPort};
   out.Add(core_.transport, spec, payload, dst, wire::RoceSourcePort(qp_.qpn(), wr.remote_qpn));
+  core_.ChargeUnreliable(peer, payload.size());
   core_.CompleteSend(qp_, wr, WcStatus::kSuccess);
-  return 0;
 }
 
 void UdTransport::Receive(const wire::InDatagram& d, const wire::PacketView& p) {

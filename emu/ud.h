@@ -21,7 +21,10 @@ class UdTransport : private TransportObject {
 
   // EINVAL for an operation UD does not carry or an AH of another PD; a message above the MTU or a refused SGE
   // completes the WR with an error status and moves the send queue to SQE.
+  // A send towards a peer that asked for a pause waits in the QP (DeviceCore::HoldUnreliableSend).
   int Post(SendWr& wr, OutBatch& out);
+  // Sends a posted WR (at once, or once the pause towards `peer`, its AH's destination, ended).
+  void Send(const SendWr& wr, const wire::IpAddress& peer, OutBatch& out);
   // A datagram for this QP (or a multicast group it joined) from `d`.
   void Receive(const wire::InDatagram& d, const wire::PacketView& p);
 };

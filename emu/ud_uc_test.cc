@@ -110,6 +110,86 @@ TEST(Ud, CountersNameEveryDropAndFormatAsNameValueLines) {
   EXPECT_NE(b.find("rx_no_receive_wqe 1\n"), std::string::npos) << b;
 }
 
+// A receiver whose queue is filling (the datagram marked congestion_experienced by its transport) answers the sender
+// QP with a CNP (RoCEv2 A17.9), at most one per DeviceCore::kCnpIntervalNs for each peer.
+TEST(Ud, ACongestedReceiverSendsOneCnpPerIntervalToTheSender) {
+  UdPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 4 * 104, kLocalAll);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{uint64_t(i), {dst.At(i * 104, 104)}}), 0);
+  t.a->transport->record = true;
+  ASSERT_EQ(t.a->device->PostSend(t.qa, t.Send(src, 64)), 0);
+  ASSERT_EQ(t.a->transport->log().size(), 1u);
+  const auto& sent = t.a->transport->log()[0];
+  wire::InDatagram d;
+  d.src = {t.a->device->config().address, wire::RoceSourcePort(t.qa->qpn(), t.qb->qpn())};  // as the ICRC covers it
+  d.dst = {t.b->device->config().address, wire::kRoceV2UdpPort};
+  d.payload = sent.bytes;
+  d.ip_id = 0;
+  d.congestion_experienced = true;
+  t.b->transport->record = true;
+  t.b->device->OnDatagram(d);
+  t.b->device->OnDatagram(d);  // within the interval: no second CNP
+  t.fabric.clock().Advance(DeviceCore::kCnpIntervalNs);
+  d.congestion_experienced = false;
+  t.b->device->OnDatagram(d);  // not marked: no CNP
+  std::vector<wire::PacketView> cnps;
+  for (const auto& s : t.b->transport->log())
+    if (auto p = s.Parse(); p && p->bth.opcode == wire::opcode::kCnp) cnps.push_back(*p);
+  ASSERT_EQ(cnps.size(), 1u);
+  EXPECT_EQ(cnps[0].bth.dest_qp, t.qa->qpn());
+  EXPECT_TRUE(cnps[0].bth.becn);
+  EXPECT_EQ(cnps[0].payload.size(), 16u);
+  EXPECT_EQ(t.b->device->counters().tx_cnp, 1u);
+  EXPECT_EQ(Drain(t.cb).size(), 3u) << "the datagrams themselves are delivered";
+}
+
+// A CNP for a UD QP paces its sends towards that peer: what may not leave yet waits in the QP, uncompleted, and
+// leaves (and completes) in order from the timer pass once the pace allows; a full send queue refuses more (ENOMEM).
+TEST(Ud, ACnpPacesTheSenderSendsWaitAndLeaveInOrder) {
+  UdPair t;
+  Buffer src = testing::Register(*t.a->device, t.pa, 1000, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 8 * 1040, kLocalAll);
+  for (int i = 0; i < 8; ++i)
+    ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{uint64_t(i), {dst.At(i * 1040, 1040)}}), 0);
+  wire::PacketSpec cnp;
+  cnp.bth.opcode = wire::opcode::kCnp;
+  cnp.bth.becn = true;
+  cnp.bth.dest_qp = t.qa->qpn();
+  const uint8_t reserved[16] = {};
+  t.fabric.Inject(*t.b, *t.a, cnp, reserved);
+  t.fabric.Pump();
+  EXPECT_EQ(t.a->device->counters().rx_cnp, 1u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    SendWr wr = t.Send(src, 1000);
+    wr.wr_id = 100 + i;
+    ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  }
+  // The first leaves at once (1000 bytes at 1 byte/ns: the next in 1 us); the others wait, not completed.
+  auto c = Drain(t.ca);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 100u);
+  EXPECT_EQ(t.a->device->counters().unreliable_sends_held, 2u);
+  t.fabric.Pump();  // runs the timers as the clock moves: the held sends leave
+  c = Drain(t.ca);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 101u);
+  EXPECT_EQ(c[1].wr_id, 102u);
+  EXPECT_EQ(Drain(t.cb).size(), 3u);
+  // While sends wait, the send queue's depth bounds them.
+  const uint32_t depth = t.qa->attributes().cap.max_send_wr;
+  int refused = 0;
+  for (uint32_t i = 0; i <= depth + 1; ++i) refused += t.a->device->PostSend(t.qa, t.Send(src, 1000)) == ENOMEM;
+  EXPECT_GT(refused, 0);
+  // Moved to the error state, what still waits completes flushed.
+  QpAttributes err;
+  err.qp_state = QpState::kErr;
+  ASSERT_EQ(t.a->device->ModifyQp(t.qa, err, attr::kState), 0);
+  c = Drain(t.ca);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c.back().status, WcStatus::kWrFlushErr);
+}
+
 TEST(Ud, WrongQkeyAndMissingReceiveAreDroppedSilently) {
   UdPair t;
   Buffer src = testing::Register(*t.a->device, t.pa, 64, kLocalAll);

@@ -591,6 +591,7 @@ int Engine::DriveFromApplication() {
     app_datagrams_.fetch_add(uint64_t(n), std::memory_order_relaxed);
     last_traffic_ns_.store(now, std::memory_order_relaxed);
   }
+  next_receive_after_send_ns_.store(now + kReceiveAfterSendNs, std::memory_order_relaxed);  // it just received
   if (now >= app_timers_due_ns_.load(std::memory_order_relaxed)) {
     app_timers_due_ns_.store(now + kAppTimersEveryNs, std::memory_order_relaxed);
     // Until the lease ends, this or the progress thread comes back: timers armed later need no wake-up.
@@ -604,6 +605,20 @@ int Engine::DriveFromApplication() {
   if (worked) poll_pattern_.OnTimeInside(wire::SystemClock::Instance().NowNs() - now);
   applications_inside_.fetch_sub(1, std::memory_order_relaxed);
   return n > 0 ? n : 0;
+}
+
+void Engine::ReceiveAfterSend() {
+  if (!receive_with_applications_.load(std::memory_order_relaxed)) return;
+  const uint64_t now = wire::SystemClock::Instance().NowNs();
+  if (now < next_receive_after_send_ns_.load(std::memory_order_relaxed)) return;
+  std::unique_lock lock(receive_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || !receive_with_applications_.load(std::memory_order_relaxed)) return;
+  next_receive_after_send_ns_.store(now + kReceiveAfterSendNs, std::memory_order_relaxed);
+  const int n = transport_->Poll(handler_, 0);
+  if (n > 0) {
+    app_datagrams_.fetch_add(uint64_t(n), std::memory_order_relaxed);
+    last_traffic_ns_.store(now, std::memory_order_relaxed);
+  }
 }
 
 void Engine::ApplicationSleeps() {

@@ -100,6 +100,12 @@ class Engine {
   // An application thread is about to sleep on a completion event (ibv_req_notify_cq): the receive side goes back to
   // the progress thread now instead of at the end of the lease.
   void ApplicationSleeps();
+  // After ibv_post_send: while applications hold the receive side, a thread that keeps sending without finding its
+  // CQ empty (UC and UD sends complete at once) would receive nothing until the lease ends, not even a receiver's
+  // CNP asking it to pause (emu::DeviceCore::kCnpPauseNs). So a send also receives what is queued, at most every
+  // kReceiveAfterSendNs. Never blocks.
+  void ReceiveAfterSend();
+  static constexpr uint64_t kReceiveAfterSendNs = 20'000;
   // A QP entered RTR (ibv_modify_qp): it can receive, and its peer's first packets usually follow soon. The progress
   // thread spins for kFirstPacketsSpinNs, as it does for kSpinNs after a datagram (unless an application polls), so
   // that they find it running on a CPU of its own. Asleep, it would be placed where the first packet wakes it: the
@@ -196,7 +202,9 @@ class Engine {
 
   wire::DatagramHandler handler_;  // into device_
   std::mutex receive_mu_;          // held by whichever thread calls transport_->Poll
-  bool receive_with_applications_ = false;  // guarded by receive_mu_: receives disarmed, applications poll
+  // Receives disarmed, applications poll. Written under receive_mu_; read without it by ReceiveAfterSend's first look.
+  std::atomic<bool> receive_with_applications_{false};
+  std::atomic<uint64_t> next_receive_after_send_ns_{0};
   std::atomic<uint64_t> lease_until_ns_{0};        // applications hold the receive side until then
   // Application threads inside the library's data path now (VerbTimer, DriveFromApplication's work): while one is,
   // the progress thread does not take the receive side back, even after the lease. A drive that sends what a batch

@@ -163,7 +163,8 @@ int CheckBatch(Qp* qp, const std::vector<emu::SendWr>& wrs) {
 }
 
 int WrComplete(ibv_qp_ex* x) {
-  Engine::VerbTimer timer(*ToContext(x->qp_base.context)->engine);
+  Engine& engine = *ToContext(x->qp_base.context)->engine;
+  Engine::VerbTimer timer(engine);
   SendOpsBatch& b = BatchOf(x);
   if (!InsideBatch(b)) return EINVAL;  // no ibv_wr_start() on this thread
   Qp* qp = OfQpx(x);
@@ -177,6 +178,7 @@ int WrComplete(ibv_qp_ex* x) {
     }
   }
   EndBatch(b);
+  engine.ReceiveAfterSend();
   return err;
 }
 

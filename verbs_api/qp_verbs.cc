@@ -211,8 +211,11 @@ static int PostSendUnguarded(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) 
 }
 
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  Engine::VerbTimer timer(*Ctx(qp->context)->engine);
-  return NoThrow<int>(ENOMEM, [&] { return PostSendUnguarded(qp, wr, bad_wr); });
+  Engine& engine = *Ctx(qp->context)->engine;
+  Engine::VerbTimer timer(engine);
+  const int err = NoThrow<int>(ENOMEM, [&] { return PostSendUnguarded(qp, wr, bad_wr); });
+  engine.ReceiveAfterSend();
+  return err;
 }
 
 static int PostRecvUnguarded(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {

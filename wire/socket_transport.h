@@ -31,7 +31,7 @@ namespace uroce::wire {
 struct SocketTransportOptions {
   unsigned batch = 64;                // most receives per recvmmsg, datagrams per sendmmsg call
   size_t max_datagram = 9216;         // larger received datagrams are truncated: counted and not delivered
-  int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
+  int socket_buffer_bytes = 64 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
   bool udp_offloads = true;           // UDP_SEGMENT sends and UDP_GRO receives where the kernel has them
   bool responses_first = false;       // RoCE responses of a UDP_GRO run before its requests (DeliverReceived)
 };

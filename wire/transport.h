@@ -38,6 +38,10 @@ struct InDatagram {
   // which does not expose it. The ICRC covers it, so a receiver that lacks it must say so when verifying.
   std::optional<uint16_t> ip_id;
   uint64_t timestamp_ns = 0;  // Arrival time on the transport's clock.
+  // The receiver's queue was more than half full when this datagram was taken from it: what a switch marks Congestion
+  // Experienced (ECN CE) when its queue passes a threshold, and what a RoCEv2 receiver answers with a CNP (Annex
+  // A17.9). A UDP socket's receive buffer is the queue of the path into this process.
+  bool congestion_experienced = false;
 };
 
 // The header fields of a datagram as it will appear on the wire: what the ICRC is computed over.

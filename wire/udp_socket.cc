@@ -5,6 +5,8 @@
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <poll.h>
+#include <linux/sock_diag.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -291,8 +293,17 @@ bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep) {
   return false;
 }
 
+bool ReceiveQueueCongested(int fd) {
+  uint32_t meminfo[SK_MEMINFO_VARS] = {};
+  socklen_t len = sizeof meminfo;
+  if (getsockopt(fd, SOL_SOCKET, SO_MEMINFO, meminfo, &len) != 0 || len <= SK_MEMINFO_RCVBUF * sizeof(uint32_t))
+    return false;
+  return uint64_t(meminfo[SK_MEMINFO_RMEM_ALLOC]) * 4 > meminfo[SK_MEMINFO_RCVBUF];
+}
+
 int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload, int msg_flags,
-                    const UdpEndpoint& local, size_t max_datagram, bool responses_first, UdpCounterSet& counters) {
+                    const UdpEndpoint& local, size_t max_datagram, bool responses_first, UdpCounterSet& counters,
+                    bool congested) {
   if (msg_flags & MSG_TRUNC) {
     counters.Truncated();
     return 0;
@@ -303,6 +314,7 @@ int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span
     return 0;
   }
   in.dst = local;
+  in.congestion_experienced = congested;
   size_t segment = payload.size();
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(const_cast<msghdr*>(&msg), c)) {
     if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO && c->cmsg_len >= CMSG_LEN(sizeof(in_pktinfo))) {
@@ -417,14 +429,17 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
     counters.ReceiveFailed();
     return e;
   }
+  size_t bytes = 0;
+  for (int i = 0; i < n; ++i) bytes += msgs_[size_t(i)].msg_len;
+  const bool congested = bytes >= kCongestionProbeBytes && ReceiveQueueCongested(fd);
   int delivered = 0;
   for (int i = 0; i < n; ++i) {
     const msghdr& m = msgs_[size_t(i)].msg_hdr;
     const auto* buffer = static_cast<const uint8_t*>(slots_[size_t(i)].iov.iov_base);
     // With MSG_TRUNC set, msg_len is the datagram's full length: never read past the buffer.
     const size_t len = std::min<size_t>(msgs_[size_t(i)].msg_len, buffer_bytes_);
-    delivered +=
-        DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, max_datagram_, responses_first_, counters);
+    delivered += DeliverReceived(handler, m, {buffer, len}, m.msg_flags, local, max_datagram_, responses_first_,
+                                 counters, congested);
   }
   return delivered;
 }

@@ -138,7 +138,14 @@ bool FromSockaddr(const void* sa, socklen_t len, UdpEndpoint* ep);
 // the RoCE acknowledgements and READ/atomic responses of a UDP_GRO run are handed over before its requests, each kind
 // in its order (why: the definition). Returns how many datagrams were delivered.
 int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span<const uint8_t> payload, int msg_flags,
-                    const UdpEndpoint& local, size_t max_datagram, bool responses_first, UdpCounterSet& counters);
+                    const UdpEndpoint& local, size_t max_datagram, bool responses_first, UdpCounterSet& counters,
+                    bool congested = false);
+
+// Whether `fd`'s receive queue holds more than half of its receive buffer (SO_MEMINFO): the receiver is falling
+// behind its senders, and a datagram taken now is marked InDatagram::congestion_experienced. Asked once per receive
+// that returned at least kCongestionProbeBytes (a ping-pong's single datagrams never pay the system call).
+inline constexpr size_t kCongestionProbeBytes = 32 * 1024;
+bool ReceiveQueueCongested(int fd);
 
 // Batched non-blocking receive straight from a UDP socket: one recvmmsg(MSG_DONTWAIT) of up to `batch` datagrams
 // into buffers it owns. SocketTransport receives only this way; UringTransport does while its receive side is

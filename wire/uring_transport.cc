@@ -279,6 +279,9 @@ int UringTransport::ReapReceives(const DatagramHandler& handler) {
 int UringTransport::ProcessReceives(std::span<const Completion> done, const DatagramHandler& handler,
                                     bool counted) {
   const unsigned n = unsigned(done.size());
+  size_t bytes = 0;
+  for (const Completion& c : done) bytes += c.res > 0 ? size_t(c.res) : 0;
+  const bool congested = bytes >= kCongestionProbeBytes && ReceiveQueueCongested(fd_);
   int delivered = 0;
   const int mask = buf_ring_ ? io_uring_buf_ring_mask(buf_count_) : 0;
   int returned = 0;
@@ -307,7 +310,7 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
             // The kernel sets MSG_TRUNC in out->flags and payloadlen to the datagram's full length.
             const auto* payload = static_cast<const uint8_t*>(io_uring_recvmsg_payload(out, multishot_msg_.get()));
             delivered += DeliverReceived(handler, msg, {payload, len}, int(out->flags), local_, options_.max_datagram,
-                                         options_.responses_first, counters_);
+                                         options_.responses_first, counters_, congested);
           }
         }
         io_uring_buf_ring_add(buf_ring_, buf, unsigned(buf_size_), bid, mask, returned++);
@@ -323,7 +326,7 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
       ReceiveSlot& slot = receive_slots_[index];
       if (c.res >= 0) {
         delivered += DeliverReceived(handler, slot.msg, {slot.buffer, size_t(c.res)}, slot.msg.msg_flags, local_,
-                                     options_.max_datagram, options_.responses_first, counters_);
+                                     options_.max_datagram, options_.responses_first, counters_, congested);
       } else if (c.res != -ECANCELED) {
         counters_.ReceiveFailed();
       }

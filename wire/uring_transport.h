@@ -49,7 +49,7 @@ struct UringTransportOptions {
   unsigned receive_buffers = 256;     // provided buffers (rounded up to a power of two, max 32768)
   unsigned fallback_receives = 64;    // linked single-shot recvmsg SQEs per chain in fallback mode (<= ring_entries)
   size_t max_datagram = 9216;         // larger received datagrams are truncated: counted and not delivered
-  int socket_buffer_bytes = 8 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
+  int socket_buffer_bytes = 64 << 20;  // SO_RCVBUF / SO_SNDBUF wanted (0: leave the system default)
   bool force_fallback_receive = false;
   bool udp_offloads = true;           // UDP_SEGMENT sends and UDP_GRO receives where the kernel has them
   bool responses_first = false;       // RoCE responses of a UDP_GRO run before its requests (DeliverReceived)
