@@ -158,6 +158,11 @@ ConnectionManager::Connection* ConnectionManager::FindLocked(uint32_t id) {
   return it->second.get();
 }
 
+ConnectionManager::Connection* ConnectionManager::FindFromLocked(uint32_t id, const wire::IpAddress& peer) {
+  Connection* c = FindLocked(id);
+  return c != nullptr && c->peer == peer ? c : nullptr;
+}
+
 ConnectionManager::Connection* ConnectionManager::FindByRemoteLocked(uint64_t remote_ca_guid, uint32_t remote_comm_id) {
   for (auto& [id, c] : connections_) {
     const bool connection = c->state != CmState::kIdle && c->state != CmState::kListen &&
@@ -168,8 +173,9 @@ ConnectionManager::Connection* ConnectionManager::FindByRemoteLocked(uint64_t re
 }
 
 uint32_t ConnectionManager::NewCommIdLocked() {
+  const uint32_t operand = config_.id_seed == 0 ? 0 : uint32_t(MixBits(config_.id_seed));
   for (;;) {
-    const uint32_t id = next_comm_id_++;
+    const uint32_t id = next_comm_id_++ ^ operand;
     if (id != 0 && connections_.find(id) == connections_.end()) return id;
   }
 }
@@ -533,8 +539,8 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
   if (CmEvent* e = EmitLocked(c, CmEventType::kReqReceived, w)) e->req = m;
 }
 
-void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wire::CmMra& m, Work&) {
-  Connection* c = FindLocked(m.remote_comm_id);
+void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t, const wire::CmMra& m, Work&) {
+  Connection* c = FindFromLocked(m.remote_comm_id, peer);
   if (c == nullptr) {
     ++counters_.dropped_unmatched;
     return;
@@ -555,14 +561,16 @@ void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wir
   ArmLocked(*c, clock_.NowNs() + (c->interval_ms + c->extra_wait_ms) * kNsPerMs);
 }
 
-void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wire::CmRej& m, Work& w) {
+void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t, const wire::CmRej& m, Work& w) {
   // cm_acquire_rejected_id: a REJ "timeout" names the sender's CA GUID in its ARI and its own comm ID; a REJ of a
-  // REQ may come before the peer had a comm ID of its own; any other must name both IDs.
+  // REQ may come before the peer had a comm ID of its own; any other must name both IDs. And it comes from the
+  // connection's peer: a REJ of a REQ names only our comm ID, which another process learns from one REJ of its own.
   Connection* c = nullptr;
   if (m.reason == static_cast<uint16_t>(wire::CmRejectReason::kTimeout)) {
     c = FindByRemoteLocked(wire::LoadBe64(m.ari.data()), m.local_comm_id);
+    if (c != nullptr && c->peer != peer) c = nullptr;
   } else {
-    c = FindLocked(m.remote_comm_id);
+    c = FindFromLocked(m.remote_comm_id, peer);
     if (c != nullptr && m.message_rejected != wire::CmMessageRef::kReq && c->remote_comm_id != m.local_comm_id) {
       c = nullptr;
     }
@@ -598,8 +606,8 @@ void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wir
   if (CmEvent* e = EmitLocked(*c, CmEventType::kRejReceived, w)) e->rej = m;
 }
 
-void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wire::CmRep& m, Work& w) {
-  Connection* c = FindLocked(m.remote_comm_id);
+void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t, const wire::CmRep& m, Work& w) {
+  Connection* c = FindFromLocked(m.remote_comm_id, peer);
   if (c == nullptr || !c->active) {
     ++counters_.dropped_unmatched;
     return;
@@ -625,8 +633,8 @@ void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wir
   if (CmEvent* e = EmitLocked(*c, CmEventType::kRepReceived, w)) e->rep = m;
 }
 
-void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wire::CmRtu& m, Work& w) {
-  Connection* c = FindLocked(m.remote_comm_id);
+void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t, const wire::CmRtu& m, Work& w) {
+  Connection* c = FindFromLocked(m.remote_comm_id, peer);
   if (c == nullptr || c->remote_comm_id != m.local_comm_id) {
     ++counters_.dropped_unmatched;
     return;
@@ -641,12 +649,13 @@ void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wir
 }
 
 void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, const wire::CmDreq& m, Work& w) {
-  Connection* c = FindLocked(m.remote_comm_id);
+  Connection* c = FindFromLocked(m.remote_comm_id, peer);
   if (c != nullptr && c->remote_comm_id != m.local_comm_id) c = nullptr;
   // A destroyed id still in TIMEWAIT answers as TIMEWAIT does (below), without events.
   if (c == nullptr) {
     auto it = connections_.find(m.remote_comm_id);
-    if (it != connections_.end() && it->second->remote_comm_id == m.local_comm_id) c = it->second.get();
+    if (it != connections_.end() && it->second->remote_comm_id == m.local_comm_id && it->second->peer == peer)
+      c = it->second.get();
   }
   if (c == nullptr || c->state == CmState::kIdle) {
     // cm_issue_drep: a DREQ for a connection we no longer have is answered anyway, the IDs swapped.
@@ -687,8 +696,8 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
   EmitLocked(*c, CmEventType::kDreqReceived, w);
 }
 
-void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wire::CmDrep& m, Work& w) {
-  Connection* c = FindLocked(m.remote_comm_id);
+void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t, const wire::CmDrep& m, Work& w) {
+  Connection* c = FindFromLocked(m.remote_comm_id, peer);
   if (c == nullptr || c->remote_comm_id != m.local_comm_id) {
     ++counters_.dropped_unmatched;
     return;
@@ -724,8 +733,8 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
   if (CmEvent* e = EmitLocked(c, CmEventType::kSidrReqReceived, w)) e->sidr_req = m;
 }
 
-void ConnectionManager::HandleLocked(const wire::IpAddress&, uint64_t, const wire::CmSidrRep& m, Work& w) {
-  Connection* c = FindLocked(m.request_id);
+void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t, const wire::CmSidrRep& m, Work& w) {
+  Connection* c = FindFromLocked(m.request_id, peer);
   if (c == nullptr) {
     ++counters_.dropped_unmatched;
     return;

@@ -105,6 +105,9 @@ struct CmConfig {
   // The first local communication ID (IDs then increase, skipping 0 and those in use); 0 picks one from the clock
   // and ca_guid.
   uint32_t comm_id_seed = 0;
+  // Non-zero: the IDs handed out are the counter XORed with a value drawn from it (the kernel's cm XORs its IDs with
+  // a random operand), so that a peer that saw one ID cannot name the next (DeviceConfig::id_seed).
+  uint64_t id_seed = 0;
 };
 
 // Counters for `uroce run --stats`.
@@ -186,6 +189,9 @@ class ConnectionManager {
 
   // --- connections and timers (mu_ held) ---
   Connection* FindLocked(uint32_t id);  // nullptr for an unknown or destroyed id
+  // The same, and nullptr unless the connection's peer is `peer`: a MAD acts only on a connection with its sender
+  // (the kernel's CM knows a connection by its path; any process of a host can send a MAD naming a comm ID).
+  Connection* FindFromLocked(uint32_t id, const wire::IpAddress& peer);
   // The connection a peer knows as (its CA GUID, its comm ID): how a duplicate REQ and a REJ "timeout" find theirs.
   Connection* FindByRemoteLocked(uint64_t remote_ca_guid, uint32_t remote_comm_id);
   Connection& AddLocked(CmState state, void* context);

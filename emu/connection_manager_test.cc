@@ -998,6 +998,43 @@ TEST_F(CmTest, MessagesForNoConnectionAreCountedAsUnmatched) {
   EXPECT_TRUE(b.events.empty());
 }
 
+// Another process of the host (any address but the peer's) that names an established connection's comm IDs -- learnt
+// from a REJ of its own, or guessed -- cannot end or change it: REJ (of a REQ, which names only our ID), DREQ, DREP,
+// REP, RTU and MRA from it are dropped as for no connection, and the connection lives on.
+TEST_F(CmTest, MadsNamingAConnectionFromAnotherAddressAreDropped) {
+  const auto [ida, idb] = Establish();
+  const wire::IpAddress stranger = *wire::IpAddress::Parse("10.9.9.9");
+  wire::CmRej rej;
+  rej.remote_comm_id = idb;
+  rej.message_rejected = wire::CmMessageRef::kReq;
+  rej.reason = 28;
+  wire::CmDreq dreq;
+  dreq.local_comm_id = ida;
+  dreq.remote_comm_id = idb;
+  dreq.remote_qpn = 0;
+  wire::CmDrep drep;
+  drep.local_comm_id = ida;
+  drep.remote_comm_id = idb;
+  wire::CmMra mra;
+  mra.remote_comm_id = idb;
+  mra.message_mraed = wire::CmMessageRef::kRep;
+  const size_t events_before = b.events.size();
+  const uint64_t unmatched_before = b.cm.counters().dropped_unmatched;
+  for (int i = 0; i < 4; ++i) b.cm.OnMad(stranger, wire::kGsiQkey, wire::kGsiQpn, wire::EncodeCmMad({1, 0, rej}));
+  b.cm.OnMad(stranger, wire::kGsiQkey, wire::kGsiQpn, wire::EncodeCmMad({2, 0, drep}));
+  b.cm.OnMad(stranger, wire::kGsiQkey, wire::kGsiQpn, wire::EncodeCmMad({3, 0, mra}));
+  b.cm.OnMad(stranger, wire::kGsiQkey, wire::kGsiQpn, wire::EncodeCmMad({5, 0, dreq}));  // answered, not acted on
+  fabric.Pump();
+  EXPECT_EQ(b.cm.State(idb), CmState::kEstablished);
+  EXPECT_EQ(b.events.size(), events_before);
+  EXPECT_EQ(b.cm.counters().dropped_unmatched, unmatched_before + 6);
+  // The same REJ from the peer's own address ends it, as it must.
+  rej.message_rejected = wire::CmMessageRef::kRep;
+  rej.local_comm_id = ida;
+  b.cm.OnMad(Addr(na), wire::kGsiQkey, wire::kGsiQpn, wire::EncodeCmMad({4, 0, rej}));
+  EXPECT_NE(b.cm.State(idb), CmState::kEstablished);
+}
+
 // --- comm IDs and names --------------------------------------------------------------------------------------------
 
 TEST(ConnectionManager, CommIdsStartAtTheSeedSkipZeroAndStayUnique) {

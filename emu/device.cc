@@ -24,7 +24,11 @@ bool PkeyMatches(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }  // only t
 
 Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
     : core_(std::move(config), transport, clock),
-      cm_(CmConfig{.ca_guid = core_.config.node_guid}, transport, clock) {}
+      cm_(CmConfig{.ca_guid = core_.config.node_guid, .id_seed = core_.config.id_seed}, transport, clock) {
+  // QPNs from 0x11 (QPN 0 and 1 are the special QPs, SMI and GSI; rxe also starts at 17), or from where the seed
+  // says (DeviceConfig::id_seed).
+  if (core_.config.id_seed != 0) next_qpn_ = 0x11 + uint32_t((core_.config.id_seed >> 40) % (0xffffff - 0x11));
+}
 
 Device::~Device() = default;
 

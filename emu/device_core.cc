@@ -1,6 +1,8 @@
 // DeviceCore (device_core.h): what the transport objects of every QP share.
 #include "emu/device_core.h"
 
+#include "emu/host_memory.h"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -42,6 +44,7 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"rc_early_retransmits", &DeviceCounters::rc_early_retransmits},
     {"rc_tail_probes", &DeviceCounters::rc_tail_probes},
     {"rc_duplicates", &DeviceCounters::rc_duplicates},
+    {"rc_unexpected_responses", &DeviceCounters::rc_unexpected_responses},
     {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
     {"rc_path_waits", &DeviceCounters::rc_path_waits},
     {"rc_congestion_signals", &DeviceCounters::rc_congestion_signals},
@@ -171,7 +174,9 @@ WcStatus DeviceCore::Gather(const QueuePair& qp, const SendWr& wr, std::vector<u
     if (sge.length == 0) continue;
     AccessResult r = keys.CheckLocal(sge.lkey, qp.init().pd, sge.addr, sge.length, 0);
     if (!r.ok()) return WcStatus::kLocProtErr;
-    out.insert(out.end(), r.host, r.host + sge.length);
+    const size_t at = out.size();
+    out.resize(at + sge.length);
+    if (!CopyGuarded(out.data() + at, r.host, sge.length)) return WcStatus::kLocProtErr;  // unmapped since
   }
   return WcStatus::kSuccess;
 }
@@ -213,8 +218,7 @@ WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, 
     }
     const size_t n = std::min<uint64_t>(sge.length - skip, data.size() - done);
     AccessResult r = keys.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, access::kLocalWrite);
-    if (!r.ok()) return WcStatus::kLocProtErr;
-    std::memcpy(r.host, data.data() + done, n);
+    if (!r.ok() || !CopyGuarded(r.host, data.data() + done, n)) return WcStatus::kLocProtErr;
     done += n;
     skip = 0;
   }

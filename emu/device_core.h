@@ -60,6 +60,12 @@ struct DeviceConfig {
   // recovers fast: a lost sequence NAK (the responder NAKs a gap once and then drops what follows in silence) and a
   // lost last ACK or READ response. false: only the timeout, as rxe.
   bool early_retransmit = true;
+  // Where this device's identifiers start: the first memory key index and its 8-bit key byte, the first QPN and the
+  // CM's comm IDs (XORed with a value drawn from it, as the kernel's CM does). Hardware's key byte varies and its
+  // numbers depend on what ran before; identical numbers on every run made a peer's keys and QPNs trivially guessed
+  // (a spoofed WRITE needs the QPN, PSN, rkey and address). 0: the fixed start tests use (keys from index 1, QPN
+  // 0x11). The engine draws it from the system's randomness.
+  uint64_t id_seed = 0;
 };
 
 // Values of enum ibv_event_type.
@@ -118,6 +124,7 @@ struct DeviceCounters {
   uint64_t rc_early_retransmits = 0;    // go-back-N before the timeout, spending no retry (early_retransmit)
   uint64_t rc_tail_probes = 0;          // the newest packet sent again alone first (RcRequester::SendTailProbe)
   uint64_t rc_duplicates = 0;           // duplicate requests answered again (or dropped)
+  uint64_t rc_unexpected_responses = 0;  // responses naming a PSN the requester never sent (dropped)
   uint64_t rc_rnr_naks_sent = 0;
   uint64_t rc_path_waits = 0;          // a requester stopped because the window towards its peer was full
   uint64_t rc_congestion_signals = 0;  // losses, timeouts and CNPs that cut a path's window
@@ -141,7 +148,7 @@ enum class AckTiming {
 class DeviceCore {
  public:
   DeviceCore(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
-      : config(std::move(config)), transport(transport), clock(clock) {}
+      : config(std::move(config)), transport(transport), clock(clock), keys(this->config.id_seed) {}
   DeviceCore(const DeviceCore&) = delete;
   DeviceCore& operator=(const DeviceCore&) = delete;
 

@@ -33,6 +33,12 @@ uint8_t* MemoryRegion::Translate(uint64_t va, uint64_t len) const {
   return host + offset;
 }
 
+KeyTable::KeyTable(uint64_t seed) {
+  if (seed == 0) return;
+  next_index_ = uint32_t(seed % 0xfffffe) + 1;  // 24 bits, never 0
+  generation_ = uint8_t(seed >> 32);
+}
+
 uint32_t KeyTable::NewIndex() {
   uint32_t index = next_index_ & 0xffffff;
   while (index == 0 || regions_.count(index) || windows_.count(index)) index = (index + 1) & 0xffffff;

@@ -67,6 +67,8 @@ struct AccessResult {
 // alias its successor (the low byte is the "key" part of an L_Key/R_Key, IBTA 10.6.3.3).
 class KeyTable {
  public:
+  // Keys start at index 1 with key byte 0x17 for seed 0, else at an index and key byte drawn from `seed`.
+  explicit KeyTable(uint64_t seed = 0);
   // Registers a region; returns it with lkey/rkey filled in.
   MemoryRegion Register(MemoryRegion mr);
   bool AnyInPd(const ProtectionDomain* pd) const;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "emu/host_memory.h"
 #include "wire/address.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
@@ -59,13 +60,14 @@ struct OutBatch {
     }
   }
 
-  // Encodes, seals the ICRC for the flow the transport will really use, and queues.
-  void Add(wire::Transport& t, const wire::PacketSpec& spec, std::span<const uint8_t> payload,
+  // Encodes, seals the ICRC for the flow the transport will really use, and queues. False, and nothing queued, when
+  // the payload could not be read: registered memory the program has unmapped since (emu/host_memory.h).
+  bool Add(wire::Transport& t, const wire::PacketSpec& spec, std::span<const uint8_t> payload,
            const wire::UdpEndpoint& dst, uint16_t src_port) {
-    AddGathered(t, spec, std::span<const std::span<const uint8_t>>(&payload, 1), dst, src_port);
+    return AddGathered(t, spec, std::span<const std::span<const uint8_t>>(&payload, 1), dst, src_port);
   }
   // The same with the payload gathered from `pieces` (straight from registered memory).
-  void AddGathered(wire::Transport& t, const wire::PacketSpec& spec,
+  bool AddGathered(wire::Transport& t, const wire::PacketSpec& spec,
                    std::span<const std::span<const uint8_t>> pieces, const wire::UdpEndpoint& dst,
                    uint16_t src_port) {
     size_t payload_len = 0;
@@ -75,10 +77,12 @@ struct OutBatch {
     if (packets.capacity() == 0) packets.reserve(4);
     Packet p{dst, src_port, TakeBuffer()};
     p.bytes.resize(wire::EncodedLength(spec, payload_len));
-    auto n = wire::EncodePacketGathered(spec, pieces, p.bytes);
-    if (!n) return;  // a spec the engine builds is always complete; nothing to send otherwise
+    // A spec the engine builds is always complete: the only failure is a fault reading the payload.
+    auto n = wire::EncodePacketGathered(spec, pieces, p.bytes, CopyGuarded);
+    if (!n) return false;
     wire::SealIcrc(t.OutgoingFlow(dst, src_port), p.bytes);
     packets.push_back(std::move(p));
+    return true;
   }
 
  private:

@@ -29,6 +29,13 @@ void RcCompleter::OnResponse(const wire::PacketView& p, OutBatch& out) {
   const uint32_t psn = p.bth.psn;
   const uint32_t mtu = MtuBytes(a.path_mtu);
   bool progressed = false;
+  // A response names a PSN this requester has sent (IBTA 9.7.5.2: the completer checks a response's PSN against
+  // what is outstanding; rxe's check_psn). One for a PSN never sent changes nothing: an ACK with a PSN ahead of ours
+  // would otherwise complete a WRITE its responder never received (a stopped peer, a forged packet).
+  if (PsnDiff(psn, r.sent_psn_next) >= 0) {
+    core_.Count(&DeviceCounters::rc_unexpected_responses);
+    return;
+  }
 
   // Every WQE wholly before `limit` that needs nothing more than an ACK is acknowledged (IBTA 9.7.5.1.2: an ACK, a
   // READ response or an atomic ACK acknowledges all earlier requests). A READ or atomic before it that got no

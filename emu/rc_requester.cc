@@ -442,13 +442,13 @@ void RcRequester::Progress(OutBatch& out) {
       {
         // Registered memory is read while the key table cannot change (DeviceCore::keys_mu).
         std::shared_lock keys(core_.keys_mu);
-        if (!core_.GatherRange(qp_, w.wr, off, len, payload)) {
-          // The memory was deregistered after the WQE started.
+        if (!core_.GatherRange(qp_, w.wr, off, len, payload) ||
+            !out.AddGathered(core_.transport, spec, payload, dst, sport)) {
+          // The memory was deregistered (or unmapped) after the WQE started.
           keys.unlock();
           Fail(r.cursor_wqe, WcStatus::kLocProtErr);
           return;
         }
-        out.AddGathered(core_.transport, spec, payload, dst, sport);
       }
       if (++r.cursor_pkt == w.npsn) {
         ++r.cursor_wqe;

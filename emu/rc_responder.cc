@@ -2,6 +2,8 @@
 // answers for duplicates, and ACKs sent at once or held (AckTiming).
 #include "emu/rc_responder.h"
 
+#include "emu/host_memory.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -77,8 +79,10 @@ void RcResponder::Reset() {
   state_ = RcResponderState{};
 }
 
-void RcResponder::FatalNak(wire::NakCode code, OutBatch& out) {
-  SendAck(qp_.attributes().rq_psn, wire::Aeth::Nak(code, state_.msn), out);
+void RcResponder::FatalNak(wire::NakCode code, OutBatch& out) { FatalNakAt(qp_.attributes().rq_psn, code, out); }
+
+void RcResponder::FatalNakAt(uint32_t psn, wire::NakCode code, OutBatch& out) {
+  SendAck(psn, wire::Aeth::Nak(code, state_.msn), out);
   core_.EnterError(qp_);
 }
 
@@ -112,8 +116,15 @@ void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_
     spec.bth.psn = PsnAdd(res.psn, k);
     if (f || l) spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
     ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
-    out.Add(core_.transport, spec, std::span<const uint8_t>(acc.host ? acc.host + off : nullptr, len), qp_.peer(),
-            qp_.source_port());
+    if (!out.Add(core_.transport, spec, std::span<const uint8_t>(acc.host ? acc.host + off : nullptr, len),
+                 qp_.peer(), qp_.source_port())) {
+      // The region's memory was unmapped since its registration: as any access outside a valid region (9.7.5.2.5),
+      // named by the response that could not be built -- a PSN the requester is waiting for.
+      keys.unlock();
+      core_.Count(&DeviceCounters::rx_remote_access_denied);
+      FatalNakAt(spec.bth.psn, wire::NakCode::kRemoteAccessError, out);
+      return;
+    }
   }
 }
 
@@ -233,15 +244,15 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
       if (!p.payload.empty()) {
         std::shared_lock keys(core_.keys_mu);
         uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
-        if (target == nullptr) {
+        if (target == nullptr || !CopyGuarded(target, p.payload.data(), p.payload.size())) {
           keys.unlock();
-          // The region was deregistered (or its window invalidated) while the message was arriving: the rest is
-          // refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access error).
+          // The region was deregistered (or its window invalidated, or its memory unmapped) while the message was
+          // arriving: the rest is refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access
+          // error).
           core_.Count(&DeviceCounters::rx_remote_access_denied);
           FatalNak(wire::NakCode::kRemoteAccessError, out);
           return;
         }
-        std::memcpy(target, p.payload.data(), p.payload.size());
       }
     }
     m.offset += p.payload.size();
@@ -316,15 +327,17 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
       return;
     }
     auto* target = reinterpret_cast<uint64_t*>(acc.host);
-    uint64_t original;
-    if (op == wire::Operation::kCompareSwap) {
-      original = ae.compare;
-      // The application's CPU may touch the word concurrently: use a real atomic (IBV_ATOMIC_HCA semantics).
-      __atomic_compare_exchange_n(target, &original, ae.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    } else {
-      original = __atomic_fetch_add(target, ae.swap_add, __ATOMIC_SEQ_CST);
-    }
+    uint64_t original = 0;
+    // The application's CPU may touch the word concurrently: a real atomic (IBV_ATOMIC_HCA semantics).
+    const bool done = op == wire::Operation::kCompareSwap
+                          ? CompareSwapGuarded(target, ae.compare, ae.swap_add, &original)
+                          : FetchAddGuarded(target, ae.swap_add, &original);
     keys.unlock();
+    if (!done) {  // the word's memory was unmapped since its registration
+      core_.Count(&DeviceCounters::rx_remote_access_denied);
+      FatalNak(wire::NakCode::kRemoteAccessError, out);
+      return;
+    }
     ResponderResource res;
     res.atomic = true;
     res.psn = psn;

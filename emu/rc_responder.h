@@ -38,6 +38,8 @@ class RcResponder : private TransportObject {
   // Refuses the request at the expected PSN with a NAK that ends the connection: the QP enters the error state
   // (IBTA 9.7.5.2.x: invalid request, remote access and remote operational errors).
   void FatalNak(wire::NakCode code, OutBatch& out);
+  // The same naming `psn`: a READ whose response `psn` cannot be built (the expected PSN is already past the READ).
+  void FatalNakAt(uint32_t psn, wire::NakCode code, OutBatch& out);
   bool ack_held() const { return state_.ack_held; }
   uint64_t held_due_ns() const { return state_.held_due_ns; }
   // Sends the ACK it holds, if any (drops it in the error state).

@@ -2,6 +2,8 @@
 // the bytes it leaves in memory and the packets it puts on the wire; each NAK kind; RNR and local ACK timeout retry
 // budgets and timing on the ManualClock; duplicates answered without executing twice; max_rd_atomic; SQ drain.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -1231,6 +1233,66 @@ TEST(RcEarlyRetransmit, ADeadPeerStillFailsAfterRetryCountPlusOneTimeouts) {
   EXPECT_EQ(t.a->device->counters().rc_tail_probes, 6u);
   EXPECT_EQ(t.a->device->counters().rc_early_retransmits, 0u);
   EXPECT_EQ(t.qa->state(), QpState::kErr);
+}
+
+// A stopped responder and a forged ACK (any source port, the responder's address) naming a PSN the requester never
+// sent: nothing completes, the counter says why, and the dead responder still fails the WR after the retries.
+TEST(RcHostile, AnAckForAPsnNeverSentCompletesNothing) {
+  constexpr uint8_t kTimeout = 10;
+  RcAttributes ra = Attrs();
+  ra.timeout = kTimeout;
+  ra.retry_cnt = 2;
+  Rc t(ra, Attrs());
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  t.a->transport->drop_if = [](uint64_t, std::span<const uint8_t>) { return true; };  // b hears nothing
+  const uint32_t sq_psn = t.qa->attributes().sq_psn;
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {src.At(0, 8)}, dst.mr.iova, dst.mr.rkey)),
+            0);
+  t.fabric.Step();
+  for (uint32_t ahead : {2u, 1000u, 0x7fffffu}) {
+    wire::PacketSpec ack;
+    ack.bth.opcode = rcop::kAcknowledge;
+    ack.bth.dest_qp = t.qa->qpn();
+    ack.bth.psn = (sq_psn + ahead) & 0xffffff;
+    ack.aeth = wire::Aeth::Ack(wire::kInvalidCredits, 1);
+    t.fabric.Inject(*t.b, *t.a, ack);
+    t.fabric.Step();
+    EXPECT_TRUE(Drain(t.sa).empty()) << "an ACK " << ahead << " PSNs ahead completed the WRITE";
+  }
+  EXPECT_EQ(t.a->device->counters().rc_unexpected_responses, 3u);
+  t.fabric.Pump();
+  auto s = Drain(t.sa);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].status, WcStatus::kRetryExcErr);
+  EXPECT_EQ(t.a->device->counters().rc_retransmit_timeouts, 2u);
+}
+
+// A region whose memory the program unmapped after registering it: a real HCA's pinned pages would take the WRITE
+// (or answer the READ, or the atomic) unseen; ours must not make the program fault. Each access is refused as one
+// outside a valid region (remote access error) and the process lives on.
+TEST(RcHostile, AccessesToARegionUnmappedSinceItsRegistrationAreRemoteAccessErrors) {
+  for (SendOpcode op : {SendOpcode::kRdmaWrite, SendOpcode::kRdmaRead, SendOpcode::kAtomicFetchAndAdd}) {
+    SCOPED_TRACE(static_cast<int>(op));
+    Rc t;
+    Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    void* mapped = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(mapped, MAP_FAILED);
+    MemoryRegion mr;
+    ASSERT_EQ(t.b->device->RegisterMr(t.pb, mapped, page, reinterpret_cast<uint64_t>(mapped), kMrAll, &mr), 0);
+    // Unmapped, and the address kept from reuse (by a mapping nobody may access) so no other mapping lands there.
+    ASSERT_EQ(mmap(mapped, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0), mapped);
+    SendWr wr = Rdma(1, op, {src.At(0, 8)}, mr.iova, mr.rkey);
+    if (op == SendOpcode::kAtomicFetchAndAdd) wr.compare_add = 1;
+    ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+    t.fabric.Pump();
+    auto s = Drain(t.sa);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].status, WcStatus::kRemAccessErr);
+    EXPECT_GE(t.b->device->counters().rx_remote_access_denied, 1u);
+    munmap(mapped, page);
+  }
 }
 
 // --- held ACKs (Device::AckTiming::kHeld) ----------------------------------------------------------------------------

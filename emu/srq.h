@@ -64,6 +64,7 @@ class SharedReceiveQueue {
   XrcDomain* xrcd() const { return xrcd_; }
   // XRC only: where completions of WQEs taken from this SRQ go (Annex A14: the SRQ, not the target QP, has the CQ).
   CompletionQueue* cq() const { return cq_; }
+  uint32_t max_sge() const { return max_sge_; }  // fixed at creation: read without the lock
   size_t depth() const {
     std::lock_guard lock(mu_);
     return wqes_.size();

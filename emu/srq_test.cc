@@ -374,6 +374,61 @@ TEST(Xrc, RequestNamingAnotherDomainsSrqIsNaked) {
   EXPECT_EQ(tq->state(), QpState::kErr);
 }
 
+// The PSN is judged before the SRQ (rxe's order, check_psn first): one forged XRC SEND with a PSN outside the window
+// and a non-existent SRQ number changes nothing at the target, whose real initiator then delivers as usual.
+TEST(Xrc, APacketOutsideThePsnWindowCannotFailTheTarget) {
+  Fabric f;
+  Node& t = f.AddNode(Mtu::k1024);
+  Node& i = f.AddNode(Mtu::k1024);
+  Device& td = *t.device;
+  XrcDomain* xrcd = nullptr;
+  ASSERT_EQ(td.OpenXrcd(std::nullopt, true, false, &xrcd), 0);
+  ProtectionDomain* tpd = td.AllocPd();
+  CompletionQueue* tcq = nullptr;
+  ASSERT_EQ(td.CreateCq(16, &tcq), 0);
+  SrqAttributes sa{8, 1, 0};
+  SharedReceiveQueue* srq = nullptr;
+  ASSERT_EQ(td.CreateSrq(SrqType::kXrc, tpd, xrcd, tcq, sa, &srq), 0);
+  Buffer dst = Register(td, tpd, 256, kAll);
+  ASSERT_EQ(td.PostSrqRecv(srq, Recv(1, dst, 0, 256)), 0);
+  QpInitAttributes tgt;
+  tgt.type = QpType::kXrcRecv;
+  tgt.xrcd = xrcd;
+  QueuePair* tq = nullptr;
+  ASSERT_EQ(td.CreateQp(tgt, &tq), 0);
+  ProtectionDomain* ipd = i.device->AllocPd();
+  CompletionQueue* icq = nullptr;
+  ASSERT_EQ(i.device->CreateCq(16, &icq), 0);
+  QpInitAttributes ini;
+  ini.type = QpType::kXrcSend;
+  ini.pd = ipd;
+  ini.send_cq = icq;
+  ini.cap = {4, 0, 1, 0, 0};
+  QueuePair* iq = nullptr;
+  ASSERT_EQ(i.device->CreateQp(ini, &iq), 0);
+  Connect(*i.device, iq, td, tq->qpn());
+  Connect(td, tq, *i.device, iq->qpn());
+  // Forged, from the initiator's address: a SEND ONLY with a PSN ahead of the window and an SRQ number that is none.
+  wire::PacketSpec forged;
+  forged.bth.opcode = 0xA4;  // XRC SEND ONLY (Annex A14)
+  forged.bth.dest_qp = tq->qpn();
+  forged.bth.psn = (tq->attributes().rq_psn + 0x1234) & 0xffffff;
+  forged.xrc = wire::XrcEth{.srqn = 0xabcdef};
+  const uint8_t payload[8] = {};
+  f.Inject(i, t, forged, payload);
+  f.Pump();
+  EXPECT_NE(tq->state(), QpState::kErr);
+  EXPECT_TRUE(Drain(tcq).empty());
+  // The real sender delivers.
+  Buffer src = Register(*i.device, ipd, 256, kAll);
+  ASSERT_EQ(i.device->PostSend(iq, Send(5, src, 0, 10, srq->srqn())), 0);
+  f.Pump();
+  auto wcs = Drain(icq);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(Drain(tcq).size(), 1u);
+}
+
 TEST(Xrc, DomainsByInodeFollowOpenFlags) {
   Fabric f;
   Device& d = *f.AddNode().device;

@@ -1,6 +1,8 @@
 // The UC transport (uc.h): messages out without acknowledgement, in-sequence assembly in.
 #include "emu/uc.h"
 
+#include "emu/host_memory.h"
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -150,14 +152,13 @@ void UcTransport::Receive(const wire::PacketView& p) {
     if (!p.payload.empty()) {
       std::shared_lock keys(core_.keys_mu);  // the region is written while the key table cannot change
       uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
-      if (target == nullptr) {
-        // Deregistered mid-message: the rest is dropped (UC cannot NAK).
+      if (target == nullptr || !CopyGuarded(target, p.payload.data(), p.payload.size())) {
+        // Deregistered (or unmapped) mid-message: the rest is dropped (UC cannot NAK).
         core_.Count(&DeviceCounters::rx_remote_access_denied);
         m = InboundMessage{};
         m.dropping = true;
         return;
       }
-      std::memcpy(target, p.payload.data(), p.payload.size());
     }
     m.offset += p.payload.size();
   }

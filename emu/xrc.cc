@@ -72,9 +72,22 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
     core_.Count(&DeviceCounters::rx_wrong_transport);  // a target only responds; responses to it make no sense
     return;
   }
+  // The PSN is judged first, as for any RC request (rxe's responder: check_psn before check_resource), so that no
+  // packet outside the window can put the target in the error state (a forged one with a random PSN and a wrong SRQ
+  // number did): a gap gets the responder's sequence NAK without its SRQ being looked at, and a duplicate naming
+  // no valid SRQ is dropped.
+  const int32_t d = PsnDiff(p.bth.psn, qp->attributes().rq_psn);
+  if (d > 0) {
+    qp->responder().OnRequest(p, out);
+    return;
+  }
   SharedReceiveQueue* srq = nullptr;
   if (auto it = srqs_.find(p.xrc->srqn); it != srqs_.end()) srq = it->second.get();
   if (srq == nullptr || srq->type() != SrqType::kXrc || srq->xrcd() != qp->init().xrcd) {
+    if (d < 0) {
+      core_.Count(&DeviceCounters::rc_duplicates);
+      return;
+    }
     // Annex A14: a request naming an SRQ that is not an XRC SRQ of the target's domain is an invalid request: NAK it,
     // and the target QP enters the error state as for any invalid request (IBTA 9.7.5.2.4).
     core_.Count(&DeviceCounters::rx_remote_access_denied);

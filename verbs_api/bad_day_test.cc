@@ -29,6 +29,91 @@ namespace {
 
 using testing::VerbsEnv;
 
+// A work request whose num_sge exceeds the QP's (or SRQ's) capacity is EINVAL, decided before sg_list is read: the
+// caller's one-entry array ends at a guard page here, so reading a second entry would crash the test.
+TEST(BadDay, MoreSgesThanTheQueueTakesIsEinvalBeforeTheListIsRead) {
+  VerbsEnv env;
+  ASSERT_NE(env.ctx, nullptr);
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  auto* pages = static_cast<uint8_t*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  ASSERT_EQ(mprotect(pages + page, page, PROT_NONE), 0);
+  static char buf[64];
+  ibv_mr* mr = ibv_reg_mr(env.pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  auto* sge = reinterpret_cast<ibv_sge*>(pages + page - sizeof(ibv_sge));  // the last entry before the guard page
+  *sge = ibv_sge{reinterpret_cast<uintptr_t>(buf), 8, mr->lkey};
+  ibv_cq* cq = ibv_create_cq(env.ctx, 8, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 4, 1, 1, 0};
+  ibv_qp* qp = ibv_create_qp(env.pd, &init);
+  ASSERT_NE(qp, nullptr);
+  ibv_send_wr swr{};
+  swr.opcode = IBV_WR_SEND;
+  swr.sg_list = sge;
+  swr.num_sge = 1000;
+  ibv_send_wr* bad_send = nullptr;
+  EXPECT_EQ(ibv_post_send(qp, &swr, &bad_send), EINVAL);
+  EXPECT_EQ(bad_send, &swr);
+  swr.send_flags = IBV_SEND_INLINE;  // inline or not, the count is checked first
+  EXPECT_EQ(ibv_post_send(qp, &swr, &bad_send), EINVAL);
+  ibv_recv_wr rwr{};
+  rwr.sg_list = sge;
+  rwr.num_sge = 1000;
+  ibv_recv_wr* bad_recv = nullptr;
+  EXPECT_EQ(ibv_post_recv(qp, &rwr, &bad_recv), EINVAL);
+  EXPECT_EQ(bad_recv, &rwr);
+  ibv_srq_init_attr srq_init{};
+  srq_init.attr = {8, 1, 0};
+  ibv_srq* srq = ibv_create_srq(env.pd, &srq_init);
+  ASSERT_NE(srq, nullptr);
+  EXPECT_EQ(ibv_post_srq_recv(srq, &rwr, &bad_recv), EINVAL);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  munmap(pages, 2 * page);
+}
+
+// ibv_reg_mr(3) pins the range; a range the process does not map (or not with the rights the access asks for) is
+// EFAULT, one that wraps around the address space EINVAL, as the kernel's pinning answers, and nothing is registered.
+TEST(BadDay, RegisteringMemoryTheProcessDoesNotMapIsEfault) {
+  VerbsEnv env;
+  ASSERT_NE(env.ctx, nullptr);
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  auto* pages = static_cast<uint8_t*>(mmap(nullptr, 16 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  const int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  auto expect_refused = [&](void* addr, size_t length, int access, int err) {
+    errno = 0;
+    ibv_mr* mr = ibv_reg_mr(env.pd, addr, length, access);
+    EXPECT_EQ(mr, nullptr) << addr << "+" << length;
+    EXPECT_EQ(errno, err) << addr << "+" << length;
+    if (mr != nullptr) ibv_dereg_mr(mr);
+  };
+  expect_refused(reinterpret_cast<void*>(uintptr_t(0x1000)), 4096, rw, EFAULT);  // nothing there
+  expect_refused(pages, size_t(1) << 40, rw, EFAULT);                            // 1 TiB over a 64 KiB mapping
+  expect_refused(pages + page, SIZE_MAX - 2 * page, rw, EINVAL);                 // wraps around
+  ASSERT_EQ(mprotect(pages + 4 * page, page, PROT_NONE), 0);                     // a hole in the middle
+  expect_refused(pages, 8 * page, rw, EFAULT);
+  expect_refused(pages + 4 * page, page, IBV_ACCESS_REMOTE_READ, EFAULT);
+  ASSERT_EQ(mprotect(pages + 8 * page, 8 * page, PROT_READ), 0);                 // read-only: no write access
+  expect_refused(pages + 8 * page, 8 * page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, EFAULT);
+  // What the mapping allows registers, including a range over two mappings that meet.
+  ibv_mr* readable = ibv_reg_mr(env.pd, pages + 8 * page, 8 * page, IBV_ACCESS_REMOTE_READ);
+  EXPECT_NE(readable, nullptr) << errno;
+  ibv_mr* writable = ibv_reg_mr(env.pd, pages, 4 * page, rw);
+  EXPECT_NE(writable, nullptr) << errno;
+  ibv_mr* across = ibv_reg_mr(env.pd, pages + 5 * page, 11 * page, IBV_ACCESS_REMOTE_READ);
+  EXPECT_NE(across, nullptr) << errno;
+  for (ibv_mr* mr : {readable, writable, across})
+    if (mr != nullptr) EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  munmap(pages, 16 * page);
+}
+
 TEST(BadDay, UnreadAsyncEventsAreBoundedAndCounted) {
   EventQueue<ibv_async_event> q;
   ASSERT_EQ(q.Open(), 0);

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <vector>
 
@@ -404,6 +405,8 @@ int Engine::Start(const EngineConfig& config) {
   dc.active_mtu = config.mtu;
   dc.node_guid = NodeGuid();
   dc.retry_cnt_7_infinite = config.retry_forever;
+  std::random_device entropy;
+  dc.id_seed = (uint64_t{entropy()} << 32 | entropy()) | 1;  // never 0: keys, QPNs and comm IDs differ by run
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::SystemClock::Instance());
   // Received requests' ACKs are held a little (Device::AckTiming::kHeld): whoever receives, the application may
   // answer at once, and its reply then leaves first with the ACK behind it.

@@ -258,6 +258,11 @@ void WrSetSge(ibv_qp_ex* x, uint32_t lkey, uint64_t addr, uint32_t length) {
 void WrSetSgeList(ibv_qp_ex* x, size_t num_sge, const ibv_sge* sg_list) {
   emu::SendWr* w = CurrentForData(x, false);
   if (w == nullptr) return;
+  // Within the QP's capacity before sg_list is read (qp_verbs.cc's PostSend says why); ibv_wr_complete says EINVAL.
+  if (num_sge > OfQpx(x)->emu->attributes().cap.max_send_sge) {
+    Remember(BatchOf(x), EINVAL);
+    return;
+  }
   w->sg_list.reserve(num_sge);
   for (size_t i = 0; i < num_sge; ++i) w->sg_list.push_back({sg_list[i].addr, sg_list[i].length, sg_list[i].lkey});
 }

@@ -198,9 +198,13 @@ namespace uroce::verbs {
 
 static int PostSendUnguarded(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   emu::Device& dev = Ctx(qp->context)->dev();
+  // The QP's capacities never change after creation: read without its lock.
+  const uint32_t max_sge = ToQp(qp)->emu->attributes().cap.max_send_sge;
   for (; wr != nullptr; wr = wr->next) {
     emu::SendWr e;
-    int err = ToEmuSend(*wr, qp->qp_type, &e);
+    // num_sge is checked before sg_list is read: the array holds num_sge entries only if num_sge is within the QP's
+    // capacity (mlx5 checks it first too), and a larger count must be EINVAL, not a read past the caller's array.
+    int err = wr->num_sge < 0 || uint32_t(wr->num_sge) > max_sge ? EINVAL : ToEmuSend(*wr, qp->qp_type, &e);
     if (err == 0) err = dev.PostSend(ToQp(qp)->emu, std::move(e));
     if (err) {
       if (bad_wr) *bad_wr = wr;
@@ -220,8 +224,10 @@ int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
 
 static int PostRecvUnguarded(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   emu::Device& dev = Ctx(qp->context)->dev();
+  const uint32_t max_sge = ToQp(qp)->emu->attributes().cap.max_recv_sge;  // fixed at creation, as above
   for (; wr != nullptr; wr = wr->next) {
-    int err = wr->num_sge < 0 ? EINVAL : 0;
+    // A QP on an SRQ has no receive queue (max_recv_sge 0): its post is EINVAL whatever num_sge says.
+    int err = wr->num_sge < 0 || uint32_t(wr->num_sge) > max_sge ? EINVAL : 0;
     if (err == 0) {
       emu::RecvWr e;
       e.wr_id = wr->wr_id;

@@ -258,8 +258,36 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, u
 
 namespace uroce::verbs {
 
+// Whether [addr, addr + length) is memory this process maps, readable and, when the region's access lets the device
+// write it (local or remote write, atomics), writable: what pinning its pages checks in the kernel (ibv_reg_mr(3):
+// EFAULT for a range that is not; EINVAL for one that wraps around). An on-demand region is checked at each access
+// instead (IBV_ACCESS_ON_DEMAND: nothing is pinned), as every access is (emu/host_memory.h).
+static int CheckMapped(const void* addr, size_t length, unsigned int access) {
+  if (length == 0 || (access & IBV_ACCESS_ON_DEMAND)) return 0;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr);
+  if (begin + length < begin) return EINVAL;
+  const uintptr_t end = begin + length;
+  const bool write = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  FILE* maps = fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return 0;  // cannot tell here; the accesses are guarded all the same
+  uintptr_t covered = begin;  // the mappings are listed in address order
+  char line[512];
+  int err = 0;
+  while (covered < end && err == 0 && fgets(line, sizeof line, maps)) {
+    unsigned long lo = 0, hi = 0;
+    char perms[5] = {};
+    if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3 || hi <= covered) continue;
+    if (lo > covered) break;  // a hole before the rest of the range
+    if (perms[0] != 'r' || (write && perms[1] != 'w')) err = EFAULT;
+    covered = hi;
+  }
+  fclose(maps);
+  return err != 0 ? err : covered >= end ? 0 : EFAULT;
+}
+
 ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
   if (pd == nullptr) return Fail<ibv_mr>(EINVAL);
+  if (int err = CheckMapped(addr, length, access)) return Fail<ibv_mr>(err);
   emu::MemoryRegion m;
   if (int err = Ctx(pd->context)->dev().RegisterMr(ToPd(pd)->emu, addr, length, iova, access, &m))
     return Fail<ibv_mr>(err);
@@ -301,6 +329,7 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
   size_t new_len = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
   const unsigned new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? static_cast<unsigned>(access) : cur.access;
   if (new_pd == nullptr) return IBV_REREG_MR_ERR_INPUT;
+  if (CheckMapped(new_addr, new_len, new_access) != 0) return IBV_REREG_MR_ERR_INPUT;
   emu::MemoryRegion m;
   if (dev.ReregisterMr(mr->lkey, ToPd(new_pd)->emu, new_addr, new_len, reinterpret_cast<uintptr_t>(new_addr),
                        new_access, &m) != 0)

@@ -86,8 +86,10 @@ int GetSrqNum(ibv_srq* srq, uint32_t* srq_num) {
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   Engine::VerbTimer timer(*Ctx(srq->context)->engine, /*keeps_lease=*/true, wr != nullptr && wr->next != nullptr);
   emu::Device& dev = Dev(srq->context);
+  const uint32_t max_sge = ToSrq(srq)->emu->max_sge();
   for (; wr != nullptr; wr = wr->next) {
-    int err = wr->num_sge < 0 ? EINVAL : 0;
+    // num_sge within the SRQ's capacity before sg_list is read (qp_verbs.cc's PostSend says why).
+    int err = wr->num_sge < 0 || uint32_t(wr->num_sge) > max_sge ? EINVAL : 0;
     if (err == 0) {
       emu::RecvWr e;
       e.wr_id = wr->wr_id;

@@ -26,6 +26,7 @@ std::string_view ToString(EncodeError error) {
     case EncodeError::kPayloadUnexpected: return "payload unexpected";
     case EncodeError::kBadPayloadLength: return "bad payload length";
     case EncodeError::kBufferTooSmall: return "buffer too small";
+    case EncodeError::kPayloadUnreadable: return "payload unreadable";
   }
   return "?";
 }
@@ -110,7 +111,7 @@ Expected<size_t, EncodeError> EncodePacket(const PacketSpec& spec, std::span<con
 
 Expected<size_t, EncodeError> EncodePacketGathered(const PacketSpec& spec,
                                                    std::span<const std::span<const uint8_t>> pieces,
-                                                   std::span<uint8_t> out) {
+                                                   std::span<uint8_t> out, PieceCopy copy) {
   const OpcodeInfo* info = FindOpcode(spec.bth.opcode);
   if (info == nullptr) return Unexpected(EncodeError::kUnknownOpcode);
   size_t payload_len = 0;
@@ -154,7 +155,13 @@ Expected<size_t, EncodeError> EncodePacketGathered(const PacketSpec& spec,
   put(kImmDt, spec.imm);
   put(kIeth, spec.ieth);
   for (const auto& piece : pieces) {
-    if (!piece.empty()) std::memcpy(p + off, piece.data(), piece.size());
+    if (!piece.empty()) {
+      if (copy == nullptr) {
+        std::memcpy(p + off, piece.data(), piece.size());
+      } else if (!copy(p + off, piece.data(), piece.size())) {
+        return Unexpected(EncodeError::kPayloadUnreadable);
+      }
+    }
     off += piece.size();
   }
   std::memset(p + off, 0, pad + kIcrcSize);

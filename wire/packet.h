@@ -40,6 +40,7 @@ enum class EncodeError : uint8_t {
   kPayloadUnexpected,  // non-empty payload for an opcode that carries none
   kBadPayloadLength,   // payload size differs from the opcode's fixed size
   kBufferTooSmall,     // `out` is shorter than EncodedLength()
+  kPayloadUnreadable,  // the copy function refused a piece of the payload (memory the program no longer maps)
 };
 std::string_view ToString(EncodeError error);
 
@@ -97,9 +98,10 @@ size_t EncodedLength(const PacketSpec& spec, size_t payload_len);
 Expected<size_t, EncodeError> EncodePacket(const PacketSpec& spec, std::span<const uint8_t> payload,
                                            std::span<uint8_t> out);
 // The same with the payload gathered from `pieces`, in order (a message's bytes straight from registered memory:
-// one copy, into `out`).
+// one copy, into `out`), each piece copied by `copy` when one is given (false: kPayloadUnreadable), else memcpy.
+using PieceCopy = bool (*)(void* dst, const void* src, size_t n);
 Expected<size_t, EncodeError> EncodePacketGathered(const PacketSpec& spec,
                                                    std::span<const std::span<const uint8_t>> pieces,
-                                                   std::span<uint8_t> out);
+                                                   std::span<uint8_t> out, PieceCopy copy = nullptr);
 
 }  // namespace uroce::wire
