@@ -16,7 +16,10 @@
 namespace {
 
 // The runfiles copy of a library this test depends on (Bazel's working directory is the runfiles root).
-std::string Library(const char* name) { return std::string(getcwd(nullptr, 0)) + "/verbs_api/" + name; }
+std::string Library(const char* name) {
+  char cwd[4096];
+  return std::string(getcwd(cwd, sizeof cwd) ? cwd : ".") + "/verbs_api/" + name;
+}
 
 TEST(Unload, LibrariesWithRunningThreadsStayMappedAfterDlclose) {
   // libibverbs first: librdmacm's NEEDED libibverbs.so.1 is then this copy (matched by its soname).
@@ -28,10 +31,16 @@ TEST(Unload, LibrariesWithRunningThreadsStayMappedAfterDlclose) {
   auto open_device = reinterpret_cast<decltype(&ibv_open_device)>(dlsym(verbs, "ibv_open_device"));
   auto create_channel = reinterpret_cast<decltype(&rdma_create_event_channel)>(dlsym(cm, "rdma_create_event_channel"));
   auto create_id = reinterpret_cast<decltype(&rdma_create_id)>(dlsym(cm, "rdma_create_id"));
-  ASSERT_TRUE(get_list && open_device && create_channel && create_id);
+  auto destroy_id = reinterpret_cast<decltype(&rdma_destroy_id)>(dlsym(cm, "rdma_destroy_id"));
+  auto destroy_channel =
+      reinterpret_cast<decltype(&rdma_destroy_event_channel)>(dlsym(cm, "rdma_destroy_event_channel"));
+  auto close_device = reinterpret_cast<decltype(&ibv_close_device)>(dlsym(verbs, "ibv_close_device"));
+  auto free_list = reinterpret_cast<decltype(&ibv_free_device_list)>(dlsym(verbs, "ibv_free_device_list"));
+  ASSERT_TRUE(get_list && open_device && create_channel && create_id && destroy_id && destroy_channel &&
+              close_device && free_list);
   ibv_device** list = get_list(nullptr);
   ASSERT_NE(list, nullptr);
-  ibv_context* ctx = open_device(list[0]);  // starts the engine's progress thread; left open on purpose
+  ibv_context* ctx = open_device(list[0]);  // starts the engine's progress thread, open across the dlclose
   ASSERT_NE(ctx, nullptr);
   rdma_event_channel* channel = create_channel();  // librdmacm's device and its peer watch
   ASSERT_NE(channel, nullptr);
@@ -47,6 +56,11 @@ TEST(Unload, LibrariesWithRunningThreadsStayMappedAfterDlclose) {
   }
   // The threads run on meanwhile; unmapped, the first of them to wake would have crashed the test.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Still mapped, the functions still work: the objects go the usual way.
+  EXPECT_EQ(destroy_id(id), 0);
+  destroy_channel(channel);
+  EXPECT_EQ(close_device(ctx), 0);
+  free_list(list);
 }
 
 }  // namespace
