@@ -437,9 +437,31 @@ void ConnectionManager::OnPeerGone(const wire::IpAddress& peer) {
       if (c == nullptr) continue;
       // What the dead peer's kernel would have sent when it destroyed its end (cm_destroy_id), handled as received.
       switch (c->state) {
-        case CmState::kEstablished:
         case CmState::kRepSent:
         case CmState::kMraRepRcvd: {
+          // It had our REP (REP_RCVD; or not yet: REQ_SENT, whose REJ "timeout" ends the same way): a REJ of the
+          // REP. A DREQ here would end a connection the application never saw established.
+          wire::CmRej rej;
+          rej.local_comm_id = c->remote_comm_id;
+          rej.remote_comm_id = c->id;
+          rej.message_rejected = wire::CmMessageRef::kRep;
+          rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined);
+          HandleLocked(peer, 0, rej, w);
+          break;
+        }
+        case CmState::kReqRcvd:
+        case CmState::kMraReqSent: {
+          // It died in REQ_SENT: cm_destroy_id's REJ "timeout", naming its comm ID and CA GUID (in the ARI).
+          wire::CmRej rej;
+          rej.local_comm_id = c->remote_comm_id;
+          rej.message_rejected = wire::CmMessageRef::kOther;
+          rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kTimeout);
+          wire::StoreBe64(rej.ari.data(), c->remote_ca_guid);
+          rej.reject_info_length = 8;
+          HandleLocked(peer, 0, rej, w);
+          break;
+        }
+        case CmState::kEstablished: {
           wire::CmDreq dreq;
           dreq.local_comm_id = c->remote_comm_id;
           dreq.remote_comm_id = c->id;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -155,9 +156,14 @@ Lib* GetLib() {
   }
   lib->cm->SetSink(&g_sink);
   // Without the watch, connections with a killed process on this host would end only by timeouts; the library
-  // works without it.
+  // works without it, and says so.
   emu::ConnectionManager* cm = lib->cm;
-  lib->peers.Start(lib->address, [cm](const wire::IpAddress& peer) { cm->OnPeerGone(peer); });
+  if (const int err = lib->peers.Start(lib->address, [cm](const wire::IpAddress& peer) { cm->OnPeerGone(peer); })) {
+    std::fprintf(stderr,
+                 "uroce: librdmacm: cannot announce device %s on this host (%s): its peers here will see its exit "
+                 "only by timeouts\n",
+                 lib->address.ToString().c_str(), std::strerror(err));
+  }
   g_lib = lib;
   return lib;
 }

@@ -1,5 +1,6 @@
 #include "rdmacm/peer_watch.h"
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -8,14 +9,18 @@
 
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "rdmacm/abstract_names.h"
 
 namespace uroce::rdmacm {
 namespace {
 
-sockaddr_un NameOf(const wire::IpAddress& device, socklen_t* len) {
-  const std::string name = "uroce/cm/v1/device/" + device.ToString();
+std::string PrefixOf(const wire::IpAddress& device) { return "uroce/cm/v1/device/" + device.ToString() + "/"; }
+
+sockaddr_un AbstractAddress(const std::string& name, socklen_t* len) {
   sockaddr_un sun{};
   sun.sun_family = AF_UNIX;
   const size_t n = std::min(name.size(), sizeof(sun.sun_path) - 1);
@@ -24,22 +29,72 @@ sockaddr_un NameOf(const wire::IpAddress& device, socklen_t* len) {
   return sun;
 }
 
+// A connected socket to the announcement `name` if its holder is a trusted user (SO_PEERCRED: the user that listened);
+// -1 otherwise.
+int ConnectTrusted(const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  socklen_t len;
+  sockaddr_un sun = AbstractAddress(name, &len);
+  ucred holder{};
+  socklen_t holder_len = sizeof holder;
+  // ECONNREFUSED: gone since it was listed; EAGAIN: its queue is full. Either way not watched.
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sun), len) != 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &holder, &holder_len) != 0 || !TrustedUser(holder.uid)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether `peer` is an address of this network namespace whose RoCE port no socket holds: a device that was there
+// (it sent us a request) and is not any more. Binding the port for a moment asks the kernel both at once.
+bool LocalAndUnheld(const wire::IpAddress& peer) {
+  sockaddr_storage sa{};
+  socklen_t len;
+  if (peer.is_v4()) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&sa);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(wire::kRoceV2UdpPort);
+    in->sin_addr.s_addr = htonl(peer.v4());
+    len = sizeof *in;
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&sa);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(wire::kRoceV2UdpPort);
+    std::memcpy(&in6->sin6_addr, peer.bytes().data(), 16);
+    len = sizeof *in6;
+  }
+  const int fd = socket(sa.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool unheld = bind(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0;  // EADDRNOTAVAIL: not ours; EADDRINUSE: held
+  close(fd);
+  return unheld;
+}
+
 }  // namespace
 
 int PeerWatch::Start(const wire::IpAddress& self, std::function<void(const wire::IpAddress&)> on_gone) {
   self_ = self;
   on_gone_ = std::move(on_gone);
-  announce_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (announce_fd_ < 0) return errno;
-  socklen_t len;
-  sockaddr_un sun = NameOf(self, &len);
-  // Watchers connect and are never accepted: the backlog only bounds how many may wait in the queue.
-  if (bind(announce_fd_, reinterpret_cast<sockaddr*>(&sun), len) != 0 || listen(announce_fd_, SOMAXCONN) != 0)
-    return errno;
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return errno;
   thread_ = std::thread([this] { Run(); });
   thread_.detach();  // lives as long as the process: the library is never unloaded
+  announce_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (announce_fd_ < 0) return errno;
+  std::random_device random;
+  char suffix[20];
+  std::snprintf(suffix, sizeof suffix, "%08x%08x", random(), random());
+  socklen_t len;
+  sockaddr_un sun = AbstractAddress(PrefixOf(self) + suffix, &len);
+  // Watchers connect and are never accepted: the backlog only bounds how many may wait in the queue.
+  if (bind(announce_fd_, reinterpret_cast<sockaddr*>(&sun), len) != 0 || listen(announce_fd_, SOMAXCONN) != 0) {
+    const int err = errno;
+    close(announce_fd_);
+    announce_fd_ = -1;
+    return err;
+  }
   return 0;
 }
 
@@ -47,15 +102,18 @@ void PeerWatch::Watch(const wire::IpAddress& peer) {
   if (peer == self_ || wake_fd_ < 0) return;
   std::lock_guard lock(mu_);
   if (watched_.count(peer)) return;
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return;
-  socklen_t len;
-  sockaddr_un sun = NameOf(peer, &len);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sun), len) != 0) {
-    close(fd);  // not a uroce device of this host (ECONNREFUSED), or its queue is full (EAGAIN): not watched
-    return;
+  const std::vector<AbstractName> names = AbstractNamesWithPrefix(PrefixOf(peer));
+  int fd = -1;
+  for (const AbstractName& n : names) {
+    if (Trusted(n) && (fd = ConnectTrusted(n.name)) >= 0) break;
   }
-  watched_[peer] = fd;
+  if (fd >= 0) {
+    watched_[peer] = fd;
+  } else if (names.empty() && LocalAndUnheld(peer)) {
+    found_dead_.push_back(peer);
+  } else {
+    return;  // not a uroce device of this host (or only a stranger's name): its own kernel speaks for it
+  }
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof one);
 }
@@ -64,13 +122,17 @@ void PeerWatch::Run() {
   for (;;) {
     std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
     std::vector<wire::IpAddress> peers{wire::IpAddress()};
+    std::vector<wire::IpAddress> dead;
     {
       std::lock_guard lock(mu_);
+      dead.swap(found_dead_);
       for (const auto& [peer, fd] : watched_) {
         fds.push_back({fd, POLLRDHUP, 0});
         peers.push_back(peer);
       }
     }
+    for (const wire::IpAddress& peer : dead) on_gone_(peer);
+    if (!dead.empty()) continue;  // the list may have changed meanwhile
     if (poll(fds.data(), fds.size(), -1) < 0) continue;
     if (fds[0].revents) {
       uint64_t v;

@@ -8,9 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
+
+#include "rdmacm/abstract_names.h"
 
 namespace uroce::rdmacm {
 namespace {
@@ -110,15 +111,12 @@ void PortBinding::Release() {
 }
 
 std::optional<PortOwner> FindPortOwnerWithTag(uint16_t ps, uint16_t port) {
-  // /proc/net/unix lists abstract names as "@name" in the last column.
-  std::ifstream in("/proc/net/unix");
-  const std::string want = "@" + Prefix(ps, port) + "@";
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t at = line.find(want);
-    if (at == std::string::npos) continue;
-    std::string addr = line.substr(at + want.size());
-    while (!addr.empty() && (addr.back() == '\n' || addr.back() == ' ' || addr.back() == '\r')) addr.pop_back();
+  // Only a name held by a trusted user (abstract_names.h): anyone may bind "<prefix>@<address>" to send diallers
+  // somewhere else, but not as this user.
+  const std::string want = Prefix(ps, port) + "@";
+  for (const AbstractName& n : AbstractNamesWithPrefix(want)) {
+    if (!Trusted(n)) continue;
+    std::string addr = n.name.substr(want.size());
     PortOwner owner;
     if (const size_t hash = addr.find('#'); hash != std::string::npos) {
       owner.tag = uint32_t(std::strtoul(addr.c_str() + hash + 1, nullptr, 10));
@@ -138,7 +136,7 @@ PortOwnerProbe::~PortOwnerProbe() {
 
 bool PortOwnerProbe::StillPublished(uint16_t ps, uint16_t port, const PortOwner& owner) {
   if (fd_ < 0) fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) return false;  // the caller reads /proc/net/unix instead
+  if (fd_ < 0) return false;  // the caller lists the names instead
   sockaddr_un sun;
   const socklen_t len = AbstractAddress(PublishedName(ps, port, owner.device, owner.tag), &sun);
   // A datagram socket's connect(2) only names its peer: it fails with ECONNREFUSED where nobody holds the name.

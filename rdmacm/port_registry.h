@@ -5,8 +5,9 @@
 //
 // Two names per binding: `uroce/cm/v1/<ps>/<port>` makes it exclusive (rdma_bind_addr); `uroce/cm/v1/<ps>/<port>@<device
 // address>`, added by rdma_listen, tells a dialler on this host which uroce device listens there (it reads the names
-// from /proc/net/unix), because every process owns its own device address (127.0.0.N) and the address dialled
-// (127.0.0.1, 0.0.0.0) does not say which.
+// from the kernel's list of UNIX sockets), because every process owns its own device address (127.0.0.N) and the
+// address dialled (127.0.0.1, 0.0.0.0) does not say which. Names held by users we do not trust are passed over
+// (abstract_names.h): a stranger cannot send our diallers elsewhere.
 #pragma once
 
 #include <cstdint>
@@ -54,7 +55,7 @@ struct PortOwner {
 std::optional<wire::IpAddress> FindPortOwner(uint16_t port_space, uint16_t port);
 std::optional<PortOwner> FindPortOwnerWithTag(uint16_t port_space, uint16_t port);
 
-// Whether what FindPortOwnerWithTag found for (ps, port) still stands, without its reading of /proc/net/unix (~40 us
+// Whether what FindPortOwnerWithTag found for (ps, port) still stands, without its listing of the host's UNIX sockets (~40 us
 // on a host with a few hundred sockets: once per datagram, that was most of a datagram rsocket's send). The name the
 // owner published holds its device and tag, so while that name exists, what is addressed to them reaches the port's
 // holder; once it is gone, ask FindPortOwnerWithTag again. One system call.

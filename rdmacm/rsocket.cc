@@ -672,7 +672,7 @@ int DgramBind(RSocket* rs, uint16_t port) {
 }
 
 // Who holds datagram port `port` on this host: the owner looked up before while the name it published stands (one
-// system call), else the registry's answer (a scan of /proc/net/unix).
+// system call), else the registry's answer (a listing of the host's UNIX sockets).
 std::optional<uroce::rdmacm::PortOwner> OwnerOf(RSocket* rs, uint16_t port) {
   if (auto it = rs->owners.find(port); it != rs->owners.end()) {
     if (rs->owner_probe.StillPublished(kDgramPortSpace, port, it->second)) return it->second;

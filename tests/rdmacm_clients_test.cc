@@ -6,15 +6,26 @@
 // A server is "listening" once its (port space, port) is published in the registry; every pair uses a port picked
 // free at run time, so tests run in parallel.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstring>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <random>
 #include <regex>
 #include <string>
 #include <thread>
@@ -632,6 +643,172 @@ TEST_F(RdmaCmClientsTest, KilledClientLeavesServerDisconnected) {
   const ProcessResult s = server.Wait(seconds(90));
   EXPECT_FALSE(s.timed_out) << s.Describe();
   EXPECT_NE(s.output.find("DISCONNECT EVENT"), std::string::npos) << s.Describe();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Careless and hostile processes on the same host.
+// ---------------------------------------------------------------------------------------------------------------
+
+// A client killed between its REQ and its RTU (a program killed a few ms into the handshake): its kernel would have
+// sent a REJ for it, and rping's server ends on the REJECTED event instead of waiting for ever. It printed
+// DISCONNECT without ESTABLISHED and hung in 3 runs of 6 when the dead peer was taken for an established one.
+TEST_F(RdmaCmClientsTest, AClientKilledBeforeItsRtuEndsTheServerWithAnEvent) {
+  const std::string rping = Program("rping");
+  const std::string quitter = RunfilesPath("tests/cm_quitter");
+  ASSERT_FALSE(quitter.empty()) << "tests/cm_quitter is not in the runfiles";
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string p = std::to_string(port);
+  Process server = Process::Start({rping, "-s", "-a", "127.0.0.1", "-v", "-d", "-p", p}, env_);
+  ASSERT_TRUE(WaitListening(kTcp, port, server)) << server.Kill().Describe();
+  const ProcessResult q = RunProcess({quitter, "127.0.0.1", p}, env_, seconds(30));
+  EXPECT_EQ(q.term_signal, SIGKILL) << q.Describe();
+  EXPECT_NE(q.output.find("REQ sent"), std::string::npos) << q.Describe();
+  const ProcessResult s = server.Wait(seconds(30));  // the REP's retries alone would take about a minute
+  EXPECT_FALSE(s.timed_out) << s.Describe();
+  EXPECT_NE(s.exit_code, 0) << s.Describe();
+  EXPECT_TRUE(HasLine(s.output, R"(cma event RDMA_CM_EVENT_REJECTED, error \d+)")) << s.Describe();
+  EXPECT_EQ(s.output.find("ESTABLISHED"), std::string::npos) << s.Describe();
+}
+
+// Another user's process holding abstract names uroce uses (bound as nobody, in a child of the test). Root only, out
+// of Bazel's sandbox (//tests:rdmacm_strangers_test): elsewhere the test cannot become another user, and skips.
+class Squatter {
+ public:
+  // Binds each of `names` (abstract, SOCK_SEQPACKET listeners for device announcements, datagram sockets for
+  // the port registry) as user nobody: 0, kNotAnotherUser when the child cannot become nobody (not root, or a user
+  // namespace that maps root alone, as Bazel's sandbox: the target runs "local"), -1 on any other failure.
+  static constexpr int kNotAnotherUser = 2;
+  int Start(const std::vector<std::string>& seqpacket_names, const std::vector<std::string>& dgram_names) {
+    int ready[2], release[2];
+    // Close-on-exec: the programs the test starts later must not hold the release pipe open (the stranger would
+    // then outlive its Stop).
+    if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(release, O_CLOEXEC) != 0) return -1;
+    pid_ = fork();
+    if (pid_ < 0) return -1;
+    if (pid_ == 0) {  // only system calls from here on: the test's threads are not in this process
+      close(ready[0]);
+      close(release[1]);
+      char ok = 1;
+      if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) ok = kNotAnotherUser;
+      auto bind_all = [&](const std::vector<std::string>& names, int type) {
+        for (const std::string& name : names) {
+          const int fd = socket(AF_UNIX, type, 0);
+          sockaddr_un sun{};
+          sun.sun_family = AF_UNIX;
+          std::memcpy(sun.sun_path + 1, name.data(), std::min(name.size(), sizeof sun.sun_path - 1));
+          const socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+          if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sun), len) != 0 ||
+              (type == SOCK_SEQPACKET && listen(fd, 16) != 0))
+            ok = 0;
+        }
+      };
+      if (ok == 1) bind_all(seqpacket_names, SOCK_SEQPACKET);
+      if (ok == 1) bind_all(dgram_names, SOCK_DGRAM);
+      (void)!write(ready[1], &ok, 1);
+      char c;
+      while (read(release[0], &c, 1) > 0) {
+      }
+      _exit(0);  // its sockets close with it
+    }
+    close(ready[1]);
+    close(release[0]);
+    release_fd_ = release[1];
+    char ok = 0;
+    const bool got = read(ready[0], &ok, 1) == 1;
+    close(ready[0]);
+    return !got ? -1 : ok == 1 ? 0 : ok == kNotAnotherUser ? kNotAnotherUser : -1;
+  }
+  // Lets it exit (closing its names) and reaps it.
+  void Stop() {
+    if (release_fd_ >= 0) close(release_fd_);
+    release_fd_ = -1;
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  ~Squatter() { Stop(); }
+
+ private:
+  pid_t pid_ = -1;
+  int release_fd_ = -1;
+};
+
+// A 127/8 address whose RoCE port nobody holds now, for a device the test must name before it starts.
+std::string FreeLoopbackDeviceAddress() {
+  std::random_device random;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const uint32_t host = 0x7f000000u | (100u + random() % 100u) << 16 | (random() % 250u + 1) << 8 | (random() % 250u + 1);
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_port = htons(4791);
+    in.sin_addr.s_addr = htonl(host);
+    const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    const bool free = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0;
+    if (fd >= 0) close(fd);
+    if (free) {
+      char text[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &in.sin_addr, text, sizeof text);
+      return text;
+    }
+  }
+  return "";
+}
+
+// Another user takes the device announcement names of a server before it starts, then exits mid-run: the client
+// must not take the stranger's socket for the server's (it was disconnected when the stranger exited), and the
+// server's own announcement must still be made.
+TEST_F(RdmaCmClientsTest, AStrangerHoldingTheServersAnnouncementNamesCannotEndItsConnections) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the stranger as another user";
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  const std::string address = FreeLoopbackDeviceAddress();
+  ASSERT_FALSE(address.empty());
+  const std::string announce = "uroce/cm/v1/device/" + address;
+  Squatter stranger;
+  const int started = stranger.Start({announce, announce + "/0", announce + "/ffffffffffffffff"}, {});
+  if (started == Squatter::kNotAnotherUser) GTEST_SKIP() << "cannot become another user here";
+  ASSERT_EQ(started, 0) << "could not bind the names as nobody";
+  const std::string p = std::to_string(port);
+  EnvOverrides server_env = env_;
+  server_env.emplace_back("UROCE_ADDR", address);
+  Process server = Process::Start({"/usr/bin/stdbuf", "-oL", rping, "-s", "-a", "127.0.0.1", "-v", "-p", p}, server_env);
+  ASSERT_TRUE(WaitListening(kTcp, port, server)) << server.Kill().Describe();
+  Process client = Process::Start(
+      {"/usr/bin/stdbuf", "-oL", rping, "-c", "-a", "127.0.0.1", "-C", "3000", "-v", "-V", "-p", p}, env_);
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (CountMatching(client.OutputSoFar(), std::regex(R"(ping data: .*)")) < 20 &&
+         std::chrono::steady_clock::now() < deadline && !client.Exited())
+    std::this_thread::sleep_for(milliseconds(20));
+  stranger.Stop();  // its sockets close mid-run
+  const ProcessResult c = client.Wait(kPairTimeout);
+  const ProcessResult s = server.Wait(seconds(30));
+  EXPECT_TRUE(c.Succeeded()) << c.Describe();
+  ExpectRpingClient(c, 3000);
+  EXPECT_TRUE(s.Succeeded()) << s.Describe();
+  EXPECT_EQ(s.output.find("cannot announce"), std::string::npos) << s.Describe();
+}
+
+// Another user publishes port-registry entries for the server's port, naming devices that do not exist, before the
+// server listens: a client must find the real server (it got UNREACHABLE when it believed the first entry).
+TEST_F(RdmaCmClientsTest, AStrangersPortRegistryEntriesAreNotBelieved) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the stranger as another user";
+  const std::string rping = Program("rping");
+  const int port = Port();
+  if (rping.empty() || port <= 0) return;
+  char prefix[48];
+  std::snprintf(prefix, sizeof prefix, "uroce/cm/v1/%04x/%d@", kTcp, port);
+  std::vector<std::string> fakes;
+  for (int i = 1; i <= 32; ++i) fakes.push_back(prefix + std::string("127.1.") + std::to_string(i) + ".77");
+  Squatter stranger;
+  const int started = stranger.Start({}, fakes);
+  if (started == Squatter::kNotAnotherUser) GTEST_SKIP() << "cannot become another user here";
+  ASSERT_EQ(started, 0) << "could not bind the names as nobody";
+  const std::string p = std::to_string(port);
+  PairResult r = RunCmPair({rping, "-s", "-a", "127.0.0.1", "-v", "-p", p},
+                           {rping, "-c", "-a", "127.0.0.1", "-C", "10", "-v", "-V", "-p", p}, kTcp, port);
+  ASSERT_TRUE(r.Succeeded()) << r.Describe();
+  ExpectRpingClient(r.client, 10);
 }
 
 }  // namespace
