@@ -291,6 +291,32 @@ INSTANTIATE_TEST_SUITE_P(
                                      8, 500, 29, 30}),
     RcPerftestName);
 
+// A WRITE forged from the peer's address needs the QP number, the rkey and the address; identical numbers on every
+// run (QPN 0x11, rkey 0x174, as every run of a program once got) make them guessable. As on hardware, they differ from
+// one run of the same program to the next: two runs of ib_write_bw print other QPNs and rkeys.
+TEST_F(RcClientsTest, QpNumbersAndKeysDifferFromRunToRun) {
+  const std::string prog = Program("ib_write_bw");
+  if (prog.empty()) return;
+  std::vector<std::pair<std::string, std::string>> seen;  // (QPN, RKey) of each run's client
+  for (int run = 0; run < 2; ++run) {
+    const int port = Port();
+    ASSERT_GT(port, 0);
+    const std::vector<std::string> args = {prog, "-d", "uroce0", "-x", "0", "-F", "-s", "64", "-n", "100",
+                                           "-p", std::to_string(port)};
+    std::vector<std::string> client_args = args;
+    client_args.push_back("127.0.0.1");
+    const PairResult r = RunPair(args, EnvWithFaults(0), client_args, EnvWithFaults(0), port, kPairTimeout);
+    ASSERT_TRUE(r.Succeeded()) << r.Describe();
+    // " local address: LID 0000 QPN 0x0011 PSN 0x3c2a1b RKey 0x000174 VAddr 0x..."
+    const auto m = MatchLine(r.client.output,
+                             std::regex(R"(\s*local address: LID \S+ QPN (0x[0-9a-f]+) PSN \S+ RKey (0x[0-9a-f]+) .*)"));
+    ASSERT_FALSE(m.empty()) << r.Describe();
+    seen.emplace_back(m[1], m[2]);
+  }
+  EXPECT_NE(seen[0].first, seen[1].first) << "the same QPN in both runs";
+  EXPECT_NE(seen[0].second, seen[1].second) << "the same rkey in both runs";
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // A peer killed with SIGKILL mid-transfer: the survivor's outstanding WR completes with IBV_WC_RETRY_EXC_ERR once
 // retry_cnt retries (7, as every Debian client sets) have timed out (IBTA C9-141), and the program exits with an

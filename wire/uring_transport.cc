@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "wire/bytes.h"
@@ -39,6 +40,11 @@ int OnOwnThread(const std::function<int()>& work) {
   return result;
 }
 
+// liburing maps and unmaps a ring's memory with system calls of its own, so a new ring may get the addresses of one
+// just torn down on another thread, with nothing in between that ThreadSanitizer can see: it would take the new
+// ring's first accesses for races with the old ring's last. Rings are mapped (and initialised) and unmapped holding
+// this lock, which orders the two: a few system calls, never a wait for the kernel's completions.
+std::mutex ring_memory_handover;
 }  // namespace
 
 struct UringTransport::ReceiveSlot {
@@ -80,7 +86,10 @@ int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
   io_uring_params params{};
   params.flags = IORING_SETUP_CQSIZE;
   params.cq_entries = std::max(options_.ring_entries, std::max(options_.receive_buffers, options_.fallback_receives)) * 4;
-  if (int r = io_uring_queue_init_params(options_.ring_entries, receive_ring_.get(), &params); r < 0) return r;
+  {
+    std::lock_guard handover(ring_memory_handover);
+    if (int r = io_uring_queue_init_params(options_.ring_entries, receive_ring_.get(), &params); r < 0) return r;
+  }
   receive_ring_ready_ = true;
   ring_event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -156,7 +165,10 @@ void UringTransport::TearDown() {
   if (receive_ring_ready_) {
     CancelReceives();
     if (buf_ring_registered_) io_uring_unregister_buf_ring(receive_ring_.get(), kBufferGroup);
-    io_uring_queue_exit(receive_ring_.get());
+    {
+      std::lock_guard handover(ring_memory_handover);
+      io_uring_queue_exit(receive_ring_.get());
+    }
     receive_ring_ready_ = false;
   }
   if (fd_ >= 0) close(fd_);
