@@ -36,6 +36,7 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"rx_no_receive_wqe", &DeviceCounters::rx_no_receive_wqe},
     {"rx_out_of_sequence", &DeviceCounters::rx_out_of_sequence},
     {"rx_remote_access_denied", &DeviceCounters::rx_remote_access_denied},
+    {"rx_length_errors", &DeviceCounters::rx_length_errors},
     {"rx_cnp", &DeviceCounters::rx_cnp},
     {"tx_cnp", &DeviceCounters::tx_cnp},
     {"unreliable_sends_held", &DeviceCounters::unreliable_sends_held},

@@ -115,6 +115,7 @@ struct DeviceCounters {
   uint64_t rx_no_receive_wqe = 0;   // UD/UC: dropped for want of a posted receive
   uint64_t rx_out_of_sequence = 0;  // past the expected PSN: RC NAKs the gap once (9.7.5.1.1), UC drops the message
   uint64_t rx_remote_access_denied = 0;
+  uint64_t rx_length_errors = 0;  // RC/UC payload not PMTU-sized for its place in the message (MTUs disagree)
   uint64_t rx_cnp = 0;
   uint64_t tx_cnp = 0;                 // CNPs sent: this device's queue was filling with a peer's UC/UD datagrams
   uint64_t unreliable_sends_held = 0;  // UC/UD sends that waited for a pause a peer's CNP asked for

@@ -466,14 +466,18 @@ void RcRequester::Fail(size_t index, WcStatus status) {
   RcRequesterState& r = state_;
   // Everything before `index` has been sent (the cursor is past it): it completes before the failure.
   for (size_t i = 0; i < index && i < r.sq.size(); ++i) r.sq[i].state = WqeState::kDone;
-  if (index < r.sq.size()) {
-    // A WQE that failed before it started (a bad lkey, a length above max_msg_sz) is completed with its status by
-    // the flush below, in order.
-    if (r.sq[index].started()) r.sq[index].state = WqeState::kDone;
-    r.sq[index].status = status;
+  if (index < r.sq.size()) r.sq[index].status = status;
+  // Completed in order up to the failed WQE (one that failed before it started, a bad lkey or a length above
+  // max_msg_sz, with its status too). The error moves the QP to the error state and what is left is flushed (IBTA
+  // 10.8.3.3 / 11.6.2), even a WQE the responder has acknowledged meanwhile: its success cannot be reported behind
+  // an error -- the acknowledgement may be for a request the responder took for a duplicate and never executed.
+  for (size_t i = 0; i <= index && !r.sq.empty(); ++i) {
+    SendWqe w = std::move(r.sq.front());
+    r.sq.pop_front();
+    core_.CompleteSend(qp_, w.wr, w.status);
   }
-  CompleteInOrder();
-  // A requester error moves the QP to the error state; what is left is flushed (IBTA 10.8.3.3 / 11.6.2).
+  r.cursor_wqe = 0;
+  r.cursor_pkt = 0;
   core_.EnterError(qp_);
 }
 

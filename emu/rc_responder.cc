@@ -197,6 +197,13 @@ void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
       rnr_nak();
       return;
     }
+    if (!wire::PayloadFitsPathMtu(pos, p.payload.size(), mtu)) {
+      // The requester cuts messages at another path MTU than ours: taking the packet would let the two ends count
+      // different PSNs for what follows, and later requests would be taken for duplicates and dropped unexecuted.
+      core_.Count(&DeviceCounters::rx_length_errors);
+      FatalNak(wire::NakCode::kInvalidRequest, out);
+      return;
+    }
     if (starts) {
       m = InboundMessage{};
       m.kind = kind;

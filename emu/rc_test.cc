@@ -1295,6 +1295,65 @@ TEST(RcHostile, AccessesToARegionUnmappedSinceItsRegistrationAreRemoteAccessErro
   }
 }
 
+// Two ends given different path MTUs (a program's mistake, or two hosts' defaults) cut and count messages
+// differently: a packet of another size than the responder's PMTU is an invalid request, and a WRITE the responder
+// skipped as a "duplicate" (a READ consumed more PSNs on its side than on ours) must never complete with success.
+// Each WRITE that completes successfully has its bytes at the target, whichever end has the larger MTU.
+TEST(RcHostile, PathMtusThatDisagreeFailRequestsAndNeverReportAnUnexecutedWrite) {
+  for (const auto& [mtu_a, mtu_b] : {std::pair{Mtu::k4096, Mtu::k1024}, std::pair{Mtu::k1024, Mtu::k4096}}) {
+    SCOPED_TRACE(MtuBytes(mtu_a));
+    for (bool read_first : {false, true}) {
+      SCOPED_TRACE(read_first ? "READ then WRITEs" : "WRITEs");
+      testing::Fabric fabric;
+      testing::Node& a = fabric.AddNode(mtu_a);
+      testing::Node& b = fabric.AddNode(mtu_b);
+      ProtectionDomain* pa = a.device->AllocPd();
+      ProtectionDomain* pb = b.device->AllocPd();
+      CompletionQueue *ca = nullptr, *cb = nullptr;
+      ASSERT_EQ(a.device->CreateCq(64, &ca), 0);
+      ASSERT_EQ(b.device->CreateCq(64, &cb), 0);
+      QpInitAttributes init;
+      init.type = QpType::kRc;
+      init.cap = {16, 16, 1, 1, 0};
+      init.pd = pa;
+      init.send_cq = init.recv_cq = ca;
+      QueuePair *qa = nullptr, *qb = nullptr;
+      ASSERT_EQ(a.device->CreateQp(init, &qa), 0);
+      init.pd = pb;
+      init.send_cq = init.recv_cq = cb;
+      ASSERT_EQ(b.device->CreateQp(init, &qb), 0);
+      ConnectRc(*a.device, qa, *b.device, qb->qpn(), Attrs());
+      ConnectRc(*b.device, qb, *a.device, qa->qpn(), Attrs());
+      Buffer src = testing::Register(*a.device, pa, 64 * 1024, kMrAll);
+      Buffer dst = testing::Register(*b.device, pb, 64 * 1024, kMrAll);
+      for (size_t i = 0; i < src.bytes.size(); ++i) src.bytes[i] = uint8_t(i * 7 + 1);
+      uint64_t id = 1;
+      if (read_first)
+        ASSERT_EQ(a.device->PostSend(qa, Rdma(id++, SendOpcode::kRdmaRead, {src.At(60000, 3000)}, dst.mr.iova,
+                                              dst.mr.rkey)),
+                  0);
+      // Writes of one, three and ten packets (at the smaller MTU), each to its own place.
+      const std::vector<std::pair<uint64_t, uint32_t>> writes = {{0, 8}, {1000, 3000}, {8000, 10000}};
+      for (const auto& [off, len] : writes)
+        ASSERT_EQ(a.device->PostSend(qa, Rdma(id++, SendOpcode::kRdmaWrite, {src.At(off, len)}, dst.mr.iova + off,
+                                              dst.mr.rkey)),
+                  0);
+      fabric.Pump();
+      const auto wcs = Drain(ca);
+      ASSERT_EQ(wcs.size(), id - 1);
+      // The READ, or the first WRITE of more than one packet at the smaller MTU, meets the other MTU.
+      EXPECT_NE(wcs[read_first ? 0 : 1].status, WcStatus::kSuccess);
+      for (const Completion& c : wcs) {
+        if (c.status != WcStatus::kSuccess || c.opcode != WcOpcode::kRdmaWrite) continue;
+        const auto& [off, len] = writes[c.wr_id - (read_first ? 2 : 1)];
+        EXPECT_TRUE(std::equal(src.bytes.begin() + off, src.bytes.begin() + off + len, dst.bytes.begin() + off))
+            << "WRITE " << c.wr_id << " completed with success but its bytes are not at the target";
+      }
+      EXPECT_EQ(qa->state(), QpState::kErr);
+    }
+  }
+}
+
 // --- held ACKs (Device::AckTiming::kHeld) ----------------------------------------------------------------------------
 
 // Steps the fabric until `n` has received `packets` datagrams; returns the clock then.

@@ -95,6 +95,15 @@ void UcTransport::Receive(const wire::PacketView& p) {
     return;  // rest of a message we are not assembling
   }
   const bool is_send = p.info->op == wire::Operation::kSend;
+  if (!wire::PayloadFitsPathMtu(pos, p.payload.size(), MtuBytes(a.path_mtu))) {
+    // Cut at another path MTU than ours: the message is dropped, as any UC message the responder cannot take
+    // (9.7.6.1.5), and the receiver waits for the next FIRST or ONLY.
+    core_.Count(&DeviceCounters::rx_length_errors);
+    if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
+    m = InboundMessage{};
+    m.dropping = true;
+    return;
+  }
   if (starts) {
     if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
     m = InboundMessage{};

@@ -253,9 +253,10 @@ struct UcPair {
   CompletionQueue *ca, *cb;
   QueuePair *qa, *qb;
 
-  explicit UcPair(Mtu mtu = Mtu::k1024) {
-    a = &fabric.AddNode(mtu);
-    b = &fabric.AddNode(mtu);
+  explicit UcPair(Mtu mtu = Mtu::k1024) : UcPair(mtu, mtu) {}
+  UcPair(Mtu mtu_a, Mtu mtu_b) {
+    a = &fabric.AddNode(mtu_a);
+    b = &fabric.AddNode(mtu_b);
     pa = a->device->AllocPd();
     pb = b->device->AllocPd();
     EXPECT_EQ(a->device->CreateCq(256, &ca), 0);
@@ -287,6 +288,30 @@ TEST(Uc, SendSegmentsByPathMtuAndReassembles) {
   EXPECT_EQ(c[0].status, WcStatus::kSuccess);
   EXPECT_EQ(c[0].byte_len, 65536u);
   EXPECT_EQ(src.bytes, dst.bytes);
+}
+
+// A sender whose path MTU is not the receiver's cuts messages into packets of another size: the receiver drops
+// such a message (UC cannot NAK) and counts it, and the receive WQE waits for the next message that fits.
+TEST(Uc, AMessageCutAtAnotherPathMtuIsDroppedAndItsReceiveReused) {
+  UcPair t(Mtu::k4096, Mtu::k1024);
+  Buffer src = testing::Register(*t.a->device, t.pa, 8192, kLocalAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 8192, kLocalAll);
+  Fill(src, 5);
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 8192)}}), 0);
+  for (uint32_t len : {3000u, 512u}) {  // one 3000-byte packet (too big at 1024), then one that fits
+    SendWr wr;
+    wr.wr_id = len;
+    wr.opcode = SendOpcode::kSend;
+    wr.flags = send_flags::kSignaled;
+    wr.sg_list = {src.At(0, len)};
+    ASSERT_EQ(t.a->device->PostSend(t.qa, std::move(wr)), 0);
+  }
+  t.fabric.Pump();
+  auto c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].byte_len, 512u);
+  EXPECT_EQ(t.b->device->counters().rx_length_errors, 1u);
 }
 
 // A real peer (kernel rxe, a NIC) sends IPv4 datagrams with changing IDs, which a UDP socket does not report

@@ -268,6 +268,16 @@ MsgPosition PositionInMessage(uint64_t k, uint64_t packets) {
   return first && last ? P::kOnly : first ? P::kFirst : last ? P::kLast : P::kMiddle;
 }
 
+bool PayloadFitsPathMtu(MsgPosition position, size_t payload, uint32_t pmtu) {
+  switch (position) {
+    case P::kOnly: return payload <= pmtu;
+    case P::kFirst:
+    case P::kMiddle: return payload == pmtu;
+    case P::kLast: return payload >= 1 && payload <= pmtu;
+  }
+  return false;
+}
+
 std::optional<uint8_t> MessageOpcode(TransportKind transport, Operation op, MsgPosition position, bool immediate,
                                      bool invalidate) {
   // ImmDt and IETH ride on a message's last packet only (IBTA 9.2: they follow the BTH of *_LAST and *_ONLY).

@@ -87,6 +87,11 @@ const OpcodeInfo* FindOpcode(uint8_t code);
 std::span<const OpcodeInfo> AllOpcodes();
 // Where packet `k` (from 0) of a message of `packets` packets sits (a message of 0 bytes is one packet).
 MsgPosition PositionInMessage(uint64_t k, uint64_t packets);
+// Whether a packet at `position` may carry `payload` bytes at path MTU `pmtu` (IBTA 9.7.4.1.4 / 9.8.3: a message is
+// cut into PMTU-sized packets): FIRST and MIDDLE exactly the PMTU, LAST from 1 byte to the PMTU, ONLY up to it. A
+// packet that does not is an invalid request at an RC responder and ends a UC message: the two ends disagree on the
+// path MTU, and taking it would shift the PSNs each end counts for what follows.
+bool PayloadFitsPathMtu(MsgPosition position, size_t payload, uint32_t pmtu);
 // The opcode of the packet at `position` in a message of `op` on `transport`, its last (or only) packet carrying
 // immediate data or an IETH as asked (ignored for FIRST and MIDDLE packets): the table's entry, looked up in a
 // compile-time index. nullopt when the transport does not define it (UC has no READ, UD no WRITE, nothing has both
