@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -145,6 +146,26 @@ int FreeTcpPort() {
   }
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+std::string FreeLoopbackDeviceAddress() {
+  std::random_device random;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const uint32_t host = 0x7f000000u | (100u + random() % 100u) << 16 | (random() % 250u + 1) << 8 | (random() % 250u + 1);
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_port = htons(4791);
+    in.sin_addr.s_addr = htonl(host);
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    const bool free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0;
+    if (fd >= 0) ::close(fd);
+    if (free) {
+      char text[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &in.sin_addr, text, sizeof text);
+      return text;
+    }
+  }
+  return "";
 }
 
 bool TcpTableListens(const std::string& table, int port) {

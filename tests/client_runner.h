@@ -40,6 +40,11 @@ std::string FindProgram(const std::string& program);
 // Returns -errno when no socket could be bound.
 int FreeTcpPort();
 
+// A 127/8 address (in 127.100.0.0-127.199.255.255, away from the automatic choices of 127.0.x.y) whose RoCE port
+// nobody held a moment ago: for a device a test must name before it starts (UROCE_ADDR). Empty when 100 random
+// tries found none.
+std::string FreeLoopbackDeviceAddress();
+
 // Whether some socket on this host is in the LISTEN state on TCP `port` (IPv4 or IPv6), read from /proc/net/tcp and
 // /proc/net/tcp6 (proc(5)). Reading the table, unlike a probe connect(), never consumes the one connection a
 // pingpong server accepts.

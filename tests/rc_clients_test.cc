@@ -38,10 +38,11 @@ std::string Faults(int seed) { return "loss=0.02,reorder=0.02,dup=0.01,seed=" + 
 
 class RcClientsTest : public ClientTest {
  protected:
-  // env_ plus UROCE_FAULTS when `fault_seed` is non-zero.
-  EnvOverrides EnvWithFaults(int fault_seed) const {
+  // env_ plus UROCE_FAULTS when `fault_seed` is non-zero: `mix` (Faults()'s when empty) with that seed.
+  EnvOverrides EnvWithFaults(int fault_seed, const std::string& mix = "") const {
     EnvOverrides env = env_;
-    if (fault_seed != 0) env.emplace_back("UROCE_FAULTS", Faults(fault_seed));
+    if (fault_seed != 0)
+      env.emplace_back("UROCE_FAULTS", mix.empty() ? Faults(fault_seed) : mix + ",seed=" + std::to_string(fault_seed));
     return env;
   }
 };
@@ -410,6 +411,10 @@ struct VerifyCase {
   std::vector<std::string> client_extra;
   int server_fault_seed = 0;
   int client_fault_seed = 0;
+  std::vector<std::string> server_extra = {};
+  std::string fault_mix = "";  // UROCE_FAULTS without the seed; empty: Faults()'s mix
+  uint64_t min_bytes = 0;      // bytes written + read the run must move
+  int timeout_s = 180;
 };
 
 // gtest prints the parameter of a failed test with this (instead of its bytes).
@@ -427,19 +432,21 @@ TEST_P(RdmaVerifyTest, EveryByteMatchesTheModel) {
   ASSERT_GT(port, 0);
   const std::string mtu = "--mtu=" + std::to_string(c.path_mtu);
   const std::string seed = "--seed=" + std::to_string(c.seed);
-  const std::vector<std::string> server_args = {prog, "--role=server", "--port=" + std::to_string(port), seed, mtu};
+  std::vector<std::string> server_args = {prog, "--role=server", "--port=" + std::to_string(port), seed, mtu};
+  server_args.insert(server_args.end(), c.server_extra.begin(), c.server_extra.end());
   std::vector<std::string> client_args = {prog, "--role=client", "--port=" + std::to_string(port), seed, mtu,
                                           "--ops=" + std::to_string(c.ops)};
   client_args.insert(client_args.end(), c.client_extra.begin(), c.client_extra.end());
 
-  const PairResult r = RunPair(server_args, EnvWithFaults(c.server_fault_seed), client_args,
-                                       EnvWithFaults(c.client_fault_seed), port, kPairTimeout);
+  const PairResult r = RunPair(server_args, EnvWithFaults(c.server_fault_seed, c.fault_mix), client_args,
+                               EnvWithFaults(c.client_fault_seed, c.fault_mix), port, seconds(c.timeout_s));
   ASSERT_TRUE(r.Succeeded()) << r.Describe();
   const auto summary = MatchLine(
       r.client.output,
-      std::regex(R"(rdma_verify client: OK ops=([0-9]+) .* mismatches=0 server_mismatched_bytes=0 .*elapsed_ms=([0-9]+)\s*)"));
+      std::regex(R"(rdma_verify client: OK ops=([0-9]+) .* bytes_written=([0-9]+) bytes_read=([0-9]+) mismatches=0 server_mismatched_bytes=0 .*elapsed_ms=([0-9]+)\s*)"));
   ASSERT_FALSE(summary.empty()) << r.Describe();
   EXPECT_EQ(std::stoi(summary[1]), c.ops) << summary[0];
+  EXPECT_GE(std::stoull(summary[2]) + std::stoull(summary[3]), c.min_bytes) << summary[0];
   EXPECT_TRUE(HasLine(r.server.output, R"(rdma_verify server: buffer [0-9]+ bytes, mismatched bytes 0\s*)"))
       << r.Describe();
   std::cout << summary[0] << "\n";
@@ -463,6 +470,59 @@ INSTANTIATE_TEST_SUITE_P(
                       VerifyCase{"Mtu4096Seeds43And44", 2000, 6, 4096, {}, 43, 44},
                       VerifyCase{"FencedSeeds45And46", 2000, 7, 1024, {"--fence"}, 45, 46}),
     VerifyName);
+
+// A gibibyte of WRITEs and READs (up to 4 MiB each, into a 16 MiB region) and atomics, every byte checked, under 5%
+// loss, 2% duplication, 5% reordering and 1% corruption of each side's packets: ~45 s on an idle 2-core machine.
+INSTANTIATE_TEST_SUITE_P(
+    HeavyFaults, RdmaVerifyTest,
+    ::testing::Values(VerifyCase{"GibibyteUnderLossDuplicationReorderingAndCorruption", 30000, 8, 4096,
+                                 {"--max-size=4194304"}, 47, 48, {"--buf-kib=16384"},
+                                 "loss=0.05,dup=0.02,reorder=0.05,corrupt=0.01", uint64_t{1} << 30, 900}),
+    VerifyName);
+
+// Another process of the host throws everything it can at both ends of a running pair, knowing only the QP number the
+// server printed (tests/hostile_flood.cc: random and truncated datagrams, empty and 64 KiB ones, valid packets with
+// random fields, spoiled ICRCs, CM MADs, CNPs): the pair's every byte still matches, both ends live on, and the
+// server counts what it dropped by reason.
+TEST_F(RcClientsTest, AHostileFloodAtARunningPairChangesNoByte) {
+  const std::string verify = VerifierPath();
+  const std::string flood = RunfilesPath("tests/hostile_flood");
+  ASSERT_FALSE(verify.empty() || flood.empty()) << "tests/rdma_verify and tests/hostile_flood belong in data";
+  const std::string server_address = FreeLoopbackDeviceAddress(), client_address = FreeLoopbackDeviceAddress();
+  ASSERT_FALSE(server_address.empty() || client_address.empty() || server_address == client_address);
+  const int port = Port();
+  ASSERT_GT(port, 0);
+  EnvOverrides server_env = env_, client_env = env_;
+  server_env.emplace_back("UROCE_ADDR", server_address);
+  server_env.emplace_back("UROCE_STATS", "1");
+  client_env.emplace_back("UROCE_ADDR", client_address);
+  const std::string p = "--port=" + std::to_string(port);
+  Process server = Process::Start({verify, "--role=server", p, "--seed=9", "--mtu=4096"}, server_env);
+  std::vector<std::string> qpn;
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while ((qpn = MatchLine(server.OutputSoFar(), std::regex(R"(rdma_verify server: QPN (0x[0-9a-f]+)\s*)"))).empty() &&
+         std::chrono::steady_clock::now() < deadline && !server.Exited())
+    std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_FALSE(qpn.empty()) << server.Kill().Describe();
+  Process attacker = Process::Start(
+      {flood, "--to=" + server_address + "," + client_address, "--qpn=" + qpn[1], "--seconds=4", "--seed=11"}, env_);
+  const ProcessResult client = RunProcess({verify, "--role=client", p, "--seed=9", "--mtu=4096", "--ops=20000"},
+                                          client_env, kPairTimeout);
+  const ProcessResult a = attacker.Wait(seconds(30));
+  const ProcessResult s = server.Wait(seconds(30));
+  ASSERT_TRUE(client.Succeeded()) << client.Describe() << s.Describe();
+  ASSERT_TRUE(s.Succeeded()) << s.Describe();
+  EXPECT_TRUE(HasLine(client.output, R"(rdma_verify client: OK ops=20000 .* mismatches=0 server_mismatched_bytes=0 .*)"))
+      << client.Describe();
+  EXPECT_TRUE(HasLine(s.output, R"(rdma_verify server: buffer [0-9]+ bytes, mismatched bytes 0\s*)")) << s.Describe();
+  const auto sent = MatchLine(a.output, std::regex(R"(hostile_flood: sent ([0-9]+) datagrams .*)"));
+  ASSERT_FALSE(sent.empty()) << a.Describe();
+  EXPECT_GT(std::stoull(sent[1]), 10000u) << a.Describe();
+  // Every kind of drop is counted under its reason.
+  for (const char* counter : {"rx_malformed", "rx_icrc_errors", "rx_wrong_peer", "rx_unknown_qp", "cm_dropped_unmatched"})
+    EXPECT_TRUE(HasLine(s.output, std::string(counter) + R"( [1-9][0-9]*\s*)")) << counter << "\n" << s.Describe();
+  std::cout << sent[0] << "\n";
+}
 
 }  // namespace
 }  // namespace uroce::tests

@@ -733,27 +733,6 @@ class Squatter {
   int release_fd_ = -1;
 };
 
-// A 127/8 address whose RoCE port nobody holds now, for a device the test must name before it starts.
-std::string FreeLoopbackDeviceAddress() {
-  std::random_device random;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const uint32_t host = 0x7f000000u | (100u + random() % 100u) << 16 | (random() % 250u + 1) << 8 | (random() % 250u + 1);
-    sockaddr_in in{};
-    in.sin_family = AF_INET;
-    in.sin_port = htons(4791);
-    in.sin_addr.s_addr = htonl(host);
-    const int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    const bool free = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0;
-    if (fd >= 0) close(fd);
-    if (free) {
-      char text[INET_ADDRSTRLEN];
-      inet_ntop(AF_INET, &in.sin_addr, text, sizeof text);
-      return text;
-    }
-  }
-  return "";
-}
-
 // Another user takes the device announcement names of a server before it starts, then exits mid-run: the client
 // must not take the stranger's socket for the server's (it was disconnected when the stranger exited), and the
 // server's own announcement must still be made.
