@@ -78,7 +78,7 @@ int Device::DeallocPd(ProtectionDomain* pd) {
 
 int Device::RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova, uint32_t access,
                        MemoryRegion* out) {
-  // IBTA 10.6.3.1 (C10-??): remote write or remote atomic access requires local write access.
+  // ibv_reg_mr(3): IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC without IBV_ACCESS_LOCAL_WRITE is EINVAL.
   if ((access & (access::kRemoteWrite | access::kRemoteAtomic)) && !(access & access::kLocalWrite)) return EINVAL;
   constexpr uint32_t kKnown = access::kLocalWrite | access::kRemoteWrite | access::kRemoteRead |
                               access::kRemoteAtomic | access::kMwBind | access::kZeroBased | access::kOnDemand |

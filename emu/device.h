@@ -62,7 +62,7 @@ class Device {
   int DeallocPd(ProtectionDomain* pd);  // EBUSY while MRs, QPs or AHs use it
 
   // Registers [host, host+length) visible at `iova`. Fills `out` (keys included). EINVAL on bad flags (remote write or
-  // atomic without local write, IBTA 10.6.3.1 C10-??), ENOMEM past max_mr.
+  // atomic without local write, ibv_reg_mr(3)), ENOMEM past max_mr.
   int RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova, uint32_t access,
                  MemoryRegion* out);
   int ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova, uint32_t access,
