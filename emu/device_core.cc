@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -45,6 +46,7 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"rc_early_retransmits", &DeviceCounters::rc_early_retransmits},
     {"rc_tail_probes", &DeviceCounters::rc_tail_probes},
     {"rc_duplicates", &DeviceCounters::rc_duplicates},
+    {"rc_invalid_requests", &DeviceCounters::rc_invalid_requests},
     {"rc_unexpected_responses", &DeviceCounters::rc_unexpected_responses},
     {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
     {"rc_path_waits", &DeviceCounters::rc_path_waits},
@@ -67,6 +69,16 @@ std::string FormatCounters(const DeviceCounters& c) {
   for (const auto& [name, field] : kCounterFields) out += std::string(name) + " " + std::to_string(c.*field) + "\n";
   for (const auto& [name, field] : kCmFields) out += std::string(name) + " " + std::to_string(c.cm.*field) + "\n";
   return out;
+}
+
+std::string Hex24(uint32_t value) {
+  char text[12];
+  std::snprintf(text, sizeof text, "0x%06x", value & 0xffffff);
+  return text;
+}
+
+void DeviceCore::Trace(std::string_view line) const {
+  config.trace(config.address.ToString() + " " + std::string(line));
 }
 
 thread_local AckTiming DeviceCore::ack_timing = AckTiming::kNow;

@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "emu/completion_queue.h"
@@ -66,7 +67,14 @@ struct DeviceConfig {
   // (a spoofed WRITE needs the QPN, PSN, rkey and address). 0: the fixed start tests use (keys from index 1, QPN
   // 0x11). The engine draws it from the system's randomness.
   uint64_t id_seed = 0;
+  // The decision trace: one line per decision of the protocol (which step of a request's or a response's way
+  // decided what, what a timer did), for a developer following a packet's fate (UROCE_TRACE=1 prints it on stderr).
+  // Empty: off, and nothing is formatted.
+  std::function<void(std::string_view line)> trace;
 };
+
+// "0x00abcd": a QPN or PSN as the trace and the counters print them.
+std::string Hex24(uint32_t value);
 
 // Values of enum ibv_event_type.
 enum class AsyncEventType : uint8_t {
@@ -125,6 +133,7 @@ struct DeviceCounters {
   uint64_t rc_early_retransmits = 0;    // go-back-N before the timeout, spending no retry (early_retransmit)
   uint64_t rc_tail_probes = 0;          // the newest packet sent again alone first (RcRequester::SendTailProbe)
   uint64_t rc_duplicates = 0;           // duplicate requests answered again (or dropped)
+  uint64_t rc_invalid_requests = 0;     // requests NAKed "invalid request": opcode, sequence, alignment, receive length
   uint64_t rc_unexpected_responses = 0;  // responses naming a PSN the requester never sent (dropped)
   uint64_t rc_rnr_naks_sent = 0;
   uint64_t rc_path_waits = 0;          // a requester stopped because the window towards its peer was full
@@ -212,6 +221,11 @@ class DeviceCore {
   void NoteAckHeld(uint32_t qpn, uint64_t due_ns);
   // A responder's held ACK left or was dropped.
   void ForgetAckHeld(uint32_t qpn);
+
+  // The decision trace (DeviceConfig::trace): build a line only when tracing() says it is on. Each line goes out
+  // after this device's address.
+  bool tracing() const { return static_cast<bool>(config.trace); }
+  void Trace(std::string_view line) const;
 
   // Counters: any thread adds; a reader gets each field whole (Counters).
   void Count(uint64_t DeviceCounters::*field, uint64_t n = 1) {

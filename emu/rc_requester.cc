@@ -3,6 +3,7 @@
 #include "emu/rc_requester.h"
 
 #include <algorithm>
+#include <string>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -238,6 +239,189 @@ void RcRequester::RerequestRead(SendWqe& w, OutBatch& out) {
   w.rerequested_from = w.read_next;
   Congestion();
   SendReadRequest(w, w.read_next, out);
+}
+
+// --- responses, as the completer classified them ---------------------------------------------------------------
+
+namespace {
+// rnr_retry 7 means "retry forever" (IBTA 9.7.5.2.8, ibv_modify_qp(3)); retry_cnt 7 means seven retries (C9-141),
+// unless the device is configured as rxe behaves (DeviceConfig::retry_cnt_7_infinite).
+constexpr int kInfiniteRnrRetry = 7;
+}  // namespace
+
+bool RcRequester::AckBefore(uint32_t limit, bool inclusive, OutBatch& out) {
+  RcRequesterState& r = state_;
+  bool progressed = false;
+  // IBTA 9.7.5.1.2: an ACK, a READ response or an atomic ACK acknowledges all earlier requests. A READ or atomic
+  // before it that got no response has lost it: ask again ("implied NAK", 9.7.5.2.2).
+  for (size_t i = 0; i < r.sq.size(); ++i) {
+    SendWqe& w = r.sq[i];
+    if (!w.started()) break;
+    const int32_t d = PsnDiff(w.last_psn(), limit);
+    if (inclusive ? d > 0 : d >= 0) break;
+    if (w.done()) continue;
+    if (w.is_read()) {
+      // Its missing responses were lost: ask for the rest of that segment again, once per gap, and go on -- the
+      // requests after it were answered, so going back to resend them all would only multiply the traffic.
+      RerequestRead(w, out);
+      continue;
+    }
+    if (w.is_atomic()) {
+      GoBack(i, 0);
+      break;
+    }
+    w.state = WqeState::kDone;
+    progressed = true;
+  }
+  return progressed;
+}
+
+bool RcRequester::AdvanceAcked(uint32_t next) {
+  RcRequesterState& r = state_;
+  if (PsnDiff(next, r.acked_psn_next) <= 0) return false;
+  r.acked_psn_next = next;
+  AckedUpTo(next);
+  return true;
+}
+
+void RcRequester::AfterResponse(bool progressed, OutBatch& out) {
+  RcRequesterState& r = state_;
+  const QpAttributes& a = qp_.attributes();
+  if (progressed) {
+    // Forward progress restores both retry budgets: they bound the retries of one request, not the connection's.
+    r.retries_left = a.retry_cnt;
+    r.rnr_retries_left = a.rnr_retry;
+    r.retransmit_deadline_ns = 0;
+  }
+  CompleteInOrder();
+  if (qp_.state() == QpState::kErr) return;
+  Progress(out);
+  // Still waiting for something: keep the timer running.
+  for (const SendWqe& w : r.sq) {
+    if (w.in_flight()) {
+      if (r.retransmit_deadline_ns == 0 && r.rnr_deadline_ns == 0) ArmRetransmit();
+      break;
+    }
+  }
+}
+
+std::string_view RcRequester::OnAck(uint32_t psn, OutBatch& out) {
+  bool progressed = AckBefore(psn, /*inclusive=*/true, out);
+  progressed |= AdvanceAcked(PsnAdd(psn, 1));
+  AfterResponse(progressed, out);
+  return progressed ? "acknowledged" : "nothing new";
+}
+
+std::string_view RcRequester::OnRnrNak(uint32_t psn, uint8_t timer_code, OutBatch& out) {
+  RcRequesterState& r = state_;
+  bool progressed = AckBefore(psn, false, out);
+  progressed |= AdvanceAcked(psn);
+  const size_t i = WqeContaining(psn);
+  if (i == r.sq.size()) {
+    AfterResponse(progressed, out);
+    return "stale";
+  }
+  if (r.rnr_retries_left == 0) {
+    Fail(i, WcStatus::kRnrRetryExcErr);
+    return "RNR retries exhausted: WQE fails";
+  }
+  if (qp_.attributes().rnr_retry != kInfiniteRnrRetry) --r.rnr_retries_left;
+  GoBack(i, static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn)));
+  r.retransmit_deadline_ns = 0;
+  r.rnr_deadline_ns = core_.Now() + uint64_t{wire::RnrTimerMicros(timer_code)} * 1000;
+  TimerArmed(r.rnr_deadline_ns);
+  CompleteInOrder();
+  return "waiting out the RNR timer, then go back";
+}
+
+std::string_view RcRequester::OnSequenceNak(uint32_t psn, OutBatch& out) {
+  RcRequesterState& r = state_;
+  bool progressed = AckBefore(psn, false, out);
+  const size_t i = WqeContaining(psn);
+  // A packet was lost on the way: the path is congested. Only a PSN that advanced is progress that restores the
+  // retry budgets: a NAK repeating the PSN of an RNR-NAKed request must not refill rnr_retry.
+  Congestion();
+  progressed |= AdvanceAcked(psn);
+  if (i < r.sq.size()) {
+    GoBack(i, static_cast<uint32_t>(PsnDiff(psn, r.sq[i].first_psn)));
+    if (r.sq[i].is_read()) r.sq[i].read_next = r.cursor_pkt;
+  }
+  r.retransmit_deadline_ns = 0;  // the resend re-arms the ACK timer
+  AfterResponse(progressed, out);
+  return "go back to the PSN";
+}
+
+std::string_view RcRequester::OnFatalNak(uint32_t psn, WcStatus status, OutBatch& out) {
+  const bool progressed = AckBefore(psn, false, out);
+  const size_t i = WqeContaining(psn);
+  if (i == state_.sq.size()) {
+    AfterResponse(progressed, out);
+    return "stale";
+  }
+  Fail(i, status);
+  return "WQE fails, QP to ERR";
+}
+
+std::string_view RcRequester::OnReadResponse(const wire::PacketView& p, OutBatch& out) {
+  RcRequesterState& r = state_;
+  const uint32_t psn = p.bth.psn;
+  const size_t i = WqeContaining(psn);
+  if (i == r.sq.size() || !r.sq[i].is_read() || r.sq[i].done()) return "duplicate or stale";
+  SendWqe& w = r.sq[i];
+  const uint32_t expected = PsnAdd(w.first_psn, w.read_next);
+  if (psn != expected) {
+    // A response was lost (9.7.5.2.2): ask again for the rest of the segment, once per gap -- the responses still
+    // in flight behind the lost one would otherwise each trigger a whole new answer. Only the READ is asked again:
+    // later requests were received, or their own timeout resends them.
+    if (PsnDiff(psn, expected) > 0) {
+      RerequestRead(w, out);
+      return "a gap: READ asked again";
+    }
+    return "duplicate";
+  }
+  if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return "ignored (not an ACK syndrome)";
+  AckBefore(w.first_psn, false, out);
+  const uint32_t mtu = MtuBytes(qp_.attributes().path_mtu);
+  const bool last_expected = w.read_next + 1 == ReadSegmentEnd(w, w.read_next);
+  const bool is_last = p.info->position == wire::MsgPosition::kLast || p.info->position == wire::MsgPosition::kOnly;
+  const uint64_t off = uint64_t{w.read_next} * mtu;
+  const uint64_t want = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
+  if (is_last != last_expected || p.payload.size() != want) {
+    Fail(i, WcStatus::kBadRespErr);
+    return "bad response: WQE fails";
+  }
+  const WcStatus st = core_.Scatter(qp_, w.wr.sg_list, off, p.payload);
+  if (st != WcStatus::kSuccess) {
+    Fail(i, st);
+    return "local buffer refused: WQE fails";
+  }
+  ++w.read_next;
+  if (w.read_next == w.npsn) w.state = WqeState::kDone;
+  AdvanceAcked(PsnAdd(psn, 1));
+  if (r.cursor_wqe == i && r.cursor_pkt < w.read_next) r.cursor_pkt = w.read_next;
+  AfterResponse(/*progressed=*/true, out);
+  return "placed";
+}
+
+std::string_view RcRequester::OnAtomicAck(const wire::PacketView& p, OutBatch& out) {
+  RcRequesterState& r = state_;
+  const uint32_t psn = p.bth.psn;
+  const size_t i = WqeContaining(psn);
+  if (i == r.sq.size() || !r.sq[i].is_atomic() || r.sq[i].done()) return "duplicate or stale";
+  if (p.aeth && p.aeth->kind() != wire::AethKind::kAck) return "ignored (not an ACK syndrome)";
+  bool progressed = AckBefore(psn, false, out);
+  SendWqe& w = r.sq[i];
+  uint8_t orig[8];
+  std::memcpy(orig, &p.atomic_ack->original, 8);  // host order, as the local buffer holds a uint64_t
+  const WcStatus st = core_.Scatter(qp_, w.wr.sg_list, 0, orig);
+  if (st != WcStatus::kSuccess) {
+    Fail(i, st);
+    return "local buffer refused: WQE fails";
+  }
+  w.state = WqeState::kDone;
+  progressed |= AdvanceAcked(PsnAdd(psn, 1));
+  AfterResponse(progressed, out);
+  return "original value placed";
 }
 
 void RcRequester::Progress(OutBatch& out) {
@@ -540,6 +724,12 @@ void RcRequester::Flush() {
 
 // --- timers ------------------------------------------------------------------------------------------------------
 
+void RcRequester::TraceTimer(std::string_view what, uint32_t psn) const {
+  if (!core_.tracing()) return;
+  core_.Trace("requester qp " + Hex24(qp_.qpn()) + " psn " + Hex24(psn) + ": " + std::string(what) + " (" +
+              std::to_string(state_.retries_left) + " retries left)");
+}
+
 uint64_t RcRequester::NextDeadline() const {
   const RcRequesterState& r = state_;
   const uint64_t probe = r.retransmit_deadline_ns != 0 ? r.probe_deadline_ns : 0;
@@ -554,6 +744,7 @@ void RcRequester::OnTimers(uint64_t now, OutBatch& out) {
   }
   if (r.rnr_deadline_ns != 0 && now >= r.rnr_deadline_ns) {
     r.rnr_deadline_ns = 0;
+    TraceTimer("RNR timer over: sending again", PsnAdd(r.acked_psn_next, 0));
     Progress(out);
     if (r.retransmit_deadline_ns == 0) ArmRetransmit();
   }
@@ -571,9 +762,11 @@ void RcRequester::OnTimers(uint64_t now, OutBatch& out) {
     if (silence == Silence::kMaybeLoss && r.tail_probes < kTailProbes && SendTailProbe(out)) {
       ++r.tail_probes;
       core_.Count(&DeviceCounters::rc_tail_probes);
+      TraceTimer("nothing heard for a few round trips: tail probe", PsnAdd(r.sent_psn_next, -1));
       return;
     }
     core_.Count(&DeviceCounters::rc_early_retransmits);
+    TraceTimer("nothing heard for a few round trips: early go-back-N", PsnAdd(r.sq[i].first_psn, packet));
     Congestion();
     GoBack(i, packet);
     Progress(out);
@@ -591,11 +784,13 @@ void RcRequester::OnTimers(uint64_t now, OutBatch& out) {
   }
   // Local ACK timeout (IBTA 9.7.6.1.3 / C9-140): spend a retry, then go back to the oldest unacknowledged WQE.
   if (r.retries_left == 0) {
+    TraceTimer("local ACK timeout, no retry left: WQE fails with RETRY_EXC_ERR", PsnAdd(r.sq[i].first_psn, packet));
     Fail(i, WcStatus::kRetryExcErr);
     return;
   }
   if (!(core_.config.retry_cnt_7_infinite && qp_.attributes().retry_cnt == 7)) --r.retries_left;
   core_.Count(&DeviceCounters::rc_retransmit_timeouts);
+  TraceTimer("local ACK timeout: a retry spent, go-back-N", PsnAdd(r.sq[i].first_psn, packet));
   Congestion();
   GoBack(i, packet);
   Progress(out);

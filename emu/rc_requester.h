@@ -9,11 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "emu/rc_state.h"
 #include "emu/transport_object.h"
 #include "emu/types.h"
 #include "emu/work_request.h"
+#include "wire/packet.h"
 
 namespace uroce::emu {
 
@@ -77,11 +79,29 @@ class RcRequester : private TransportObject {
   bool timer_listed() const { return state_.timer_listed; }
   void set_timer_listed(bool listed) { state_.timer_listed = listed; }
 
-  // --- used by the completer (rc_completer.h) ------------------------------------------------------------------------
+  // --- responses, as the completer (rc_completer.h) classified them --------------------------------------------------
+  // Each changes only this requester's state and returns what it did, for the decision trace.
+  bool HasSent(uint32_t psn) const { return PsnDiff(psn, state_.sent_psn_next) < 0; }
+  // An ACK: everything up to `psn` is acknowledged (IBTA 9.7.5.1.2, coalesced ACKs).
+  std::string_view OnAck(uint32_t psn, OutBatch& out);
+  // Receiver not ready at `psn`: wait the timer the NAK names, then send from there (9.7.5.2.8), within rnr_retry.
+  std::string_view OnRnrNak(uint32_t psn, uint8_t timer_code, OutBatch& out);
+  // PSN sequence error: the responder expects `psn`; resend from there at once, spending no retry (9.7.5.2.1).
+  std::string_view OnSequenceNak(uint32_t psn, OutBatch& out);
+  // A NAK that ends the connection: the WQE holding `psn` fails with `status`.
+  std::string_view OnFatalNak(uint32_t psn, WcStatus status, OutBatch& out);
+  std::string_view OnReadResponse(const wire::PacketView& p, OutBatch& out);
+  std::string_view OnAtomicAck(const wire::PacketView& p, OutBatch& out);
+
   // WQE `index` fails with `status`: what precedes it completes, then the QP enters the error state.
   void Fail(size_t index, WcStatus status);
   // Completes the done WQEs at the head of the queue, in order (IBTA 9.7.5.1.2).
   void CompleteInOrder();
+
+  // How long early retransmission waits without an ACK on `path` (kProbeRoundTrips above).
+  static uint64_t ProbeWaitNs(const PathWindow& path);
+
+ private:
   // Arms the local ACK timer (and the early-retransmission probe) from now. `now_ns`: the time of this pass through
   // the requester, read here when still 0 (one clock reading serves a pass's timers and round-trip sample).
   void ArmRetransmit(uint64_t& now_ns);
@@ -100,11 +120,18 @@ class RcRequester : private TransportObject {
   // After a lost READ response: asks again from the first missing one, once per gap, and cuts the path's window.
   void RerequestRead(SendWqe& w, OutBatch& out);
   void Congestion();  // a loss seen by this requester: the path's window is cut
+  // Every WQE wholly before `limit` (or up to it, `inclusive`) that needs nothing more than an ACK is done; a READ or
+  // atomic among them that got no answer lost it and is asked again. Whether any WQE became done.
+  bool AckBefore(uint32_t limit, bool inclusive, OutBatch& out);
+  // Every PSN before `next` is acknowledged; whether that moved.
+  bool AdvanceAcked(uint32_t next);
+  // After a response: forward progress restores the retry budgets; done WQEs complete; what may be sent is; the
+  // timer keeps running while something waits.
+  void AfterResponse(bool progressed, OutBatch& out);
 
-  // How long early retransmission waits without an ACK on `path` (kProbeRoundTrips above).
-  static uint64_t ProbeWaitNs(const PathWindow& path);
+  // A timer's decision, for the decision trace: `what` it did, from `psn`.
+  void TraceTimer(std::string_view what, uint32_t psn) const;
 
- private:
   // Round-trip timing: `psn` (sent for the first time, asking for an ACK) is timed unless one is already. `now_ns`
   // as for ArmRetransmit.
   void TimeRoundTrip(uint32_t psn, uint64_t& now_ns);

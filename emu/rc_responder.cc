@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 
 #include "emu/device_core.h"
 #include "emu/out_batch.h"
@@ -128,236 +130,385 @@ void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_
   }
 }
 
+// --- the request's way through the responder: one step each, in the order rxe's responder judges --------------
+
+namespace {
+
+// What the responder does once a step has decided (IBTA 9.7.5.2): nothing more (the step answered itself, or the
+// request was carried out), an RNR NAK, or a NAK that ends the connection.
+enum class Answer : uint8_t { kNone, kRnrNak, kFatalNak };
+
+struct OutcomeInfo {
+  RequestOutcome outcome;
+  std::string_view name;
+  Answer answer;
+  wire::NakCode nak;                    // kFatalNak: its code
+  uint64_t DeviceCounters::*counter;  // what counts it (nullptr: nothing)
+};
+
+// Every outcome once: its name, the answer and the counter (indexed by the enum's value).
+constexpr OutcomeInfo kOutcomes[] = {
+    {RequestOutcome::kPass, "pass", Answer::kNone, {}, nullptr},
+    {RequestOutcome::kExecuted, "executed", Answer::kNone, {}, nullptr},
+    {RequestOutcome::kDuplicate, "duplicate", Answer::kNone, {}, &DeviceCounters::rc_duplicates},
+    {RequestOutcome::kSequenceGap, "sequence gap", Answer::kNone, {}, &DeviceCounters::rx_out_of_sequence},
+    {RequestOutcome::kInvalidOpcode, "invalid opcode", Answer::kFatalNak, wire::NakCode::kInvalidRequest,
+     &DeviceCounters::rc_invalid_requests},
+    {RequestOutcome::kOutOfSequenceOpcode, "opcode out of sequence", Answer::kFatalNak,
+     wire::NakCode::kInvalidRequest, &DeviceCounters::rc_invalid_requests},
+    {RequestOutcome::kReceiverNotReady, "receiver not ready", Answer::kRnrNak, {}, &DeviceCounters::rc_rnr_naks_sent},
+    {RequestOutcome::kLengthError, "length error", Answer::kFatalNak, wire::NakCode::kInvalidRequest,
+     &DeviceCounters::rx_length_errors},
+    {RequestOutcome::kAccessDenied, "access denied", Answer::kFatalNak, wire::NakCode::kRemoteAccessError,
+     &DeviceCounters::rx_remote_access_denied},
+    {RequestOutcome::kMisalignedAtomic, "misaligned atomic", Answer::kFatalNak, wire::NakCode::kInvalidRequest,
+     &DeviceCounters::rc_invalid_requests},
+    {RequestOutcome::kReceiveTooSmall, "receive too small", Answer::kFatalNak, wire::NakCode::kInvalidRequest,
+     &DeviceCounters::rc_invalid_requests},
+    {RequestOutcome::kReceiveUnusable, "receive unusable", Answer::kFatalNak,
+     wire::NakCode::kRemoteOperationalError, nullptr},
+    {RequestOutcome::kInvalidateRefused, "invalidate refused", Answer::kFatalNak, wire::NakCode::kInvalidRequest,
+     &DeviceCounters::rc_invalid_requests},
+};
+static_assert(std::size(kOutcomes) == size_t(RequestOutcome::kInvalidateRefused) + 1);
+
+constexpr bool OutcomesInOrder() {
+  for (size_t i = 0; i < std::size(kOutcomes); ++i)
+    if (size_t(kOutcomes[i].outcome) != i) return false;
+  return true;
+}
+static_assert(OutcomesInOrder(), "kOutcomes is indexed by RequestOutcome");
+
+bool IsMessage(wire::Operation op) { return op == wire::Operation::kSend || op == wire::Operation::kRdmaWrite; }
+bool IsAtomic(wire::Operation op) { return op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd; }
+
+}  // namespace
+
+std::string_view ToString(RequestOutcome outcome) {
+  const size_t i = static_cast<size_t>(outcome);
+  return i < std::size(kOutcomes) ? kOutcomes[i].name : "?";
+}
+
+// One request packet as the steps see it.
+struct RcResponder::Request {
+  const wire::PacketView& p;
+  uint32_t psn;
+  wire::Operation op;
+  bool starts, ends;  // FIRST or ONLY; LAST or ONLY
+  bool needs_rqe;     // a SEND, or the last packet of a WRITE with immediate, consumes a receive WQE
+};
+
+// The steps, in order (rxe's responder: check_psn, check_op_seq, check_op_valid, check_resource, check_length,
+// check_rkey, execute, acknowledge). Each returns kPass to hand the request on, or the outcome that ends it.
+const RcResponder::Step RcResponder::kSteps[] = {
+    {"psn", &RcResponder::CheckPsn},
+    {"opcode", &RcResponder::CheckOpcode},
+    {"sequence", &RcResponder::CheckSequence},
+    {"resources", &RcResponder::CheckResources},
+    {"length", &RcResponder::CheckLength},
+    {"key", &RcResponder::CheckKey},
+    {"execute", &RcResponder::Execute},
+    {"acknowledge", &RcResponder::AcknowledgeRequest},
+};
+
 void RcResponder::OnRequest(const wire::PacketView& p, OutBatch& out) {
-  QpAttributes& a = qp_.mutable_attributes();
   RcResponderState& R = state_;
   if (!R.comm_established) {
     // The first packet on a QP in RTR establishes communication (IBTA 11.6.2: IBV_EVENT_COMM_EST).
     R.comm_established = true;
-    if (a.qp_state == QpState::kRtr) core_.Raise({AsyncEventType::kCommEst, &qp_});
+    if (qp_.attributes().qp_state == QpState::kRtr) core_.Raise({AsyncEventType::kCommEst, &qp_});
   }
-  const uint32_t psn = p.bth.psn;
-  const int32_t d = PsnDiff(psn, a.rq_psn);
   const wire::Operation op = p.info->op;
   // A READ response or atomic ACK answers in PSN order after the ACK held for earlier requests.
-  if (R.ack_held && op != wire::Operation::kSend && op != wire::Operation::kRdmaWrite) SendHeldAck(out);
-  const uint32_t mtu = MtuBytes(a.path_mtu);
-  // Receiver not ready (9.7.5.2.8): the requester waits min_rnr_timer and resends this packet.
-  auto rnr_nak = [&] {
-    core_.Count(&DeviceCounters::rc_rnr_naks_sent);
-    SendAck(psn, wire::Aeth::RnrNak(a.min_rnr_timer, R.msn), out);
-  };
+  if (R.ack_held && !IsMessage(op)) SendHeldAck(out);
+  const wire::MsgPosition pos = p.info->position;
+  Request q{p, p.bth.psn, op, pos == wire::MsgPosition::kFirst || pos == wire::MsgPosition::kOnly,
+            pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly, false};
+  q.needs_rqe = op == wire::Operation::kSend || (op == wire::Operation::kRdmaWrite && q.ends && p.imm.has_value());
+  const bool tracing = core_.tracing();
+  std::string trace;
+  RequestOutcome outcome = RequestOutcome::kPass;
+  for (const Step& step : kSteps) {
+    outcome = (this->*step.run)(q, out);
+    if (tracing) {
+      trace += trace.empty() ? "" : ", ";
+      trace += step.name;
+      trace += ' ';
+      trace += ToString(outcome);
+    }
+    if (outcome != RequestOutcome::kPass) break;
+  }
+  Conclude(q, outcome, out);
+  if (tracing) TraceRequest(q, outcome, trace);
+}
 
+void RcResponder::Conclude(const Request& q, RequestOutcome outcome, OutBatch& out) {
+  const OutcomeInfo& info = kOutcomes[static_cast<size_t>(outcome)];
+  if (info.counter != nullptr) core_.Count(info.counter);
+  switch (info.answer) {
+    case Answer::kNone:
+      break;
+    case Answer::kRnrNak:
+      // Receiver not ready (9.7.5.2.8): the requester waits min_rnr_timer and sends this packet again.
+      SendAck(q.psn, wire::Aeth::RnrNak(qp_.attributes().min_rnr_timer, state_.msn), out);
+      break;
+    case Answer::kFatalNak:
+      FatalNak(info.nak, out);
+      break;
+  }
+}
+
+void RcResponder::TraceRequest(const Request& q, RequestOutcome outcome, const std::string& steps) const {
+  const OutcomeInfo& info = kOutcomes[static_cast<size_t>(outcome)];
+  std::string line = "responder qp " + Hex24(qp_.qpn()) + " psn " + Hex24(q.psn) + " " +
+                     std::string(q.p.info->name) + ": " + steps;
+  if (info.answer == Answer::kRnrNak) line += " -> RNR NAK";
+  if (info.answer == Answer::kFatalNak) line += " -> NAK " + std::string(wire::ToString(info.nak)) + ", QP to ERR";
+  core_.Trace(line);
+}
+
+// PSN (9.7.5.1.1 / 9.7.5.1.3): the expected one passes; a later one is a gap, NAKed once; an earlier one a duplicate,
+// answered again from what was saved and never executed twice.
+RequestOutcome RcResponder::CheckPsn(Request& q, OutBatch& out) {
+  RcResponderState& R = state_;
+  const QpAttributes& a = qp_.attributes();
+  const int32_t d = PsnDiff(q.psn, a.rq_psn);
   if (d > 0) {
-    // A gap: packets were lost. One PSN sequence error NAK per gap (9.7.5.1.1); drop until the expected PSN comes.
-    core_.Count(&DeviceCounters::rx_out_of_sequence);
+    // Packets were lost: drop until the expected PSN comes.
     if (!R.nak_outstanding) {
       R.nak_outstanding = true;
       SendAck(a.rq_psn, wire::Aeth::Nak(wire::NakCode::kPsnSeqError, R.msn), out);
     }
-    return;
+    return RequestOutcome::kSequenceGap;
   }
   if (d < 0) {
-    core_.Count(&DeviceCounters::rc_duplicates);
-    if (op == wire::Operation::kReadRequest) {
-      for (const ResponderResource& res : R.resources)
-        if (!res.atomic && PsnDiff(psn, res.psn) >= 0 && PsnDiff(psn, res.psn) < static_cast<int32_t>(res.npsn)) {
-          SendReadResponses(res, psn, out);
-          return;
-        }
-    } else if (op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd) {
-      for (const ResponderResource& res : R.resources)
-        if (res.atomic && res.psn == psn) {
-          SendAtomicAck(psn, res.msn, res.original, out);
-          return;
-        }
-    } else if (p.bth.ack_req) {
-      // SEND/WRITE already executed: acknowledge again, with the newest PSN (9.7.5.1.3).
-      Acknowledge(PsnAdd(a.rq_psn, -1), /*one_packet=*/false, out);
-    }
-    return;
+    AnswerDuplicate(q, out);
+    return RequestOutcome::kDuplicate;
   }
   R.nak_outstanding = false;
+  return RequestOutcome::kPass;
+}
+
+void RcResponder::AnswerDuplicate(const Request& q, OutBatch& out) {
+  const RcResponderState& R = state_;
+  if (q.op == wire::Operation::kReadRequest) {
+    for (const ResponderResource& res : R.resources)
+      if (!res.atomic && PsnDiff(q.psn, res.psn) >= 0 && PsnDiff(q.psn, res.psn) < static_cast<int32_t>(res.npsn)) {
+        SendReadResponses(res, q.psn, out);
+        return;
+      }
+  } else if (IsAtomic(q.op)) {
+    for (const ResponderResource& res : R.resources)
+      if (res.atomic && res.psn == q.psn) {
+        SendAtomicAck(q.psn, res.msn, res.original, out);
+        return;
+      }
+  } else if (q.p.bth.ack_req) {
+    // SEND/WRITE already executed: acknowledge again, with the newest PSN (9.7.5.1.3).
+    Acknowledge(PsnAdd(qp_.attributes().rq_psn, -1), /*one_packet=*/false, out);
+  }
+}
+
+// An operation RC carries as a request (IBTA table 38: SEND, RDMA WRITE, RDMA READ request, the two atomics).
+RequestOutcome RcResponder::CheckOpcode(Request& q, OutBatch&) {
+  const bool valid = IsMessage(q.op) || q.op == wire::Operation::kReadRequest || IsAtomic(q.op);
+  return valid ? RequestOutcome::kPass : RequestOutcome::kInvalidOpcode;
+}
+
+// Opcode sequence (9.7.5.1.2): a FIRST/ONLY while a message is open, a MIDDLE/LAST of another kind (or of none), and
+// a READ or atomic inside an open SEND/WRITE are invalid requests.
+RequestOutcome RcResponder::CheckSequence(Request& q, OutBatch&) {
+  const InboundMessage::Kind open = qp_.inbound().kind;
+  bool in_sequence = open == InboundMessage::Kind::kNone;
+  if (IsMessage(q.op) && !q.starts) {
+    in_sequence = open == (q.op == wire::Operation::kSend ? InboundMessage::Kind::kSend : InboundMessage::Kind::kWrite);
+  }
+  return in_sequence ? RequestOutcome::kPass : RequestOutcome::kOutOfSequenceOpcode;
+}
+
+// A message that needs a receive WQE finds one on the QP's receive queue or its SRQ (else RNR NAK, 9.7.5.2.8).
+RequestOutcome RcResponder::CheckResources(Request& q, OutBatch&) {
+  if (q.needs_rqe && !qp_.inbound().rqe && !core_.HasReceiveWqe(qp_)) return RequestOutcome::kReceiverNotReady;
+  return RequestOutcome::kPass;
+}
+
+// Lengths: each packet of a SEND/WRITE is PMTU-sized for its place (wire::PayloadFitsPathMtu: ends that disagree on
+// the path MTU would count different PSNs for what follows), and a WRITE carries exactly the RETH's DMA length.
+RequestOutcome RcResponder::CheckLength(Request& q, OutBatch&) {
+  if (!IsMessage(q.op)) return RequestOutcome::kPass;
+  const size_t payload = q.p.payload.size();
+  if (!wire::PayloadFitsPathMtu(q.p.info->position, payload, MtuBytes(qp_.attributes().path_mtu)))
+    return RequestOutcome::kLengthError;
+  if (q.op == wire::Operation::kRdmaWrite) {
+    const InboundMessage& m = qp_.inbound();
+    const uint64_t length = q.starts ? q.p.reth->dma_length : m.write_length;
+    const uint64_t done = q.starts ? 0 : m.offset;
+    if (done + payload > length || (q.ends && done + payload != length)) return RequestOutcome::kLengthError;
+  }
+  return RequestOutcome::kPass;
+}
+
+// Keys and rights (9.7.5.2.5, 10.6.3): a WRITE's first packet, a READ and an atomic name a region the QP may reach
+// with this access; an atomic's address is 8-byte aligned (9.4.5).
+RequestOutcome RcResponder::CheckKey(Request& q, OutBatch&) {
+  const uint32_t allowed = qp_.attributes().qp_access_flags;
+  auto may = [&](uint32_t rkey, uint64_t va, uint64_t len, uint32_t access) {
+    return (allowed & access) && core_.MayAccessRemote(qp_, rkey, va, len, access);
+  };
+  if (q.op == wire::Operation::kRdmaWrite && q.starts) {
+    const wire::Reth& reth = *q.p.reth;
+    if (!may(reth.rkey, reth.va, reth.dma_length, access::kRemoteWrite)) return RequestOutcome::kAccessDenied;
+  } else if (q.op == wire::Operation::kReadRequest) {
+    const wire::Reth& reth = *q.p.reth;
+    if (!may(reth.rkey, reth.va, reth.dma_length, access::kRemoteRead)) return RequestOutcome::kAccessDenied;
+  } else if (IsAtomic(q.op)) {
+    const wire::AtomicEth& ae = *q.p.atomic;
+    if (ae.va & 7) return RequestOutcome::kMisalignedAtomic;
+    if (!may(ae.rkey, ae.va, 8, access::kRemoteAtomic)) return RequestOutcome::kAccessDenied;
+  }
+  return RequestOutcome::kPass;
+}
+
+RequestOutcome RcResponder::Execute(Request& q, OutBatch& out) {
+  switch (q.op) {
+    case wire::Operation::kSend:
+    case wire::Operation::kRdmaWrite: return ExecuteMessagePacket(q);
+    case wire::Operation::kReadRequest: return ExecuteRead(q, out);
+    default: return ExecuteAtomic(q, out);
+  }
+}
+
+// A SEND or WRITE packet: placed in the receive WQE's buffers or the WRITE's target; the message's last packet
+// completes it (a SEND, or a WRITE with immediate, on the receive CQ).
+RequestOutcome RcResponder::ExecuteMessagePacket(Request& q) {
   InboundMessage& m = qp_.inbound();
-  const wire::MsgPosition pos = p.info->position;
-  const bool starts = pos == wire::MsgPosition::kFirst || pos == wire::MsgPosition::kOnly;
-  const bool ends = pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly;
+  const bool is_send = q.op == wire::Operation::kSend;
+  if (q.starts) {
+    m = InboundMessage{};
+    m.kind = is_send ? InboundMessage::Kind::kSend : InboundMessage::Kind::kWrite;
+    if (!is_send) {
+      m.write_va = q.p.reth->va;
+      m.write_rkey = q.p.reth->rkey;
+      m.write_length = q.p.reth->dma_length;
+    }
+  }
+  if (q.needs_rqe && !m.rqe) {
+    m.rqe = core_.TakeReceiveWqe(qp_);
+    if (!m.rqe) {
+      // Another QP took the SRQ's last WQE since CheckResources: receiver not ready after all.
+      if (q.starts) m = InboundMessage{};
+      return RequestOutcome::kReceiverNotReady;
+    }
+  }
+  const RequestOutcome placed = is_send ? PlaceSend(q) : PlaceWrite(q);
+  if (placed != RequestOutcome::kPass) return placed;
+  m.offset += q.p.payload.size();
+  if (q.ends && q.p.ieth && [&] {
+        std::unique_lock keys(core_.keys_mu);
+        return core_.keys.InvalidateWindow(q.p.ieth->rkey, qp_.qpn()) != 0;
+      }()) {
+    // SEND with invalidate names an R_Key we cannot invalidate (not a type 2 window bound to this QP): the
+    // responder refuses the request (IBTA 9.4.6 / 10.6.7.2.3).
+    return RequestOutcome::kInvalidateRefused;
+  }
+  QpAttributes& a = qp_.mutable_attributes();
+  a.rq_psn = PsnAdd(a.rq_psn, 1);
+  if (q.ends) CompleteMessage(q);
+  return RequestOutcome::kPass;
+}
 
-  if (op == wire::Operation::kSend || op == wire::Operation::kRdmaWrite) {
-    const bool is_send = op == wire::Operation::kSend;
-    // Opcode sequence (9.7.5.1.2): a FIRST/ONLY while a message is open, or a MIDDLE/LAST of another kind, is an
-    // invalid request.
-    const auto kind = is_send ? InboundMessage::Kind::kSend : InboundMessage::Kind::kWrite;
-    if (starts ? m.kind != InboundMessage::Kind::kNone : m.kind != kind) {
-      FatalNak(wire::NakCode::kInvalidRequest, out);
-      return;
-    }
-    const bool needs_rqe = is_send || (ends && p.imm.has_value());
-    if (needs_rqe && !m.rqe && !core_.HasReceiveWqe(qp_)) {  // the QP's receive queue or its SRQ
-      rnr_nak();
-      return;
-    }
-    if (!wire::PayloadFitsPathMtu(pos, p.payload.size(), mtu)) {
-      // The requester cuts messages at another path MTU than ours: taking the packet would let the two ends count
-      // different PSNs for what follows, and later requests would be taken for duplicates and dropped unexecuted.
-      core_.Count(&DeviceCounters::rx_length_errors);
-      FatalNak(wire::NakCode::kInvalidRequest, out);
-      return;
-    }
-    if (starts) {
-      m = InboundMessage{};
-      m.kind = kind;
-      if (!is_send) {
-        const wire::Reth& reth = *p.reth;
-        const bool granted = core_.MayAccessRemote(qp_, reth.rkey, reth.va, reth.dma_length, access::kRemoteWrite);
-        if (!(a.qp_access_flags & access::kRemoteWrite) || !granted) {
-          core_.Count(&DeviceCounters::rx_remote_access_denied);
-          m = InboundMessage{};
-          FatalNak(wire::NakCode::kRemoteAccessError, out);
-          return;
-        }
-        m.write_va = reth.va;
-        m.write_rkey = reth.rkey;
-        m.write_length = reth.dma_length;
-      }
-    }
-    if (needs_rqe && !m.rqe) {
-      m.rqe = core_.TakeReceiveWqe(qp_);
-      if (!m.rqe) {
-        // Another QP took the SRQ's last WQE since the check above: receiver not ready after all.
-        if (starts) m = InboundMessage{};
-        rnr_nak();
-        return;
-      }
-    }
-    if (is_send) {
-      WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, p.payload);
-      if (st != WcStatus::kSuccess) {
-        const Completion c = DeviceCore::ReceiveError(qp_, m.rqe->wr_id, st);
-        m = InboundMessage{};
-        core_.Complete(qp_.init().recv_cq, c);
-        // Too long for the receive buffer is the sender's invalid request; a bad local key our operational error.
-        FatalNak(st == WcStatus::kLocLenErr ? wire::NakCode::kInvalidRequest : wire::NakCode::kRemoteOperationalError,
-                 out);
-        return;
-      }
-    } else {
-      // On an error below the message is abandoned with the QP: the error state flushes the receive WQE a WRITE
-      // with immediate took.
-      if (m.offset + p.payload.size() > m.write_length || (ends && m.offset + p.payload.size() != m.write_length)) {
-        FatalNak(wire::NakCode::kInvalidRequest, out);  // more (or less) data than the RETH announced
-        return;
-      }
-      if (!p.payload.empty()) {
-        std::shared_lock keys(core_.keys_mu);
-        uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
-        if (target == nullptr || !CopyGuarded(target, p.payload.data(), p.payload.size())) {
-          keys.unlock();
-          // The region was deregistered (or its window invalidated, or its memory unmapped) while the message was
-          // arriving: the rest is refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access
-          // error).
-          core_.Count(&DeviceCounters::rx_remote_access_denied);
-          FatalNak(wire::NakCode::kRemoteAccessError, out);
-          return;
-        }
-      }
-    }
-    m.offset += p.payload.size();
-    if (ends && p.ieth && [&] {
-          std::unique_lock keys(core_.keys_mu);
-          return core_.keys.InvalidateWindow(p.ieth->rkey, qp_.qpn()) != 0;
-        }()) {
-      // SEND with invalidate names an R_Key we cannot invalidate (not a type 2 window bound to this QP): the
-      // responder refuses the request (IBTA 9.4.6 / 10.6.7.2.3).
-      FatalNak(wire::NakCode::kInvalidRequest, out);
-      return;
-    }
-    a.rq_psn = PsnAdd(a.rq_psn, 1);
-    if (ends) {
-      R.msn = PsnAdd(R.msn, 1);
-      const bool has_imm = p.imm.has_value();
-      if (is_send || has_imm) {
-        Completion c = DeviceCore::MessageCompletion(qp_, m.offset, p);
-        if (is_send) {
-          c.wr_id = m.rqe->wr_id;
-          c.opcode = WcOpcode::kRecv;
-        } else {
-          c.wr_id = m.rqe->wr_id;  // taken when the last packet arrived (RDMA WRITE with immediate, IBTA 9.4.3.1)
-          c.opcode = WcOpcode::kRecvRdmaWithImm;
-        }
-        core_.Complete(qp_.init().recv_cq, c);
-      }
-      m = InboundMessage{};
-    }
-    if (p.bth.ack_req) Acknowledge(psn, starts && ends, out);
-    return;
-  }
+RequestOutcome RcResponder::PlaceSend(const Request& q) {
+  InboundMessage& m = qp_.inbound();
+  const WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, q.p.payload);
+  if (st == WcStatus::kSuccess) return RequestOutcome::kPass;
+  const Completion c = DeviceCore::ReceiveError(qp_, m.rqe->wr_id, st);
+  m = InboundMessage{};
+  core_.Complete(qp_.init().recv_cq, c);
+  // Too long for the receive buffer is the sender's invalid request; a bad local key our operational error.
+  return st == WcStatus::kLocLenErr ? RequestOutcome::kReceiveTooSmall : RequestOutcome::kReceiveUnusable;
+}
 
-  if (m.kind != InboundMessage::Kind::kNone) {
-    FatalNak(wire::NakCode::kInvalidRequest, out);  // a READ or atomic inside an open SEND/WRITE
-    return;
+RequestOutcome RcResponder::PlaceWrite(const Request& q) {
+  if (q.p.payload.empty()) return RequestOutcome::kPass;
+  // On an error the message is abandoned with the QP: the error state flushes the receive WQE a WRITE with
+  // immediate took.
+  std::shared_lock keys(core_.keys_mu);
+  uint8_t* target = core_.WriteTarget(qp_, qp_.inbound(), q.p.payload.size());
+  // The region was deregistered (or its window invalidated, or its memory unmapped) while the message was arriving:
+  // the rest is refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access error).
+  if (target == nullptr || !CopyGuarded(target, q.p.payload.data(), q.p.payload.size()))
+    return RequestOutcome::kAccessDenied;
+  return RequestOutcome::kPass;
+}
+
+void RcResponder::CompleteMessage(const Request& q) {
+  RcResponderState& R = state_;
+  InboundMessage& m = qp_.inbound();
+  R.msn = PsnAdd(R.msn, 1);
+  if (m.rqe) {
+    // A SEND, or a WRITE with immediate: its receive WQE, taken when the last packet arrived (IBTA 9.4.3.1).
+    Completion c = DeviceCore::MessageCompletion(qp_, m.offset, q.p);
+    c.wr_id = m.rqe->wr_id;
+    c.opcode = q.op == wire::Operation::kSend ? WcOpcode::kRecv : WcOpcode::kRecvRdmaWithImm;
+    core_.Complete(qp_.init().recv_cq, c);
   }
-  if (op == wire::Operation::kReadRequest) {
-    const wire::Reth& reth = *p.reth;
-    const bool granted = core_.MayAccessRemote(qp_, reth.rkey, reth.va, reth.dma_length, access::kRemoteRead);
-    if (!(a.qp_access_flags & access::kRemoteRead) || !granted) {
-      core_.Count(&DeviceCounters::rx_remote_access_denied);
-      FatalNak(wire::NakCode::kRemoteAccessError, out);
-      return;
-    }
-    ResponderResource res;
-    res.psn = psn;
-    res.npsn = PacketsFor(reth.dma_length, mtu);
-    res.va = reth.va;
-    res.rkey = reth.rkey;
-    res.length = reth.dma_length;
-    R.msn = PsnAdd(R.msn, 1);
-    res.msn = R.msn;
-    R.resources.push_back(res);
-    if (R.resources.size() > kSavedResponses) R.resources.pop_front();
-    a.rq_psn = PsnAdd(psn, res.npsn);  // a READ consumes one PSN per response packet (9.7.4.1.4)
-    SendReadResponses(res, psn, out);
-    return;
-  }
-  if (op == wire::Operation::kCompareSwap || op == wire::Operation::kFetchAdd) {
-    const wire::AtomicEth& ae = *p.atomic;
-    if (ae.va & 7) {
-      FatalNak(wire::NakCode::kInvalidRequest, out);  // misaligned atomic (9.4.5)
-      return;
-    }
-    std::shared_lock keys(core_.keys_mu);  // the word is changed while the key table cannot change
-    AccessResult acc = core_.keys.CheckRemote(ae.rkey, qp_.init().pd, ae.va, 8, access::kRemoteAtomic, qp_.qpn());
-    if (!(a.qp_access_flags & access::kRemoteAtomic) || !acc.ok()) {
-      keys.unlock();
-      core_.Count(&DeviceCounters::rx_remote_access_denied);
-      FatalNak(wire::NakCode::kRemoteAccessError, out);
-      return;
-    }
-    auto* target = reinterpret_cast<uint64_t*>(acc.host);
-    uint64_t original = 0;
-    // The application's CPU may touch the word concurrently: a real atomic (IBV_ATOMIC_HCA semantics).
-    const bool done = op == wire::Operation::kCompareSwap
-                          ? CompareSwapGuarded(target, ae.compare, ae.swap_add, &original)
-                          : FetchAddGuarded(target, ae.swap_add, &original);
-    keys.unlock();
-    if (!done) {  // the word's memory was unmapped since its registration
-      core_.Count(&DeviceCounters::rx_remote_access_denied);
-      FatalNak(wire::NakCode::kRemoteAccessError, out);
-      return;
-    }
-    ResponderResource res;
-    res.atomic = true;
-    res.psn = psn;
-    res.original = original;
-    R.msn = PsnAdd(R.msn, 1);
-    res.msn = R.msn;
-    R.resources.push_back(res);
-    if (R.resources.size() > kSavedResponses) R.resources.pop_front();
-    a.rq_psn = PsnAdd(psn, 1);
-    SendAtomicAck(psn, R.msn, original, out);
-    return;
-  }
-  FatalNak(wire::NakCode::kInvalidRequest, out);  // an opcode RC does not carry
+  m = InboundMessage{};
+}
+
+// A READ: saved (to answer a duplicate again, 9.7.5.1.6) and answered, one PSN per response packet (9.7.4.1.4).
+RequestOutcome RcResponder::ExecuteRead(Request& q, OutBatch& out) {
+  RcResponderState& R = state_;
+  const wire::Reth& reth = *q.p.reth;
+  ResponderResource res;
+  res.psn = q.psn;
+  res.npsn = PacketsFor(reth.dma_length, MtuBytes(qp_.attributes().path_mtu));
+  res.va = reth.va;
+  res.rkey = reth.rkey;
+  res.length = reth.dma_length;
+  R.msn = PsnAdd(R.msn, 1);
+  res.msn = R.msn;
+  SaveResource(res);
+  qp_.mutable_attributes().rq_psn = PsnAdd(q.psn, res.npsn);
+  SendReadResponses(res, q.psn, out);
+  return RequestOutcome::kExecuted;
+}
+
+// An atomic, on the word while the key table cannot change; saved with its result (9.7.5.1.6) and acknowledged.
+RequestOutcome RcResponder::ExecuteAtomic(Request& q, OutBatch& out) {
+  RcResponderState& R = state_;
+  const wire::AtomicEth& ae = *q.p.atomic;
+  std::shared_lock keys(core_.keys_mu);
+  AccessResult acc = core_.keys.CheckRemote(ae.rkey, qp_.init().pd, ae.va, 8, access::kRemoteAtomic, qp_.qpn());
+  if (!acc.ok()) return RequestOutcome::kAccessDenied;  // deregistered since CheckKey
+  auto* target = reinterpret_cast<uint64_t*>(acc.host);
+  uint64_t original = 0;
+  // The application's CPU may touch the word concurrently: a real atomic (IBV_ATOMIC_HCA semantics).
+  const bool done = q.op == wire::Operation::kCompareSwap
+                        ? CompareSwapGuarded(target, ae.compare, ae.swap_add, &original)
+                        : FetchAddGuarded(target, ae.swap_add, &original);
+  keys.unlock();
+  if (!done) return RequestOutcome::kAccessDenied;  // the word's memory was unmapped since its registration
+  ResponderResource res;
+  res.atomic = true;
+  res.psn = q.psn;
+  res.original = original;
+  R.msn = PsnAdd(R.msn, 1);
+  res.msn = R.msn;
+  SaveResource(res);
+  qp_.mutable_attributes().rq_psn = PsnAdd(q.psn, 1);
+  SendAtomicAck(q.psn, R.msn, original, out);
+  return RequestOutcome::kExecuted;
+}
+
+void RcResponder::SaveResource(const ResponderResource& res) {
+  state_.resources.push_back(res);
+  if (state_.resources.size() > kSavedResponses) state_.resources.pop_front();
+}
+
+// A SEND/WRITE packet that asked for an ACK gets one, now or held (AckTiming).
+RequestOutcome RcResponder::AcknowledgeRequest(Request& q, OutBatch& out) {
+  if (q.p.bth.ack_req) Acknowledge(q.psn, q.starts && q.ends, out);
+  return RequestOutcome::kExecuted;
 }
 
 }  // namespace uroce::emu

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "emu/rc_state.h"
 #include "emu/transport_object.h"
@@ -16,6 +18,25 @@
 namespace uroce::emu {
 
 struct OutBatch;
+
+// How the responder's steps ended a request (RcResponder::kSteps; ToString names each for the decision trace).
+// kPass: the step found nothing and the next one judges.
+enum class RequestOutcome : uint8_t {
+  kPass,
+  kExecuted,             // carried out; READ and atomics answered, SEND/WRITE acknowledged as the packet asked
+  kDuplicate,            // an earlier PSN: answered again from saved state, never executed twice (9.7.5.1.3)
+  kSequenceGap,          // a later PSN: packets were lost, one sequence NAK per gap (9.7.5.1.1)
+  kInvalidOpcode,        // not an RC request
+  kOutOfSequenceOpcode,  // FIRST/ONLY inside a message, MIDDLE/LAST outside one, READ/atomic inside one (9.7.5.1.2)
+  kReceiverNotReady,     // no receive WQE: RNR NAK (9.7.5.2.8)
+  kLengthError,          // not PMTU-sized for its place, or not the RETH's length
+  kAccessDenied,         // key, range, rights, or memory gone (9.7.5.2.5)
+  kMisalignedAtomic,     // an atomic's address is not 8-byte aligned (9.4.5)
+  kReceiveTooSmall,      // a SEND longer than its receive WQE (the receive completes with LOC_LEN_ERR)
+  kReceiveUnusable,      // the receive WQE's buffers cannot be written (remote operational error)
+  kInvalidateRefused,    // SEND with invalidate of an R_Key this QP may not invalidate (9.4.6)
+};
+std::string_view ToString(RequestOutcome outcome);
 
 class RcResponder : private TransportObject {
  public:
@@ -46,6 +67,35 @@ class RcResponder : private TransportObject {
   void SendHeldAck(OutBatch& out);
 
  private:
+  struct Request;
+  // One step of a request's way (kSteps): kPass, or the outcome that ends it.
+  struct Step {
+    std::string_view name;
+    RequestOutcome (RcResponder::*run)(Request& q, OutBatch& out);
+  };
+  static const Step kSteps[];
+
+  RequestOutcome CheckPsn(Request& q, OutBatch& out);
+  RequestOutcome CheckOpcode(Request& q, OutBatch& out);
+  RequestOutcome CheckSequence(Request& q, OutBatch& out);
+  RequestOutcome CheckResources(Request& q, OutBatch& out);
+  RequestOutcome CheckLength(Request& q, OutBatch& out);
+  RequestOutcome CheckKey(Request& q, OutBatch& out);
+  RequestOutcome Execute(Request& q, OutBatch& out);
+  RequestOutcome AcknowledgeRequest(Request& q, OutBatch& out);
+  // What Execute does per operation.
+  RequestOutcome ExecuteMessagePacket(Request& q);
+  RequestOutcome PlaceSend(const Request& q);
+  RequestOutcome PlaceWrite(const Request& q);
+  void CompleteMessage(const Request& q);
+  RequestOutcome ExecuteRead(Request& q, OutBatch& out);
+  RequestOutcome ExecuteAtomic(Request& q, OutBatch& out);
+  void SaveResource(const ResponderResource& res);
+  void AnswerDuplicate(const Request& q, OutBatch& out);
+  // Counts the outcome and sends what it calls for (an RNR NAK, a NAK that ends the connection).
+  void Conclude(const Request& q, RequestOutcome outcome, OutBatch& out);
+  void TraceRequest(const Request& q, RequestOutcome outcome, const std::string& steps) const;
+
   // The ACK for requests up to `psn`, of a message of one packet or not: sent now or held, as the core's ack_timing
   // says.
   void Acknowledge(uint32_t psn, bool one_packet, OutBatch& out);

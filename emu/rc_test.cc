@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iostream>
 #include <numeric>
+#include <regex>
+#include <string>
 
 #include "emu/test_fabric.h"
 #include "wire/headers.h"
@@ -1352,6 +1355,67 @@ TEST(RcHostile, PathMtusThatDisagreeFailRequestsAndNeverReportAnUnexecutedWrite)
       EXPECT_EQ(qa->state(), QpState::kErr);
     }
   }
+}
+
+// --- the decision trace (DeviceConfig::trace) ------------------------------------------------------------------------
+
+// The trace names, per packet, the step that decided and what it decided, and what each timer did: here a lost ACK
+// recovered (the responder executes, its ACK is lost, the requester's silence probe resends the tail, the responder
+// answers the duplicate with an ACK that completes the WRITE) and a WRITE to an R_Key the responder does not know
+// (the key step denies it, the NAK fails the WQE). The test prints the trace it checks.
+TEST(RcTrace, ALostAckRecoveryAndARemoteAccessNakStepByStep) {
+  std::vector<std::string> trace;
+  DeviceConfig traced;
+  traced.trace = [&trace](std::string_view line) { trace.emplace_back(line); };
+  Rc t(Attrs(), Attrs(), Mtu::k1024, traced);
+  Buffer src = testing::Register(*t.a->device, t.pa, 64, kMrAll);
+  Buffer dst = testing::Register(*t.b->device, t.pb, 64, kMrAll);
+  bool dropped = false;
+  // The first ACK b sends is lost (chosen by what it is, not by its place in the send order).
+  t.b->transport->drop_if = [&dropped](uint64_t, std::span<const uint8_t> bytes) {
+    const auto p = wire::ParsePacket(bytes);
+    if (dropped || !p || p->bth.opcode != rcop::kAcknowledge) return false;
+    return dropped = true;
+  };
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {src.At(0, 8)}, dst.mr.iova, dst.mr.rkey)),
+            0);
+  t.fabric.Pump();
+  auto s = Drain(t.sa);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].status, WcStatus::kSuccess);
+  ASSERT_TRUE(dropped);
+  const std::vector<std::string> recovery = trace;
+  trace.clear();
+  ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(2, SendOpcode::kRdmaWrite, {src.At(0, 8)}, dst.mr.iova, dst.mr.rkey ^ 0x5a)),
+            0);
+  t.fabric.Pump();
+  s = Drain(t.sa);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].status, WcStatus::kRemAccessErr);
+  const std::vector<std::string> nak = trace;
+
+  auto has = [](const std::vector<std::string>& lines, const std::string& pattern) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return std::regex_search(l, std::regex(pattern)); });
+  };
+  // Each line starts with the address of the device that decided.
+  const std::string a = t.a->device->config().address.ToString(), b = t.b->device->config().address.ToString();
+  const std::string responder = b + " responder qp " + Hex24(t.qb->qpn());
+  const std::string requester = a + " requester qp " + Hex24(t.qa->qpn());
+  const std::string completer = a + " completer qp " + Hex24(t.qa->qpn());
+  EXPECT_TRUE(has(recovery, "^" + responder + " psn 0x000000 RC_RDMA_WRITE_ONLY: psn pass, opcode pass, "
+                            "sequence pass, resources pass, length pass, key pass, execute pass, acknowledge executed$"));
+  EXPECT_TRUE(has(recovery, "^" + requester + " psn 0x000000: nothing heard for a few round trips: tail probe"));
+  EXPECT_TRUE(has(recovery, "^" + responder + " psn 0x000000 RC_RDMA_WRITE_ONLY: psn duplicate$"));
+  EXPECT_TRUE(has(recovery, "^" + completer + " psn 0x000000 RC_ACKNOWLEDGE: ACK -> acknowledged$"));
+  EXPECT_TRUE(has(nak, "^" + responder + " psn 0x000001 RC_RDMA_WRITE_ONLY: .* key access denied -> NAK "
+                       "remote access error, QP to ERR$"));
+  EXPECT_TRUE(has(nak, "^" + completer + " psn 0x000001 RC_ACKNOWLEDGE: NAK \\(remote access error\\) -> "
+                       "WQE fails, QP to ERR$"));
+  std::cout << "lost ACK recovered:\n";
+  for (const std::string& l : recovery) std::cout << "  " << l << "\n";
+  std::cout << "remote access error:\n";
+  for (const std::string& l : nak) std::cout << "  " << l << "\n";
 }
 
 // --- held ACKs (Device::AckTiming::kHeld) ----------------------------------------------------------------------------

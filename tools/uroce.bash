@@ -8,6 +8,8 @@ uroce_run_options_help() {
       --mtu N           active MTU: 256, 512, 1024, 2048, 4096 (default 4096)
       --pcap FILE       record every packet sent and received
       --stats           print the device's counters (drops by reason, retransmissions, faults) at exit
+      --trace           print the protocol's decisions as they happen: which check of a request or response
+                        decided what, what each timer did (one line each on stderr)
       --transport T     uring or socket (default: io_uring, plain sockets where io_uring is refused)
       --one-packet-per-datagram
                         no UDP segmentation offload: tcpdump then shows each RoCE packet as a datagram of its own
@@ -26,6 +28,7 @@ uroce_parse_run_options() {
     case "$1" in
       --) shift; break ;;
       --stats) RUN_ENV+=("UROCE_STATS=1"); shift; continue ;;
+      --trace) RUN_ENV+=("UROCE_TRACE=1"); shift; continue ;;
       --one-packet-per-datagram) RUN_ENV+=("UROCE_ONE_PACKET_PER_DATAGRAM=1"); shift; continue ;;
       -h|--help)
         echo "usage: uroce run [options] -- COMMAND [ARGS...]"

@@ -82,6 +82,8 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
     c->stats = value == "1" || value == "yes" || value == "true";
   } else if (key == "retry_forever") {
     c->retry_forever = value == "1" || value == "yes" || value == "true";
+  } else if (key == "trace") {
+    c->trace = value == "1" || value == "yes" || value == "true";
   } else if (key == "one_packet_per_datagram") {
     c->one_packet_per_datagram = value == "1" || value == "yes" || value == "true";
   } else if (key == "transport") {
@@ -268,7 +270,7 @@ int LoadEngineConfig(EngineConfig* config, std::string* error) {
   }
   static const char* kKeys[] = {"address", "port",          "mtu",       "pcap",
                                 "faults",  "stats",         "retry_forever", "transport",
-                                "one_packet_per_datagram"};
+                                "one_packet_per_datagram", "trace"};
   for (const char* key : kKeys) {
     std::string env = "UROCE_";
     for (const char* k = key; *k; ++k) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*k)));
@@ -405,6 +407,13 @@ int Engine::Start(const EngineConfig& config) {
   dc.active_mtu = config.mtu;
   dc.node_guid = NodeGuid();
   dc.retry_cnt_7_infinite = config.retry_forever;
+  if (config.trace) {
+    // The protocol's decisions, one line each, as they happen (stderr is unbuffered: lines from several threads
+    // never mix within a line).
+    dc.trace = [](std::string_view line) {
+      fprintf(stderr, "uroce: trace: %.*s\n", static_cast<int>(line.size()), line.data());
+    };
+  }
   std::random_device entropy;
   dc.id_seed = (uint64_t{entropy()} << 32 | entropy()) | 1;  // never 0: keys, QPNs and comm IDs differ by run
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::SystemClock::Instance());

@@ -51,6 +51,7 @@ struct EngineConfig {
   std::string faults;     // fault-injection spec (UROCE_FAULTS), see wire/fault_model.h
   bool stats = false;     // print the device's counters to stderr when the engine ends (UROCE_STATS=1)
   bool retry_forever = false;  // retry_cnt 7 retries forever, as kernel rxe does (UROCE_RETRY_FOREVER=1)
+  bool trace = false;          // print the protocol's decision trace on stderr (UROCE_TRACE=1)
   TransportChoice transport = TransportChoice::kAuto;  // UROCE_TRANSPORT=uring|socket
   // UROCE_ONE_PACKET_PER_DATAGRAM=1: no UDP_SEGMENT runs, so that a capture of the interface (tcpdump -i lo, where
   // loopback never splits a run) shows each RoCE packet as a datagram of its own, its ICRC for the IP ID 0 it has.
