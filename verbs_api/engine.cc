@@ -192,7 +192,9 @@ std::atomic<bool> g_uring_refused{false};
 // containerd 2.0, kernel.io_uring_disabled, io_uring_group), ENOSYS (no CONFIG_IO_URING, gVisor), ENOMEM (ring
 // memory is charged to the user's RLIMIT_MEMLOCK without CAP_IPC_LOCK, e.g. in a user namespace: 8 MiB is ~100
 // processes' rings).
-bool UringRefused(int rc) { return rc == -EPERM || rc == -ENOSYS || rc == -ENOMEM; }
+// io_uring_setup refused (EPERM: seccomp, kernel.io_uring_disabled; ENOSYS; ENOMEM: RLIMIT_MEMLOCK), or a kernel whose
+// io_uring lacks what the transport needs (EOPNOTSUPP: no IORING_SETUP_CQSIZE before Linux 5.5).
+bool UringRefused(int rc) { return rc == -EPERM || rc == -ENOSYS || rc == -ENOMEM || rc == -EOPNOTSUPP; }
 
 // Opens the transport *choice names on `ep`. kAuto tries io_uring first and, when it is refused, switches *choice
 // to kSocket for the rest of the process and says so once. Returns 0 or -errno (-EADDRINUSE: try another address);

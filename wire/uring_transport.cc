@@ -88,7 +88,10 @@ int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
   params.cq_entries = std::max(options_.ring_entries, std::max(options_.receive_buffers, options_.fallback_receives)) * 4;
   {
     std::lock_guard handover(ring_memory_handover);
-    if (int r = io_uring_queue_init_params(options_.ring_entries, receive_ring_.get(), &params); r < 0) return r;
+    // EINVAL here is a kernel without IORING_SETUP_CQSIZE (before Linux 5.5): io_uring exists but cannot serve us,
+    // which the caller takes as a refusal (-EOPNOTSUPP), like EPERM or ENOSYS, and falls back to sockets.
+    if (int r = io_uring_queue_init_params(options_.ring_entries, receive_ring_.get(), &params); r < 0)
+      return r == -EINVAL ? -EOPNOTSUPP : r;
   }
   receive_ring_ready_ = true;
   ring_event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

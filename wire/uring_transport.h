@@ -61,7 +61,8 @@ class UringTransport final : public Transport {
 
   // Binds a UDP socket to `bind` (port 0: an ephemeral port; local() tells which) and sets up the rings. Returns 0
   // and fills *out, or -errno: -EADDRINUSE, -EADDRNOTAVAIL, -EAFNOSUPPORT, io_uring_queue_init's errors
-  // (-ENOSYS / -EPERM when io_uring is unavailable or disabled), -EINVAL for bad options.
+  // (-ENOSYS / -EPERM when io_uring is unavailable or disabled, -ENOMEM beyond RLIMIT_MEMLOCK), -EOPNOTSUPP for a
+  // kernel whose io_uring lacks IORING_SETUP_CQSIZE (before 5.5), -EINVAL for bad options.
   static int Create(const UdpEndpoint& bind, const Options& options, std::unique_ptr<UringTransport>* out);
   static int Create(const UdpEndpoint& bind, std::unique_ptr<UringTransport>* out) {
     return Create(bind, Options{}, out);
