@@ -274,29 +274,8 @@ Completion DeviceCore::SendCompletion(const QueuePair& qp, const SendWr& wr, WcS
   c.qp_num = qp.qpn();
   // The message length, as rxe reports for every send-queue completion (mlx5 for READ and atomics, which need it).
   c.byte_len = static_cast<uint32_t>(wr.TotalLength());
-  switch (wr.opcode) {
-    case SendOpcode::kRdmaWrite:
-    case SendOpcode::kRdmaWriteWithImm:
-      c.opcode = WcOpcode::kRdmaWrite;
-      break;
-    case SendOpcode::kRdmaRead:
-      c.opcode = WcOpcode::kRdmaRead;
-      break;
-    case SendOpcode::kAtomicCmpAndSwp:
-      c.opcode = WcOpcode::kCompSwap;
-      break;
-    case SendOpcode::kAtomicFetchAndAdd:
-      c.opcode = WcOpcode::kFetchAdd;
-      break;
-    case SendOpcode::kLocalInv:
-      c.opcode = WcOpcode::kLocalInv;
-      break;
-    case SendOpcode::kBindMw:
-      c.opcode = WcOpcode::kBindMw;
-      break;
-    default:
-      c.opcode = WcOpcode::kSend;
-  }
+  const SendOpcodeInfo* info = FindSendOpcode(wr.opcode);
+  c.opcode = info ? info->completion : WcOpcode::kSend;
   return c;
 }
 

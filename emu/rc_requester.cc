@@ -55,27 +55,12 @@ bool RcRequester::TakeWaitingForPath() {
 }
 
 int RcRequester::Post(SendWr& wr, OutBatch& out) {
-  switch (wr.opcode) {
-    case SendOpcode::kSend:
-    case SendOpcode::kSendWithImm:
-    case SendOpcode::kSendWithInv:
-    case SendOpcode::kRdmaWrite:
-    case SendOpcode::kRdmaWriteWithImm:
-      break;
-    case SendOpcode::kRdmaRead:
-      if (wr.flags & send_flags::kInline) return EINVAL;  // nothing to send inline: the data comes back
-      break;
-    case SendOpcode::kAtomicCmpAndSwp:
-    case SendOpcode::kAtomicFetchAndAdd:
-      // IBTA 9.4.5: atomics are 8 bytes on an 8-byte aligned address; the local buffer receives the original value.
-      if ((wr.flags & send_flags::kInline) || wr.TotalLength() != 8 || (wr.remote_addr & 7)) return EINVAL;
-      break;
-    case SendOpcode::kLocalInv:
-    case SendOpcode::kBindMw:
-      break;  // local operations, executed in order when the send queue reaches them
-    default:
-      return EINVAL;
-  }
+  const SendOpcodeInfo* info = FindSendOpcode(wr.opcode);
+  if (!ValidOn(info, qp_.init().type)) return EINVAL;
+  // A READ or atomic has nothing to send inline: its data comes back.
+  if ((wr.flags & send_flags::kInline) && info->carries_data && !info->allows_inline) return EINVAL;
+  // IBTA 9.4.5: atomics are 8 bytes on an 8-byte aligned address; the local buffer receives the original value.
+  if (info->kind == SendOpcodeInfo::Kind::kAtomic && (wr.TotalLength() != 8 || (wr.remote_addr & 7))) return EINVAL;
   RcRequesterState& r = state_;
   if (r.sq.size() >= qp_.attributes().cap.max_send_wr) return ENOMEM;
   SendWqe w;
@@ -448,8 +433,7 @@ void RcRequester::Progress(OutBatch& out) {
   auto next_message_follows = [&]() {
     if (a.qp_state != QpState::kRts || r.cursor_wqe + 1 >= r.sq.size()) return false;
     const SendWqe& n = r.sq[r.cursor_wqe + 1];
-    return !n.started() && !n.is_read() && !n.is_atomic() && !(n.wr.flags & send_flags::kFence) &&
-           n.wr.opcode != SendOpcode::kBindMw && n.wr.opcode != SendOpcode::kLocalInv;
+    return !n.started() && !n.is_read() && !n.is_atomic() && !(n.wr.flags & send_flags::kFence) && !n.is_local();
   };
 
   bool sent = false;
@@ -475,7 +459,7 @@ void RcRequester::Progress(OutBatch& out) {
   };
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
-    if (!w.started() && (w.wr.opcode == SendOpcode::kBindMw || w.wr.opcode == SendOpcode::kLocalInv)) {
+    if (!w.started() && w.is_local()) {
       if (a.qp_state == QpState::kSqd) break;
       // A local operation takes no PSN: it happens when the queue reaches it and completes in order.
       const WcStatus st = core_.ExecuteLocalOp(qp_, w.wr);
@@ -584,10 +568,9 @@ void RcRequester::Progress(OutBatch& out) {
     } else {
       const uint32_t k = r.cursor_pkt;
       const bool first = k == 0, last = k + 1 == w.npsn;
-      const bool is_send = w.wr.opcode == SendOpcode::kSend || w.wr.opcode == SendOpcode::kSendWithImm ||
-                           w.wr.opcode == SendOpcode::kSendWithInv;
-      const bool imm = w.wr.opcode == SendOpcode::kSendWithImm || w.wr.opcode == SendOpcode::kRdmaWriteWithImm;
-      const bool inv = w.wr.opcode == SendOpcode::kSendWithInv;
+      const SendOpcodeInfo& info = *FindSendOpcode(w.wr.opcode);
+      const bool is_send = info.kind == SendOpcodeInfo::Kind::kSend;
+      const bool imm = info.immediate, inv = info.invalidate;
       // Every SEND and WRITE variant is defined on RC (IBTA table 38).
       spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kRc,
                                              is_send ? wire::Operation::kSend : wire::Operation::kRdmaWrite,

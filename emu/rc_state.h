@@ -46,10 +46,10 @@ struct SendWqe {
   bool started() const { return state != WqeState::kPosted; }
   bool in_flight() const { return state == WqeState::kInFlight; }
   bool done() const { return state == WqeState::kDone; }
-  bool is_read() const { return wr.opcode == SendOpcode::kRdmaRead; }
-  bool is_atomic() const {
-    return wr.opcode == SendOpcode::kAtomicCmpAndSwp || wr.opcode == SendOpcode::kAtomicFetchAndAdd;
-  }
+  SendOpcodeInfo::Kind kind() const { return FindSendOpcode(wr.opcode)->kind; }  // posted: a known opcode
+  bool is_read() const { return kind() == SendOpcodeInfo::Kind::kRead; }
+  bool is_atomic() const { return kind() == SendOpcodeInfo::Kind::kAtomic; }
+  bool is_local() const { return kind() == SendOpcodeInfo::Kind::kLocal; }
   uint32_t last_psn() const { return (first_psn + npsn - 1) & 0xffffff; }
 };
 

@@ -16,10 +16,8 @@
 namespace uroce::emu {
 
 int UcTransport::Post(SendWr& wr, OutBatch& out) {
-  const bool local = wr.opcode == SendOpcode::kBindMw || wr.opcode == SendOpcode::kLocalInv;
-  const bool is_write = wr.opcode == SendOpcode::kRdmaWrite || wr.opcode == SendOpcode::kRdmaWriteWithImm;
-  const bool is_send = wr.opcode == SendOpcode::kSend || wr.opcode == SendOpcode::kSendWithImm;
-  if (!local && !is_write && !is_send) return EINVAL;  // UC has no READ, atomics or invalidate (IBTA table 39)
+  // UC has no READ, atomics or SEND with invalidate (IBTA table 38).
+  if (!ValidOn(FindSendOpcode(wr.opcode), QpType::kUc)) return EINVAL;
   int err = 0;
   if (core_.HoldUnreliableSend(qp_, wr, qp_.peer().addr, &err)) return err;
   Send(wr, out);
@@ -27,7 +25,8 @@ int UcTransport::Post(SendWr& wr, OutBatch& out) {
 }
 
 void UcTransport::Send(const SendWr& wr, OutBatch& out) {
-  if (wr.opcode == SendOpcode::kBindMw || wr.opcode == SendOpcode::kLocalInv) {
+  const SendOpcodeInfo& info = *FindSendOpcode(wr.opcode);  // Post let only UC's opcodes through
+  if (info.kind == SendOpcodeInfo::Kind::kLocal) {
     const WcStatus st = core_.ExecuteLocalOp(qp_, wr);
     if (st == WcStatus::kSuccess) {
       core_.CompleteSend(qp_, wr, st);
@@ -36,8 +35,8 @@ void UcTransport::Send(const SendWr& wr, OutBatch& out) {
     }
     return;
   }
-  const bool is_write = wr.opcode == SendOpcode::kRdmaWrite || wr.opcode == SendOpcode::kRdmaWriteWithImm;
-  const bool is_send = wr.opcode == SendOpcode::kSend || wr.opcode == SendOpcode::kSendWithImm;
+  const bool is_write = info.kind == SendOpcodeInfo::Kind::kWrite;
+  const bool is_send = info.kind == SendOpcodeInfo::Kind::kSend;
   std::vector<uint8_t> payload;
   WcStatus st = core_.Gather(qp_, wr, payload);
   if (st == WcStatus::kSuccess && payload.size() > core_.config.limits.max_msg_sz) st = WcStatus::kLocLenErr;
@@ -47,7 +46,7 @@ void UcTransport::Send(const SendWr& wr, OutBatch& out) {
   }
   const QpAttributes& a = qp_.attributes();
   const size_t mtu = MtuBytes(a.path_mtu);
-  const bool imm = wr.opcode == SendOpcode::kSendWithImm || wr.opcode == SendOpcode::kRdmaWriteWithImm;
+  const bool imm = info.immediate;
   const wire::UdpEndpoint dst = qp_.peer();
   const uint16_t sport = qp_.source_port();
   const size_t total = payload.size();

@@ -44,7 +44,7 @@ uint8_t RoceL3HeaderType(const wire::IpAddress& src) { return src.is_v4() ? 2 : 
 }  // namespace
 
 int UdTransport::Post(SendWr& wr, OutBatch& out) {
-  if (wr.opcode != SendOpcode::kSend && wr.opcode != SendOpcode::kSendWithImm) return EINVAL;
+  if (!ValidOn(FindSendOpcode(wr.opcode), QpType::kUd)) return EINVAL;  // UD carries SENDs only (IBTA table 38)
   if (wr.ah == nullptr || wr.ah->pd() != qp_.init().pd) return EINVAL;
   const wire::IpAddress peer = wr.ah->destination();
   int err = 0;
@@ -64,7 +64,7 @@ void UdTransport::Send(const SendWr& wr, const wire::IpAddress& peer, OutBatch& 
   wire::PacketSpec spec;
   // UD defines SEND ONLY, with and without immediate (IBTA table 38); the opcode check above lets nothing else through.
   spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kUd, wire::Operation::kSend, wire::MsgPosition::kOnly,
-                                         wr.opcode == SendOpcode::kSendWithImm);
+                                         FindSendOpcode(wr.opcode)->immediate);
   spec.bth.solicited = wr.flags & send_flags::kSolicited;
   spec.bth.dest_qp = wr.remote_qpn;
   spec.bth.psn = qp_.NextSendPsn();

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "emu/types.h"
+
 namespace uroce::emu {
 
 class AddressHandle;
@@ -126,6 +128,36 @@ inline constexpr uint32_t kWithInv = 1u << 3;
 }  // namespace wc_flags
 
 // One completion queue entry (the union of ibv_wc and what ibv_cq_ex can read).
+// What each send work-request opcode is, once (rxe's rxe_wr_opcode_info; ibv_post_send(3), ibv_wr_post(3), IBTA
+// table 38): every place that must know what an opcode needs or allows asks here.
+struct SendOpcodeInfo {
+  SendOpcode opcode;
+  std::string_view name;  // IBV_WR_ without the prefix
+  // The QP types it may be posted on (bits of QpTypeBit).
+  uint8_t qp_types;
+  enum class Kind : uint8_t { kSend, kWrite, kRead, kAtomic, kLocal } kind;
+  bool immediate;      // carries immediate data (the last packet's ImmDt)
+  bool invalidate;     // SEND with invalidate (IETH)
+  bool carries_data;   // has SGEs: gathered and sent (SEND, WRITE) or filled by the answer (READ, atomics)
+  bool allows_inline;  // IBV_SEND_INLINE is valid: "only for SEND and RDMA_WRITE" (ibv_wr_post(3))
+  WcOpcode completion;  // the send completion's wc.opcode
+};
+
+inline constexpr uint8_t QpTypeBit(QpType type) {
+  switch (type) {
+    case QpType::kRc: return 1;
+    case QpType::kUc: return 2;
+    case QpType::kUd: return 4;
+    case QpType::kXrcSend: return 8;
+    default: return 0;
+  }
+}
+
+// The entry for `op`; nullptr for an opcode uroce does not carry (TSO, DRIVER1, ATOMIC_WRITE, unknown values).
+const SendOpcodeInfo* FindSendOpcode(SendOpcode op);
+// Whether `op` may be posted on a send queue of `type` (EINVAL at post otherwise).
+inline bool ValidOn(const SendOpcodeInfo* info, QpType type) { return info && (info->qp_types & QpTypeBit(type)); }
+
 struct Completion {
   uint64_t wr_id = 0;
   WcStatus status = WcStatus::kSuccess;

@@ -51,33 +51,14 @@ void Remember(SendOpsBatch& b, int err) {
 
 // Operations whose data comes from the DATA setters (ibv_wr_post(3) table: "DATA" column).
 bool CarriesData(SendOpcode op) {
-  switch (op) {
-    case SendOpcode::kSend:
-    case SendOpcode::kSendWithImm:
-    case SendOpcode::kSendWithInv:
-    case SendOpcode::kRdmaWrite:
-    case SendOpcode::kRdmaWriteWithImm:
-    case SendOpcode::kRdmaRead:
-    case SendOpcode::kAtomicCmpAndSwp:
-    case SendOpcode::kAtomicFetchAndAdd:
-      return true;
-    default:
-      return false;
-  }
+  const emu::SendOpcodeInfo* info = emu::FindSendOpcode(op);
+  return info && info->carries_data;
 }
 
 // Inline data is "valid only for SEND and RDMA_WRITE" (ibv_wr_post(3), DATA transfer setters).
 bool AllowsInline(SendOpcode op) {
-  switch (op) {
-    case SendOpcode::kSend:
-    case SendOpcode::kSendWithImm:
-    case SendOpcode::kSendWithInv:
-    case SendOpcode::kRdmaWrite:
-    case SendOpcode::kRdmaWriteWithImm:
-      return true;
-    default:
-      return false;
-  }
+  const emu::SendOpcodeInfo* info = emu::FindSendOpcode(op);
+  return info && info->allows_inline;
 }
 
 // Starts a new WR from the QP's wr_id and wr_flags as they are now; nullptr outside a batch (misuse we cannot report:
