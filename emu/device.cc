@@ -270,7 +270,12 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
   if (next == QpState::kRts && cur != QpState::kRts) qp->requester().Start(/*from_sqd=*/cur == QpState::kSqd);
   if (next == QpState::kSqd && cur == QpState::kRts) qp->requester().StartDraining(a.en_sqd_async_notify);
   if (cur == QpState::kSqd && next == QpState::kRts) a.sq_draining = false;
-  if (next == QpState::kErr && cur != QpState::kErr) core_.Flush(*qp);
+  if (next == QpState::kErr && cur != QpState::kErr) {
+    // What it had in flight no longer counts against its path's window (as DeviceCore::EnterError does): otherwise
+    // the other requesters towards that peer wait for room until this QP is reset or destroyed.
+    qp->requester().Charge();
+    core_.Flush(*qp);
+  }
   return 0;
 }
 
@@ -443,102 +448,118 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
     return;
   }
   const wire::PacketView& p = *parsed;
-  // IBTA A17.3.3: a packet whose ICRC does not verify is silently dropped. A UDP socket cannot see the IPv4
-  // Identification the ICRC covers. uroce peers send ID 0 (DF from an unconnected socket), but kernel rxe and RoCE
-  // NICs send changing IDs, so with the ID unknown the ICRC is checked over everything else (RecoverIpId): a
-  // recovered ID of 0 is a full 32-bit check; any other ID leaves 16 bits of check, and is counted.
-  if (d.ip_id.has_value() || !d.src.addr.is_v4()) {
-    if (!wire::VerifyIcrc(wire::Flow{d.src, d.dst, d.ip_id.value_or(0)}, d.payload).ok) {
-      core_.Count(&DeviceCounters::rx_icrc_errors);
-      return;
-    }
-  } else {
-    const std::optional<uint16_t> id = wire::RecoverIpId(wire::Flow{d.src, d.dst, 0}, d.payload);
-    if (!id) {
-      core_.Count(&DeviceCounters::rx_icrc_errors);
-      return;
-    }
-    if (*id != 0) core_.Count(&DeviceCounters::rx_icrc_ip_id_inferred);
-  }
-  if (p.info->transport == wire::TransportKind::kCnp) {
-    // A CNP: the peer saw congestion marks on what the QP it names sent it (RoCEv2 Annex A17.9). Unreliable
-    // sending towards the peer is paced (PathWindow::OnUnreliableCnp); otherwise the RC window towards it is cut.
-    core_.Count(&DeviceCounters::rx_cnp);
-    const QueuePair* named = FindQpLocked(p.bth.dest_qp);  // its type never changes: no lock needed to read it
-    std::lock_guard lock(core_.paths_mu);
-    if (named != nullptr && (named->type() == QpType::kUd || named->type() == QpType::kUc)) {
-      core_.paths[d.src.addr].OnUnreliableCnp(core_.Now());
-    } else if (auto it = core_.paths.find(d.src.addr); it != core_.paths.end()) {
-      it->second.OnCongestion();
-      core_.Count(&DeviceCounters::rc_congestion_signals);
-    }
-    return;
-  }
-  if (p.bth.dest_qp == wire::kGsiQpn) {
-    // QP1, the GSI: CM MADs for the connection manager (rdmacm.md 4.1), which checks Q_Key and source QP itself.
-    if (!PkeyMatches(p.bth.pkey)) {
-      core_.Count(&DeviceCounters::rx_bad_pkey);
-    } else if (p.info->transport != wire::TransportKind::kUd || !p.deth) {
-      core_.Count(&DeviceCounters::rx_wrong_transport);
-    } else {
-      gsi = GsiMad{d.src.addr, p.deth->qkey, p.deth->src_qp, std::vector<uint8_t>(p.payload.begin(), p.payload.end())};
-    }
-    return;
-  }
-  if (p.bth.dest_qp == wire::kMulticastQpn) {
-    // IBTA 10.5.2.3: a UD packet to the multicast QPN goes to every QP attached to its destination group.
-    auto m = multicast_.find(d.dst.addr);
-    if (m == multicast_.end() || p.info->transport != wire::TransportKind::kUd || !PkeyMatches(p.bth.pkey)) {
-      core_.Count(&DeviceCounters::rx_unknown_qp);
-      return;
-    }
-    for (QueuePair* member : m->second) {
-      std::lock_guard lock(member->mutex());
-      const QpState s = member->state();
-      if (s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd || s == QpState::kSqe) {
-        member->ud().Receive(d, p);
-      } else {
-        core_.Count(&DeviceCounters::rx_bad_state);
-      }
-    }
-    return;
-  }
+  if (!IcrcVerifies(d)) return;
+  if (p.info->transport == wire::TransportKind::kCnp) return ReceiveCnpLocked(d, p);
+  if (p.bth.dest_qp == wire::kGsiQpn) return ReceiveGsiLocked(d, p, gsi);
+  if (p.bth.dest_qp == wire::kMulticastQpn) return ReceiveMulticastLocked(d, p);
   QueuePair* qp = FindQpLocked(p.bth.dest_qp);
   if (qp == nullptr) {
     core_.Count(&DeviceCounters::rx_unknown_qp);
     return;
   }
   std::unique_lock lock(qp->mutex());
-  const bool xrc = qp->type() == QpType::kXrcSend || qp->type() == QpType::kXrcRecv;
-  const wire::TransportKind want = qp->type() == QpType::kUd   ? wire::TransportKind::kUd
-                                   : qp->type() == QpType::kUc ? wire::TransportKind::kUc
-                                   : xrc                       ? wire::TransportKind::kXrc
-                                                               : wire::TransportKind::kRc;
-  if (p.info->transport != want) {
-    core_.Count(&DeviceCounters::rx_wrong_transport);
-    return;
-  }
-  // A connected QP talks to one peer, its primary path's DGID (IBTA 9.6, transport header validation: a connected
-  // QP accepts the packets of its path only). The UDP source port is the flow hash, not the peer's identity.
-  if (qp->type() != QpType::kUd && d.src.addr != qp->peer().addr) {
-    core_.Count(&DeviceCounters::rx_wrong_peer);
-    return;
-  }
-  const QpState s = qp->state();
-  if (s != QpState::kRtr && s != QpState::kRts && s != QpState::kSqd && s != QpState::kSqe) {
-    core_.Count(&DeviceCounters::rx_bad_state);  // IBTA 10.3.1: a QP in RESET/INIT/ERR drops what arrives
-    return;
-  }
-  if (!PkeyMatches(p.bth.pkey)) {
-    core_.Count(&DeviceCounters::rx_bad_pkey);
-    return;
-  }
+  if (!AcceptedByQp(*qp, d, p)) return;
   // Our queue is filling with what an unreliable sender sends (DeviceCore::kCnpIntervalNs): ask it to slow down.
   if (d.congestion_experienced && qp->type() == QpType::kUd && p.deth) {
     NotifyCongestionLocked(d.src.addr, p.deth->src_qp, out);
   } else if (d.congestion_experienced && qp->type() == QpType::kUc) {
     NotifyCongestionLocked(d.src.addr, qp->attributes().dest_qp_num, out);
   }
+  DeliverToQpLocked(qp, lock, d, p, out);
+}
+
+// IBTA A17.3.3: a packet whose ICRC does not verify is silently dropped. A UDP socket cannot see the IPv4
+// Identification the ICRC covers. uroce peers send ID 0 (DF from an unconnected socket), but kernel rxe and RoCE NICs
+// send changing IDs, so with the ID unknown the ICRC is checked over everything else (RecoverIpId): a recovered ID of
+// 0 is a full 32-bit check; any other ID leaves 16 bits of check, and is counted.
+bool Device::IcrcVerifies(const wire::InDatagram& d) {
+  if (d.ip_id.has_value() || !d.src.addr.is_v4()) {
+    if (wire::VerifyIcrc(wire::Flow{d.src, d.dst, d.ip_id.value_or(0)}, d.payload).ok) return true;
+    core_.Count(&DeviceCounters::rx_icrc_errors);
+    return false;
+  }
+  const std::optional<uint16_t> id = wire::RecoverIpId(wire::Flow{d.src, d.dst, 0}, d.payload);
+  if (!id) {
+    core_.Count(&DeviceCounters::rx_icrc_errors);
+    return false;
+  }
+  if (*id != 0) core_.Count(&DeviceCounters::rx_icrc_ip_id_inferred);
+  return true;
+}
+
+// A CNP: the peer saw congestion marks on what the QP it names sent it (RoCEv2 Annex A17.9). Unreliable sending
+// towards the peer is paced (PathWindow::OnUnreliableCnp); otherwise the RC window towards it is cut.
+void Device::ReceiveCnpLocked(const wire::InDatagram& d, const wire::PacketView& p) {
+  core_.Count(&DeviceCounters::rx_cnp);
+  const QueuePair* named = FindQpLocked(p.bth.dest_qp);  // its type never changes: no lock needed to read it
+  std::lock_guard lock(core_.paths_mu);
+  if (named != nullptr && (named->type() == QpType::kUd || named->type() == QpType::kUc)) {
+    core_.paths[d.src.addr].OnUnreliableCnp(core_.Now());
+  } else if (auto it = core_.paths.find(d.src.addr); it != core_.paths.end()) {
+    it->second.OnCongestion();
+    core_.Count(&DeviceCounters::rc_congestion_signals);
+  }
+}
+
+// QP1, the GSI: CM MADs for the connection manager (rdmacm.md 4.1), which checks Q_Key and source QP itself.
+void Device::ReceiveGsiLocked(const wire::InDatagram& d, const wire::PacketView& p, std::optional<GsiMad>& gsi) {
+  if (!PkeyMatches(p.bth.pkey)) {
+    core_.Count(&DeviceCounters::rx_bad_pkey);
+  } else if (p.info->transport != wire::TransportKind::kUd || !p.deth) {
+    core_.Count(&DeviceCounters::rx_wrong_transport);
+  } else {
+    gsi = GsiMad{d.src.addr, p.deth->qkey, p.deth->src_qp, std::vector<uint8_t>(p.payload.begin(), p.payload.end())};
+  }
+}
+
+// IBTA 10.5.2.3: a UD packet to the multicast QPN goes to every QP attached to its destination group.
+void Device::ReceiveMulticastLocked(const wire::InDatagram& d, const wire::PacketView& p) {
+  auto m = multicast_.find(d.dst.addr);
+  if (m == multicast_.end() || p.info->transport != wire::TransportKind::kUd || !PkeyMatches(p.bth.pkey)) {
+    core_.Count(&DeviceCounters::rx_unknown_qp);
+    return;
+  }
+  for (QueuePair* member : m->second) {
+    std::lock_guard lock(member->mutex());
+    if (ReceivesInState(member->state())) {
+      member->ud().Receive(d, p);
+    } else {
+      core_.Count(&DeviceCounters::rx_bad_state);
+    }
+  }
+}
+
+// IBTA 10.3.1: a QP in RESET, INIT or ERR drops what arrives.
+bool Device::ReceivesInState(QpState s) {
+  return s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd || s == QpState::kSqe;
+}
+
+// Transport header validation (IBTA 9.6) for the QP the BTH names, with its lock held: the opcode's transport is the
+// QP's, a connected QP hears only its path's peer, the QP is in a state that receives, the P_Key matches.
+bool Device::AcceptedByQp(const QueuePair& qp, const wire::InDatagram& d, const wire::PacketView& p) {
+  const bool xrc = qp.type() == QpType::kXrcSend || qp.type() == QpType::kXrcRecv;
+  const wire::TransportKind want = qp.type() == QpType::kUd   ? wire::TransportKind::kUd
+                                   : qp.type() == QpType::kUc ? wire::TransportKind::kUc
+                                   : xrc                      ? wire::TransportKind::kXrc
+                                                              : wire::TransportKind::kRc;
+  uint64_t DeviceCounters::*refused = nullptr;
+  if (p.info->transport != want) {
+    refused = &DeviceCounters::rx_wrong_transport;
+  } else if (qp.type() != QpType::kUd && d.src.addr != qp.peer().addr) {
+    // The UDP source port is the flow hash, not the peer's identity: the address is.
+    refused = &DeviceCounters::rx_wrong_peer;
+  } else if (!ReceivesInState(qp.state())) {
+    refused = &DeviceCounters::rx_bad_state;
+  } else if (!PkeyMatches(p.bth.pkey)) {
+    refused = &DeviceCounters::rx_bad_pkey;
+  }
+  if (refused != nullptr) core_.Count(refused);
+  return refused == nullptr;
+}
+
+// The QP's transport object takes the packet (`lock` holds the QP's lock; RC may release it to wake path waiters).
+void Device::DeliverToQpLocked(QueuePair* qp, std::unique_lock<std::mutex>& lock, const wire::InDatagram& d,
+                               const wire::PacketView& p, OutBatch& out) {
   switch (qp->type()) {
     case QpType::kUd:
       qp->ud().Receive(d, p);

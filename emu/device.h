@@ -154,6 +154,15 @@ class Device {
   // may go, 0 when none is.
   uint64_t SendHeldLocked(QueuePair& qp, uint64_t now, OutBatch& out);
   void OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi);
+  // Its steps: the ICRC (counted when it fails); CNPs, QP1 and multicast; the named QP's validation and delivery.
+  bool IcrcVerifies(const wire::InDatagram& d);
+  void ReceiveCnpLocked(const wire::InDatagram& d, const wire::PacketView& p);
+  void ReceiveGsiLocked(const wire::InDatagram& d, const wire::PacketView& p, std::optional<GsiMad>& gsi);
+  void ReceiveMulticastLocked(const wire::InDatagram& d, const wire::PacketView& p);
+  static bool ReceivesInState(QpState s);
+  bool AcceptedByQp(const QueuePair& qp, const wire::InDatagram& d, const wire::PacketView& p);
+  void DeliverToQpLocked(QueuePair* qp, std::unique_lock<std::mutex>& lock, const wire::InDatagram& d,
+                         const wire::PacketView& p, OutBatch& out);
   // RC and XRC initiator (rc.cc), with the QP's lock held: a request to the QP's responder, a response to its
   // completer. True when the response opened the path's window: the caller wakes its waiters once the QP's lock is
   // released (WakePathWaitersLocked).

@@ -409,224 +409,278 @@ std::string_view RcRequester::OnAtomicAck(const wire::PacketView& p, OutBatch& o
   return "original value placed";
 }
 
+// --- sending: one pass over the send queue from the cursor -----------------------------------------------------
+
+// What one pass through Progress shares between its steps.
+struct RcRequester::SendPass {
+  PathWindow& path;  // the QP's path (the entry never moves; what it holds is read and changed under paths_mu)
+  uint32_t mtu;
+  wire::UdpEndpoint dst;
+  uint16_t sport;
+  // Nothing was unacknowledged when the pass began: the local ACK timer, if armed (it runs on while the requester
+  // waits for the path's window), starts again with what is sent now (IBTA 9.7.6.1.3 times a request from its
+  // sending). Seen with 1000 QPs: a requester that had waited 270 ms for the window timed out 3 ms after it resumed,
+  // its ACK still queued.
+  bool idle_before;
+  bool sent = false;
+  uint64_t now_ns = 0;  // read once, when first needed (TimeRoundTrip, ArmRetransmit)
+  std::vector<std::span<const uint8_t>> payload;  // the next packet's bytes, in registered memory
+};
+
 void RcRequester::Progress(OutBatch& out) {
   RcRequesterState& r = state_;
-  QpAttributes& a = qp_.mutable_attributes();
+  const QpAttributes& a = qp_.attributes();
   if (a.qp_state != QpState::kRts && a.qp_state != QpState::kSqd) return;
   if (r.rnr_deadline_ns != 0) return;  // waiting out an RNR NAK
   if (r.cursor_wqe >= r.sq.size()) return;  // nothing to send (an ACK that completed the last WQE lands here)
-  const uint32_t mtu = MtuBytes(a.path_mtu);
-  const wire::UdpEndpoint dst = qp_.peer();
-  const uint16_t sport = qp_.source_port();
-
-  auto outstanding_rd_atomic = [&]() {
-    uint32_t n = 0;
-    for (const SendWqe& w : r.sq)
-      if (w.in_flight() && (w.is_read() || w.is_atomic())) ++n;
-    return n;
-  };
-  // Whether this pass goes on from the WQE at the cursor to the next one: a SEND or WRITE posted behind it that has
-  // not started and waits for nothing (no fence, no READ/atomic limit, not a local operation, which completes only
-  // after the ACKs of those before it). Its packets then ask for the ACK -- the last one sent at the latest, where the
-  // requester stops -- and the message before need not: with 64 KiB WRITEs one ACK per message cost the receiver a
-  // send and the sender a receive for every 16 packets.
-  auto next_message_follows = [&]() {
-    if (a.qp_state != QpState::kRts || r.cursor_wqe + 1 >= r.sq.size()) return false;
-    const SendWqe& n = r.sq[r.cursor_wqe + 1];
-    return !n.started() && !n.is_read() && !n.is_atomic() && !(n.wr.flags & send_flags::kFence) && !n.is_local();
-  };
-
-  bool sent = false;
-  uint64_t now_ns = 0;  // read once, when first needed (TimeRoundTrip, ArmRetransmit)
-  // Nothing unacknowledged yet: the local ACK timer, if armed (it runs on while the requester waits for the path's
-  // window), starts again with what is sent now (IBTA 9.7.6.1.3 times a request from its sending). Seen with 1000
-  // QPs: a requester that had waited 270 ms for the window timed out 3 ms after it resumed, its ACK still queued.
-  const bool idle_before = PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0;
-  std::vector<std::span<const uint8_t>> payload;  // the next packet's bytes, in registered memory
-  // The path's entry stays where it is (paths is a map whose entries are never erased); what it holds is read and
-  // changed under paths_mu.
-  PathWindow& path = [&]() -> PathWindow& {
-    std::lock_guard lock(core_.paths_mu);
-    return core_.PathOfLocked(qp_);
-  }();
-  // Marks PSNs before `next` as sent and charges what is new to the path at once, so the next packet sees the window
-  // as it is.
-  auto sent_up_to = [&](uint32_t next) {
-    if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
-    std::lock_guard lock(core_.paths_mu);
-    r.newest_sent_seq = path.NoteSent();
-    ChargeLocked(path);
-  };
+  SendPass pass{[&]() -> PathWindow& {
+                  std::lock_guard lock(core_.paths_mu);
+                  return core_.PathOfLocked(qp_);
+                }(),
+                MtuBytes(a.path_mtu), qp_.peer(), qp_.source_port(), PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0};
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
-    if (!w.started() && w.is_local()) {
-      if (a.qp_state == QpState::kSqd) break;
-      // A local operation takes no PSN: it happens when the queue reaches it and completes in order.
-      const WcStatus st = core_.ExecuteLocalOp(qp_, w.wr);
-      if (st != WcStatus::kSuccess) {
-        Fail(r.cursor_wqe, st);
-        return;
-      }
-      w.state = WqeState::kDone;
-      w.first_psn = a.sq_psn;
-      w.npsn = 0;
-      ++r.cursor_wqe;
-      r.cursor_pkt = 0;
-      CompleteInOrder();
-      continue;
-    }
-    if (!w.started()) {
-      if (a.qp_state == QpState::kSqd) break;  // SQD: nothing new starts
-      if ((w.is_read() || w.is_atomic()) && outstanding_rd_atomic() >= std::max<uint32_t>(a.max_rd_atomic, 1)) break;
-      // IBV_SEND_FENCE (IBTA 10.8.3.3): wait until every earlier READ and atomic has completed.
-      if ((w.wr.flags & send_flags::kFence) && outstanding_rd_atomic() > 0) break;
-      w.length = w.wr.TotalLength();
-      if (w.length > core_.config.limits.max_msg_sz) {
-        Fail(r.cursor_wqe, WcStatus::kLocLenErr);
-        return;
-      }
-      // Validate every local buffer now: a bad lkey is a local protection error (IBTA 10.6.3.1), and a READ or
-      // atomic needs local write access to land its data.
-      const uint32_t needed = (w.is_read() || w.is_atomic()) ? access::kLocalWrite : 0;
-      if (!(w.wr.flags & send_flags::kInline)) {
-        std::shared_lock keys(core_.keys_mu);
-        for (const Sge& sge : w.wr.sg_list) {
-          if (sge.length == 0) continue;
-          if (!core_.keys.CheckLocal(sge.lkey, qp_.init().pd, sge.addr, sge.length, needed).ok()) {
-            keys.unlock();
-            Fail(r.cursor_wqe, WcStatus::kLocProtErr);
-            return;
-          }
-        }
-      }
-      w.npsn = w.is_atomic() ? 1 : PacketsFor(w.length, mtu);
-      w.first_psn = a.sq_psn;
-      a.sq_psn = PsnAdd(a.sq_psn, w.npsn);
-      w.state = WqeState::kInFlight;
-      r.cursor_pkt = 0;
-    }
-    const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
-    if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) break;  // the QP's window is full
-    const bool is_new = PsnDiff(psn, r.sent_psn_next) >= 0;  // not sent before (go-back-N resends are not)
-    bool force_ack_req = false;
-    if (is_new) {
-      // The window shared by every QP towards this peer is full: wait to be woken as it opens (retransmissions of
-      // what is already in flight never wait). Threads sending for other QPs towards it meanwhile may each put
-      // one more packet in flight than the window allows: it is a bound on queueing, not on correctness. So may a
-      // requester whose newest packet did not ask for an ACK: this one does, and it stops after it
-      // (RcRequesterState::tail_asks_ack()).
-      std::unique_lock lock(core_.paths_mu);
-      if (!path.MaySend()) {
-        if (r.tail_asks_ack()) {
-          if (!r.waiting_for_path) {
-            r.waiting_for_path = true;
-            path.waiting().push_back(qp_.qpn());
-            core_.Count(&DeviceCounters::rc_path_waits);
-          }
-          break;
-        }
-        force_ack_req = true;
-      }
-    }
-
-    wire::PacketSpec spec;
-    spec.bth.dest_qp = a.dest_qp_num;
-    spec.bth.psn = psn;
-    if (w.is_read()) {
-      // What has arrived is never asked for again (go-back-N may pass a READ already answered in full); the next
-      // segment waits for the previous one.
-      if (w.done()) {
-        ++r.cursor_wqe;
-        r.cursor_pkt = 0;
-        continue;
-      }
-      r.cursor_pkt = std::max(r.cursor_pkt, w.read_next);
-      if (r.cursor_pkt > w.read_next) break;
-      const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
-      // A READ request asks for its responses, which acknowledge what precedes it.
-      if (PsnDiff(PsnAdd(w.first_psn, end), r.sent_psn_next) > 0) r.packets_since_ack_req = 0;
-      SendReadRequest(w, r.cursor_pkt, out);
-      sent_up_to(PsnAdd(w.first_psn, end));
-      if (end == w.npsn) {
-        ++r.cursor_wqe;
-        r.cursor_pkt = 0;
-      } else {
-        r.cursor_pkt = end;
-      }
-    } else if (w.is_atomic()) {
-      const bool cas = w.wr.opcode == SendOpcode::kAtomicCmpAndSwp;
-      spec.bth.opcode = cas ? wire::opcode::kRcCompareSwap : wire::opcode::kRcFetchAdd;
-      spec.bth.ack_req = true;
-      spec.atomic = wire::AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add,
-                                    cas ? w.wr.compare_add : 0};
-      ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
-      out.Add(core_.transport, spec, {}, dst, sport);
-      if (is_new) r.packets_since_ack_req = 0;  // it asks for the atomic ACK
-      sent_up_to(PsnAdd(psn, 1));
-      ++r.cursor_wqe;
-      r.cursor_pkt = 0;
-    } else {
-      const uint32_t k = r.cursor_pkt;
-      const bool first = k == 0, last = k + 1 == w.npsn;
-      const SendOpcodeInfo& info = *FindSendOpcode(w.wr.opcode);
-      const bool is_send = info.kind == SendOpcodeInfo::Kind::kSend;
-      const bool imm = info.immediate, inv = info.invalidate;
-      // Every SEND and WRITE variant is defined on RC (IBTA table 38).
-      spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kRc,
-                                             is_send ? wire::Operation::kSend : wire::Operation::kRdmaWrite,
-                                             wire::PositionInMessage(k, w.npsn), imm, inv);
-      if (!is_send && first) spec.reth = wire::Reth{w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
-      spec.bth.solicited = last && (w.wr.flags & send_flags::kSolicited);
-      // AckReq where the requester will stop after this packet too -- the QP's window or the path's is full --
-      // or nothing would ever acknowledge what it has in flight and it would wait for a timeout.
-      const uint32_t next_psn = PsnAdd(psn, 1);
-      bool stops_after = PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets;
-      {
-        std::lock_guard lock(core_.paths_mu);
-        if (!stops_after && PsnDiff(next_psn, r.sent_psn_next) >= 0)
-          stops_after = path.in_flight() + (is_new ? 1 : 0) >= path.window();
-        // Charged in the same step, before the packet is built: one that cannot be built fails the QP, which
-        // uncharges it (Fail -> EnterError -> Charge).
-        if (is_new) r.sent_psn_next = next_psn;
-        r.newest_sent_seq = path.NoteSent();
-        ChargeLocked(path);
-      }
-      if (is_new) {
-        spec.bth.ack_req = (last && !next_message_follows()) || r.packets_since_ack_req + 1 >= kAckReqEvery ||
-                           stops_after || force_ack_req;
-        r.packets_since_ack_req = spec.bth.ack_req ? 0 : r.packets_since_ack_req + 1;
-      } else {
-        // Go-back-N resends, and tail probes: the newest packet sent asks for an ACK when it goes again.
-        spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after ||
-                           PsnDiff(next_psn, r.sent_psn_next) >= 0;
-      }
-      if (spec.bth.ack_req && is_new) TimeRoundTrip(psn, now_ns);
-      if (last && imm) spec.imm = wire::ImmDt{w.wr.imm_data};
-      if (last && inv) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
-      const uint64_t off = uint64_t{k} * mtu;
-      const uint64_t len = std::min<uint64_t>(mtu, w.length - std::min(off, w.length));
-      ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
-      {
-        // Registered memory is read while the key table cannot change (DeviceCore::keys_mu).
-        std::shared_lock keys(core_.keys_mu);
-        if (!core_.GatherRange(qp_, w.wr, off, len, payload) ||
-            !out.AddGathered(core_.transport, spec, payload, dst, sport)) {
-          // The memory was deregistered (or unmapped) after the WQE started.
-          keys.unlock();
-          Fail(r.cursor_wqe, WcStatus::kLocProtErr);
-          return;
-        }
-      }
-      if (++r.cursor_pkt == w.npsn) {
-        ++r.cursor_wqe;
-        r.cursor_pkt = 0;
-      }
-    }
-    sent = true;
+    const PassStep step = w.is_local() && !w.started() ? RunLocalOp(w) : SendFromCursor(w, pass, out);
+    if (step == PassStep::kFailed) return;
+    if (step == PassStep::kStop) break;
+    if (step == PassStep::kSent) pass.sent = true;
   }
-  if (sent && (r.retransmit_deadline_ns == 0 || idle_before)) ArmRetransmit(now_ns);
+  if (pass.sent && (r.retransmit_deadline_ns == 0 || pass.idle_before)) ArmRetransmit(pass.now_ns);
   // A held ACK of this QP's responder follows the requests just queued (AckTiming::kHeld).
-  if (sent && qp_.responder().ack_held()) qp_.responder().SendHeldAck(out);
+  if (pass.sent && qp_.responder().ack_held()) qp_.responder().SendHeldAck(out);
+}
+
+// A local operation takes no PSN: it happens when the queue reaches it and completes in order.
+RcRequester::PassStep RcRequester::RunLocalOp(SendWqe& w) {
+  RcRequesterState& r = state_;
+  if (qp_.attributes().qp_state == QpState::kSqd) return PassStep::kStop;
+  const WcStatus st = core_.ExecuteLocalOp(qp_, w.wr);
+  if (st != WcStatus::kSuccess) {
+    Fail(r.cursor_wqe, st);
+    return PassStep::kFailed;
+  }
+  w.state = WqeState::kDone;
+  w.first_psn = qp_.attributes().sq_psn;
+  w.npsn = 0;
+  ++r.cursor_wqe;
+  r.cursor_pkt = 0;
+  CompleteInOrder();
+  return PassStep::kNothingSent;
+}
+
+uint32_t RcRequester::OutstandingReadsAndAtomics() const {
+  uint32_t n = 0;
+  for (const SendWqe& w : state_.sq)
+    if (w.in_flight() && (w.is_read() || w.is_atomic())) ++n;
+  return n;
+}
+
+// A WQE not started yet: whether it may start now (SQD, max_rd_atomic, the fence), its local buffers (a bad lkey is
+// a local protection error, IBTA 10.6.3.1; a READ or atomic needs local write access to land its data), its PSNs.
+RcRequester::PassStep RcRequester::StartWqe(SendWqe& w, uint32_t mtu) {
+  RcRequesterState& r = state_;
+  QpAttributes& a = qp_.mutable_attributes();
+  if (a.qp_state == QpState::kSqd) return PassStep::kStop;  // SQD: nothing new starts
+  const bool rd_atomic = w.is_read() || w.is_atomic();
+  if (rd_atomic && OutstandingReadsAndAtomics() >= std::max<uint32_t>(a.max_rd_atomic, 1)) return PassStep::kStop;
+  // IBV_SEND_FENCE (IBTA 10.8.3.3): wait until every earlier READ and atomic has completed.
+  if ((w.wr.flags & send_flags::kFence) && OutstandingReadsAndAtomics() > 0) return PassStep::kStop;
+  w.length = w.wr.TotalLength();
+  if (w.length > core_.config.limits.max_msg_sz) {
+    Fail(r.cursor_wqe, WcStatus::kLocLenErr);
+    return PassStep::kFailed;
+  }
+  if (!(w.wr.flags & send_flags::kInline)) {
+    const uint32_t needed = rd_atomic ? access::kLocalWrite : 0;
+    std::shared_lock keys(core_.keys_mu);
+    for (const Sge& sge : w.wr.sg_list) {
+      if (sge.length == 0 || core_.keys.CheckLocal(sge.lkey, qp_.init().pd, sge.addr, sge.length, needed).ok())
+        continue;
+      keys.unlock();
+      Fail(r.cursor_wqe, WcStatus::kLocProtErr);
+      return PassStep::kFailed;
+    }
+  }
+  w.npsn = w.is_atomic() ? 1 : PacketsFor(w.length, mtu);
+  w.first_psn = a.sq_psn;
+  a.sq_psn = PsnAdd(a.sq_psn, w.npsn);
+  w.state = WqeState::kInFlight;
+  r.cursor_pkt = 0;
+  return PassStep::kNothingSent;
+}
+
+// The window shared by every QP towards this peer is full: wait to be woken as it opens (retransmissions of what is
+// already in flight never wait). Threads sending for other QPs towards it meanwhile may each put one more packet in
+// flight than the window allows: it is a bound on queueing, not on correctness. So may a requester whose newest
+// packet did not ask for an ACK: this one does (*force_ack_req), and it stops after it
+// (RcRequesterState::tail_asks_ack()). False: stop here.
+bool RcRequester::PathLetsNewPacketGo(PathWindow& path, bool* force_ack_req) {
+  RcRequesterState& r = state_;
+  std::unique_lock lock(core_.paths_mu);
+  if (path.MaySend()) return true;
+  if (!r.tail_asks_ack()) {
+    *force_ack_req = true;
+    return true;
+  }
+  if (!r.waiting_for_path) {
+    r.waiting_for_path = true;
+    path.waiting().push_back(qp_.qpn());
+    core_.Count(&DeviceCounters::rc_path_waits);
+  }
+  return false;
+}
+
+// The packet at the cursor of WQE `w` (started here if it is not), if the QP's window and the path's let it go.
+RcRequester::PassStep RcRequester::SendFromCursor(SendWqe& w, SendPass& pass, OutBatch& out) {
+  RcRequesterState& r = state_;
+  if (!w.started()) {
+    const PassStep start = StartWqe(w, pass.mtu);
+    if (start != PassStep::kNothingSent) return start;
+  }
+  const uint32_t psn = PsnAdd(w.first_psn, r.cursor_pkt);
+  if (PsnDiff(psn, r.acked_psn_next) >= kWindowPackets) return PassStep::kStop;  // the QP's window is full
+  const bool is_new = PsnDiff(psn, r.sent_psn_next) >= 0;  // not sent before (go-back-N resends are not)
+  bool force_ack_req = false;
+  if (is_new && !PathLetsNewPacketGo(pass.path, &force_ack_req)) return PassStep::kStop;
+  if (w.is_read()) return SendReadSegment(w, pass, out);
+  if (w.is_atomic()) {
+    SendAtomic(w, psn, is_new, pass, out);
+    return PassStep::kSent;
+  }
+  return SendMessagePacket(w, psn, is_new, force_ack_req, pass, out);
+}
+
+// Marks PSNs before `next` as sent and charges what is new to the path at once, so the next packet sees the window
+// as it is.
+void RcRequester::SentUpTo(uint32_t next, SendPass& pass) {
+  RcRequesterState& r = state_;
+  if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
+  std::lock_guard lock(core_.paths_mu);
+  r.newest_sent_seq = pass.path.NoteSent();
+  ChargeLocked(pass.path);
+}
+
+void RcRequester::AdvanceCursor(uint32_t packets_in_wqe) {
+  RcRequesterState& r = state_;
+  if (r.cursor_pkt >= packets_in_wqe) {
+    ++r.cursor_wqe;
+    r.cursor_pkt = 0;
+  }
+}
+
+// A READ asks for a segment of its responses at a time: what has arrived is never asked for again (go-back-N may
+// pass a READ already answered in full), and the next segment waits for the previous one.
+RcRequester::PassStep RcRequester::SendReadSegment(SendWqe& w, SendPass& pass, OutBatch& out) {
+  RcRequesterState& r = state_;
+  if (w.done()) {
+    ++r.cursor_wqe;
+    r.cursor_pkt = 0;
+    return PassStep::kNothingSent;
+  }
+  r.cursor_pkt = std::max(r.cursor_pkt, w.read_next);
+  if (r.cursor_pkt > w.read_next) return PassStep::kStop;
+  const uint32_t end = ReadSegmentEnd(w, r.cursor_pkt);
+  // A READ request asks for its responses, which acknowledge what precedes it.
+  if (PsnDiff(PsnAdd(w.first_psn, end), r.sent_psn_next) > 0) r.packets_since_ack_req = 0;
+  SendReadRequest(w, r.cursor_pkt, out);
+  SentUpTo(PsnAdd(w.first_psn, end), pass);
+  r.cursor_pkt = end;
+  AdvanceCursor(w.npsn);
+  return PassStep::kSent;
+}
+
+void RcRequester::SendAtomic(SendWqe& w, uint32_t psn, bool is_new, SendPass& pass, OutBatch& out) {
+  RcRequesterState& r = state_;
+  const bool cas = w.wr.opcode == SendOpcode::kAtomicCmpAndSwp;
+  wire::PacketSpec spec;
+  spec.bth.dest_qp = qp_.attributes().dest_qp_num;
+  spec.bth.psn = psn;
+  spec.bth.opcode = cas ? wire::opcode::kRcCompareSwap : wire::opcode::kRcFetchAdd;
+  spec.bth.ack_req = true;
+  spec.atomic =
+      wire::AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add, cas ? w.wr.compare_add : 0};
+  ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
+  out.Add(core_.transport, spec, {}, pass.dst, pass.sport);
+  if (is_new) r.packets_since_ack_req = 0;  // it asks for the atomic ACK
+  SentUpTo(PsnAdd(psn, 1), pass);
+  ++r.cursor_wqe;
+  r.cursor_pkt = 0;
+}
+
+// Whether the WQE after the cursor's is a SEND or WRITE that has not started and waits for nothing (no fence, no
+// READ/atomic limit, not a local operation, which completes only after the ACKs of those before it): this pass then
+// goes on to it, and its packets ask for the ACK -- the last one sent at the latest, where the requester stops -- so
+// the message before need not. With 64 KiB WRITEs one ACK per message cost the receiver a send and the sender a
+// receive for every 16 packets.
+bool RcRequester::NextMessageFollows() const {
+  const RcRequesterState& r = state_;
+  if (qp_.attributes().qp_state != QpState::kRts || r.cursor_wqe + 1 >= r.sq.size()) return false;
+  const SendWqe& n = r.sq[r.cursor_wqe + 1];
+  return !n.started() && !n.is_read() && !n.is_atomic() && !(n.wr.flags & send_flags::kFence) && !n.is_local();
+}
+
+// Whether the packet before `next_psn` should ask for an ACK because the requester will stop after it -- the QP's
+// window or the path's is full -- else nothing would acknowledge what it has in flight until a timeout. Charges the
+// packet to the path in the same step, before it is built: one that cannot be built fails the QP, which uncharges it
+// (Fail -> EnterError -> Charge).
+bool RcRequester::StopsAfterAndCharge(uint32_t next_psn, bool is_new, SendPass& pass) {
+  RcRequesterState& r = state_;
+  bool stops_after = PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets;
+  std::lock_guard lock(core_.paths_mu);
+  if (!stops_after && PsnDiff(next_psn, r.sent_psn_next) >= 0)
+    stops_after = pass.path.in_flight() + (is_new ? 1 : 0) >= pass.path.window();
+  if (is_new) r.sent_psn_next = next_psn;
+  r.newest_sent_seq = pass.path.NoteSent();
+  ChargeLocked(pass.path);
+  return stops_after;
+}
+
+// One packet of a SEND or WRITE (every variant is defined on RC, IBTA table 38), its payload gathered from registered
+// memory while the key table cannot change (DeviceCore::keys_mu).
+RcRequester::PassStep RcRequester::SendMessagePacket(SendWqe& w, uint32_t psn, bool is_new, bool force_ack_req,
+                                                     SendPass& pass, OutBatch& out) {
+  RcRequesterState& r = state_;
+  const SendOpcodeInfo& info = *FindSendOpcode(w.wr.opcode);
+  const bool is_send = info.kind == SendOpcodeInfo::Kind::kSend;
+  const uint32_t k = r.cursor_pkt;
+  const bool first = k == 0, last = k + 1 == w.npsn;
+  wire::PacketSpec spec;
+  spec.bth.dest_qp = qp_.attributes().dest_qp_num;
+  spec.bth.psn = psn;
+  spec.bth.opcode = *wire::MessageOpcode(wire::TransportKind::kRc,
+                                         is_send ? wire::Operation::kSend : wire::Operation::kRdmaWrite,
+                                         wire::PositionInMessage(k, w.npsn), info.immediate, info.invalidate);
+  if (!is_send && first) spec.reth = wire::Reth{w.wr.remote_addr, w.wr.rkey, static_cast<uint32_t>(w.length)};
+  spec.bth.solicited = last && (w.wr.flags & send_flags::kSolicited);
+  const uint32_t next_psn = PsnAdd(psn, 1);
+  const bool stops_after = StopsAfterAndCharge(next_psn, is_new, pass);
+  if (is_new) {
+    spec.bth.ack_req = (last && !NextMessageFollows()) || r.packets_since_ack_req + 1 >= kAckReqEvery ||
+                       stops_after || force_ack_req;
+    r.packets_since_ack_req = spec.bth.ack_req ? 0 : r.packets_since_ack_req + 1;
+    if (spec.bth.ack_req) TimeRoundTrip(psn, pass.now_ns);
+  } else {
+    // Go-back-N resends, and tail probes: the newest packet sent asks for an ACK when it goes again.
+    spec.bth.ack_req = last || (k % kAckReqEvery == kAckReqEvery - 1) || stops_after ||
+                       PsnDiff(next_psn, r.sent_psn_next) >= 0;
+  }
+  if (last && info.immediate) spec.imm = wire::ImmDt{w.wr.imm_data};
+  if (last && info.invalidate) spec.ieth = wire::Ieth{w.wr.invalidate_rkey};
+  const uint64_t off = uint64_t{k} * pass.mtu;
+  const uint64_t len = std::min<uint64_t>(pass.mtu, w.length - std::min(off, w.length));
+  ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
+  {
+    std::shared_lock keys(core_.keys_mu);
+    if (!core_.GatherRange(qp_, w.wr, off, len, pass.payload) ||
+        !out.AddGathered(core_.transport, spec, pass.payload, pass.dst, pass.sport)) {
+      keys.unlock();
+      Fail(r.cursor_wqe, WcStatus::kLocProtErr);  // deregistered (or unmapped) after the WQE started
+      return PassStep::kFailed;
+    }
+  }
+  ++r.cursor_pkt;
+  AdvanceCursor(w.npsn);
+  return PassStep::kSent;
 }
 
 void RcRequester::Fail(size_t index, WcStatus status) {

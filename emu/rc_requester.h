@@ -129,6 +129,28 @@ class RcRequester : private TransportObject {
   // timer keeps running while something waits.
   void AfterResponse(bool progressed, OutBatch& out);
 
+  // --- one pass of Progress over the send queue --------------------------------------------------------------------
+  struct SendPass;
+  enum class PassStep : uint8_t {
+    kSent,         // a packet (or a READ segment's request) went out; the pass goes on
+    kNothingSent,  // the cursor moved without sending (a local operation, a WQE started, a READ already answered)
+    kStop,         // wait: a window is full, SQD, max_rd_atomic, a fence
+    kFailed,       // a WQE failed and the QP entered the error state: the pass is over
+  };
+  PassStep RunLocalOp(SendWqe& w);
+  PassStep StartWqe(SendWqe& w, uint32_t mtu);
+  PassStep SendFromCursor(SendWqe& w, SendPass& pass, OutBatch& out);
+  PassStep SendReadSegment(SendWqe& w, SendPass& pass, OutBatch& out);
+  void SendAtomic(SendWqe& w, uint32_t psn, bool is_new, SendPass& pass, OutBatch& out);
+  PassStep SendMessagePacket(SendWqe& w, uint32_t psn, bool is_new, bool force_ack_req, SendPass& pass,
+                             OutBatch& out);
+  bool PathLetsNewPacketGo(PathWindow& path, bool* force_ack_req);
+  bool StopsAfterAndCharge(uint32_t next_psn, bool is_new, SendPass& pass);
+  bool NextMessageFollows() const;
+  void SentUpTo(uint32_t next, SendPass& pass);
+  void AdvanceCursor(uint32_t packets_in_wqe);
+  uint32_t OutstandingReadsAndAtomics() const;
+
   // A timer's decision, for the decision trace: `what` it did, from `psn`.
   void TraceTimer(std::string_view what, uint32_t psn) const;
 

@@ -72,107 +72,122 @@ void UcTransport::Send(const SendWr& wr, OutBatch& out) {
   core_.CompleteSend(qp_, wr, WcStatus::kSuccess);
 }
 
+// The receive steps (IBTA 9.7.6.1): sequence (resynchronise at a gap), length, the message's start (a receive WQE for
+// a SEND, the key for a WRITE), placement, completion. A step that drops the message counts why and leaves the QP
+// dropping until the next FIRST or ONLY packet.
 void UcTransport::Receive(const wire::PacketView& p) {
-  QpAttributes& a = qp_.mutable_attributes();
-  InboundMessage& m = qp_.inbound();
   const wire::MsgPosition pos = p.info->position;
   const bool starts = pos == wire::MsgPosition::kFirst || pos == wire::MsgPosition::kOnly;
-  // IBTA 9.7.6.1.3 (UC): a PSN other than the expected one means packets were lost; the message in progress is
-  // abandoned and the receiver resynchronises on the next FIRST or ONLY packet, whatever its PSN.
+  const bool ends = pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly;
+  if (!InSequence(p, starts)) return;
+  if (!wire::PayloadFitsPathMtu(pos, p.payload.size(), MtuBytes(qp_.attributes().path_mtu))) {
+    // Cut at another path MTU than ours: dropped, as any UC message the receiver cannot take (9.7.6.1.5).
+    return DropMessage(&DeviceCounters::rx_length_errors);
+  }
+  const InboundMessage::Kind kind =
+      p.info->op == wire::Operation::kSend ? InboundMessage::Kind::kSend : InboundMessage::Kind::kWrite;
+  if (starts) {
+    if (!StartMessage(p, kind == InboundMessage::Kind::kSend)) return;
+  } else if (qp_.inbound().kind != kind) {
+    // A WRITE packet inside a SEND (or the reverse): out of sequence opcodes, drop the message.
+    return DropMessage(&DeviceCounters::rx_out_of_sequence);
+  }
+  if (!Place(p)) return;
+  if (ends) CompleteMessage(p);
+}
+
+// IBTA 9.7.6.1.3: a PSN other than the expected one means packets were lost; the message in progress is abandoned
+// and the receiver resynchronises on the next FIRST or ONLY packet, whatever its PSN. False: nothing more to do.
+bool UcTransport::InSequence(const wire::PacketView& p, bool starts) {
+  QpAttributes& a = qp_.mutable_attributes();
+  InboundMessage& m = qp_.inbound();
   if (p.bth.psn != a.rq_psn) {
     if (m.kind != InboundMessage::Kind::kNone || !starts) core_.Count(&DeviceCounters::rx_out_of_sequence);
-    if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));  // the WQE is reused for a later message
-    m = InboundMessage{};
-    if (!starts) {
-      m.dropping = true;
-      a.rq_psn = (p.bth.psn + 1) & 0xffffff;
-      return;
-    }
+    ReleaseMessage();
+    if (!starts) m.dropping = true;
   }
   a.rq_psn = (p.bth.psn + 1) & 0xffffff;
-  if (!starts && (m.dropping || m.kind == InboundMessage::Kind::kNone)) {
-    return;  // rest of a message we are not assembling
-  }
-  const bool is_send = p.info->op == wire::Operation::kSend;
-  if (!wire::PayloadFitsPathMtu(pos, p.payload.size(), MtuBytes(a.path_mtu))) {
-    // Cut at another path MTU than ours: the message is dropped, as any UC message the responder cannot take
-    // (9.7.6.1.5), and the receiver waits for the next FIRST or ONLY.
-    core_.Count(&DeviceCounters::rx_length_errors);
-    if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
-    m = InboundMessage{};
-    m.dropping = true;
-    return;
-  }
-  if (starts) {
-    if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
-    m = InboundMessage{};
-    if (is_send) {
-      if (qp_.receive_queue().empty()) {
-        core_.Count(&DeviceCounters::rx_no_receive_wqe);  // UC has no RNR NAK: the message is dropped (IBTA 9.7.6.1.5)
-        m.dropping = true;
-        return;
-      }
-      m.kind = InboundMessage::Kind::kSend;
-      m.rqe = std::move(qp_.receive_queue().front());
-      qp_.receive_queue().pop_front();
-    } else {
-      const wire::Reth& reth = *p.reth;
-      const bool allowed = a.qp_access_flags & access::kRemoteWrite;
-      const bool granted = core_.MayAccessRemote(qp_, reth.rkey, reth.va, reth.dma_length, access::kRemoteWrite);
-      if (!allowed || !granted) {
-        // UC cannot NAK: the message is dropped (IBTA 9.7.6.1.5).
-        core_.Count(&DeviceCounters::rx_remote_access_denied);
-        m.dropping = true;
-        return;
-      }
-      m.kind = InboundMessage::Kind::kWrite;
-      m.write_va = reth.va;
-      m.write_rkey = reth.rkey;
-      m.write_length = reth.dma_length;
+  // The rest of a message not being assembled is passed over.
+  return starts || (!m.dropping && m.kind != InboundMessage::Kind::kNone);
+}
+
+// Ends the message in progress; its receive WQE, if it took one, waits for a later message.
+void UcTransport::ReleaseMessage() {
+  InboundMessage& m = qp_.inbound();
+  if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
+  m = InboundMessage{};
+}
+
+void UcTransport::DropMessage(uint64_t DeviceCounters::*why) {
+  core_.Count(why);
+  ReleaseMessage();
+  qp_.inbound().dropping = true;
+}
+
+// A FIRST or ONLY packet: a SEND takes a receive WQE (UC has no RNR NAK: without one the message is dropped,
+// 9.7.6.1.5); a WRITE's RETH must name a region the QP may write.
+bool UcTransport::StartMessage(const wire::PacketView& p, bool is_send) {
+  ReleaseMessage();
+  InboundMessage& m = qp_.inbound();
+  if (is_send) {
+    if (qp_.receive_queue().empty()) {
+      DropMessage(&DeviceCounters::rx_no_receive_wqe);
+      return false;
     }
-  } else if ((m.kind == InboundMessage::Kind::kSend) != is_send) {
-    // A WRITE packet inside a SEND (or the reverse): out of sequence opcodes, drop the message.
-    core_.Count(&DeviceCounters::rx_out_of_sequence);
-    if (m.rqe) qp_.receive_queue().push_front(std::move(*m.rqe));
-    m = InboundMessage{};
-    m.dropping = true;
-    return;
+    m.kind = InboundMessage::Kind::kSend;
+    m.rqe = std::move(qp_.receive_queue().front());
+    qp_.receive_queue().pop_front();
+    return true;
   }
-  const bool ends = pos == wire::MsgPosition::kLast || pos == wire::MsgPosition::kOnly;
+  const wire::Reth& reth = *p.reth;
+  const bool allowed = qp_.attributes().qp_access_flags & access::kRemoteWrite;
+  if (!allowed || !core_.MayAccessRemote(qp_, reth.rkey, reth.va, reth.dma_length, access::kRemoteWrite)) {
+    DropMessage(&DeviceCounters::rx_remote_access_denied);
+    return false;
+  }
+  m.kind = InboundMessage::Kind::kWrite;
+  m.write_va = reth.va;
+  m.write_rkey = reth.rkey;
+  m.write_length = reth.dma_length;
+  return true;
+}
+
+// The packet's payload into the receive WQE's buffers (a failure completes the WQE in error and the QP enters the
+// error state) or the WRITE's target (more than the RETH announced, or a region gone mid-message, drops the rest).
+bool UcTransport::Place(const wire::PacketView& p) {
+  InboundMessage& m = qp_.inbound();
   if (m.kind == InboundMessage::Kind::kSend) {
-    WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, p.payload);
+    const WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, p.payload);
     m.offset += p.payload.size();
-    if (st != WcStatus::kSuccess) {
-      const Completion c = DeviceCore::ReceiveError(qp_, m.rqe->wr_id, st);
-      m.rqe.reset();
-      core_.Complete(qp_.init().recv_cq, c);
-      m = InboundMessage{};
-      core_.EnterError(qp_);
-      return;
-    }
-  } else {
-    if (m.offset + p.payload.size() > m.write_length) {
-      core_.Count(&DeviceCounters::rx_remote_access_denied);  // more data than the RETH announced
-      m = InboundMessage{};
-      m.dropping = true;
-      return;
-    }
-    if (!p.payload.empty()) {
-      std::shared_lock keys(core_.keys_mu);  // the region is written while the key table cannot change
-      uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
-      if (target == nullptr || !CopyGuarded(target, p.payload.data(), p.payload.size())) {
-        // Deregistered (or unmapped) mid-message: the rest is dropped (UC cannot NAK).
-        core_.Count(&DeviceCounters::rx_remote_access_denied);
-        m = InboundMessage{};
-        m.dropping = true;
-        return;
-      }
-    }
-    m.offset += p.payload.size();
+    if (st == WcStatus::kSuccess) return true;
+    const Completion c = DeviceCore::ReceiveError(qp_, m.rqe->wr_id, st);
+    m = InboundMessage{};
+    core_.Complete(qp_.init().recv_cq, c);
+    core_.EnterError(qp_);
+    return false;
   }
-  if (!ends) return;
-  const bool imm = p.imm.has_value();
-  if (m.kind == InboundMessage::Kind::kWrite && !imm) {
+  if (m.offset + p.payload.size() > m.write_length) {
+    DropMessage(&DeviceCounters::rx_remote_access_denied);
+    return false;
+  }
+  if (!p.payload.empty()) {
+    std::shared_lock keys(core_.keys_mu);  // the region is written while the key table cannot change
+    uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
+    if (target == nullptr || !CopyGuarded(target, p.payload.data(), p.payload.size())) {
+      keys.unlock();
+      DropMessage(&DeviceCounters::rx_remote_access_denied);  // deregistered (or unmapped) mid-message
+      return false;
+    }
+  }
+  m.offset += p.payload.size();
+  return true;
+}
+
+// The last packet: a SEND completes its receive WQE; a WRITE with immediate consumes one (IBTA 9.4.3.1; without one
+// the message is lost); a plain WRITE completes nothing at the receiver.
+void UcTransport::CompleteMessage(const wire::PacketView& p) {
+  InboundMessage& m = qp_.inbound();
+  if (m.kind == InboundMessage::Kind::kWrite && !p.imm.has_value()) {
     m = InboundMessage{};
     return;
   }
@@ -181,7 +196,6 @@ void UcTransport::Receive(const wire::PacketView& p) {
     c.wr_id = m.rqe->wr_id;
     c.opcode = WcOpcode::kRecv;
   } else {
-    // RDMA WRITE with immediate consumes a receive WQE (IBTA 9.4.3.1); without one the message is lost.
     if (qp_.receive_queue().empty()) {
       core_.Count(&DeviceCounters::rx_no_receive_wqe);
       m = InboundMessage{};

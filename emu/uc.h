@@ -13,6 +13,7 @@
 namespace uroce::emu {
 
 struct OutBatch;
+struct DeviceCounters;
 
 class UcTransport : private TransportObject {
  public:
@@ -25,6 +26,15 @@ class UcTransport : private TransportObject {
   // Sends (or executes) a posted WR: at once, or once the pause towards the QP's peer ended.
   void Send(const SendWr& wr, OutBatch& out);
   void Receive(const wire::PacketView& p);
+
+ private:
+  bool InSequence(const wire::PacketView& p, bool starts);
+  bool StartMessage(const wire::PacketView& p, bool is_send);
+  bool Place(const wire::PacketView& p);
+  void CompleteMessage(const wire::PacketView& p);
+  void ReleaseMessage();
+  // Drops the message in progress (counted under `why`) until the next FIRST or ONLY packet.
+  void DropMessage(uint64_t DeviceCounters::*why);
 };
 
 }  // namespace uroce::emu
