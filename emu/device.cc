@@ -415,9 +415,8 @@ void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
   HeldNotifications events;  // delivered once `out` has left (completion_queue.h)
   {
     std::shared_lock objects(objects_mu_);
-    DeviceCore::ack_timing = acks;
+    out.ack_timing = acks;
     OnDatagramLocked(d, out, gsi);
-    DeviceCore::ack_timing = AckTiming::kNow;
     // An event is about to wake an application, which may answer at once: the ACKs held for what it received leave
     // first, as an HCA's would have on arrival.
     if (acks == AckTiming::kNow || !events.handles().empty()) {

@@ -81,7 +81,6 @@ void DeviceCore::Trace(std::string_view line) const {
   config.trace(config.address.ToString() + " " + std::string(line));
 }
 
-thread_local AckTiming DeviceCore::ack_timing = AckTiming::kNow;
 
 PathWindow& DeviceCore::PathOfLocked(const QueuePair& qp) { return paths[qp.peer().addr]; }
 
@@ -361,18 +360,19 @@ void DeviceCore::Flush(QueuePair& qp) {
   // detach with IBV_EVENT_QP_LAST_WQE_REACHED (IBTA 10.3.1 / 11.6.3.1; the SRQ's own WQEs are not flushed).
   if (qp.init().srq != nullptr || qp.type() == QpType::kXrcRecv)
     Raise({AsyncEventType::kQpLastWqeReached, &qp});
-  // IBTA 10.3.1 / ibv_modify_qp(3): in the error state outstanding WRs complete with IBV_WC_WR_FLUSH_ERR.
+  // IBTA 10.3.1 / ibv_modify_qp(3): in the error state outstanding WRs complete with IBV_WC_WR_FLUSH_ERR, in the
+  // order they were posted: the WQE of the message being received left the head of the queue before the others.
+  if (qp.inbound().rqe) {
+    const Completion c = ReceiveError(qp, qp.inbound().rqe->wr_id, WcStatus::kWrFlushErr);
+    Complete(qp.init().recv_cq, c);
+  }
+  qp.inbound() = InboundMessage{};
   auto& rq = qp.receive_queue();
   for (const RecvWr& r : rq) {
     const Completion c = ReceiveError(qp, r.wr_id, WcStatus::kWrFlushErr);
     Complete(qp.init().recv_cq, c);
   }
   rq.clear();
-  if (qp.inbound().rqe) {
-    const Completion c = ReceiveError(qp, qp.inbound().rqe->wr_id, WcStatus::kWrFlushErr);
-    Complete(qp.init().recv_cq, c);
-  }
-  qp.inbound() = InboundMessage{};
   qp.requester().Flush();  // send WQEs not yet completed (RC)
   for (const HeldSend& h : qp.held_sends()) CompleteSend(qp, h.wr, WcStatus::kWrFlushErr);  // UC/UD, paused
   qp.held_sends().clear();

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "emu/completion_queue.h"
+#include "emu/out_batch.h"
 #include "emu/congestion.h"
 #include "emu/connection_manager.h"
 #include "emu/memory.h"
@@ -144,16 +145,6 @@ struct DeviceCounters {
 // "name value" lines of every counter, for `uroce run --stats` (UROCE_STATS=1).
 std::string FormatCounters(const DeviceCounters& c);
 
-// When the RC responder sends the ACK a request asked for (AckReq).
-enum class AckTiming {
-  kNow,  // before Device::OnDatagram returns
-  // Held until the QP's requester sends (the ACK follows its packets), another ACK, NAK or response of the QP
-  // covers or precedes it, Device::SendHeldAcks, or its time is up (RcResponder::kAckHoldNs, kAckCoalesceNs). For a
-  // thread whose application may answer at once: a ping-pong's reply then leaves before the ACK of the request it
-  // answers, so the peer, polling for that ACK, finds the reply already placed (ib_write_lat, ib_send_lat), and one
-  // syscall carries both. ACKs a QP owes meanwhile leave as one (coalesced, IBTA 9.7.5.1.2).
-  kHeld,
-};
 
 class DeviceCore {
  public:
@@ -196,9 +187,6 @@ class DeviceCore {
   void ChargeUnreliable(const wire::IpAddress& peer, uint64_t bytes);
   // QPNs with held sends, visited by RunTimers. Guarded by timers_mu.
   std::vector<uint32_t> held_qps;
-
-  // When the RC responders of the datagram this thread is processing send their ACKs (Device::OnDatagram sets it).
-  static thread_local AckTiming ack_timing;
 
   // Timers. QPNs of RC requesters with a retransmit or RNR timer armed: Device::RunTimers visits these, not every QP,
   // so a timer pass costs what is armed (thousands of idle QPs cost nothing). A QPN destroyed since is skipped. And

@@ -38,6 +38,17 @@ struct UninitializedAllocator : std::allocator<T> {
   }
 };
 
+// When the RC responder sends the ACK a request asked for (AckReq).
+enum class AckTiming {
+  kNow,  // before Device::OnDatagram returns
+  // Held until the QP's requester sends (the ACK follows its packets), another ACK, NAK or response of the QP
+  // covers or precedes it, Device::SendHeldAcks, or its time is up (RcResponder::kAckHoldNs, kAckCoalesceNs). For a
+  // thread whose application may answer at once: a ping-pong's reply then leaves before the ACK of the request it
+  // answers, so the peer, polling for that ACK, finds the reply already placed (ib_write_lat, ib_send_lat), and one
+  // syscall carries both. ACKs a QP owes meanwhile leave as one (coalesced, IBTA 9.7.5.1.2).
+  kHeld,
+};
+
 struct OutBatch {
   using Bytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
   struct Packet {
@@ -46,6 +57,8 @@ struct OutBatch {
     Bytes bytes;
   };
   std::vector<Packet> packets;
+  // When the RC responders of the datagram being processed send their ACKs (Device::OnDatagram says).
+  AckTiming ack_timing = AckTiming::kNow;
 
   OutBatch() = default;
   OutBatch(const OutBatch&) = delete;

@@ -47,7 +47,7 @@ void RcResponder::SendAck(uint32_t psn, const wire::Aeth& aeth, OutBatch& out) {
 
 void RcResponder::Acknowledge(uint32_t psn, bool one_packet, OutBatch& out) {
   RcResponderState& R = state_;
-  if (core_.ack_timing == AckTiming::kNow) {
+  if (out.ack_timing == AckTiming::kNow) {
     SendAck(psn, wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
     return;
   }

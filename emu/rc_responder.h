@@ -96,7 +96,7 @@ class RcResponder : private TransportObject {
   void Conclude(const Request& q, RequestOutcome outcome, OutBatch& out);
   void TraceRequest(const Request& q, RequestOutcome outcome, const std::string& steps) const;
 
-  // The ACK for requests up to `psn`, of a message of one packet or not: sent now or held, as the core's ack_timing
+  // The ACK for requests up to `psn`, of a message of one packet or not: sent now or held, as the batch's ack_timing
   // says.
   void Acknowledge(uint32_t psn, bool one_packet, OutBatch& out);
   // It holds no ACK any more (sent, covered, or not to be sent).
