@@ -603,7 +603,7 @@ TEST(RcData, CompletionsStayInPostOrderWhenAReadResponseIsLost) {
   ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{9, {lb.At(3000, 100)}}), 0);
   // The READ's only response is lost; the SEND after it is acknowledged first. That ACK implies the READ response
   // was lost (IBTA 9.7.5.2.2): the requester asks again at once, and completes READ, then SEND.
-  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 0; };
+  t.b->transport->drop_if = testing::DropPsn(0, rcop::kReadResponseOnly);
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaRead, {la.At(0, 500)}, lb.mr.iova, lb.mr.rkey)), 0);
   ASSERT_EQ(t.a->device->PostSend(t.qa, Wr(2, SendOpcode::kSend, {la.At(1000, 10)})), 0);
@@ -628,7 +628,7 @@ TEST(RcNak, PsnSequenceErrorResendsAtOnceWithoutTimeout) {
   Buffer dst = testing::Register(*t.b->device, t.pb, 8192, kMrAll);
   Fill(src.bytes, 10);
   ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 8192)}}), 0);
-  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 2; };  // a middle packet
+  t.a->transport->drop_if = testing::DropPsn(2);  // a middle packet
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(t.qa, Wr(1, SendOpcode::kSend, {src.At(0, 5000)})), 0);
   t.fabric.Pump();
@@ -1071,8 +1071,8 @@ TEST(RcEarlyRetransmit, ALostNakIsRecoveredInRoundTripsNotByTheTimeout) {
   Buffer dst = testing::Register(*t.b->device, t.pb, 3 * 64, kMrAll);
   Fill(src.bytes, 21);
   for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{i, {dst.At(i * 64, 64)}}), 0);
-  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 0; };  // PSN 0
-  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 0; };  // the NAK it causes
+  t.a->transport->drop_if = testing::DropPsn(0);
+  t.b->transport->drop_if = testing::DropPsn(0, rcop::kAcknowledge);  // the NAK it causes
   const uint64_t t0 = t.now();
   for (uint64_t i = 0; i < 3; ++i)
     ASSERT_EQ(t.a->device->PostSend(t.qa, Wr(i, SendOpcode::kSend, {src.At(0, 64)})), 0);
@@ -1144,7 +1144,7 @@ TEST(RcEarlyRetransmit, ATailDroppedInSilenceIsFoundByAProbeAndCutsThePathWindow
   Buffer src = testing::Register(*t.a->device, t.pa, 64 * 1024, kMrAll);
   Buffer dst = testing::Register(*t.b->device, t.pb, 64 * 1024, kMrAll);
   Fill(src.bytes, 5);
-  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i >= 8 && i < 32; };
+  t.a->transport->drop_if = testing::DropPsns(8, 32);
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {src.At(0, 64 * 1024)}, dst.mr.iova,
                                              dst.mr.rkey)),
             0);
@@ -1182,7 +1182,9 @@ TEST(RcEarlyRetransmit, ALostTailIsSentAgainEarlyThoughOthersWaitBehindIt) {
   Buffer dst = testing::Register(*t.b->device, t.pb, 48 * 1024, kMrAll);
   Fill(src.bytes, 7);
   // qa's 32 packets fill the window; the last, the only one that asks for an ACK, is lost.
-  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 31; };
+  t.a->transport->drop_if = testing::DropFirst(1, [&](const wire::PacketView& p) {
+    return p.bth.dest_qp == t.qb->qpn() && p.bth.psn == 31;
+  });
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaWrite, {src.At(0, 32 * 1024)}, dst.mr.iova,
                                              dst.mr.rkey)),
@@ -1557,7 +1559,7 @@ TEST(RcHeldAckStream, AReadOrAtomicResponseFollowsTheHeldAckAndANakCoversIt) {
 
   // A held ACK, then a gap: the sequence NAK acknowledges everything before the PSN it names, the held ACK too.
   t.b->transport->ClearLog();
-  t.a->transport->drop_if = [](uint64_t index, std::span<const uint8_t>) { return index == 3; };
+  t.a->transport->drop_if = testing::DropPsn(3);
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(3, SendOpcode::kRdmaWrite, {la.At(0, 8)}, lb.mr.iova, lb.mr.rkey)), 0);
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(4, SendOpcode::kRdmaWrite, {la.At(8, 8)}, lb.mr.iova + 8, lb.mr.rkey)),
             0);
@@ -1639,7 +1641,7 @@ TEST(RcDuplicate, LostReadResponseIsAnsweredAgainFromSavedState) {
   Buffer la = testing::Register(*t.a->device, t.pa, 4096, kMrAll);
   Buffer lb = testing::Register(*t.b->device, t.pb, 4096, kMrAll);
   Fill(lb.bytes, 14);
-  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 0; };
+  t.b->transport->drop_if = testing::DropPsn(0, rcop::kReadResponseOnly);
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaRead, {la.At(0, 700)}, lb.mr.iova, lb.mr.rkey)), 0);
   t.fabric.Pump();
@@ -1669,7 +1671,7 @@ TEST(RcDuplicate, LostMiddleReadResponseIsAskedForFromWhereItWasLost) {
   Buffer la = testing::Register(*t.a->device, t.pa, 8192, kMrAll);
   Buffer lb = testing::Register(*t.b->device, t.pb, 8192, kMrAll);
   Fill(lb.bytes, 15);
-  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 1; };
+  t.b->transport->drop_if = testing::DropPsn(1);  // the second response
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaRead, {la.At(0, 5000)}, lb.mr.iova, lb.mr.rkey)),
             0);
@@ -1697,7 +1699,7 @@ TEST(RcDuplicate, LostResponseOfALongReadCostsOneRequestNotOnePerLateResponse) {
   Buffer la = testing::Register(*t.a->device, t.pa, kLen, kMrAll);
   Buffer lb = testing::Register(*t.b->device, t.pb, kLen, kMrAll);
   Fill(lb.bytes, 21);
-  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 100; };  // in segment [64, 128)
+  t.b->transport->drop_if = testing::DropPsn(100);  // in segment [64, 128)
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(t.qa, Rdma(1, SendOpcode::kRdmaRead, {la.At(0, kLen)}, lb.mr.iova, lb.mr.rkey)),
             0);
@@ -1787,7 +1789,7 @@ TEST(RcDuplicate, LostAtomicAckIsAnsweredWithTheSavedOriginalNotExecutedTwice) {
   Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
   Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
   SetWord(lb.bytes, 0, 100);
-  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 0; };  // the atomic ACK
+  t.b->transport->drop_if = testing::DropPsn(0, rcop::kAtomicAcknowledge);
   const uint64_t t0 = t.now();
   ASSERT_EQ(t.a->device->PostSend(
                 t.qa, Atomic(1, SendOpcode::kAtomicFetchAndAdd, la.At(0, 8), lb.mr.iova, lb.mr.rkey, 5)),
@@ -1824,7 +1826,7 @@ TEST(RcDuplicate, LostCompareSwapAckReturnsTheSavedOriginal) {
   Buffer la = testing::Register(*t.a->device, t.pa, 64, kMrAll);
   Buffer lb = testing::Register(*t.b->device, t.pb, 64, kMrAll);
   SetWord(lb.bytes, 8, 7);
-  t.b->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 0; };
+  t.b->transport->drop_if = testing::DropPsn(0, rcop::kAtomicAcknowledge);
   ASSERT_EQ(t.a->device->PostSend(
                 t.qa, Atomic(1, SendOpcode::kAtomicCmpAndSwp, la.At(0, 8), lb.mr.iova + 8, lb.mr.rkey, 7, 8)),
             0);

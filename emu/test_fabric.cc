@@ -1,5 +1,7 @@
 #include "emu/test_fabric.h"
 
+#include <memory>
+
 #include <algorithm>
 
 #include <gtest/gtest.h>
@@ -241,6 +243,33 @@ std::vector<Completion> Drain(CompletionQueue* cq) {
   int n;
   while ((n = cq->Poll(c, 16)) > 0) out.insert(out.end(), c, c + n);
   return out;
+}
+
+DropRule DropFirst(int times, std::function<bool(const wire::PacketView& p)> match) {
+  auto left = std::make_shared<int>(times);
+  return [left, match = std::move(match)](uint64_t, std::span<const uint8_t> payload) {
+    if (*left <= 0) return false;
+    const auto p = wire::ParsePacket(payload);
+    if (!p || !match(*p)) return false;
+    --*left;
+    return true;
+  };
+}
+
+DropRule DropPsn(uint32_t psn, std::optional<uint8_t> opcode) {
+  return DropFirst(1, [psn, opcode](const wire::PacketView& p) {
+    return p.bth.psn == psn && (!opcode || p.bth.opcode == *opcode);
+  });
+}
+
+DropRule DropPsns(uint32_t first, uint32_t end) {
+  auto seen = std::make_shared<std::vector<bool>>(end - first);
+  return [first, end, seen](uint64_t, std::span<const uint8_t> payload) -> bool {
+    const auto p = wire::ParsePacket(payload);
+    if (!p || p->bth.psn < first || p->bth.psn >= end || (*seen)[p->bth.psn - first]) return false;
+    (*seen)[p->bth.psn - first] = true;
+    return true;
+  };
 }
 
 }  // namespace uroce::emu::testing

@@ -143,4 +143,14 @@ struct RcPair {
 
 std::vector<Completion> Drain(CompletionQueue* cq);
 
+// A ScriptedTransport::drop_if that drops packets by what they are -- their BTH (PSN, opcode, destination QP) -- not
+// by their place in the node's send order, which batching, ACK coalescing and held ACKs change: the first `times`
+// packets `match` accepts are dropped (each retransmission of a matched packet counts again).
+using DropRule = std::function<bool(uint64_t index, std::span<const uint8_t> payload)>;
+DropRule DropFirst(int times, std::function<bool(const wire::PacketView& p)> match);
+// The first sending of PSN `psn` (of any QP of the node), optionally only with opcode `opcode`.
+DropRule DropPsn(uint32_t psn, std::optional<uint8_t> opcode = std::nullopt);
+// The first sending of each PSN in [first, end).
+DropRule DropPsns(uint32_t first, uint32_t end);
+
 }  // namespace uroce::emu::testing

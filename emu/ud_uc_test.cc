@@ -388,7 +388,7 @@ TEST(Uc, LostMiddlePacketDropsThatMessageOnlyAndReusesTheReceive) {
   Buffer src = testing::Register(*t.a->device, t.pa, 8192, kLocalAll);
   Buffer dst = testing::Register(*t.b->device, t.pb, 8192, kLocalAll);
   Fill(src, 1);
-  t.a->transport->drop_if = [](uint64_t i, std::span<const uint8_t>) { return i == 2; };  // 3rd packet of message 1
+  t.a->transport->drop_if = testing::DropPsn(2);  // 3rd packet of message 1
   ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 8192)}}), 0);
   for (int m = 0; m < 2; ++m) {
     SendWr wr;
