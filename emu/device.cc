@@ -39,9 +39,9 @@ DeviceCounters Device::counters() const {
 }
 
 std::optional<PathWindow> Device::path_window(const wire::IpAddress& peer) const {
-  std::lock_guard lock(core_.paths_mu);
-  auto it = core_.paths.find(peer);
-  if (it == core_.paths.end()) return std::nullopt;
+  MutexLock lock(core_.paths_mu());
+  auto it = core_.paths().find(peer);
+  if (it == core_.paths().end()) return std::nullopt;
   return it->second;
 }
 
@@ -71,7 +71,8 @@ int Device::DeallocPd(ProtectionDomain* pd) {
     if (ah->pd() == pd) return EBUSY;
   for (auto& [_, srq] : srqs_)
     if (srq->pd() == pd) return EBUSY;
-  if (core_.keys.AnyInPd(pd)) return EBUSY;
+  ReaderLock keys(core_.keys_mu());
+  if (core_.keys().AnyInPd(pd)) return EBUSY;
   pds_.erase(it);
   return 0;
 }
@@ -88,10 +89,11 @@ int Device::RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64
   const bool implicit = host == nullptr && length == SIZE_MAX && (access & access::kOnDemand);
   if (pd == nullptr || (host == nullptr && length != 0 && !implicit)) return EINVAL;
   std::unique_lock lock(objects_mu_);
-  if (core_.keys.size() >= core_.config.limits.max_mr) return ENOMEM;
+  WriterLock keys(core_.keys_mu());
+  if (core_.keys().size() >= core_.config.limits.max_mr) return ENOMEM;
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), implicit ? 0 : iova, length, access, 0, 0};
   mr.implicit = implicit;
-  *out = core_.keys.Register(mr);
+  *out = core_.mutable_keys().Register(mr);
   return 0;
 }
 
@@ -99,17 +101,19 @@ int Device::ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64
                          uint32_t access, MemoryRegion* out) {
   if ((access & (access::kRemoteWrite | access::kRemoteAtomic)) && !(access & access::kLocalWrite)) return EINVAL;
   std::unique_lock lock(objects_mu_);
-  const MemoryRegion* cur = core_.keys.Find(lkey);
+  WriterLock keys(core_.keys_mu());
+  const MemoryRegion* cur = core_.keys().Find(lkey);
   if (cur == nullptr) return EINVAL;
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), iova, length, access, 0, 0};
-  if (!core_.keys.Update(lkey, mr)) return EINVAL;
-  *out = *core_.keys.Find(lkey);
+  if (!core_.mutable_keys().Update(lkey, mr)) return EINVAL;
+  *out = *core_.keys().Find(lkey);
   return 0;
 }
 
 int Device::DeregisterMr(uint32_t lkey) {
   std::unique_lock lock(objects_mu_);
-  return core_.keys.Deregister(lkey) ? 0 : EINVAL;
+  WriterLock keys(core_.keys_mu());
+  return core_.mutable_keys().Deregister(lkey) ? 0 : EINVAL;
 }
 
 ProtectionDomain* Device::FindPd(uint32_t handle) {
@@ -120,7 +124,8 @@ ProtectionDomain* Device::FindPd(uint32_t handle) {
 
 int Device::QueryMrByHandle(uint32_t handle, MemoryRegion* out) const {
   std::unique_lock lock(objects_mu_);
-  const MemoryRegion* mr = core_.keys.FindByHandle(handle);
+  ReaderLock keys(core_.keys_mu());
+  const MemoryRegion* mr = core_.keys().FindByHandle(handle);
   if (mr == nullptr) return EINVAL;
   *out = *mr;
   return 0;
@@ -128,7 +133,8 @@ int Device::QueryMrByHandle(uint32_t handle, MemoryRegion* out) const {
 
 int Device::QueryMr(uint32_t lkey, MemoryRegion* out) const {
   std::unique_lock lock(objects_mu_);
-  const MemoryRegion* mr = core_.keys.Find(lkey);
+  ReaderLock keys(core_.keys_mu());
+  const MemoryRegion* mr = core_.keys().Find(lkey);
   if (mr == nullptr) return EINVAL;
   *out = *mr;
   return 0;
@@ -137,13 +143,15 @@ int Device::QueryMr(uint32_t lkey, MemoryRegion* out) const {
 int Device::AllocMw(ProtectionDomain* pd, uint8_t type, uint32_t* rkey) {
   if (pd == nullptr || (type != 1 && type != 2)) return EINVAL;
   std::unique_lock lock(objects_mu_);
-  *rkey = core_.keys.AllocateWindow(pd, type);
+  WriterLock keys(core_.keys_mu());
+  *rkey = core_.mutable_keys().AllocateWindow(pd, type);
   return 0;
 }
 
 int Device::DeallocMw(uint32_t rkey) {
   std::unique_lock lock(objects_mu_);
-  return core_.keys.DeallocateWindow(rkey);
+  WriterLock keys(core_.keys_mu());
+  return core_.mutable_keys().DeallocateWindow(rkey);
 }
 
 int Device::CreateCq(uint32_t capacity, CompletionQueue** out) {
@@ -491,10 +499,10 @@ bool Device::IcrcVerifies(const wire::InDatagram& d) {
 void Device::ReceiveCnpLocked(const wire::InDatagram& d, const wire::PacketView& p) {
   core_.Count(&DeviceCounters::rx_cnp);
   const QueuePair* named = FindQpLocked(p.bth.dest_qp);  // its type never changes: no lock needed to read it
-  std::lock_guard lock(core_.paths_mu);
+  MutexLock lock(core_.paths_mu());
   if (named != nullptr && (named->type() == QpType::kUd || named->type() == QpType::kUc)) {
-    core_.paths[d.src.addr].OnUnreliableCnp(core_.Now());
-  } else if (auto it = core_.paths.find(d.src.addr); it != core_.paths.end()) {
+    core_.paths()[d.src.addr].OnUnreliableCnp(core_.Now());
+  } else if (auto it = core_.paths().find(d.src.addr); it != core_.paths().end()) {
     it->second.OnCongestion();
     core_.Count(&DeviceCounters::rc_congestion_signals);
   }
@@ -591,8 +599,8 @@ void Device::DeliverToQpLocked(QueuePair* qp, std::unique_lock<std::mutex>& lock
 void Device::NotifyCongestionLocked(const wire::IpAddress& peer, uint32_t peer_qpn, OutBatch& out) {
   const uint64_t now = core_.Now();
   {
-    std::lock_guard lock(core_.paths_mu);
-    PathWindow& path = core_.paths[peer];
+    MutexLock lock(core_.paths_mu());
+    PathWindow& path = core_.paths()[peer];
     if (path.last_cnp_sent_ns != 0 && now - path.last_cnp_sent_ns < DeviceCore::kCnpIntervalNs) return;
     path.last_cnp_sent_ns = now;
   }
@@ -651,16 +659,16 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     // Requesters waiting for room freed outside the completer first: what they send arms timers counted below.
     std::vector<wire::IpAddress> peers;
     {
-      std::lock_guard lock(core_.paths_mu);
-      for (auto& [peer, path] : core_.paths)
+      MutexLock lock(core_.paths_mu());
+      for (auto& [peer, path] : core_.paths())
         if (!path.waiting().empty()) peers.push_back(peer);
     }
     for (const wire::IpAddress& peer : peers) WakePathWaitersLocked(peer, out);
     // UC/UD sends held for a peer's pause: those whose pause ended leave, in order; the rest wait for theirs.
     std::vector<uint32_t> held;
     {
-      std::lock_guard lock(core_.timers_mu);
-      held.swap(core_.held_qps);
+      MutexLock lock(core_.timers_mu());
+      held.swap(core_.held_qps());
     }
     for (uint32_t qpn : held) {
       QueuePair* qp = FindQpLocked(qpn);
@@ -668,16 +676,16 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
       std::lock_guard lock(qp->mutex());
       if (const uint64_t until = SendHeldLocked(*qp, now, out)) {
         next = wire::EarlierDeadline(next, until);
-        std::lock_guard timers(core_.timers_mu);
-        core_.held_qps.push_back(qpn);
+        MutexLock timers(core_.timers_mu());
+        core_.held_qps().push_back(qpn);
       }
     }
     // The RC requesters with a timer armed, each under its own lock. Those that still have one afterwards are listed
-    // again; a timer armed meanwhile (another QP's progress, another thread) lists its QP in core_.timed_qps already.
+    // again; a timer armed meanwhile (another QP's progress, another thread) lists its QP in core_.timed_qps() already.
     std::vector<uint32_t> timed;
     {
-      std::lock_guard lock(core_.timers_mu);
-      timed.swap(core_.timed_qps);
+      MutexLock lock(core_.timers_mu());
+      timed.swap(core_.timed_qps());
     }
     for (uint32_t qpn : timed) {
       QueuePair* qp = FindQpLocked(qpn);
@@ -693,8 +701,8 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
       }
     }
     {
-      std::lock_guard lock(core_.timers_mu);
-      timed = core_.timed_qps;
+      MutexLock lock(core_.timers_mu());
+      timed = core_.timed_qps();
     }
     for (uint32_t qpn : timed) {
       if (QueuePair* qp = FindQpLocked(qpn)) {
@@ -704,12 +712,12 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     }
     // A requester that failed above may have left room for others: come back at once for them.
     {
-      std::lock_guard lock(core_.paths_mu);
-      for (auto& [peer, path] : core_.paths)
+      MutexLock lock(core_.paths_mu());
+      for (auto& [peer, path] : core_.paths())
         if (path.MayWake() && !path.waiting().empty()) next = now;
     }
-    std::lock_guard lock(core_.timers_mu);
-    core_.poller_deadline = wire::EarlierDeadline(next, poller_returns_by_ns);
+    MutexLock lock(core_.timers_mu());
+    core_.poller_deadline() = wire::EarlierDeadline(next, poller_returns_by_ns);
   }
   Transmit(out);
   return wire::EarlierDeadline(next, cm_.RunTimers());

@@ -82,7 +82,7 @@ void DeviceCore::Trace(std::string_view line) const {
 }
 
 
-PathWindow& DeviceCore::PathOfLocked(const QueuePair& qp) { return paths[qp.peer().addr]; }
+PathWindow& DeviceCore::PathOfLocked(const QueuePair& qp) { return paths_[qp.peer().addr]; }
 
 DeviceCounters DeviceCore::Counters() const {
   DeviceCounters c;
@@ -92,10 +92,10 @@ DeviceCounters DeviceCore::Counters() const {
 }
 
 void DeviceCore::NoteAckHeld(uint32_t qpn, uint64_t due_ns) {
-  std::lock_guard lock(acks_mu);
-  auto it = std::find_if(acks_held.begin(), acks_held.end(), [&](const HeldAck& h) { return h.qpn == qpn; });
-  if (it == acks_held.end()) {
-    acks_held.push_back({qpn, due_ns});
+  MutexLock lock(acks_mu_);
+  auto it = std::find_if(acks_held_.begin(), acks_held_.end(), [&](const HeldAck& h) { return h.qpn == qpn; });
+  if (it == acks_held_.end()) {
+    acks_held_.push_back({qpn, due_ns});
   } else {
     it->due_ns = std::min(it->due_ns, due_ns);
   }
@@ -104,9 +104,9 @@ void DeviceCore::NoteAckHeld(uint32_t qpn, uint64_t due_ns) {
 }
 
 void DeviceCore::ForgetAckHeld(uint32_t qpn) {
-  std::lock_guard lock(acks_mu);
-  auto it = std::find_if(acks_held.begin(), acks_held.end(), [&](const HeldAck& h) { return h.qpn == qpn; });
-  if (it != acks_held.end()) acks_held.erase(it);
+  MutexLock lock(acks_mu_);
+  auto it = std::find_if(acks_held_.begin(), acks_held_.end(), [&](const HeldAck& h) { return h.qpn == qpn; });
+  if (it != acks_held_.end()) acks_held_.erase(it);
 }
 
 void DeviceCore::Complete(CompletionQueue* cq, const Completion& c) {
@@ -120,16 +120,16 @@ void DeviceCore::Complete(CompletionQueue* cq, const Completion& c) {
 }
 
 void DeviceCore::ListTimed(uint32_t qpn) {
-  std::lock_guard lock(timers_mu);
-  timed_qps.push_back(qpn);
+  MutexLock lock(timers_mu_);
+  timed_qps_.push_back(qpn);
 }
 
 void DeviceCore::WakeForTimer(uint64_t deadline) {
   // The progress thread may be blocked until a later deadline.
   {
-    std::lock_guard lock(timers_mu);
-    if (poller_deadline != 0 && deadline >= poller_deadline) return;
-    poller_deadline = deadline;
+    MutexLock lock(timers_mu_);
+    if (poller_deadline_ != 0 && deadline >= poller_deadline_) return;
+    poller_deadline_ = deadline;
   }
   transport.Wake();
 }
@@ -181,10 +181,10 @@ WcStatus DeviceCore::Gather(const QueuePair& qp, const SendWr& wr, std::vector<u
     return WcStatus::kSuccess;
   }
   out.reserve(wr.TotalLength());
-  std::shared_lock lock(keys_mu);
+  ReaderLock lock(keys_mu_);
   for (const Sge& sge : wr.sg_list) {
     if (sge.length == 0) continue;
-    AccessResult r = keys.CheckLocal(sge.lkey, qp.init().pd, sge.addr, sge.length, 0);
+    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr, sge.length, 0);
     if (!r.ok()) return WcStatus::kLocProtErr;
     const size_t at = out.size();
     out.resize(at + sge.length);
@@ -208,7 +208,7 @@ bool DeviceCore::GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t off
       continue;
     }
     const uint64_t n = std::min<uint64_t>(sge.length - skip, len - got);
-    AccessResult r = keys.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, 0);
+    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, 0);
     if (!r.ok()) return false;
     pieces.emplace_back(r.host, n);
     got += n;
@@ -219,7 +219,7 @@ bool DeviceCore::GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t off
 
 WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset,
                              std::span<const uint8_t> data) {
-  std::shared_lock lock(keys_mu);
+  ReaderLock lock(keys_mu_);
   size_t done = 0;
   uint64_t skip = offset;
   for (const Sge& sge : sg_list) {
@@ -229,7 +229,7 @@ WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, 
       continue;
     }
     const size_t n = std::min<uint64_t>(sge.length - skip, data.size() - done);
-    AccessResult r = keys.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, access::kLocalWrite);
+    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, access::kLocalWrite);
     if (!r.ok() || !CopyGuarded(r.host, data.data() + done, n)) return WcStatus::kLocProtErr;
     done += n;
     skip = 0;
@@ -238,28 +238,28 @@ WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, 
 }
 
 bool DeviceCore::MayAccessRemote(const QueuePair& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access) {
-  std::shared_lock lock(keys_mu);
-  return keys.CheckRemote(rkey, qp.init().pd, va, len, access, qp.qpn()).ok();
+  ReaderLock lock(keys_mu_);
+  return keys_.CheckRemote(rkey, qp.init().pd, va, len, access, qp.qpn()).ok();
 }
 
 uint8_t* DeviceCore::WriteTarget(const QueuePair& qp, const InboundMessage& m, size_t len) {
   const AccessResult acc =
-      keys.CheckRemote(m.write_rkey, qp.init().pd, m.write_va + m.offset, len, access::kRemoteWrite, qp.qpn());
+      keys_.CheckRemote(m.write_rkey, qp.init().pd, m.write_va + m.offset, len, access::kRemoteWrite, qp.qpn());
   return acc.ok() ? acc.host : nullptr;
 }
 
 WcStatus DeviceCore::ExecuteLocalOp(const QueuePair& qp, const SendWr& wr) {
-  std::unique_lock lock(keys_mu);
+  WriterLock lock(keys_mu_);
   if (wr.opcode == SendOpcode::kLocalInv) {
     // LOCAL_INV invalidates a type 2 window (regions are not invalidatable here: no fast-register MRs).
-    return keys.InvalidateWindow(wr.invalidate_rkey, 0) == 0 ? WcStatus::kSuccess : WcStatus::kLocQpOpErr;
+    return keys_.InvalidateWindow(wr.invalidate_rkey, 0) == 0 ? WcStatus::kSuccess : WcStatus::kLocQpOpErr;
   }
   const SendWr::Bind& b = wr.bind;
-  const MemoryWindow* w = keys.FindWindow(b.mw_rkey);
+  const MemoryWindow* w = keys_.FindWindow(b.mw_rkey);
   if (w == nullptr) return WcStatus::kMwBindErr;
   // A type 2 window binds to the QP that executes the bind (IBTA 10.6.7.2.2).
   const uint32_t qpn = w->type == 2 ? qp.qpn() : 0;
-  return keys.BindWindow(b.mw_rkey, b.new_rkey, qp.init().pd, b.mr_lkey, b.addr, b.length, b.access, qpn) == 0
+  return keys_.BindWindow(b.mw_rkey, b.new_rkey, qp.init().pd, b.mr_lkey, b.addr, b.length, b.access, qpn) == 0
              ? WcStatus::kSuccess
              : WcStatus::kMwBindErr;
 }
@@ -391,8 +391,8 @@ bool DeviceCore::HoldUnreliableSend(QueuePair& qp, SendWr& wr, const wire::IpAdd
     return true;
   }
   if (held.empty()) {
-    std::lock_guard lock(timers_mu);
-    held_qps.push_back(qp.qpn());
+    MutexLock lock(timers_mu_);
+    held_qps_.push_back(qp.qpn());
   }
   held.push_back({std::move(wr), peer});
   Count(&DeviceCounters::unreliable_sends_held);
@@ -400,14 +400,14 @@ bool DeviceCore::HoldUnreliableSend(QueuePair& qp, SendWr& wr, const wire::IpAdd
 }
 
 uint64_t DeviceCore::UnreliableSendAt(const wire::IpAddress& peer) {
-  std::lock_guard lock(paths_mu);
-  auto it = paths.find(peer);
-  return it == paths.end() ? 0 : it->second.UnreliableSendAt(Now());
+  MutexLock lock(paths_mu_);
+  auto it = paths_.find(peer);
+  return it == paths_.end() ? 0 : it->second.UnreliableSendAt(Now());
 }
 
 void DeviceCore::ChargeUnreliable(const wire::IpAddress& peer, uint64_t bytes) {
-  std::lock_guard lock(paths_mu);
-  if (auto it = paths.find(peer); it != paths.end()) it->second.ChargeUnreliable(bytes, Now());
+  MutexLock lock(paths_mu_);
+  if (auto it = paths_.find(peer); it != paths_.end()) it->second.ChargeUnreliable(bytes, Now());
 }
 
 void DeviceCore::FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus status) {

@@ -31,6 +31,7 @@
 #include "emu/connection_manager.h"
 #include "emu/memory.h"
 #include "emu/read_write_lock.h"
+#include "emu/thread_annotations.h"
 #include "emu/types.h"
 #include "emu/work_request.h"
 #include "wire/address.h"
@@ -149,7 +150,7 @@ std::string FormatCounters(const DeviceCounters& c);
 class DeviceCore {
  public:
   DeviceCore(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
-      : config(std::move(config)), transport(transport), clock(clock), keys(this->config.id_seed) {}
+      : config(std::move(config)), transport(transport), clock(clock), keys_(this->config.id_seed) {}
   DeviceCore(const DeviceCore&) = delete;
   DeviceCore& operator=(const DeviceCore&) = delete;
 
@@ -159,16 +160,18 @@ class DeviceCore {
   // Set before the device is used (Device::set_async_handler takes the object lock exclusively); read by any thread.
   std::function<void(const AsyncEvent&)> async_handler;
 
-  // Memory keys. The data path holds keys_mu shared to check an access and to copy from or into what it names (so a
-  // deregistration waits for the copy, IBTA 10.6.3.2: after it the region is no longer accessed), and exclusive to
-  // bind or invalidate a window; the verbs that register and deregister hold the Device's object lock exclusively,
-  // which keeps the data path out altogether.
-  mutable ReadWriteLock keys_mu;
-  KeyTable keys;
+  // Memory keys. The data path holds keys_mu() shared to check an access and to copy from or into what it names (so a
+  // deregistration waits for the copy, IBTA 10.6.3.2: after it the region is no longer accessed); binding or
+  // invalidating a window, registering and deregistering hold it exclusively.
+  ReadWriteLock& keys_mu() const RETURN_CAPABILITY(keys_mu_) { return keys_mu_; }
+  const KeyTable& keys() const REQUIRES_SHARED(keys_mu_) { return keys_; }
+  KeyTable& mutable_keys() REQUIRES(keys_mu_) { return keys_; }
 
-  // The windows towards peers (congestion.h), by peer address, and every PathWindow in the map.
-  mutable std::mutex paths_mu;
-  std::map<wire::IpAddress, PathWindow> paths;
+  // The windows towards peers (congestion.h), by peer address; every PathWindow in the map is read and changed with
+  // paths_mu() held (an entry never moves: a reference stays valid after the lock is let go).
+  Mutex& paths_mu() const RETURN_CAPABILITY(paths_mu_) { return paths_mu_; }
+  std::map<wire::IpAddress, PathWindow>& paths() REQUIRES(paths_mu_) { return paths_; }
+  const std::map<wire::IpAddress, PathWindow>& paths() const REQUIRES(paths_mu_) { return paths_; }
 
   // Unreliable senders and a receiver that cannot keep up. UC and UD do not retransmit, so a datagram a full socket
   // drops is a lost message, where a lossless RoCE fabric would have held the sender back instead (PFC). So a
@@ -185,16 +188,16 @@ class DeviceCore {
   uint64_t UnreliableSendAt(const wire::IpAddress& peer);
   // An unreliable message of `bytes` left towards `peer`. Takes paths_mu.
   void ChargeUnreliable(const wire::IpAddress& peer, uint64_t bytes);
-  // QPNs with held sends, visited by RunTimers. Guarded by timers_mu.
-  std::vector<uint32_t> held_qps;
+  // QPNs with held sends, visited by RunTimers.
+  std::vector<uint32_t>& held_qps() REQUIRES(timers_mu_) { return held_qps_; }
 
   // Timers. QPNs of RC requesters with a retransmit or RNR timer armed: Device::RunTimers visits these, not every QP,
   // so a timer pass costs what is armed (thousands of idle QPs cost nothing). A QPN destroyed since is skipped. And
   // when the poller comes back on its own (0: never): the earlier of the deadline RunTimers last reported and the
   // caller's poller_returns_by_ns; arming an earlier timer wakes the poller (WakeForTimer).
-  mutable std::mutex timers_mu;
-  std::vector<uint32_t> timed_qps;
-  uint64_t poller_deadline = 0;
+  Mutex& timers_mu() const RETURN_CAPABILITY(timers_mu_) { return timers_mu_; }
+  std::vector<uint32_t>& timed_qps() REQUIRES(timers_mu_) { return timed_qps_; }
+  uint64_t& poller_deadline() REQUIRES(timers_mu_) { return poller_deadline_; }
 
   // Held ACKs (AckTiming::kHeld): the QPs holding one and when each must leave (a QP reset or destroyed since no
   // longer holds and is skipped), and the earliest of those times (0: none), read without the lock.
@@ -202,8 +205,8 @@ class DeviceCore {
     uint32_t qpn;
     uint64_t due_ns;
   };
-  mutable std::mutex acks_mu;
-  std::vector<HeldAck> acks_held;
+  Mutex& acks_mu() const RETURN_CAPABILITY(acks_mu_) { return acks_mu_; }
+  std::vector<HeldAck>& acks_held() REQUIRES(acks_mu_) { return acks_held_; }
   std::atomic<uint64_t> next_held_ack_due_ns{0};
   // A responder holds an ACK due at `due_ns`, or its held ACK's time moved earlier.
   void NoteAckHeld(uint32_t qpn, uint64_t due_ns);
@@ -229,7 +232,7 @@ class DeviceCore {
   // QP has none for the direction it does not have).
   void Complete(CompletionQueue* cq, const Completion& c);
   // The shared window towards `qp`'s peer (congestion.h); with paths_mu held.
-  PathWindow& PathOfLocked(const QueuePair& qp);
+  PathWindow& PathOfLocked(const QueuePair& qp) REQUIRES(paths_mu_);
   // A timer was armed for `deadline`: the progress thread may be blocked until later, wake it. Takes timers_mu.
   void WakeForTimer(uint64_t deadline);
   // QP `qpn` has a timer armed: RunTimers visits it. Takes timers_mu.
@@ -253,14 +256,14 @@ class DeviceCore {
   // hold them, in order, valid while keys_mu is held (the caller holds it shared); false if an SGE is refused (RC: no
   // copy before the packet).
   bool GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
-                   std::vector<std::span<const uint8_t>>& pieces);
+                   std::vector<std::span<const uint8_t>>& pieces) REQUIRES_SHARED(keys_mu_);
   // Places `data` at byte `offset` of the scatter list (local write access needed): kSuccess, kLocLenErr or
   // kLocProtErr. Takes keys_mu.
   WcStatus Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset, std::span<const uint8_t> data);
   // Where the next `len` bytes of the RDMA WRITE `m` go, checked against the key table now (IBTA 10.6.3.2:
   // a deregistered region is no longer accessible); nullptr when the access is no longer allowed. The caller holds
   // keys_mu shared until it has copied.
-  uint8_t* WriteTarget(const QueuePair& qp, const InboundMessage& m, size_t len);
+  uint8_t* WriteTarget(const QueuePair& qp, const InboundMessage& m, size_t len) REQUIRES_SHARED(keys_mu_);
   // Whether the QP's peer may access [va, va+len) through `rkey` with `access` (IBTA 10.6.3.2: key, PD, bounds, rights,
   // a window's QP), checked now; for a check that copies nothing. Takes keys_mu.
   bool MayAccessRemote(const QueuePair& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access);
@@ -292,6 +295,18 @@ class DeviceCore {
   void FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus status);
 
  private:
+  // The locks of what the transport objects of all QPs share, and what each guards (the accessors above). Order:
+  // keys_mu_ -> paths_mu_ -> timers_mu_ or acks_mu_ (file comment).
+  mutable ReadWriteLock keys_mu_;
+  KeyTable keys_ GUARDED_BY(keys_mu_);
+  mutable Mutex paths_mu_;
+  std::map<wire::IpAddress, PathWindow> paths_ GUARDED_BY(paths_mu_);
+  mutable Mutex timers_mu_;
+  std::vector<uint32_t> held_qps_ GUARDED_BY(timers_mu_);
+  std::vector<uint32_t> timed_qps_ GUARDED_BY(timers_mu_);
+  uint64_t poller_deadline_ GUARDED_BY(timers_mu_) = 0;
+  mutable Mutex acks_mu_;
+  std::vector<HeldAck> acks_held_ GUARDED_BY(acks_mu_);
   DeviceCounters counters_;  // every field changed atomically (Count)
 };
 

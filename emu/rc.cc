@@ -28,7 +28,7 @@ bool Device::ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch&
   qp->completer().OnResponse(p, out);
   // What was delivered opens the path's window; others waiting for it resume (the caller wakes them).
   const int32_t delivered = PsnDiff(requester.state().acked_psn_next, acked_before);
-  std::lock_guard lock(core_.paths_mu);
+  MutexLock lock(core_.paths_mu());
   PathWindow& path = core_.PathOfLocked(*qp);
   if (delivered > 0) path.OnDelivered(static_cast<uint32_t>(delivered));
   requester.ChargeLocked(path);
@@ -40,9 +40,9 @@ void Device::WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out) {
   for (;;) {
     uint32_t qpn;
     {
-      std::lock_guard lock(core_.paths_mu);
-      auto it = core_.paths.find(peer);
-      if (it == core_.paths.end()) return;
+      MutexLock lock(core_.paths_mu());
+      auto it = core_.paths().find(peer);
+      if (it == core_.paths().end()) return;
       PathWindow& path = it->second;
       if (first && !path.MayWake()) return;
       first = false;
@@ -61,8 +61,8 @@ void Device::WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out) {
 void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
   std::vector<DeviceCore::HeldAck> held;
   {
-    std::lock_guard lock(core_.acks_mu);
-    held.swap(core_.acks_held);  // what leaves is done with; the rest goes back (NoteAckHeld)
+    MutexLock lock(core_.acks_mu());
+    held.swap(core_.acks_held());  // what leaves is done with; the rest goes back (NoteAckHeld)
   }
   for (const DeviceCore::HeldAck& h : held) {
     QueuePair* qp = FindQpLocked(h.qpn);
@@ -76,9 +76,9 @@ void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
     }
     core_.NoteAckHeld(h.qpn, responder.held_due_ns());
   }
-  std::lock_guard lock(core_.acks_mu);
+  MutexLock lock(core_.acks_mu());
   uint64_t next = 0;
-  for (const DeviceCore::HeldAck& h : core_.acks_held) next = wire::EarlierDeadline(next, h.due_ns);
+  for (const DeviceCore::HeldAck& h : core_.acks_held()) next = wire::EarlierDeadline(next, h.due_ns);
   core_.next_held_ack_due_ns.store(next, std::memory_order_relaxed);
 }
 

@@ -32,7 +32,7 @@ uint64_t AckTimeoutNs(uint8_t timeout) { return timeout == 0 ? 0 : uint64_t{4096
 
 void RcRequester::Charge() {
   if (qp_.type() != QpType::kRc && qp_.type() != QpType::kXrcSend) return;
-  std::lock_guard lock(core_.paths_mu);
+  MutexLock lock(core_.paths_mu());
   ChargeLocked(core_.PathOfLocked(qp_));
 }
 
@@ -83,7 +83,7 @@ void RcRequester::ArmRetransmit(uint64_t& now_ns) {
   r.probe_deadline_ns = 0;
   if (core_.config.early_retransmit) {
     {
-      std::lock_guard lock(core_.paths_mu);
+      MutexLock lock(core_.paths_mu());
       const PathWindow& path = core_.PathOfLocked(qp_);
       r.probe_wait_ns = ProbeWaitNs(path);
       r.path_delivered_seen = path.delivered();
@@ -112,7 +112,7 @@ void RcRequester::AckedUpTo(uint32_t next) {
   if (r.rtt_sent_ns == 0 || PsnDiff(next, r.rtt_psn) <= 0) return;
   const uint64_t now = core_.Now();
   {
-    std::lock_guard lock(core_.paths_mu);
+    MutexLock lock(core_.paths_mu());
     PathWindow& path = core_.PathOfLocked(qp_);
     path.OnRoundTrip(now > r.rtt_sent_ns ? now - r.rtt_sent_ns : 1);
     path.OnDeliveredSent(r.rtt_seq);
@@ -140,7 +140,7 @@ bool RcRequester::OnlyWaitsForPath() const {
 }
 
 RcRequester::Silence RcRequester::SilenceMeansLoss() {
-  std::lock_guard lock(core_.paths_mu);
+  MutexLock lock(core_.paths_mu());
   const PathWindow& path = core_.PathOfLocked(qp_);
   state_.path_silent_looks = path.delivered() == state_.path_delivered_seen ? state_.path_silent_looks + 1 : 0;
   state_.path_delivered_seen = path.delivered();
@@ -213,7 +213,7 @@ void RcRequester::SendReadRequest(SendWqe& w, uint32_t from_pkt, OutBatch& out) 
 
 void RcRequester::Congestion() {
   {
-    std::lock_guard lock(core_.paths_mu);
+    MutexLock lock(core_.paths_mu());
     core_.PathOfLocked(qp_).OnCongestion();
   }
   core_.Count(&DeviceCounters::rc_congestion_signals);
@@ -434,7 +434,7 @@ void RcRequester::Progress(OutBatch& out) {
   if (r.rnr_deadline_ns != 0) return;  // waiting out an RNR NAK
   if (r.cursor_wqe >= r.sq.size()) return;  // nothing to send (an ACK that completed the last WQE lands here)
   SendPass pass{[&]() -> PathWindow& {
-                  std::lock_guard lock(core_.paths_mu);
+                  MutexLock lock(core_.paths_mu());
                   return core_.PathOfLocked(qp_);
                 }(),
                 MtuBytes(a.path_mtu), qp_.peer(), qp_.source_port(), PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0};
@@ -492,11 +492,11 @@ RcRequester::PassStep RcRequester::StartWqe(SendWqe& w, uint32_t mtu) {
   }
   if (!(w.wr.flags & send_flags::kInline)) {
     const uint32_t needed = rd_atomic ? access::kLocalWrite : 0;
-    std::shared_lock keys(core_.keys_mu);
+    ReaderLock keys(core_.keys_mu());
     for (const Sge& sge : w.wr.sg_list) {
-      if (sge.length == 0 || core_.keys.CheckLocal(sge.lkey, qp_.init().pd, sge.addr, sge.length, needed).ok())
+      if (sge.length == 0 || core_.keys().CheckLocal(sge.lkey, qp_.init().pd, sge.addr, sge.length, needed).ok())
         continue;
-      keys.unlock();
+      keys.Unlock();
       Fail(r.cursor_wqe, WcStatus::kLocProtErr);
       return PassStep::kFailed;
     }
@@ -516,7 +516,7 @@ RcRequester::PassStep RcRequester::StartWqe(SendWqe& w, uint32_t mtu) {
 // (RcRequesterState::tail_asks_ack()). False: stop here.
 bool RcRequester::PathLetsNewPacketGo(PathWindow& path, bool* force_ack_req) {
   RcRequesterState& r = state_;
-  std::unique_lock lock(core_.paths_mu);
+  MutexLock lock(core_.paths_mu());
   if (path.MaySend()) return true;
   if (!r.tail_asks_ack()) {
     *force_ack_req = true;
@@ -555,7 +555,7 @@ RcRequester::PassStep RcRequester::SendFromCursor(SendWqe& w, SendPass& pass, Ou
 void RcRequester::SentUpTo(uint32_t next, SendPass& pass) {
   RcRequesterState& r = state_;
   if (PsnDiff(next, r.sent_psn_next) > 0) r.sent_psn_next = next;
-  std::lock_guard lock(core_.paths_mu);
+  MutexLock lock(core_.paths_mu());
   r.newest_sent_seq = pass.path.NoteSent();
   ChargeLocked(pass.path);
 }
@@ -626,7 +626,7 @@ bool RcRequester::NextMessageFollows() const {
 bool RcRequester::StopsAfterAndCharge(uint32_t next_psn, bool is_new, SendPass& pass) {
   RcRequesterState& r = state_;
   bool stops_after = PsnDiff(next_psn, r.acked_psn_next) >= kWindowPackets;
-  std::lock_guard lock(core_.paths_mu);
+  MutexLock lock(core_.paths_mu());
   if (!stops_after && PsnDiff(next_psn, r.sent_psn_next) >= 0)
     stops_after = pass.path.in_flight() + (is_new ? 1 : 0) >= pass.path.window();
   if (is_new) r.sent_psn_next = next_psn;
@@ -670,10 +670,10 @@ RcRequester::PassStep RcRequester::SendMessagePacket(SendWqe& w, uint32_t psn, b
   const uint64_t len = std::min<uint64_t>(pass.mtu, w.length - std::min(off, w.length));
   ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
   {
-    std::shared_lock keys(core_.keys_mu);
+    ReaderLock keys(core_.keys_mu());
     if (!core_.GatherRange(qp_, w.wr, off, len, pass.payload) ||
         !out.AddGathered(core_.transport, spec, pass.payload, pass.dst, pass.sport)) {
-      keys.unlock();
+      keys.Unlock();
       Fail(r.cursor_wqe, WcStatus::kLocProtErr);  // deregistered (or unmapped) after the WQE started
       return PassStep::kFailed;
     }

@@ -101,9 +101,9 @@ void RcResponder::SendAtomicAck(uint32_t psn, uint32_t msn, uint64_t original, O
 
 void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
   const uint32_t mtu = MtuBytes(qp_.attributes().path_mtu);
-  std::shared_lock keys(core_.keys_mu);  // the region is read until the last response is built
+  ReaderLock keys(core_.keys_mu());  // the region is read until the last response is built
   AccessResult acc =
-      core_.keys.CheckRemote(res.rkey, qp_.init().pd, res.va, res.length, access::kRemoteRead, qp_.qpn());
+      core_.keys().CheckRemote(res.rkey, qp_.init().pd, res.va, res.length, access::kRemoteRead, qp_.qpn());
   if (!acc.ok()) return;  // deregistered since: a duplicate gets no answer; the requester's retries decide
   const auto first = static_cast<uint32_t>(PsnDiff(from_psn, res.psn));
   for (uint32_t k = first; k < res.npsn; ++k) {
@@ -122,7 +122,7 @@ void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_
                  qp_.peer(), qp_.source_port())) {
       // The region's memory was unmapped since its registration: as any access outside a valid region (9.7.5.2.5),
       // named by the response that could not be built -- a PSN the requester is waiting for.
-      keys.unlock();
+      keys.Unlock();
       core_.Count(&DeviceCounters::rx_remote_access_denied);
       FatalNakAt(spec.bth.psn, wire::NakCode::kRemoteAccessError, out);
       return;
@@ -404,8 +404,8 @@ RequestOutcome RcResponder::ExecuteMessagePacket(Request& q) {
   if (placed != RequestOutcome::kPass) return placed;
   m.offset += q.p.payload.size();
   if (q.ends && q.p.ieth && [&] {
-        std::unique_lock keys(core_.keys_mu);
-        return core_.keys.InvalidateWindow(q.p.ieth->rkey, qp_.qpn()) != 0;
+        WriterLock keys(core_.keys_mu());
+        return core_.mutable_keys().InvalidateWindow(q.p.ieth->rkey, qp_.qpn()) != 0;
       }()) {
     // SEND with invalidate names an R_Key we cannot invalidate (not a type 2 window bound to this QP): the
     // responder refuses the request (IBTA 9.4.6 / 10.6.7.2.3).
@@ -432,7 +432,7 @@ RequestOutcome RcResponder::PlaceWrite(const Request& q) {
   if (q.p.payload.empty()) return RequestOutcome::kPass;
   // On an error the message is abandoned with the QP: the error state flushes the receive WQE a WRITE with
   // immediate took.
-  std::shared_lock keys(core_.keys_mu);
+  ReaderLock keys(core_.keys_mu());
   uint8_t* target = core_.WriteTarget(qp_, qp_.inbound(), q.p.payload.size());
   // The region was deregistered (or its window invalidated, or its memory unmapped) while the message was arriving:
   // the rest is refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access error).
@@ -477,8 +477,8 @@ RequestOutcome RcResponder::ExecuteRead(Request& q, OutBatch& out) {
 RequestOutcome RcResponder::ExecuteAtomic(Request& q, OutBatch& out) {
   RcResponderState& R = state_;
   const wire::AtomicEth& ae = *q.p.atomic;
-  std::shared_lock keys(core_.keys_mu);
-  AccessResult acc = core_.keys.CheckRemote(ae.rkey, qp_.init().pd, ae.va, 8, access::kRemoteAtomic, qp_.qpn());
+  ReaderLock keys(core_.keys_mu());
+  AccessResult acc = core_.keys().CheckRemote(ae.rkey, qp_.init().pd, ae.va, 8, access::kRemoteAtomic, qp_.qpn());
   if (!acc.ok()) return RequestOutcome::kAccessDenied;  // deregistered since CheckKey
   auto* target = reinterpret_cast<uint64_t*>(acc.host);
   uint64_t original = 0;
@@ -486,7 +486,7 @@ RequestOutcome RcResponder::ExecuteAtomic(Request& q, OutBatch& out) {
   const bool done = q.op == wire::Operation::kCompareSwap
                         ? CompareSwapGuarded(target, ae.compare, ae.swap_add, &original)
                         : FetchAddGuarded(target, ae.swap_add, &original);
-  keys.unlock();
+  keys.Unlock();
   if (!done) return RequestOutcome::kAccessDenied;  // the word's memory was unmapped since its registration
   ResponderResource res;
   res.atomic = true;

@@ -171,10 +171,10 @@ bool UcTransport::Place(const wire::PacketView& p) {
     return false;
   }
   if (!p.payload.empty()) {
-    std::shared_lock keys(core_.keys_mu);  // the region is written while the key table cannot change
+    ReaderLock keys(core_.keys_mu());  // the region is written while the key table cannot change
     uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
     if (target == nullptr || !CopyGuarded(target, p.payload.data(), p.payload.size())) {
-      keys.unlock();
+      keys.Unlock();
       DropMessage(&DeviceCounters::rx_remote_access_denied);  // deregistered (or unmapped) mid-message
       return false;
     }
