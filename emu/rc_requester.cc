@@ -134,6 +134,20 @@ void RcRequester::GoBack(size_t index, uint32_t packet) {
   r.rtt_sent_ns = 0;  // what is timed now may be sent twice: its ACK would time the wrong sending (Karn)
 }
 
+bool RcRequester::Idle() const {
+  // Every PSN sent acknowledged, and no READ or atomic still waiting for its response (an ACK of a later PSN covers
+  // their PSNs without answering them, 9.7.5.1.2): otherwise a resend would restart the ACK timer of a request that
+  // is never answered, and it would never time out. (A WRITE or SEND that waits for the path's window to send the
+  // rest is idle: nothing of it is outstanding.)
+  const RcRequesterState& r = state_;
+  if (PsnDiff(r.sent_psn_next, r.acked_psn_next) > 0) return false;
+  for (const SendWqe& w : r.sq) {
+    if (!w.started()) break;
+    if (!w.done() && (w.is_read() || w.is_atomic())) return false;
+  }
+  return true;
+}
+
 bool RcRequester::OnlyWaitsForPath() const {
   const RcRequesterState& r = state_;
   return r.waiting_for_path && PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0;
@@ -252,7 +266,14 @@ bool RcRequester::AckBefore(uint32_t limit, bool inclusive, OutBatch& out) {
       continue;
     }
     if (w.is_atomic()) {
-      GoBack(i, 0);
+      // Send it (and what follows) again -- once until a response moves the connection forward. Each resend draws
+      // ACKs for the duplicates behind it; going back on each of them again multiplies the window with no time
+      // passing, a storm when the atomic is never answered (the responder took its PSN for another request and has
+      // no result to replay). After the one resend the ACK timer decides, spending the retry budget (C9-140).
+      if (!state_.implied_nak_resent) {
+        state_.implied_nak_resent = true;
+        GoBack(i, 0);
+      }
       break;
     }
     w.state = WqeState::kDone;
@@ -277,6 +298,7 @@ void RcRequester::AfterResponse(bool progressed, OutBatch& out) {
     r.retries_left = a.retry_cnt;
     r.rnr_retries_left = a.rnr_retry;
     r.retransmit_deadline_ns = 0;
+    r.implied_nak_resent = false;
   }
   CompleteInOrder();
   if (qp_.state() == QpState::kErr) return;
@@ -437,7 +459,7 @@ void RcRequester::Progress(OutBatch& out) {
                   MutexLock lock(core_.paths_mu());
                   return core_.PathOfLocked(qp_);
                 }(),
-                MtuBytes(a.path_mtu), qp_.peer(), qp_.source_port(), PsnDiff(r.sent_psn_next, r.acked_psn_next) <= 0};
+                MtuBytes(a.path_mtu), qp_.peer(), qp_.source_port(), Idle()};
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
     const PassStep step = w.is_local() && !w.started() ? RunLocalOp(w) : SendFromCursor(w, pass, out);

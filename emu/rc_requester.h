@@ -161,6 +161,7 @@ class RcRequester : private TransportObject {
   // missing); sq.size() when nothing is outstanding.
   size_t OldestUnacknowledged(uint32_t* packet) const;
   // Everything sent is acknowledged and the requester waits for room in the path's window, not for its peer.
+  bool Idle() const;  // nothing sent is waiting for an answer
   bool OnlyWaitsForPath() const;
   // Whether no ACK for a few round trips (the early-retransmission probe) means a loss. Not when other requesters
   // wait for the window of the QP's path: it is full, and this QP's packets may sit behind theirs for longer than

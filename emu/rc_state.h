@@ -96,6 +96,7 @@ struct RcRequesterState {
   uint64_t probe_deadline_ns = 0;
   uint64_t probe_wait_ns = 0;
   uint64_t path_delivered_seen = 0;  // the path's delivered count when the probe was armed or last looked at
+  bool implied_nak_resent = false;   // an atomic was sent again for an implied NAK; no more until progress
   uint32_t tail_probes = 0;          // tail probes sent since the timer last started (RcRequester::kTailProbes)
   uint32_t path_silent_looks = 0;    // probes in a row that found nothing delivered on the path since the last
   // Round-trip time: one packet at a time is timed from its first sending to the ACK that covers it (never a packet
