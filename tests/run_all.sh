@@ -115,29 +115,44 @@ if [ "${UROCE_SKIP_SANITIZERS:-0}" != 1 ]; then
   run_bazel_tests tsan "//emu/... + //verbs_api/... + //rdmacm/... + //wire:uring_transport_test + //wire:udp_transport_test + //wire:socket_transport_test + //wire:sim_network_test + //wire:fault_transport_test + //wire:capture_transport_test" --config=tsan
 fi
 
-# Fuzzing: a bounded libFuzzer run of the packet parser; a crash or sanitizer report fails it. The clang build lives in
-# its own output base: switching the C++ compiler in the main one would discard the gcc build (see .bazelrc).
+# Fuzzing: a bounded libFuzzer run of the packet parser and of the emulated HCA (stateful: packets at live QPs, the CM
+# and memory of a device on the simulated fabric), each from its corpus; a crash, a sanitizer report or a violated
+# invariant fails it. The clang build lives in its own output base: switching the C++ compiler in the main one would
+# discard the gcc build (see .bazelrc).
 FUZZ_BAZEL=(bazel --output_base="${HOME}/.cache/uroce-fuzz-output")
-{
-  echo "[fuzz] packet_fuzzer for ${FUZZ_SECONDS}s" >&2
-  if "${FUZZ_BAZEL[@]}" build --config=fuzz --symlink_prefix=/ //wire/fuzz:packet_fuzzer >&2; then
-    fuzzer="$("${FUZZ_BAZEL[@]}" info --config=fuzz bazel-bin 2>/dev/null)/wire/fuzz/packet_fuzzer"
+for target in //wire/fuzz:packet_fuzzer //emu/fuzz:device_fuzzer; do
+  name="${target##*:}" package="${target#//}"
+  package="${package%%:*}"
+  echo "[fuzz] $name for ${FUZZ_SECONDS}s" >&2
+  if "${FUZZ_BAZEL[@]}" build --config=fuzz --symlink_prefix=/ "$target" >&2; then
+    fuzzer="$("${FUZZ_BAZEL[@]}" info --config=fuzz bazel-bin 2>/dev/null)/$package/$name"
     corpus=$(mktemp -d)
-    if [ -d wire/fuzz/corpus ]; then cp wire/fuzz/corpus/* "$corpus"/ 2>/dev/null || true; fi
+    if [ -d "$package/corpus" ]; then cp "$package"/corpus/* "$corpus"/ 2>/dev/null || true; fi
     if "$fuzzer" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$corpus" >"$corpus.log" 2>&1; then
-      echo "[fuzz] PASS: $(grep -E 'stat::number_of_executed_units' "$corpus.log" || true)" >&2
+      echo "[fuzz] PASS: $name $(grep -E 'stat::number_of_executed_units' "$corpus.log" || true)" >&2
       total_pass=$((total_pass + 1))
     else
       tail -n 60 "$corpus.log" >&2
-      echo "[fuzz] FAIL: packet_fuzzer found a crash" >&2
+      echo "[fuzz] FAIL: $name found a crash" >&2
       total_fail=$((total_fail + 1))
     fi
     rm -rf "$corpus" "$corpus.log"
-    "${FUZZ_BAZEL[@]}" shutdown >/dev/null 2>&1 || true
   else
-    echo "[fuzz] FAIL: packet_fuzzer did not build" >&2
+    echo "[fuzz] FAIL: $name did not build" >&2
     total_fail=$((total_fail + 1))
   fi
-}
+done
+
+# Clang's thread-safety analysis of the locks the annotations describe (emu/thread_annotations.h): a guarded member
+# touched without its mutex, or a lock left held, fails the build. Same clang output base as the fuzzers.
+echo "[tsa] clang -Wthread-safety over //emu //wire //verbs_api //rdmacm" >&2
+if "${FUZZ_BAZEL[@]}" build --config=tsa --symlink_prefix=/ //emu/... //wire/... //verbs_api/... //rdmacm/... >&2; then
+  echo "[tsa] PASS" >&2
+  total_pass=$((total_pass + 1))
+else
+  echo "[tsa] FAIL: the thread-safety analysis found a lock the annotations do not allow" >&2
+  total_fail=$((total_fail + 1))
+fi
+"${FUZZ_BAZEL[@]}" shutdown >/dev/null 2>&1 || true
 
 print_totals_and_exit

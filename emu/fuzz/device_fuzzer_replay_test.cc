@@ -1,0 +1,135 @@
+// Runs the device fuzzer's entry point over its corpus (seeds and regression inputs) and deterministic mutations of
+// it, under the regular build (and --config=asan), so the invariants the fuzzer checks hold in every test run, not
+// only when fuzzing. A violated invariant traps, which fails the test.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "emu/fuzz/device_fuzzer.h"
+#include "wire/opcode.h"
+#include "wire/packet.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+namespace uroce::emu::fuzz {
+namespace {
+
+std::string DataDir(const char* name) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "uroce") + "/emu/fuzz/" + name;
+}
+std::string CorpusDir() { return DataDir("corpus"); }
+
+struct Seed {
+  std::string name;
+  std::vector<uint8_t> bytes;
+};
+
+std::vector<Seed> LoadCorpus(const std::string& dir = CorpusDir()) {
+  std::vector<Seed> seeds;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return seeds;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(dir + "/" + e->d_name, std::ios::binary);
+    seeds.push_back({e->d_name, {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()}});
+  }
+  closedir(d);
+  std::sort(seeds.begin(), seeds.end(), [](const Seed& a, const Seed& b) { return a.name < b.name; });
+  return seeds;
+}
+
+// Each input is copied into a buffer of exactly its size so ASan catches any read past the end.
+void RunOne(const std::vector<uint8_t>& input) {
+  std::vector<uint8_t> exact(input);
+  LLVMFuzzerTestOneInput(exact.empty() ? nullptr : exact.data(), exact.size());
+}
+
+// Where each record starts (after the options byte).
+std::vector<size_t> RecordStarts(const std::vector<uint8_t>& input) {
+  std::vector<size_t> starts;
+  size_t at = 1;
+  while (at + kRecordHeaderSize <= input.size()) {
+    starts.push_back(at);
+    at += kRecordHeaderSize + (input[at + 2] | input[at + 3] << 8);
+  }
+  return starts;
+}
+
+TEST(DeviceFuzzerReplay, CorpusAsIs) {
+  const auto seeds = LoadCorpus();
+  ASSERT_GE(seeds.size(), 40u) << "corpus missing at " << CorpusDir();
+  for (const auto& [name, bytes] : seeds) {
+    SCOPED_TRACE(name);
+    RunOne(bytes);
+  }
+  RunOne({});
+  RunOne({kOptionHeldAcks});
+}
+
+// Every record boundary of each seed (the input cut short), and random bit flips and byte overwrites: records then
+// name other targets, memories, operations and lengths.
+TEST(DeviceFuzzerReplay, PrefixesAndMutations) {
+  const auto seeds = LoadCorpus();
+  std::mt19937 rng(47);
+  size_t runs = 0;
+  for (const auto& [name, seed] : seeds) {
+    SCOPED_TRACE(name);
+    for (size_t start : RecordStarts(seed)) {
+      RunOne({seed.begin(), seed.begin() + static_cast<std::ptrdiff_t>(start)});
+      ++runs;
+    }
+    for (int i = 0; i < 12 && !seed.empty(); ++i) {
+      auto m = seed;
+      m[rng() % m.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      if (i & 1) m[rng() % m.size()] = static_cast<uint8_t>(rng());
+      RunOne(m);
+      ++runs;
+    }
+  }
+  EXPECT_GT(runs, 500u);
+}
+
+// The generator's seeds are captures with the bench's real numbers (corpus_generator.cc): each packet record that
+// names a live QP carries that QP's number, and each R_Key it asks to be patched is already the live one. When the
+// bench changes, this fails: regenerate with `bazel run //emu/fuzz:corpus_generator -- $PWD/emu/fuzz/corpus`.
+TEST(DeviceFuzzerReplay, SeedsCarryTheBenchsLiveNumbers) {
+  const LiveNumbers n = DescribeBench();
+  const uint32_t qpn_of[kTargetCount] = {0, n.rc_qpn, n.rc_on_srq_qpn, n.uc_qpn, n.ud_qpn, n.xrc_target_qpn,
+                                         n.xrc_initiator_qpn, 1, 0xFFFFFF, 0};
+  size_t checked = 0;
+  for (const auto& [name, bytes] : LoadCorpus()) {
+    if (name.size() < 3 || name[2] != '_' || !std::isxdigit(name[0])) continue;  // regression inputs: any bytes
+    SCOPED_TRACE(name);
+    for (size_t at : RecordStarts(bytes)) {
+      const uint8_t flags = bytes[at], selector = bytes[at + 1];
+      if ((flags & kRecordTypeMask) != kRecordPacket) continue;
+      const size_t length = std::min<size_t>(bytes[at + 2] | bytes[at + 3] << 8, bytes.size() - at - 4);
+      auto p = wire::ParsePacket(std::span(bytes).subspan(at + 4, length));
+      ASSERT_TRUE(p.has_value());
+      const auto target = static_cast<Target>((selector & 0x0f) % kTargetCount);
+      if (target != kKeepQpn && target != kUnknownQp) EXPECT_EQ(p->bth.dest_qp, qpn_of[target]);
+      const auto memory = static_cast<Memory>((selector >> 4) % kMemoryCount);
+      if (flags & kPatchKeys) {
+        if (p->reth) EXPECT_EQ(p->reth->rkey, n.rkey[memory]);
+        if (p->atomic) EXPECT_EQ(p->atomic->rkey, n.rkey[memory]);
+      }
+      if ((flags & kPatchSrqn) && p->xrc) EXPECT_EQ(p->xrc->srqn, n.xrc_srqn);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50u);
+}
+
+}  // namespace
+}  // namespace uroce::emu::fuzz
