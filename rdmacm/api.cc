@@ -43,66 +43,83 @@ void DiscardEvent(Lib& lib, Event* e, std::vector<uint32_t>* cm_ids_to_destroy);
 
 // --- QP attributes (rdma_init_qp_attr; rdmacm.md 3.6) ------------------------------------------------------------
 
-int uroce::rdmacm::InitQpAttr(Lib& lib, IdPriv* p, ibv_qp_attr* a, int* mask) {
+namespace {
+
+void InitAttr(const IdPriv* p, ibv_qp_attr* a, int* mask) {
+  a->pkey_index = 0;
+  a->port_num = 1;
+  *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+  if (p->id.qp_type == IBV_QPT_UD) {
+    a->qkey = RDMA_UDP_QKEY;
+    *mask |= IBV_QP_QKEY;
+    return;
+  }
+  // Remote READ and atomics only when this side offers responder resources (cma_init_qp_attr).
+  a->qp_access_flags = p->conn.valid ? IBV_ACCESS_REMOTE_WRITE : 0;
+  if (p->conn.valid && p->conn.responder_resources > 0)
+    a->qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  *mask |= IBV_QP_ACCESS_FLAGS;
+}
+
+int RtrAttr(const IdPriv* p, ibv_qp_attr* a, int* mask) {
   const ibv_qp_type t = p->id.qp_type;
+  *mask = IBV_QP_STATE;
+  if (t == IBV_QPT_UD) return 0;
+  if (!p->conn.valid) return EINVAL;
+  std::memset(&a->ah_attr, 0, sizeof a->ah_attr);
+  a->ah_attr.is_global = 1;
+  std::memcpy(a->ah_attr.grh.dgid.raw, p->conn.peer_gid.data(), 16);
+  a->ah_attr.grh.sgid_index = 0;
+  a->ah_attr.grh.hop_limit = kHopLimit;
+  a->ah_attr.grh.traffic_class = p->tos;
+  a->ah_attr.grh.flow_label = p->conn.flow_label;
+  a->ah_attr.port_num = 1;
+  a->path_mtu = static_cast<ibv_mtu>(p->conn.path_mtu);
+  a->dest_qp_num = p->conn.peer_qpn;
+  a->rq_psn = p->seq_num;
+  *mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  if (t == IBV_QPT_RC || t == IBV_QPT_XRC_RECV) {
+    a->max_dest_rd_atomic = p->conn.responder_resources;
+    a->min_rnr_timer = 0;
+    *mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  }
+  return 0;
+}
+
+int RtsAttr(const IdPriv* p, ibv_qp_attr* a, int* mask) {
+  const ibv_qp_type t = p->id.qp_type;
+  *mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+  if (t == IBV_QPT_UD) {
+    a->sq_psn = 0;
+    return 0;
+  }
+  if (!p->conn.valid) return EINVAL;
+  a->sq_psn = p->conn.peer_psn;
+  a->timeout = p->ack_timeout.value_or(p->conn.local_ack_timeout ? p->conn.local_ack_timeout : kLocalAckTimeout);
+  if (t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND) {
+    a->retry_cnt = p->conn.retry_count;
+    a->rnr_retry = p->conn.rnr_retry_count;
+    a->max_rd_atomic = p->conn.initiator_depth;
+    *mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  } else if (t == IBV_QPT_XRC_RECV) {
+    *mask |= IBV_QP_TIMEOUT;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int uroce::rdmacm::InitQpAttr(Lib& lib, IdPriv* p, ibv_qp_attr* a, int* mask) {
+  (void)lib;
   switch (a->qp_state) {
     case IBV_QPS_INIT:
-      a->pkey_index = 0;
-      a->port_num = 1;
-      *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-      if (t == IBV_QPT_UD) {
-        a->qkey = RDMA_UDP_QKEY;
-        *mask |= IBV_QP_QKEY;
-      } else {
-        // Remote READ and atomics only when this side offers responder resources (cma_init_qp_attr).
-        a->qp_access_flags = p->conn.valid ? IBV_ACCESS_REMOTE_WRITE : 0;
-        if (p->conn.valid && p->conn.responder_resources > 0)
-          a->qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-        *mask |= IBV_QP_ACCESS_FLAGS;
-      }
+      InitAttr(p, a, mask);
       return 0;
     case IBV_QPS_RTR:
-      *mask = IBV_QP_STATE;
-      if (t == IBV_QPT_UD) return 0;
-      if (!p->conn.valid) return EINVAL;
-      std::memset(&a->ah_attr, 0, sizeof a->ah_attr);
-      a->ah_attr.is_global = 1;
-      std::memcpy(a->ah_attr.grh.dgid.raw, p->conn.peer_gid.data(), 16);
-      a->ah_attr.grh.sgid_index = 0;
-      a->ah_attr.grh.hop_limit = kHopLimit;
-      a->ah_attr.grh.traffic_class = p->tos;
-      a->ah_attr.grh.flow_label = p->conn.flow_label;
-      a->ah_attr.port_num = 1;
-      a->path_mtu = static_cast<ibv_mtu>(p->conn.path_mtu);
-      a->dest_qp_num = p->conn.peer_qpn;
-      a->rq_psn = p->seq_num;
-      *mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-      if (t == IBV_QPT_RC || t == IBV_QPT_XRC_RECV) {
-        a->max_dest_rd_atomic = p->conn.responder_resources;
-        a->min_rnr_timer = 0;
-        *mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-      }
-      return 0;
+      return RtrAttr(p, a, mask);
     case IBV_QPS_RTS:
-      *mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-      if (t == IBV_QPT_UD) {
-        a->sq_psn = 0;
-        return 0;
-      }
-      if (!p->conn.valid) return EINVAL;
-      a->sq_psn = p->conn.peer_psn;
-      a->timeout = p->ack_timeout.value_or(p->conn.local_ack_timeout ? p->conn.local_ack_timeout : kLocalAckTimeout);
-      if (t == IBV_QPT_RC || t == IBV_QPT_XRC_SEND) {
-        a->retry_cnt = p->conn.retry_count;
-        a->rnr_retry = p->conn.rnr_retry_count;
-        a->max_rd_atomic = p->conn.initiator_depth;
-        *mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-      } else if (t == IBV_QPT_XRC_RECV) {
-        *mask |= IBV_QP_TIMEOUT;
-      }
-      return 0;
+      return RtsAttr(p, a, mask);
     default:
-      (void)lib;
       return EINVAL;
   }
 }
@@ -145,6 +162,9 @@ void DiscardEvent(Lib& lib, Event* e, std::vector<uint32_t>* cm_ids_to_destroy) 
       lib.by_cm_id.erase(child->cm_id);
       cm_ids_to_destroy->push_back(child->cm_id);
     }
+    // What happened to the child's connection meanwhile (a REJ or a timeout of the REQ) went to the same channel
+    // under the child's name: it goes with the child.
+    for (Event* later : RemoveQueued(child->channel, child)) delete later;
     delete child;
   }
   delete e;
@@ -159,13 +179,13 @@ void Present(Lib& lib, Event* e) {
     case RDMA_CM_EVENT_CONNECT_RESPONSE:
       if (e->process_reply && p->id.qp != nullptr) {
         const int err = ModifyQpRtrRts(lib, p);
-        if (err == 0 && lib.cm->SendRtu(p->cm_id, {}) == 0) {
+        if (err == 0 && lib.cm.SendRtu(p->cm_id, {}) == 0) {
           e->event.event = RDMA_CM_EVENT_ESTABLISHED;
           p->established = true;
           p->state = IdState::kConnected;
         } else {
           ModifyQpErr(p);
-          lib.cm->SendRej(p->cm_id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
+          lib.cm.SendRej(p->cm_id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
           e->event.event = RDMA_CM_EVENT_CONNECT_ERROR;
           e->event.status = -(err ? err : EINVAL);
           p->connect_error = true;
@@ -214,7 +234,7 @@ bool RetriedForListener(Lib& lib, std::unique_lock<std::mutex>& lock, Event* e) 
   p->cm_id = 0;
   delete e;
   lock.unlock();
-  lib.cm->Destroy(old_cm_id);  // without the lock: Destroy waits for a delivery whose sink takes it
+  lib.cm.Destroy(old_cm_id);  // without the lock: Destroy waits for a delivery whose sink takes it
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   lock.lock();
   if (p->state != IdState::kConnect) return true;  // destroyed or moved on meanwhile
@@ -224,9 +244,9 @@ bool RetriedForListener(Lib& lib, std::unique_lock<std::mutex>& lock, Event* e) 
   int err = 0;
   if (p->connect_req) {
     p->connect_req->primary.remote_gid = p->conn.peer_gid;
-    err = lib.cm->SendReq(peer, *p->connect_req, p, &cm_id);
+    err = lib.cm.SendReq(peer, *p->connect_req, p, &cm_id);
   } else {
-    err = lib.cm->SendSidrReq(peer, *p->connect_sidr, p, &cm_id);
+    err = lib.cm.SendSidrReq(peer, *p->connect_sidr, p, &cm_id);
   }
   if (err == 0) {
     p->cm_id = cm_id;
@@ -363,6 +383,100 @@ uint32_t FlowLabel(IdPriv* p) {
   return (uint32_t{PortOfSockaddr(Src(p))} * 31 + PortOfSockaddr(Dst(p))) & 0xFFFFF;
 }
 
+// ucma_valid_param: a connected id needs a QP or a QP number; depths within the device's.
+bool ValidConnectParam(const Lib& lib, const IdPriv* p, const rdma_conn_param* param) {
+  if (p->id.ps != RDMA_PS_TCP && p->id.ps != RDMA_PS_IB) return true;
+  if (p->id.qp == nullptr && param == nullptr) return false;
+  if (param && param->responder_resources != RDMA_MAX_RESP_RES && param->responder_resources > MaxResponder(lib))
+    return false;
+  if (param && param->initiator_depth != RDMA_MAX_INIT_DEPTH && param->initiator_depth > MaxInitiator(lib))
+    return false;
+  return true;
+}
+
+// rdma_connect of a UD id: a SIDR_REQ. 0 or errno.
+int SendSidrReqFor(Lib& lib, IdPriv* p, uint64_t sid, const std::array<uint8_t, wire::kCmaHeaderSize>& hdr,
+                   const rdma_conn_param* param) {
+  wire::CmSidrReq req;
+  req.service_id = sid;
+  if (!FillRequestPrivateData(req.private_data, hdr, p->connect_prefix, param)) return EINVAL;
+  uint32_t cm_id = 0;
+  if (const int err = lib.cm.SendSidrReq(p->conn.peer_cm, req, p, &cm_id)) return err;
+  p->cm_id = cm_id;
+  lib.by_cm_id[cm_id] = p;
+  p->connect_sidr = std::make_unique<wire::CmSidrReq>(req);
+  return 0;
+}
+
+// The transport fields of a connected id's REQ, and the depths this side offers (`rr`, `depth`).
+void SetReqTransport(const Lib& lib, const IdPriv* p, const rdma_conn_param* param, wire::CmReq& req, uint8_t* rr,
+                     uint8_t* depth) {
+  *rr = MaxResponder(lib);
+  *depth = MaxInitiator(lib);
+  if (param) {
+    if (param->responder_resources != RDMA_MAX_RESP_RES) *rr = param->responder_resources;
+    if (param->initiator_depth != RDMA_MAX_INIT_DEPTH) *depth = param->initiator_depth;
+  }
+  const bool xrc = p->id.qp_type == IBV_QPT_XRC_SEND || p->id.qp_type == IBV_QPT_XRC_RECV;
+  req.transport = xrc                              ? wire::CmTransport::kExtended
+                  : p->id.qp_type == IBV_QPT_UC ? wire::CmTransport::kUc
+                                                : wire::CmTransport::kRc;
+  req.extended_transport_type = xrc ? 1 : 0;
+  if (xrc) {
+    req.srq = false;  // an XRC initiator has none (cm_format_req)
+    return;
+  }
+  req.responder_resources = *rr;
+  req.initiator_depth = *depth;
+  req.retry_count = param ? std::min<uint8_t>(7, param->retry_count) : 7;
+  req.rnr_retry_count = param ? std::min<uint8_t>(7, param->rnr_retry_count) : 7;
+}
+
+// The primary path of a REQ: RoCE, permissive LIDs, the route's GIDs.
+void SetReqPath(const Lib& lib, IdPriv* p, wire::CmReqPath& path) {
+  path.local_lid = 0xFFFF;  // permissive on RoCE with a hop limit > 1
+  path.remote_lid = 0xFFFF;
+  path.local_gid = lib.gid;
+  path.remote_gid = p->conn.peer_gid;
+  path.flow_label = FlowLabel(p);
+  path.traffic_class = p->tos;
+  path.hop_limit = kHopLimit;
+  path.local_ack_timeout = p->ack_timeout.value_or(kLocalAckTimeout);
+}
+
+// rdma_connect of a connected id: a REQ. 0 or errno.
+int SendReqFor(Lib& lib, IdPriv* p, uint64_t sid, const std::array<uint8_t, wire::kCmaHeaderSize>& hdr,
+               const rdma_conn_param* param) {
+  wire::CmReq req;
+  req.service_id = sid;
+  req.local_qpn = p->id.qp ? p->id.qp->qp_num : (param ? param->qp_num : 0);
+  req.srq = p->id.qp ? p->id.qp->srq != nullptr : (param && param->srq);
+  uint8_t rr = 0, depth = 0;
+  SetReqTransport(lib, p, param, req, &rr, &depth);
+  req.flow_control = param ? param->flow_control : 0;
+  req.starting_psn = p->seq_num;
+  req.remote_cm_response_timeout = kCmResponseTimeout;
+  req.local_cm_response_timeout = kCmResponseTimeout;
+  req.max_cm_retries = kMaxCmRetries;
+  req.path_mtu = static_cast<uint8_t>(lib.port_attr.active_mtu);
+  req.pkey = wire::kDefaultPkey;
+  SetReqPath(lib, p, req.primary);
+  if (!FillRequestPrivateData(req.private_data, hdr, p->connect_prefix, param)) return EINVAL;
+  // What this side's QP will use once the REP tells the peer's (min'ed with it then).
+  p->conn.responder_resources = rr;
+  p->conn.initiator_depth = depth;
+  p->conn.retry_count = req.retry_count;
+  p->conn.path_mtu = req.path_mtu;
+  p->conn.local_ack_timeout = req.primary.local_ack_timeout;
+  p->conn.flow_label = req.primary.flow_label;
+  uint32_t cm_id = 0;
+  if (const int err = lib.cm.SendReq(p->conn.peer_cm, req, p, &cm_id)) return err;
+  p->cm_id = cm_id;
+  lib.by_cm_id[cm_id] = p;
+  p->connect_req = std::make_unique<wire::CmReq>(req);
+  return 0;
+}
+
 Lib* LibOrErrno() { return GetLib(); }
 
 }  // namespace
@@ -447,7 +561,7 @@ int rdma_destroy_id(rdma_cm_id* id) {
     p->listener = nullptr;
   }
   lock.unlock();
-  for (uint32_t cm_id : destroy) lib->cm->Destroy(cm_id);  // a listener id stops listening
+  for (uint32_t cm_id : destroy) lib->cm.Destroy(cm_id);  // a listener id stops listening
   lock.lock();
   // Events returned to the application must be acked first (rdma_destroy_id(3)).
   lib->cv.wait(lock, [&] { return p->events_acked >= p->events_reported; });
@@ -550,9 +664,9 @@ int rdma_listen(rdma_cm_id* id, int backlog) {
   if (p->state != IdState::kAddrBound) return Errno(EINVAL);
   const uint64_t sid = wire::ServiceIdOf(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(Src(p)));
   uint32_t lid = 0;
-  if (const int err = lib->cm->Listen(sid, p, &lid)) return Errno(err);
+  if (const int err = lib->cm.Listen(sid, p, &lid)) return Errno(err);
   if (const int err = p->binding.Publish(lib->address)) {
-    lib->cm->StopListening(lid);
+    lib->cm.StopListening(lid);
     return Errno(err);
   }
   p->listen_id = lid;
@@ -568,87 +682,17 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   IdPriv* p = Priv(id);
   std::unique_lock lock(lib->mu);
   if (p->state != IdState::kRouteResolved) return Errno(EINVAL);
-  if (p->id.ps == RDMA_PS_TCP || p->id.ps == RDMA_PS_IB) {
-    // ucma_valid_param: a connected id needs a QP or a QP number; depths within the device's.
-    if (p->id.qp == nullptr && param == nullptr) return Errno(EINVAL);
-    if (param && param->responder_resources != RDMA_MAX_RESP_RES &&
-        param->responder_resources > MaxResponder(*lib))
-      return Errno(EINVAL);
-    if (param && param->initiator_depth != RDMA_MAX_INIT_DEPTH && param->initiator_depth > MaxInitiator(*lib))
-      return Errno(EINVAL);
-  }
+  if (!ValidConnectParam(*lib, p, param)) return Errno(EINVAL);
   const wire::IpAddress peer = PeerFor(*lib, p);
   lib->peers.Watch(peer);
   SetPeer(p, peer);
   const wire::CmaHeader hdr{PortOfSockaddr(Src(p)), *IpOf(Src(p)), *IpOf(Dst(p))};
   const auto hdr_bytes = wire::EncodeCmaHeader(hdr);
   const uint64_t sid = wire::ServiceIdOf(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(Dst(p)));
-
-  if (p->id.qp_type == IBV_QPT_UD) {
-    wire::CmSidrReq req;
-    req.service_id = sid;
-    if (!FillRequestPrivateData(req.private_data, hdr_bytes, p->connect_prefix, param)) return Errno(EINVAL);
-    uint32_t cm_id = 0;
-    if (const int err = lib->cm->SendSidrReq(p->conn.peer_cm, req, p, &cm_id)) return Errno(err);
-    p->cm_id = cm_id;
-    lib->by_cm_id[cm_id] = p;
-    p->state = IdState::kConnect;
-    p->connect_sidr = std::make_unique<wire::CmSidrReq>(req);
-    p->connect_start = std::chrono::steady_clock::now();
-    return Complete(*lib, lock, p);
-  }
-
-  wire::CmReq req;
-  req.service_id = sid;
-  req.local_qpn = p->id.qp ? p->id.qp->qp_num : (param ? param->qp_num : 0);
-  req.srq = p->id.qp ? p->id.qp->srq != nullptr : (param && param->srq);
-  uint8_t rr = MaxResponder(*lib), id_ = MaxInitiator(*lib);
-  if (param) {
-    if (param->responder_resources != RDMA_MAX_RESP_RES) rr = param->responder_resources;
-    if (param->initiator_depth != RDMA_MAX_INIT_DEPTH) id_ = param->initiator_depth;
-  }
-  const bool xrc = p->id.qp_type == IBV_QPT_XRC_SEND || p->id.qp_type == IBV_QPT_XRC_RECV;
-  req.transport = xrc ? wire::CmTransport::kExtended
-                  : p->id.qp_type == IBV_QPT_UC ? wire::CmTransport::kUc
-                                                : wire::CmTransport::kRc;
-  req.extended_transport_type = xrc ? 1 : 0;
-  if (!xrc) {
-    req.responder_resources = rr;
-    req.initiator_depth = id_;
-    req.retry_count = param ? std::min<uint8_t>(7, param->retry_count) : 7;
-    req.rnr_retry_count = param ? std::min<uint8_t>(7, param->rnr_retry_count) : 7;
-  } else {
-    req.srq = false;  // an XRC initiator has none (cm_format_req)
-  }
-  req.flow_control = param ? param->flow_control : 0;
-  req.starting_psn = p->seq_num;
-  req.remote_cm_response_timeout = kCmResponseTimeout;
-  req.local_cm_response_timeout = kCmResponseTimeout;
-  req.max_cm_retries = kMaxCmRetries;
-  req.path_mtu = static_cast<uint8_t>(lib->port_attr.active_mtu);
-  req.pkey = wire::kDefaultPkey;
-  req.primary.local_lid = 0xFFFF;  // permissive on RoCE with a hop limit > 1
-  req.primary.remote_lid = 0xFFFF;
-  req.primary.local_gid = lib->gid;
-  req.primary.remote_gid = p->conn.peer_gid;
-  req.primary.flow_label = FlowLabel(p);
-  req.primary.traffic_class = p->tos;
-  req.primary.hop_limit = kHopLimit;
-  req.primary.local_ack_timeout = p->ack_timeout.value_or(kLocalAckTimeout);
-  if (!FillRequestPrivateData(req.private_data, hdr_bytes, p->connect_prefix, param)) return Errno(EINVAL);
-  // What this side's QP will use once the REP tells the peer's (min'ed with it then).
-  p->conn.responder_resources = rr;
-  p->conn.initiator_depth = id_;
-  p->conn.retry_count = req.retry_count;
-  p->conn.path_mtu = req.path_mtu;
-  p->conn.local_ack_timeout = req.primary.local_ack_timeout;
-  p->conn.flow_label = req.primary.flow_label;
-  uint32_t cm_id = 0;
-  if (const int err = lib->cm->SendReq(p->conn.peer_cm, req, p, &cm_id)) return Errno(err);
-  p->cm_id = cm_id;
-  lib->by_cm_id[cm_id] = p;
+  const int err = p->id.qp_type == IBV_QPT_UD ? SendSidrReqFor(*lib, p, sid, hdr_bytes, param)
+                                              : SendReqFor(*lib, p, sid, hdr_bytes, param);
+  if (err) return Errno(err);
   p->state = IdState::kConnect;
-  p->connect_req = std::make_unique<wire::CmReq>(req);
   p->connect_start = std::chrono::steady_clock::now();
   return Complete(*lib, lock, p);
 }
@@ -659,7 +703,7 @@ int rdma_establish(rdma_cm_id* id) {
   IdPriv* p = Priv(id);
   std::lock_guard lock(lib->mu);
   if (p->cm_id == 0 || !p->conn.valid) return Errno(EINVAL);
-  if (const int err = lib->cm->SendRtu(p->cm_id, {})) return Errno(err);
+  if (const int err = lib->cm.SendRtu(p->cm_id, {})) return Errno(err);
   p->established = true;
   p->state = IdState::kConnected;
   return 0;
@@ -679,7 +723,7 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
     rep.qpn = p->id.qp ? p->id.qp->qp_num : (param ? param->qp_num : 0);
     rep.qkey = RDMA_UDP_QKEY;
     if (user_len) std::memcpy(rep.private_data.data(), param->private_data, user_len);
-    if (const int err = lib->cm->SendSidrRep(p->cm_id, rep)) return Errno(err);
+    if (const int err = lib->cm.SendSidrRep(p->cm_id, rep)) return Errno(err);
     p->established = true;
     p->state = IdState::kConnected;
     return 0;
@@ -694,7 +738,7 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
   }
   if (const int err = ModifyQpRtrRts(*lib, p)) {
     ModifyQpErr(p);
-    lib->cm->SendRej(p->cm_id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
+    lib->cm.SendRej(p->cm_id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
     return Errno(err);
   }
   const uint32_t qpn = p->id.qp ? p->id.qp->qp_num : (param ? param->qp_num : 0);
@@ -712,7 +756,7 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
   rep.target_ack_delay = kTargetAckDelay;
   rep.rnr_retry_count = param ? std::min<uint8_t>(7, param->rnr_retry_count) : 7;
   if (user_len) std::memcpy(rep.private_data.data(), param->private_data, user_len);
-  if (const int err = lib->cm->SendRep(p->cm_id, rep)) return Errno(err);
+  if (const int err = lib->cm.SendRep(p->cm_id, rep)) return Errno(err);
   p->state = IdState::kConnect;
   return Complete(*lib, lock, p);
 }
@@ -728,12 +772,12 @@ static int RejectWith(rdma_cm_id* id, const void* private_data, uint8_t len, uin
     if (len > rep.private_data.size()) return Errno(EINVAL);
     rep.status = wire::SidrStatus::kReject;
     if (len) std::memcpy(rep.private_data.data(), private_data, len);
-    if (const int err = lib->cm->SendSidrRep(p->cm_id, rep)) return Errno(err);
+    if (const int err = lib->cm.SendSidrRep(p->cm_id, rep)) return Errno(err);
     return 0;
   }
   if (len > wire::kRejPrivateDataSize) return Errno(EINVAL);
   const int err =
-      lib->cm->SendRej(p->cm_id, reason, {static_cast<const uint8_t*>(private_data), private_data ? len : 0u});
+      lib->cm.SendRej(p->cm_id, reason, {static_cast<const uint8_t*>(private_data), private_data ? len : 0u});
   return err ? Errno(err) : 0;
 }
 
@@ -765,9 +809,9 @@ int rdma_disconnect(rdma_cm_id* id) {
   if (p->cm_id == 0) return Errno(EINVAL);
   ModifyQpErr(p);  // IB transport: the QP goes to ERR first (flushing what is posted)
   if (p->dreq_received) {
-    lib->cm->SendDrep(p->cm_id);
+    lib->cm.SendDrep(p->cm_id);
   } else if (p->established) {
-    lib->cm->SendDreq(p->cm_id);
+    lib->cm.SendDreq(p->cm_id);
   }
   // The kernel ignores the failures of both (an id in the wrong state simply sends nothing).
   return Complete(*lib, lock, p);

@@ -12,7 +12,6 @@
 #include <random>
 
 #include "rdmacm/internal.h"
-#include "verbs_api/cm_export.h"
 
 namespace uroce::rdmacm {
 namespace {
@@ -20,7 +19,6 @@ namespace {
 wire::IpAddress AddressOfGid(const ibv_gid& g) { return wire::IpAddress::FromBytes(g.raw); }
 
 Lib* g_lib = nullptr;
-CmSink g_sink;
 std::mutex g_init_mu;
 
 void SetConnPrivateData(Event* e, const uint8_t* data, size_t len) {
@@ -116,56 +114,82 @@ const char* ToString(IdState s) {
 
 // --- the library --------------------------------------------------------------------------------------------
 
-Lib* GetLib() {
-  std::lock_guard init(g_init_mu);
-  if (g_lib != nullptr) return g_lib;
+namespace {
+
+CmOpsLookup g_cm_ops_lookup = nullptr;  // guarded by g_init_mu; nullptr: DefaultCmOpsLookup()
+bool g_cm_ops_refused = false;          // guarded by g_init_mu: the mismatch was said once (every call fails)
+
+// Opens the process's device (the first: uroce0) into `lib`, with its attributes and default PD. 0 or ENODEV.
+int OpenDevice(Lib* lib) {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   if (list == nullptr || n == 0) {
     if (list) ibv_free_device_list(list);
-    errno = ENODEV;
-    return nullptr;
+    return ENODEV;
   }
-  ibv_context* ctx = ibv_open_device(list[0]);
+  lib->verbs = ibv_open_device(list[0]);
   ibv_free_device_list(list);
-  if (ctx == nullptr) {
-    errno = ENODEV;
-    return nullptr;
-  }
-  auto* lib = new Lib;
-  lib->verbs = ctx;
+  if (lib->verbs == nullptr) return ENODEV;
   ibv_gid gid{};
-  if (ibv_query_device(ctx, &lib->device_attr) != 0 || ibv_query_port(ctx, 1, &lib->port_attr) != 0 ||
-      ibv_query_gid(ctx, 1, 0, &gid) != 0) {
-    ibv_close_device(ctx);
-    delete lib;
-    errno = ENODEV;
-    return nullptr;
+  if (ibv_query_device(lib->verbs, &lib->device_attr) != 0 || ibv_query_port(lib->verbs, 1, &lib->port_attr) != 0 ||
+      ibv_query_gid(lib->verbs, 1, 0, &gid) != 0 || (lib->default_pd = ibv_alloc_pd(lib->verbs)) == nullptr) {
+    ibv_close_device(lib->verbs);
+    return ENODEV;
   }
   std::memcpy(lib->gid.data(), gid.raw, 16);
   lib->address = AddressOfGid(gid);
   lib->node_guid = be64toh(lib->device_attr.node_guid);
-  lib->default_pd = ibv_alloc_pd(ctx);
-  lib->cm = uroce_connection_manager(ctx);
-  if (lib->default_pd == nullptr || lib->cm == nullptr) {
-    if (lib->default_pd) ibv_dealloc_pd(lib->default_pd);
-    ibv_close_device(ctx);
-    delete lib;
-    errno = ENODEV;
-    return nullptr;
-  }
-  lib->cm->SetSink(&g_sink);
-  // Without the watch, connections with a killed process on this host would end only by timeouts; the library
-  // works without it, and says so.
-  emu::ConnectionManager* cm = lib->cm;
+  return 0;
+}
+
+void CloseDevice(Lib* lib) {
+  ibv_dealloc_pd(lib->default_pd);
+  ibv_close_device(lib->verbs);
+}
+
+// Announces the device to this host's peers (peer_watch.h). Without the watch, connections with a killed process
+// on this host would end only by timeouts; the library works without it, and says so.
+void StartPeerWatch(Lib* lib) {
+  EngineCm* cm = &lib->cm;
   if (const int err = lib->peers.Start(lib->address, [cm](const wire::IpAddress& peer) { cm->OnPeerGone(peer); })) {
     std::fprintf(stderr,
                  "uroce: librdmacm: cannot announce device %s on this host (%s): its peers here will see its exit "
                  "only by timeouts\n",
                  lib->address.ToString().c_str(), std::strerror(err));
   }
-  g_lib = lib;
-  return lib;
+}
+
+}  // namespace
+
+void SetCmOpsLookupForTesting(CmOpsLookup lookup) {
+  std::lock_guard init(g_init_mu);
+  g_cm_ops_lookup = lookup;
+  g_cm_ops_refused = false;
+}
+
+Lib* GetLib() {
+  std::lock_guard init(g_init_mu);
+  if (g_lib != nullptr) return g_lib;
+  // The engine's table first: with a libibverbs of another build, nothing of it is called (EPROTO).
+  const uroce_cm_ops* ops =
+      CheckedCmOps(g_cm_ops_lookup ? g_cm_ops_lookup : DefaultCmOpsLookup(), /*quiet=*/g_cm_ops_refused);
+  if (ops == nullptr) {
+    g_cm_ops_refused = true;
+    return nullptr;
+  }
+  auto lib = std::make_unique<Lib>();
+  if (const int err = OpenDevice(lib.get())) {
+    errno = err;
+    return nullptr;
+  }
+  if (lib->cm.Open(ops, lib->verbs) != 0 || lib->cm.SetSink(&OnCmEvent, lib.get()) != 0) {
+    CloseDevice(lib.get());
+    errno = ENODEV;
+    return nullptr;
+  }
+  StartPeerWatch(lib.get());
+  g_lib = lib.release();
+  return g_lib;
 }
 
 // --- events from the engine (progress thread) ----------------------------------------------------------------
@@ -228,38 +252,42 @@ bool TransportMatches(ibv_qp_type listener, const wire::CmReq& r) {
   }
 }
 
+// What a passive child learns from its REQ.
+void LearnFromReq(const Lib& lib, ConnectionValues& v, const wire::CmReq& req) {
+  v.peer_qpn = req.local_qpn;
+  v.peer_psn = req.starting_psn;
+  v.path_mtu = std::min(req.path_mtu, DeviceMtu(lib));
+  // Each side's responder resources are the other's initiator depth (cm_format_req_event).
+  v.responder_resources =
+      std::min<uint32_t>(req.initiator_depth, static_cast<uint8_t>(lib.device_attr.max_qp_rd_atom));
+  v.initiator_depth =
+      std::min<uint32_t>(req.responder_resources, static_cast<uint8_t>(lib.device_attr.max_qp_init_rd_atom));
+  v.retry_count = req.retry_count;
+  v.rnr_retry_count = req.rnr_retry_count;
+  v.local_ack_timeout = req.primary.local_ack_timeout;
+  v.flow_label = req.primary.flow_label;
+  v.srq = req.srq;
+  v.flow_control = req.flow_control;
+  v.valid = true;
+}
+
 void OnReq(Lib& lib, const emu::CmEvent& e) {
   auto it = lib.by_listen_id.find(e.listen_id);
   const auto hdr = wire::ParseCmaHeader(e.req.private_data);
   // Any refusal after the service ID matched is REJ 28 (the kernel's rdma_cm, rdmacm.md 4.6).
   if (it == lib.by_listen_id.end() || !hdr || !ListenerMatches(it->second, *hdr) ||
       !TransportMatches(it->second->id.qp_type, e.req)) {
-    lib.cm->SendRej(e.id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
+    lib.cm.SendRej(e.id, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), {});
     return;
   }
   IdPriv* l = it->second;
   if (l->backlog_used >= l->backlog) {
-    lib.cm->Drop(e.id);  // backlog full: silently, so the caller retransmits (ucma_event_handler)
+    lib.cm.Drop(e.id);  // backlog full: silently, so the caller retransmits (ucma_event_handler)
     return;
   }
   IdPriv* c = NewChild(lib, l, e.id, e.peer);
   SetChildRoute(lib, c, *hdr, wire::PortOf(e.req.service_id), e.req.primary.local_gid);
-  ConnectionValues& v = c->conn;
-  v.peer_qpn = e.req.local_qpn;
-  v.peer_psn = e.req.starting_psn;
-  v.path_mtu = std::min(e.req.path_mtu, DeviceMtu(lib));
-  // Each side's responder resources are the other's initiator depth (cm_format_req_event).
-  v.responder_resources =
-      std::min<uint32_t>(e.req.initiator_depth, static_cast<uint8_t>(lib.device_attr.max_qp_rd_atom));
-  v.initiator_depth =
-      std::min<uint32_t>(e.req.responder_resources, static_cast<uint8_t>(lib.device_attr.max_qp_init_rd_atom));
-  v.retry_count = e.req.retry_count;
-  v.rnr_retry_count = e.req.rnr_retry_count;
-  v.local_ack_timeout = e.req.primary.local_ack_timeout;
-  v.flow_label = e.req.primary.flow_label;
-  v.srq = e.req.srq;
-  v.flow_control = e.req.flow_control;
-  v.valid = true;
+  LearnFromReq(lib, c->conn, e.req);
 
   Event* ev = NewEvent(c, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
   ev->owner = l;
@@ -284,12 +312,12 @@ void OnSidrReq(Lib& lib, const emu::CmEvent& e) {
       it->second->id.qp_type != IBV_QPT_UD) {
     wire::CmSidrRep rep;
     rep.status = wire::SidrStatus::kReject;
-    lib.cm->SendSidrRep(e.id, rep);
+    lib.cm.SendSidrRep(e.id, rep);
     return;
   }
   IdPriv* l = it->second;
   if (l->backlog_used >= l->backlog) {
-    lib.cm->Drop(e.id);
+    lib.cm.Drop(e.id);
     return;
   }
   IdPriv* c = NewChild(lib, l, e.id, e.peer);
@@ -315,85 +343,92 @@ void FillUdAh(const Lib& lib, IdPriv* p, ibv_ah_attr* ah) {
   (void)lib;
 }
 
-// An event of an id's own connection.
-void OnConnectionEvent(Lib& lib, IdPriv* p, const emu::CmEvent& e) {
-  Event* ev = nullptr;
+// A REP: what it teaches the id, and a CONNECT_RESPONSE that rdma_get_cm_event turns into ESTABLISHED (Present).
+Event* RepEvent(IdPriv* p, const wire::CmRep& rep) {
+  ConnectionValues& v = p->conn;
+  const bool xrc = p->id.qp_type == IBV_QPT_XRC_SEND;
+  v.peer_qpn = xrc ? rep.local_eecn : rep.local_qpn;  // an XRC target's QPN travels in Local EECN
+  v.peer_psn = rep.starting_psn;
+  v.responder_resources = std::min(v.responder_resources, rep.initiator_depth);
+  v.initiator_depth = std::min(v.initiator_depth, rep.responder_resources);
+  v.rnr_retry_count = rep.rnr_retry_count;  // each QP retries RNR as its peer asked (cm_rep_handler)
+  v.srq = rep.srq;
+  v.flow_control = rep.flow_control;
+  v.valid = true;
+  Event* ev = NewEvent(p, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
+  ev->process_reply = true;
+  SetConnPrivateData(ev, rep.private_data.data(), wire::kRepPrivateDataSize);
+  rdma_conn_param& c = ev->event.param.conn;
+  c.responder_resources = rep.initiator_depth;
+  c.initiator_depth = rep.responder_resources;
+  c.flow_control = rep.flow_control;
+  c.rnr_retry_count = rep.rnr_retry_count;
+  c.srq = rep.srq;
+  c.qp_num = v.peer_qpn;
+  return ev;
+}
+
+// A SIDR_REP: ESTABLISHED with the peer's QPN, Q_Key and address handle, or UNREACHABLE with its status.
+Event* SidrRepEvent(const Lib& lib, IdPriv* p, const wire::CmSidrRep& rep) {
+  if (rep.status != wire::SidrStatus::kSuccess) {
+    Event* ev = NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(rep.status));
+    SetUdPrivateData(ev, rep.private_data.data(), wire::kSidrRepPrivateDataSize);
+    return ev;
+  }
+  Event* ev = NewEvent(p, RDMA_CM_EVENT_ESTABLISHED, 0);
+  SetUdPrivateData(ev, rep.private_data.data(), wire::kSidrRepPrivateDataSize);
+  FillUdAh(lib, p, &ev->event.param.ud.ah_attr);
+  ev->event.param.ud.qp_num = rep.qpn;
+  ev->event.param.ud.qkey = rep.qkey;
+  p->established = true;
+  return ev;
+}
+
+// DREQ, DREP, DREQ timeout: one DISCONNECTED per id, none after CONNECT_ERROR; nullptr when none is due.
+Event* DisconnectedEvent(IdPriv* p, emu::CmEventType type) {
+  if (type == emu::CmEventType::kDreqReceived) p->dreq_received = true;
+  if (p->connect_error || p->state == IdState::kDisconnect) return nullptr;
+  p->state = IdState::kDisconnect;
+  return NewEvent(p, RDMA_CM_EVENT_DISCONNECTED, type == emu::CmEventType::kDreqTimeout ? -ETIMEDOUT : 0);
+}
+
+// The rdma_cm event an engine event of an id's own connection makes, or nullptr for none.
+Event* ConnectionEvent(Lib& lib, IdPriv* p, const emu::CmEvent& e) {
   switch (e.type) {
-    case emu::CmEventType::kRepReceived: {
-      ConnectionValues& v = p->conn;
-      const bool xrc = p->id.qp_type == IBV_QPT_XRC_SEND;
-      v.peer_qpn = xrc ? e.rep.local_eecn : e.rep.local_qpn;  // an XRC target's QPN travels in Local EECN
-      v.peer_psn = e.rep.starting_psn;
-      v.responder_resources = std::min(v.responder_resources, e.rep.initiator_depth);
-      v.initiator_depth = std::min(v.initiator_depth, e.rep.responder_resources);
-      v.rnr_retry_count = e.rep.rnr_retry_count;  // each QP retries RNR as its peer asked (cm_rep_handler)
-      v.srq = e.rep.srq;
-      v.flow_control = e.rep.flow_control;
-      v.valid = true;
-      ev = NewEvent(p, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
-      ev->process_reply = true;
-      SetConnPrivateData(ev, e.rep.private_data.data(), wire::kRepPrivateDataSize);
-      rdma_conn_param& c = ev->event.param.conn;
-      c.responder_resources = e.rep.initiator_depth;
-      c.initiator_depth = e.rep.responder_resources;
-      c.flow_control = e.rep.flow_control;
-      c.rnr_retry_count = e.rep.rnr_retry_count;
-      c.srq = e.rep.srq;
-      c.qp_num = v.peer_qpn;
-      break;
-    }
+    case emu::CmEventType::kRepReceived:
+      return RepEvent(p, e.rep);
     case emu::CmEventType::kRtuReceived:
       p->established = true;
       p->state = IdState::kConnected;
-      ev = NewEvent(p, RDMA_CM_EVENT_ESTABLISHED, 0);
-      break;
-    case emu::CmEventType::kRejReceived:
-      if (p->connect_error) return;
-      ev = NewEvent(p, RDMA_CM_EVENT_REJECTED, e.rej.reason);
+      return NewEvent(p, RDMA_CM_EVENT_ESTABLISHED, 0);
+    case emu::CmEventType::kRejReceived: {
+      if (p->connect_error) return nullptr;
+      Event* ev = NewEvent(p, RDMA_CM_EVENT_REJECTED, e.rej.reason);
       SetConnPrivateData(ev, e.rej.private_data.data(), wire::kRejPrivateDataSize);
-      break;
+      return ev;
+    }
     case emu::CmEventType::kReqTimeout:
     case emu::CmEventType::kRepTimeout:
     case emu::CmEventType::kSidrReqTimeout:
-      ev = NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
-      break;
+      return NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
     case emu::CmEventType::kDreqReceived:
-      p->dreq_received = true;
-      [[fallthrough]];
     case emu::CmEventType::kDrepReceived:
     case emu::CmEventType::kDreqTimeout:
-      if (p->connect_error || p->state == IdState::kDisconnect) return;  // one DISCONNECTED per id
-      p->state = IdState::kDisconnect;
-      ev = NewEvent(p, RDMA_CM_EVENT_DISCONNECTED, e.type == emu::CmEventType::kDreqTimeout ? -ETIMEDOUT : 0);
-      break;
+      return DisconnectedEvent(p, e.type);
     case emu::CmEventType::kTimewaitExit:
-      ev = NewEvent(p, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
-      break;
-    case emu::CmEventType::kSidrRepReceived: {
-      if (e.sidr_rep.status != wire::SidrStatus::kSuccess) {
-        ev = NewEvent(p, RDMA_CM_EVENT_UNREACHABLE, static_cast<int>(e.sidr_rep.status));
-        SetUdPrivateData(ev, e.sidr_rep.private_data.data(), wire::kSidrRepPrivateDataSize);
-        break;
-      }
-      ev = NewEvent(p, RDMA_CM_EVENT_ESTABLISHED, 0);
-      SetUdPrivateData(ev, e.sidr_rep.private_data.data(), wire::kSidrRepPrivateDataSize);
-      FillUdAh(lib, p, &ev->event.param.ud.ah_attr);
-      ev->event.param.ud.qp_num = e.sidr_rep.qpn;
-      ev->event.param.ud.qkey = e.sidr_rep.qkey;
-      p->established = true;
-      break;
-    }
+      return NewEvent(p, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+    case emu::CmEventType::kSidrRepReceived:
+      return SidrRepEvent(lib, p, e.sidr_rep);
     default:
-      return;
+      return nullptr;
   }
-  Enqueue(lib, p->channel, ev);
 }
 
 }  // namespace
 
-void CmSink::OnCmEvent(const emu::CmEvent& e) {
-  Lib* lib = g_lib;
-  if (lib == nullptr) return;
+void OnCmEvent(void* context, const emu::CmEvent* event) {
+  Lib* lib = static_cast<Lib*>(context);
+  const emu::CmEvent& e = *event;
   std::lock_guard lock(lib->mu);
   switch (e.type) {
     case emu::CmEventType::kReqReceived:
@@ -407,7 +442,7 @@ void CmSink::OnCmEvent(const emu::CmEvent& e) {
   }
   auto it = lib->by_cm_id.find(e.id);
   if (it == lib->by_cm_id.end()) return;  // the id was destroyed meanwhile
-  OnConnectionEvent(*lib, it->second, e);
+  if (Event* ev = ConnectionEvent(*lib, it->second, e)) Enqueue(*lib, it->second->channel, ev);
 }
 
 }  // namespace uroce::rdmacm

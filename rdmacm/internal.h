@@ -5,9 +5,12 @@
 // listener matching, events and their accounting, and the QP transitions. The ib_cm protocol (MADs, retransmission,
 // time-wait) runs in the engine (emu/connection_manager.h), which calls back with CmEvents on the progress thread.
 //
+// The engine's CM is reached through the C table of verbs_api/cm_export.h (EngineCm, rdmacm/engine_cm.h), checked
+// when the library first needs the device (GetLib): a libibverbs.so.1 of another build is refused with EPROTO.
+//
 // Locking: one library mutex (Lib::mu) guards every id, channel and event. It may be held while calling the
-// ConnectionManager or a verb (they never call back into the library with their own locks held), never while
-// blocking: waits use condition variables or poll(2) with the mutex released.
+// engine's CM or a verb (they never call back into the library with their own locks held), never while blocking:
+// waits use condition variables or poll(2) with the mutex released.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "emu/connection_manager.h"
+#include "rdmacm/engine_cm.h"
 #include "rdmacm/peer_watch.h"
 #include "rdmacm/port_registry.h"
 #include "wire/address.h"
@@ -153,14 +157,18 @@ struct Lib {
   wire::IpAddress address;  // the device's address (GID 0)
   wire::Gid gid{};
   uint64_t node_guid = 0;
-  emu::ConnectionManager* cm = nullptr;
+  EngineCm cm;  // the device's connection manager, in the engine
   PeerWatch peers;  // the uroce devices of this host we talk to: their death ends our connections with them
   std::map<uint32_t, IdPriv*> by_cm_id;      // live connections of the engine
   std::map<uint32_t, IdPriv*> by_listen_id;  // listeners
 };
 
-// The library, or nullptr with errno set (ENODEV when uroce's device cannot be opened).
+// The library, or nullptr with errno set (ENODEV when uroce's device cannot be opened, EPROTO when the
+// libibverbs.so.1 loaded is of another build: CheckedCmOps).
 Lib* GetLib();
+// For tests: where GetLib looks for the engine's CM table (DefaultCmOpsLookup() unless set). Only before the
+// library is made.
+void SetCmOpsLookupForTesting(CmOpsLookup lookup);
 
 // Channels and events (channel.cc). All with Lib::mu held.
 void Enqueue(Lib& lib, Channel* ch, Event* ev);
@@ -176,11 +184,8 @@ void DestroyChannelLocked(Channel* ch);
 // waiting.
 int PopEvent(Lib& lib, std::unique_lock<std::mutex>& lock, Channel* ch, Event** out);
 
-// The engine's events (cma.cc).
-class CmSink : public emu::CmEventSink {
- public:
-  void OnCmEvent(const emu::CmEvent& e) override;
-};
+// The engine's events (cma.cc), installed as the CM's sink with the Lib as its context.
+void OnCmEvent(void* lib, const emu::CmEvent* e);
 
 // Values the kernel's rdma_cm uses on RoCE (rdmacm.md 4.7), and ours where it leaves a choice.
 inline constexpr uint8_t kCmResponseTimeout = 18;  // 4.096 us x 2^18 ~ 1 s (the kernel's 20 is ~4 s)

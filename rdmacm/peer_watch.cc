@@ -109,7 +109,10 @@ void PeerWatch::Watch(const wire::IpAddress& peer) {
   }
   if (fd >= 0) {
     watched_[peer] = fd;
-  } else if (names.empty() && LocalAndUnheld(peer)) {
+  } else if (LocalAndUnheld(peer)) {
+    // No announcement left, or one that refused the connection (its process died between the listing and the
+    // connect, or while it was listed): with its RoCE port free, the device is gone. A stranger's name cannot make
+    // a live device look so: a live device holds its port.
     found_dead_.push_back(peer);
   } else {
     return;  // not a uroce device of this host (or only a stranger's name): its own kernel speaks for it

@@ -9,8 +9,8 @@
 // Abstract names are first come, first served: the random part keeps another process from taking a device's name
 // before it starts, and a watcher believes an announcement only from a trusted user (abstract_names.h), checked
 // again on the connected socket (SO_PEERCRED), so a stranger's socket that closes cannot end our connections. A
-// peer on this host that sent us a request and has no announcement left, and whose RoCE port nobody holds any more,
-// died before we looked: it is gone at once, as its kernel would have said with a REJ.
+// peer on this host that sent us a request and has no announcement left that answers, and whose RoCE port nobody
+// holds any more, died before we looked: it is gone at once, as its kernel would have said with a REJ.
 #pragma once
 
 #include <functional>
