@@ -647,6 +647,84 @@ void Device::SendHeldAcks(uint64_t due_by_ns) {
   Transmit(out);
 }
 
+// RunTimers' steps, with the object lock held shared and no QP's lock. Each returns the earliest deadline it leaves
+// armed (0: none).
+
+// Requesters waiting for room freed outside the completer first: what they send arms timers counted after.
+void Device::WakeAllPathWaitersLocked(OutBatch& out) {
+  std::vector<wire::IpAddress> peers;
+  {
+    MutexLock lock(core_.paths_mu());
+    for (auto& [peer, path] : core_.paths())
+      if (!path.waiting().empty()) peers.push_back(peer);
+  }
+  for (const wire::IpAddress& peer : peers) WakePathWaitersLocked(peer, out);
+}
+
+// UC/UD sends held for a peer's pause: those whose pause ended leave, in order; the rest wait for theirs.
+uint64_t Device::SendHeldUnreliableLocked(uint64_t now, OutBatch& out) {
+  uint64_t next = 0;
+  std::vector<uint32_t> held;
+  {
+    MutexLock lock(core_.timers_mu());
+    held.swap(core_.held_qps());
+  }
+  for (uint32_t qpn : held) {
+    QueuePair* qp = FindQpLocked(qpn);
+    if (qp == nullptr) continue;
+    std::lock_guard lock(qp->mutex());
+    if (const uint64_t until = SendHeldLocked(*qp, now, out)) {
+      next = wire::EarlierDeadline(next, until);
+      MutexLock timers(core_.timers_mu());
+      core_.held_qps().push_back(qpn);
+    }
+  }
+  return next;
+}
+
+// The RC requesters with a timer armed, each under its own lock. Those that still have one afterwards are listed
+// again; a timer armed meanwhile (another QP's progress, another thread) lists its QP in core_.timed_qps() already.
+uint64_t Device::RunRequesterTimersLocked(uint64_t now, OutBatch& out) {
+  std::vector<uint32_t> timed;
+  {
+    MutexLock lock(core_.timers_mu());
+    timed.swap(core_.timed_qps());
+  }
+  for (uint32_t qpn : timed) {
+    QueuePair* qp = FindQpLocked(qpn);
+    if (qp == nullptr) continue;
+    std::lock_guard lock(qp->mutex());
+    RcRequester& requester = qp->requester();
+    requester.set_timer_listed(false);
+    if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) continue;
+    requester.OnTimers(now, out);
+    if (requester.NextDeadline() != 0 && !requester.timer_listed()) {
+      requester.set_timer_listed(true);
+      core_.ListTimed(qpn);
+    }
+  }
+  {
+    MutexLock lock(core_.timers_mu());
+    timed = core_.timed_qps();
+  }
+  uint64_t next = 0;
+  for (uint32_t qpn : timed) {
+    if (QueuePair* qp = FindQpLocked(qpn)) {
+      std::lock_guard lock(qp->mutex());
+      next = wire::EarlierDeadline(next, qp->requester().NextDeadline());
+    }
+  }
+  return next;
+}
+
+// A requester that failed in RunRequesterTimersLocked may have left room for others: come back at once for them.
+bool Device::PathWaitersMayWakeLocked() {
+  MutexLock lock(core_.paths_mu());
+  for (auto& [peer, path] : core_.paths())
+    if (path.MayWake() && !path.waiting().empty()) return true;
+  return false;
+}
+
 uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
   OutBatch out;
   uint64_t next = 0;
@@ -656,66 +734,10 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     // Held ACKs whose time is up leave (AckTiming::kHeld); the poller comes back for the next one.
     SendHeldAcksLocked(now, out);
     next = core_.next_held_ack_due_ns.load(std::memory_order_relaxed);
-    // Requesters waiting for room freed outside the completer first: what they send arms timers counted below.
-    std::vector<wire::IpAddress> peers;
-    {
-      MutexLock lock(core_.paths_mu());
-      for (auto& [peer, path] : core_.paths())
-        if (!path.waiting().empty()) peers.push_back(peer);
-    }
-    for (const wire::IpAddress& peer : peers) WakePathWaitersLocked(peer, out);
-    // UC/UD sends held for a peer's pause: those whose pause ended leave, in order; the rest wait for theirs.
-    std::vector<uint32_t> held;
-    {
-      MutexLock lock(core_.timers_mu());
-      held.swap(core_.held_qps());
-    }
-    for (uint32_t qpn : held) {
-      QueuePair* qp = FindQpLocked(qpn);
-      if (qp == nullptr) continue;
-      std::lock_guard lock(qp->mutex());
-      if (const uint64_t until = SendHeldLocked(*qp, now, out)) {
-        next = wire::EarlierDeadline(next, until);
-        MutexLock timers(core_.timers_mu());
-        core_.held_qps().push_back(qpn);
-      }
-    }
-    // The RC requesters with a timer armed, each under its own lock. Those that still have one afterwards are listed
-    // again; a timer armed meanwhile (another QP's progress, another thread) lists its QP in core_.timed_qps() already.
-    std::vector<uint32_t> timed;
-    {
-      MutexLock lock(core_.timers_mu());
-      timed.swap(core_.timed_qps());
-    }
-    for (uint32_t qpn : timed) {
-      QueuePair* qp = FindQpLocked(qpn);
-      if (qp == nullptr) continue;
-      std::lock_guard lock(qp->mutex());
-      RcRequester& requester = qp->requester();
-      requester.set_timer_listed(false);
-      if (qp->type() != QpType::kRc && qp->type() != QpType::kXrcSend) continue;
-      requester.OnTimers(now, out);
-      if (requester.NextDeadline() != 0 && !requester.timer_listed()) {
-        requester.set_timer_listed(true);
-        core_.ListTimed(qpn);
-      }
-    }
-    {
-      MutexLock lock(core_.timers_mu());
-      timed = core_.timed_qps();
-    }
-    for (uint32_t qpn : timed) {
-      if (QueuePair* qp = FindQpLocked(qpn)) {
-        std::lock_guard lock(qp->mutex());
-        next = wire::EarlierDeadline(next, qp->requester().NextDeadline());
-      }
-    }
-    // A requester that failed above may have left room for others: come back at once for them.
-    {
-      MutexLock lock(core_.paths_mu());
-      for (auto& [peer, path] : core_.paths())
-        if (path.MayWake() && !path.waiting().empty()) next = now;
-    }
+    WakeAllPathWaitersLocked(out);
+    next = wire::EarlierDeadline(next, SendHeldUnreliableLocked(now, out));
+    next = wire::EarlierDeadline(next, RunRequesterTimersLocked(now, out));
+    if (PathWaitersMayWakeLocked()) next = now;
     MutexLock lock(core_.timers_mu());
     core_.poller_deadline() = wire::EarlierDeadline(next, poller_returns_by_ns);
   }

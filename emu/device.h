@@ -175,6 +175,11 @@ class Device {
   // Sends the held ACKs (AckTiming::kHeld) due by `due_by_ns`; keeps core_.next_held_ack_due_ns current (rc.cc).
   // With the object lock held shared and no QP's lock.
   void SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out);
+  // RunTimers' steps (device.cc), with the object lock held shared and no QP's lock.
+  void WakeAllPathWaitersLocked(OutBatch& out);
+  uint64_t SendHeldUnreliableLocked(uint64_t now, OutBatch& out);
+  uint64_t RunRequesterTimersLocked(uint64_t now, OutBatch& out);
+  bool PathWaitersMayWakeLocked();
   // Sends `out` after the lock is released and counts what left.
   void Transmit(OutBatch& out);
   // CreateQp's SRQ/XRC rules (ibv_create_qp(3) NOTES, Annex A14): 0 or EINVAL; clears what such a QP ignores.
