@@ -929,71 +929,78 @@ int ConnectionManager::Drop(uint32_t id) {
   return 0;
 }
 
+// What a connection destroyed in its state says to the peer (the kernel's cm_destroy_id): a REJ, a DREQ or DREP, a
+// SIDR_REP. True when it stays, marked destroyed, to wait out TIMEWAIT (duplicates still answered).
+bool ConnectionManager::LeaveOnDestroyLocked(Connection& c, Work& w) {
+  bool keep = false;
+  switch (c.state) {
+    case CmState::kListen:
+      listeners_.erase(c.service_id);
+      break;
+    case CmState::kReqSent:
+    case CmState::kMraReqRcvd: {
+      // cm_destroy_id: REJ "timeout" with our CA GUID as ARI, by which the passive finds its connection.
+      std::array<uint8_t, 8> ari;
+      wire::StoreBe64(ari.data(), config_.ca_guid);
+      SendRejLocked(c, static_cast<uint16_t>(wire::CmRejectReason::kTimeout), wire::CmMessageRef::kOther, ari,
+                    {}, w);
+      break;
+    }
+    case CmState::kReqRcvd:
+    case CmState::kMraReqSent:
+      SendRejLocked(c, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), wire::CmMessageRef::kReq,
+                    {}, {}, w);
+      break;
+    case CmState::kRepSent:
+    case CmState::kMraRepRcvd:
+      SendRejLocked(c, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined),
+                    wire::CmMessageRef::kOther, {}, {}, w);
+      break;
+    case CmState::kRepRcvd:
+    case CmState::kMraRepSent:
+      SendRejLocked(c, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), wire::CmMessageRef::kRep,
+                    {}, {}, w);
+      EnterTimewaitLocked(c);
+      keep = true;
+      break;
+    case CmState::kEstablished:
+      SendLocked(c.peer, DreqOf(c), w);  // once, not retransmitted: nobody would hear how it ends
+      EnterTimewaitLocked(c);
+      keep = true;
+      break;
+    case CmState::kDreqSent:
+      EnterTimewaitLocked(c);
+      keep = true;
+      break;
+    case CmState::kDreqRcvd:
+      SendDrepLocked(c, c.dreq_tid, w);
+      EnterTimewaitLocked(c);
+      keep = true;
+      break;
+    case CmState::kTimewait:
+      keep = true;
+      break;
+    case CmState::kSidrReqRcvd: {
+      wire::CmSidrRep m;
+      m.request_id = c.remote_comm_id;
+      m.status = wire::SidrStatus::kReject;
+      m.service_id = c.service_id;
+      SendLocked(c.peer, wire::CmMad{c.tid, 0, m}, w);
+      break;
+    }
+    default:  // kIdle, kSidrReqSent
+      break;
+  }
+  return keep;
+}
+
 int ConnectionManager::Destroy(uint32_t id) {
   Work w;
   {
     std::unique_lock lock(mu_);
     Connection* c = FindLocked(id);
     if (c == nullptr) return EINVAL;
-    bool keep = false;  // stays, destroyed, to wait out TIMEWAIT (duplicates still answered)
-    switch (c->state) {
-      case CmState::kListen:
-        listeners_.erase(c->service_id);
-        break;
-      case CmState::kReqSent:
-      case CmState::kMraReqRcvd: {
-        // cm_destroy_id: REJ "timeout" with our CA GUID as ARI, by which the passive finds its connection.
-        std::array<uint8_t, 8> ari;
-        wire::StoreBe64(ari.data(), config_.ca_guid);
-        SendRejLocked(*c, static_cast<uint16_t>(wire::CmRejectReason::kTimeout), wire::CmMessageRef::kOther, ari,
-                      {}, w);
-        break;
-      }
-      case CmState::kReqRcvd:
-      case CmState::kMraReqSent:
-        SendRejLocked(*c, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), wire::CmMessageRef::kReq,
-                      {}, {}, w);
-        break;
-      case CmState::kRepSent:
-      case CmState::kMraRepRcvd:
-        SendRejLocked(*c, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined),
-                      wire::CmMessageRef::kOther, {}, {}, w);
-        break;
-      case CmState::kRepRcvd:
-      case CmState::kMraRepSent:
-        SendRejLocked(*c, static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined), wire::CmMessageRef::kRep,
-                      {}, {}, w);
-        EnterTimewaitLocked(*c);
-        keep = true;
-        break;
-      case CmState::kEstablished:
-        SendLocked(c->peer, DreqOf(*c), w);  // once, not retransmitted: nobody would hear how it ends
-        EnterTimewaitLocked(*c);
-        keep = true;
-        break;
-      case CmState::kDreqSent:
-        EnterTimewaitLocked(*c);
-        keep = true;
-        break;
-      case CmState::kDreqRcvd:
-        SendDrepLocked(*c, c->dreq_tid, w);
-        EnterTimewaitLocked(*c);
-        keep = true;
-        break;
-      case CmState::kTimewait:
-        keep = true;
-        break;
-      case CmState::kSidrReqRcvd: {
-        wire::CmSidrRep m;
-        m.request_id = c->remote_comm_id;
-        m.status = wire::SidrStatus::kReject;
-        m.service_id = c->service_id;
-        SendLocked(c->peer, wire::CmMad{c->tid, 0, m}, w);
-        break;
-      }
-      default:  // kIdle, kSidrReqSent
-        break;
-    }
+    const bool keep = LeaveOnDestroyLocked(*c, w);
     if (keep) {
       c->destroyed = true;
     } else {

@@ -206,6 +206,7 @@ class ConnectionManager {
   // 0 disarms. Arming earlier than the deadline RunTimers last reported wakes the poller.
   void ArmLocked(Connection& c, uint64_t deadline_ns);
   void EnterTimewaitLocked(Connection& c);
+  bool LeaveOnDestroyLocked(Connection& c, Work& w);  // Destroy's message to the peer; true: c stays (TIMEWAIT)
   void ToIdleLocked(Connection& c);
   void OnTimerLocked(Connection& c, Work& w);
   // The event for `c` (id, listen id, context filled), or nullptr once the consumer destroyed it.
