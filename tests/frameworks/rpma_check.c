@@ -59,8 +59,11 @@ static void WaitEvent(struct rpma_conn* conn, enum rpma_conn_event want) {
   }
 }
 
-// The device's own address (GID 0, IPv4-mapped), where librpma finds the device.
-static void DeviceAddress(char* out, size_t len) {
+// The device's own address (GID 0, IPv4-mapped), where librpma finds the device. The context stays open (the
+// returned one, closed by the caller once librpma has the device): a uroce process's device address is chosen when
+// the process first opens it, among the free ones, so a close and a reopen may land on another address while other
+// processes of the host (tests running in parallel) take the first.
+static struct ibv_context* DeviceAddress(char* out, size_t len) {
   struct ibv_device** list = ibv_get_device_list(NULL);
   struct ibv_context* ctx = list && list[0] ? ibv_open_device(list[0]) : NULL;
   union ibv_gid gid;
@@ -69,15 +72,16 @@ static void DeviceAddress(char* out, size_t len) {
     exit(2);
   }
   inet_ntop(AF_INET, gid.raw + 12, out, (socklen_t)len);
-  ibv_close_device(ctx);
   ibv_free_device_list(list);
+  return ctx;
 }
 
 static int Server(const char* port) {
   char addr[INET_ADDRSTRLEN];
-  DeviceAddress(addr, sizeof addr);
+  struct ibv_context* probe = DeviceAddress(addr, sizeof addr);
   struct ibv_context* ibv;
   CHECK(rpma_utils_get_ibv_context(addr, RPMA_UTIL_IBV_CONTEXT_LOCAL, &ibv));
+  ibv_close_device(probe);
   struct rpma_peer* peer;
   CHECK(rpma_peer_new(ibv, &peer));
   unsigned char* region = aligned_alloc(4096, kRegion);
