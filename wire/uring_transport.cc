@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -45,6 +46,18 @@ int OnOwnThread(const std::function<int()>& work) {
 // ring's first accesses for races with the old ring's last. Rings are mapped (and initialised) and unmapped holding
 // this lock, which orders the two: a few system calls, never a wait for the kernel's completions.
 std::mutex ring_memory_handover;
+
+// When this process last tore a ring down (steady clock, ns; 0: never). The kernel gives a ring's memory back from a
+// worker after io_uring_queue_exit returns, so a process that closes and reopens its device at once (libfabric's
+// fi_getinfo does, several times) can find that memory still charged and be refused with ENOMEM while its own
+// freed ring is on its way back. Within kRingMemoryReturnNs of a teardown, Create waits for it instead.
+std::atomic<int64_t> last_ring_teardown_ns{0};
+constexpr int64_t kRingMemoryReturnNs = 1'000'000'000;
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 }  // namespace
 
 struct UringTransport::ReceiveSlot {
@@ -60,11 +73,21 @@ int UringTransport::Create(const UdpEndpoint& bind, const Options& options, std:
       options.fallback_receives == 0 || options.receive_buffers == 0) {
     return -EINVAL;
   }
-  std::unique_ptr<UringTransport> t(new UringTransport());
-  const int r = OnOwnThread([&] { return t->Init(bind, options); });
-  if (r < 0) return r;  // the destructor tears down what Init set up
-  *out = std::move(t);
-  return 0;
+  // Only a teardown before the first try counts (a failed try tears down a ring of its own), and the wait is bounded.
+  const int64_t first_try = SteadyNowNs();
+  const bool ring_memory_returning =
+      first_try - last_ring_teardown_ns.load(std::memory_order_relaxed) < kRingMemoryReturnNs;
+  for (;;) {
+    std::unique_ptr<UringTransport> t(new UringTransport());
+    const int r = OnOwnThread([&] { return t->Init(bind, options); });
+    if (r == 0) {
+      *out = std::move(t);
+      return 0;
+    }
+    t.reset();  // the destructor tears down what Init set up
+    if (r != -ENOMEM || !ring_memory_returning || SteadyNowNs() - first_try >= kRingMemoryReturnNs) return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 int UringTransport::Init(const UdpEndpoint& bind, const Options& options) {
@@ -172,6 +195,7 @@ void UringTransport::TearDown() {
       std::lock_guard handover(ring_memory_handover);
       io_uring_queue_exit(receive_ring_.get());
     }
+    last_ring_teardown_ns.store(SteadyNowNs(), std::memory_order_relaxed);
     receive_ring_ready_ = false;
   }
   if (fd_ >= 0) close(fd_);
