@@ -425,6 +425,62 @@ void ConnectionManager::WaitForDeliveriesLocked(std::unique_lock<std::mutex>& lo
   });
 }
 
+// What the dead peer's kernel would have sent when it destroyed its end of `c` (cm_destroy_id), handled as received.
+void ConnectionManager::PeerLeftLocked(const wire::IpAddress& peer, const Connection& c, Work& w) {
+  switch (c.state) {
+    case CmState::kRepSent:
+    case CmState::kMraRepRcvd: {
+      // It had our REP (REP_RCVD; or not yet: REQ_SENT, whose REJ "timeout" ends the same way): a REJ of the
+      // REP. A DREQ here would end a connection the application never saw established.
+      wire::CmRej rej;
+      rej.local_comm_id = c.remote_comm_id;
+      rej.remote_comm_id = c.id;
+      rej.message_rejected = wire::CmMessageRef::kRep;
+      rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined);
+      HandleLocked(peer, 0, rej, w);
+      break;
+    }
+    case CmState::kReqRcvd:
+    case CmState::kMraReqSent: {
+      // It died in REQ_SENT: cm_destroy_id's REJ "timeout", naming its comm ID and CA GUID (in the ARI).
+      wire::CmRej rej;
+      rej.local_comm_id = c.remote_comm_id;
+      rej.message_rejected = wire::CmMessageRef::kOther;
+      rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kTimeout);
+      wire::StoreBe64(rej.ari.data(), c.remote_ca_guid);
+      rej.reject_info_length = 8;
+      HandleLocked(peer, 0, rej, w);
+      break;
+    }
+    case CmState::kEstablished: {
+      wire::CmDreq dreq;
+      dreq.local_comm_id = c.remote_comm_id;
+      dreq.remote_comm_id = c.id;
+      dreq.remote_qpn = c.local_qpn;
+      HandleLocked(peer, 0, dreq, w);
+      break;
+    }
+    case CmState::kDreqSent: {
+      wire::CmDrep drep;
+      drep.local_comm_id = c.remote_comm_id;
+      drep.remote_comm_id = c.id;
+      HandleLocked(peer, 0, drep, w);
+      break;
+    }
+    case CmState::kReqSent:
+    case CmState::kMraReqRcvd: {
+      wire::CmRej rej;
+      rej.remote_comm_id = c.id;
+      rej.message_rejected = wire::CmMessageRef::kReq;
+      rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined);
+      HandleLocked(peer, 0, rej, w);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
 void ConnectionManager::OnPeerGone(const wire::IpAddress& peer) {
   Work w;
   {
@@ -435,59 +491,7 @@ void ConnectionManager::OnPeerGone(const wire::IpAddress& peer) {
     for (uint32_t id : ids) {
       Connection* c = FindLocked(id);
       if (c == nullptr) continue;
-      // What the dead peer's kernel would have sent when it destroyed its end (cm_destroy_id), handled as received.
-      switch (c->state) {
-        case CmState::kRepSent:
-        case CmState::kMraRepRcvd: {
-          // It had our REP (REP_RCVD; or not yet: REQ_SENT, whose REJ "timeout" ends the same way): a REJ of the
-          // REP. A DREQ here would end a connection the application never saw established.
-          wire::CmRej rej;
-          rej.local_comm_id = c->remote_comm_id;
-          rej.remote_comm_id = c->id;
-          rej.message_rejected = wire::CmMessageRef::kRep;
-          rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined);
-          HandleLocked(peer, 0, rej, w);
-          break;
-        }
-        case CmState::kReqRcvd:
-        case CmState::kMraReqSent: {
-          // It died in REQ_SENT: cm_destroy_id's REJ "timeout", naming its comm ID and CA GUID (in the ARI).
-          wire::CmRej rej;
-          rej.local_comm_id = c->remote_comm_id;
-          rej.message_rejected = wire::CmMessageRef::kOther;
-          rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kTimeout);
-          wire::StoreBe64(rej.ari.data(), c->remote_ca_guid);
-          rej.reject_info_length = 8;
-          HandleLocked(peer, 0, rej, w);
-          break;
-        }
-        case CmState::kEstablished: {
-          wire::CmDreq dreq;
-          dreq.local_comm_id = c->remote_comm_id;
-          dreq.remote_comm_id = c->id;
-          dreq.remote_qpn = c->local_qpn;
-          HandleLocked(peer, 0, dreq, w);
-          break;
-        }
-        case CmState::kDreqSent: {
-          wire::CmDrep drep;
-          drep.local_comm_id = c->remote_comm_id;
-          drep.remote_comm_id = c->id;
-          HandleLocked(peer, 0, drep, w);
-          break;
-        }
-        case CmState::kReqSent:
-        case CmState::kMraReqRcvd: {
-          wire::CmRej rej;
-          rej.remote_comm_id = c->id;
-          rej.message_rejected = wire::CmMessageRef::kReq;
-          rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kConsumerDefined);
-          HandleLocked(peer, 0, rej, w);
-          break;
-        }
-        default:
-          break;
-      }
+      PeerLeftLocked(peer, *c, w);
     }
   }
   Finish(w);

@@ -207,6 +207,8 @@ class ConnectionManager {
   void ArmLocked(Connection& c, uint64_t deadline_ns);
   void EnterTimewaitLocked(Connection& c);
   bool LeaveOnDestroyLocked(Connection& c, Work& w);  // Destroy's message to the peer; true: c stays (TIMEWAIT)
+  // OnPeerGone's step: what the dead peer's kernel would have sent for c, handled as received.
+  void PeerLeftLocked(const wire::IpAddress& peer, const Connection& c, Work& w);
   void ToIdleLocked(Connection& c);
   void OnTimerLocked(Connection& c, Work& w);
   // The event for `c` (id, listen id, context filled), or nullptr once the consumer destroyed it.
