@@ -1,59 +1,27 @@
 // Runs the device fuzzer's entry point over its corpus (seeds and regression inputs) and deterministic mutations of
 // it, under the regular build (and --config=asan), so the invariants the fuzzer checks hold in every test run, not
 // only when fuzzing. A violated invariant traps, which fails the test.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "emu/fuzz/device_fuzzer.h"
+#include "wire/fuzz/replay_corpus.h"
 #include "wire/opcode.h"
 #include "wire/packet.h"
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace uroce::emu::fuzz {
 namespace {
 
-std::string DataDir(const char* name) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "uroce") + "/emu/fuzz/" + name;
-}
-std::string CorpusDir() { return DataDir("corpus"); }
+using fuzzing::LoadCorpus;
+using fuzzing::RunOne;
 
-struct Seed {
-  std::string name;
-  std::vector<uint8_t> bytes;
-};
-
-std::vector<Seed> LoadCorpus(const std::string& dir = CorpusDir()) {
-  std::vector<Seed> seeds;
-  DIR* d = opendir(dir.c_str());
-  if (!d) return seeds;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(dir + "/" + e->d_name, std::ios::binary);
-    seeds.push_back({e->d_name, {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()}});
-  }
-  closedir(d);
-  std::sort(seeds.begin(), seeds.end(), [](const Seed& a, const Seed& b) { return a.name < b.name; });
-  return seeds;
-}
-
-// Each input is copied into a buffer of exactly its size so ASan catches any read past the end.
-void RunOne(const std::vector<uint8_t>& input) {
-  std::vector<uint8_t> exact(input);
-  LLVMFuzzerTestOneInput(exact.empty() ? nullptr : exact.data(), exact.size());
-}
+std::string CorpusDir() { return fuzzing::RunfilesDir("emu/fuzz/corpus"); }
 
 // Where each record starts (after the options byte).
 std::vector<size_t> RecordStarts(const std::vector<uint8_t>& input) {
@@ -67,7 +35,7 @@ std::vector<size_t> RecordStarts(const std::vector<uint8_t>& input) {
 }
 
 TEST(DeviceFuzzerReplay, CorpusAsIs) {
-  const auto seeds = LoadCorpus();
+  const auto seeds = LoadCorpus(CorpusDir());
   ASSERT_GE(seeds.size(), 40u) << "corpus missing at " << CorpusDir();
   for (const auto& [name, bytes] : seeds) {
     SCOPED_TRACE(name);
@@ -80,7 +48,7 @@ TEST(DeviceFuzzerReplay, CorpusAsIs) {
 // Every record boundary of each seed (the input cut short), and random bit flips and byte overwrites: records then
 // name other targets, memories, operations and lengths.
 TEST(DeviceFuzzerReplay, PrefixesAndMutations) {
-  const auto seeds = LoadCorpus();
+  const auto seeds = LoadCorpus(CorpusDir());
   std::mt19937 rng(47);
   size_t runs = 0;
   for (const auto& [name, seed] : seeds) {
@@ -108,7 +76,7 @@ TEST(DeviceFuzzerReplay, SeedsCarryTheBenchsLiveNumbers) {
   const uint32_t qpn_of[kTargetCount] = {0, n.rc_qpn, n.rc_on_srq_qpn, n.uc_qpn, n.ud_qpn, n.xrc_target_qpn,
                                          n.xrc_initiator_qpn, 1, 0xFFFFFF, 0};
   size_t checked = 0;
-  for (const auto& [name, bytes] : LoadCorpus()) {
+  for (const auto& [name, bytes] : LoadCorpus(CorpusDir())) {
     if (name.size() < 3 || name[2] != '_' || !std::isxdigit(name[0])) continue;  // regression inputs: any bytes
     SCOPED_TRACE(name);
     for (size_t at : RecordStarts(bytes)) {

@@ -1,56 +1,25 @@
 // Runs the fuzz target's entry point over the seed corpus and deterministic mutations of it, under the regular
 // build (and --config=asan), so the parser's bounds are exercised in every test run, not only when fuzzing.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "wire/frame.h"
+#include "wire/fuzz/replay_corpus.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
-
 namespace {
 
-std::string CorpusDir() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "uroce") + "/wire/fuzz/corpus";
-}
+using uroce::fuzzing::LoadCorpus;
+using uroce::fuzzing::RunOne;
 
-struct Seed {
-  std::string name;
-  std::vector<uint8_t> bytes;
-};
-
-std::vector<Seed> LoadCorpus() {
-  std::vector<Seed> seeds;
-  const std::string dir = CorpusDir();
-  DIR* d = opendir(dir.c_str());
-  if (!d) return seeds;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream in(dir + "/" + e->d_name, std::ios::binary);
-    seeds.push_back({e->d_name, {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()}});
-  }
-  closedir(d);
-  return seeds;
-}
-
-// Each input is copied into a buffer of exactly its size so ASan catches any read past the end.
-void RunOne(const std::vector<uint8_t>& input) {
-  std::vector<uint8_t> exact(input);
-  LLVMFuzzerTestOneInput(exact.empty() ? nullptr : exact.data(), exact.size());
-}
+std::string CorpusDir() { return uroce::fuzzing::RunfilesDir("wire/fuzz/corpus"); }
 
 TEST(PacketFuzzerReplay, SeedCorpusAndMutations) {
-  const auto seeds = LoadCorpus();
+  const auto seeds = LoadCorpus(CorpusDir());
   ASSERT_GE(seeds.size(), 80u) << "seed corpus missing at " << CorpusDir();
   std::mt19937 rng(31);
   size_t runs = 0;
@@ -77,7 +46,7 @@ TEST(PacketFuzzerReplay, SeedCorpusAndMutations) {
 // was computed by hand in Python from the A17.3.3 masking rules.
 TEST(PacketFuzzerReplay, SeedsAreValidPackets) {
   using namespace uroce::wire;
-  const auto seeds = LoadCorpus();
+  const auto seeds = LoadCorpus(CorpusDir());
   size_t v6 = 0;
   for (const auto& [name, bytes] : seeds) {
     SCOPED_TRACE(name);
