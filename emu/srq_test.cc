@@ -330,6 +330,31 @@ TEST(Xrc, OneSrqServesSeveralTargetsFromSeveralInitiators) {
   EXPECT_EQ(td.CloseXrcd(xrcd), 0);
 }
 
+// An XRC target QP in `xrcd` on `td`, and an XRC initiator on `id` (its own PD and CQ) connected to it.
+struct XrcLink {
+  QueuePair* tq = nullptr;
+  ProtectionDomain* ipd = nullptr;
+  CompletionQueue* icq = nullptr;
+  QueuePair* iq = nullptr;
+};
+
+void LinkXrc(Device& td, XrcDomain* xrcd, Device& id, XrcLink* out) {
+  QpInitAttributes tgt;
+  tgt.type = QpType::kXrcRecv;
+  tgt.xrcd = xrcd;
+  ASSERT_EQ(td.CreateQp(tgt, &out->tq), 0);
+  out->ipd = id.AllocPd();
+  ASSERT_EQ(id.CreateCq(16, &out->icq), 0);
+  QpInitAttributes ini;
+  ini.type = QpType::kXrcSend;
+  ini.pd = out->ipd;
+  ini.send_cq = out->icq;
+  ini.cap = {4, 0, 1, 0, 0};
+  ASSERT_EQ(id.CreateQp(ini, &out->iq), 0);
+  Connect(id, out->iq, td, out->tq->qpn());
+  Connect(td, out->tq, id, out->iq->qpn());
+}
+
 TEST(Xrc, RequestNamingAnotherDomainsSrqIsNaked) {
   Fabric f;
   Node& t = f.AddNode(Mtu::k1024);
@@ -347,23 +372,9 @@ TEST(Xrc, RequestNamingAnotherDomainsSrqIsNaked) {
   ASSERT_EQ(td.CreateSrq(SrqType::kXrc, tpd, other, tcq, sa, &foreign), 0);
   Buffer dst = Register(td, tpd, 256, kAll);
   ASSERT_EQ(td.PostSrqRecv(foreign, Recv(1, dst, 0, 256)), 0);
-  QpInitAttributes tgt;
-  tgt.type = QpType::kXrcRecv;
-  tgt.xrcd = mine;
-  QueuePair* tq = nullptr;
-  ASSERT_EQ(td.CreateQp(tgt, &tq), 0);
-  ProtectionDomain* ipd = i.device->AllocPd();
-  CompletionQueue* icq = nullptr;
-  ASSERT_EQ(i.device->CreateCq(16, &icq), 0);
-  QpInitAttributes ini;
-  ini.type = QpType::kXrcSend;
-  ini.pd = ipd;
-  ini.send_cq = icq;
-  ini.cap = {4, 0, 1, 0, 0};
-  QueuePair* iq = nullptr;
-  ASSERT_EQ(i.device->CreateQp(ini, &iq), 0);
-  Connect(*i.device, iq, td, tq->qpn());
-  Connect(td, tq, *i.device, iq->qpn());
+  XrcLink link;
+  ASSERT_NO_FATAL_FAILURE(LinkXrc(td, mine, *i.device, &link));
+  auto [tq, ipd, icq, iq] = link;
   Buffer src = Register(*i.device, ipd, 256, kAll);
   ASSERT_EQ(i.device->PostSend(iq, Send(5, src, 0, 10, foreign->srqn())), 0);
   f.Pump();
@@ -391,23 +402,9 @@ TEST(Xrc, APacketOutsideThePsnWindowCannotFailTheTarget) {
   ASSERT_EQ(td.CreateSrq(SrqType::kXrc, tpd, xrcd, tcq, sa, &srq), 0);
   Buffer dst = Register(td, tpd, 256, kAll);
   ASSERT_EQ(td.PostSrqRecv(srq, Recv(1, dst, 0, 256)), 0);
-  QpInitAttributes tgt;
-  tgt.type = QpType::kXrcRecv;
-  tgt.xrcd = xrcd;
-  QueuePair* tq = nullptr;
-  ASSERT_EQ(td.CreateQp(tgt, &tq), 0);
-  ProtectionDomain* ipd = i.device->AllocPd();
-  CompletionQueue* icq = nullptr;
-  ASSERT_EQ(i.device->CreateCq(16, &icq), 0);
-  QpInitAttributes ini;
-  ini.type = QpType::kXrcSend;
-  ini.pd = ipd;
-  ini.send_cq = icq;
-  ini.cap = {4, 0, 1, 0, 0};
-  QueuePair* iq = nullptr;
-  ASSERT_EQ(i.device->CreateQp(ini, &iq), 0);
-  Connect(*i.device, iq, td, tq->qpn());
-  Connect(td, tq, *i.device, iq->qpn());
+  XrcLink link;
+  ASSERT_NO_FATAL_FAILURE(LinkXrc(td, xrcd, *i.device, &link));
+  auto [tq, ipd, icq, iq] = link;
   // Forged, from the initiator's address: a SEND ONLY with a PSN ahead of the window and an SRQ number that is none.
   wire::PacketSpec forged;
   forged.bth.opcode = 0xA4;  // XRC SEND ONLY (Annex A14)
