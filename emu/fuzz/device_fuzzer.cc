@@ -362,9 +362,13 @@ class Bench {
 // test) on one input to follow what the protocol did with it.
 DeviceConfig BenchConfig() {
   DeviceConfig config;
-  const char* trace = std::getenv("UROCE_TRACE");
-  if (trace != nullptr && std::strcmp(trace, "0") != 0 && trace[0] != '\0') {
-    config.trace = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); };
+  // The values the engine takes for its trace switch (verbs_api/engine.cc).
+  const char* env = std::getenv("UROCE_TRACE");
+  const std::string_view trace = env != nullptr ? env : "";
+  if (trace == "1" || trace == "yes" || trace == "true") {
+    config.trace = [](std::string_view line) {
+      std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+    };
   }
   return config;
 }
