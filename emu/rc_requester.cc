@@ -270,8 +270,8 @@ bool RcRequester::AckBefore(uint32_t limit, bool inclusive, OutBatch& out) {
       // ACKs for the duplicates behind it; going back on each of them again multiplies the window with no time
       // passing, a storm when the atomic is never answered (the responder took its PSN for another request and has
       // no result to replay). After the one resend the ACK timer decides, spending the retry budget (C9-140).
-      if (!state_.implied_nak_resent) {
-        state_.implied_nak_resent = true;
+      if (!r.implied_nak_resent) {
+        r.implied_nak_resent = true;
         GoBack(i, 0);
       }
       break;
