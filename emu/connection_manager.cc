@@ -10,6 +10,7 @@
 #include "wire/headers.h"
 #include "wire/opcode.h"
 #include "wire/packet.h"
+#include "wire/service_protocol.h"
 
 namespace uroce::emu {
 namespace {
@@ -175,7 +176,8 @@ ConnectionManager::Connection* ConnectionManager::FindByRemoteLocked(uint64_t re
 uint32_t ConnectionManager::NewCommIdLocked() {
   const uint32_t operand = config_.id_seed == 0 ? 0 : uint32_t(MixBits(config_.id_seed));
   for (;;) {
-    const uint32_t id = next_comm_id_++ ^ operand;
+    uint32_t id = next_comm_id_++ ^ operand;
+    if (config_.owner != 0) id = wire::WithOwner32(config_.owner, id);
     if (id != 0 && connections_.find(id) == connections_.end()) return id;
   }
 }

@@ -108,6 +108,9 @@ struct CmConfig {
   // Non-zero: the IDs handed out are the counter XORed with a value drawn from it (the kernel's cm XORs its IDs with
   // a random operand), so that a peer that saw one ID cannot name the next (DeviceConfig::id_seed).
   uint64_t id_seed = 0;
+  // Non-zero: comm IDs (and SIDR request IDs) carry it in their top byte, as the host's device service routes
+  // replies by them (DeviceConfig::owner).
+  uint8_t owner = 0;
 };
 
 // Counters for `uroce run --stats`.

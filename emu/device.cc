@@ -14,6 +14,7 @@
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/packet.h"
+#include "wire/service_protocol.h"
 
 namespace uroce::emu {
 namespace {
@@ -24,7 +25,8 @@ bool PkeyMatches(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }  // only t
 
 Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
     : core_(std::move(config), transport, clock),
-      cm_(CmConfig{.ca_guid = core_.config.node_guid, .id_seed = core_.config.id_seed}, transport, clock) {
+      cm_(CmConfig{.ca_guid = core_.config.node_guid, .id_seed = core_.config.id_seed, .owner = core_.config.owner},
+          transport, clock) {
   // QPNs from 0x11 (QPN 0 and 1 are the special QPs, SMI and GSI; rxe also starts at 17), or from where the seed
   // says (DeviceConfig::id_seed).
   if (core_.config.id_seed != 0) next_qpn_ = 0x11 + uint32_t((core_.config.id_seed >> 40) % (0xffffff - 0x11));
@@ -227,8 +229,9 @@ int Device::CreateQp(QpInitAttributes& init, QueuePair** out) {
   std::unique_lock lock(objects_mu_);
   if (qps_.size() >= lim.max_qp) return ENOMEM;
   if (int err = AttachSharedReceiveLocked(init)) return err;
-  uint32_t qpn = next_qpn_;
-  while (qps_.count(qpn)) qpn = (qpn + 1) & 0xffffff;
+  const uint8_t owner = core_.config.owner;
+  uint32_t qpn = owner != 0 ? wire::WithOwner24(owner, next_qpn_) : next_qpn_;
+  while (qps_.count(qpn)) qpn = owner != 0 ? wire::WithOwner24(owner, qpn + 1) : (qpn + 1) & 0xffffff;
   next_qpn_ = std::max<uint32_t>((qpn + 1) & 0xffffff, 0x11);
   auto qp = std::make_unique<QueuePair>(core_, qpn, init);
   qp->mutable_attributes().path_mtu = core_.config.active_mtu;
@@ -253,6 +256,17 @@ int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
   }
   Transmit(out);
   return err;
+}
+
+void Device::Fail() {
+  {
+    std::shared_lock objects(objects_mu_);
+    for (auto& [qpn, qp] : qps_) {
+      std::lock_guard lock(qp->mutex());
+      core_.EnterError(*qp);
+    }
+  }
+  core_.Raise(AsyncEvent{AsyncEventType::kDeviceFatal});
 }
 
 int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {

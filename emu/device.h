@@ -87,6 +87,9 @@ class Device {
   // Creates a QP in RESET. `init.cap` is updated to what the QP really has (at least what was asked).
   int CreateQp(QpInitAttributes& init, QueuePair** out);
   int ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
+  // The device is lost (its host's device service died: a catastrophic error, IBTA 11.6.2): every QP enters the
+  // error state and its outstanding work completes with IBV_WC_WR_FLUSH_ERR, then IBV_EVENT_DEVICE_FATAL is raised.
+  void Fail();
   int QueryQp(QueuePair* qp, QpAttributes* attr);
   // Drops one handle on the QP (an XRC target opened by OpenQp has several); the QP goes with the last, detached
   // from its multicast groups, which `*left_groups` (when given) receives: the caller leaves them on the network.

@@ -69,6 +69,11 @@ struct DeviceConfig {
   // (a spoofed WRITE needs the QPN, PSN, rkey and address). 0: the fixed start tests use (keys from index 1, QPN
   // 0x11). The engine draws it from the system's randomness.
   uint64_t id_seed = 0;
+  // Non-zero: this device is one process's share of the host device (docs/ARCHITECTURE.md, "The host device"), and
+  // the host's device service routes an arriving packet to its process by the number's top byte: QPNs and XRC SRQ
+  // numbers are owner << 16 | n (24 bits), CM comm IDs owner << 24 | n (wire/service_protocol.h). 0: the device
+  // owns its address alone and numbers freely.
+  uint8_t owner = 0;
   // The decision trace: one line per decision of the protocol (which step of a request's or a response's way
   // decided what, what a timer did), for a developer following a packet's fate (UROCE_TRACE=1 prints it on stderr).
   // Empty: off, and nothing is formatted.

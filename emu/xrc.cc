@@ -10,6 +10,7 @@
 #include "emu/out_batch.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
+#include "wire/service_protocol.h"
 
 namespace uroce::emu {
 
@@ -128,9 +129,10 @@ int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, Compl
   }
   if (srqs_.size() >= lim.max_srq) return ENOMEM;
   // SRQ numbers are 24 bits (the XRCETH field). Each device numbers from 1, so every process's first XRC SRQ has the
-  // same number: see README (XRC between processes).
-  uint32_t srqn = next_srqn_;
-  while (srqs_.count(srqn) || srqn == 0) srqn = (srqn + 1) & 0xffffff;
+  // same number unless the host's device service gives the process an owner byte: see README (XRC between processes).
+  const uint8_t owner = core_.config.owner;
+  uint32_t srqn = owner != 0 ? wire::WithOwner24(owner, next_srqn_) : next_srqn_;
+  while (srqs_.count(srqn) || srqn == 0) srqn = owner != 0 ? wire::WithOwner24(owner, srqn + 1) : (srqn + 1) & 0xffffff;
   next_srqn_ = (srqn + 1) & 0xffffff;
   auto srq = std::make_unique<SharedReceiveQueue>(srqn, type, pd, attr, xrcd, cq);
   *out = srq.get();

@@ -1,0 +1,110 @@
+#include "wire/service_protocol.h"
+
+#include <cstring>
+#include <type_traits>
+#include <variant>
+
+#include "wire/cm_mad.h"
+#include "wire/headers.h"
+
+namespace uroce::wire {
+
+namespace {
+
+// The UD packet QP1's MADs travel in: BTH, DETH, the 256-byte MAD (IBTA 13.4.2), ICRC.
+constexpr size_t kMadOffset = Bth::kSize + Deth::kSize;
+
+PacketRoute ToOwner(uint8_t owner) {
+  if (owner == 0) return {};
+  return {PacketRoute::Kind::kOwner, owner, 0};
+}
+
+PacketRoute RouteOfMad(std::span<const uint8_t> packet) {
+  if (packet.size() < kMadOffset + kMadSize) return {};
+  auto mad = ParseCmMad(packet.subspan(kMadOffset, kMadSize));
+  if (!mad) return {};
+  return std::visit(
+      [](const auto& m) -> PacketRoute {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, CmReq> || std::is_same_v<M, CmSidrReq>) {
+          return {PacketRoute::Kind::kListener, 0, m.service_id};
+        } else if constexpr (std::is_same_v<M, CmSidrRep>) {
+          return ToOwner(OwnerOf32(m.request_id));
+        } else {
+          return ToOwner(OwnerOf32(m.remote_comm_id));
+        }
+      },
+      mad.value().message);
+}
+
+void PutEndpoint(const UdpEndpoint& ep, uint8_t* out) {
+  std::memcpy(out, ep.addr.bytes().data(), 16);
+  out[16] = static_cast<uint8_t>(ep.port >> 8);
+  out[17] = static_cast<uint8_t>(ep.port);
+}
+
+UdpEndpoint GetEndpoint(const uint8_t* in) {
+  return {IpAddress::FromBytes(in), static_cast<uint16_t>(in[16] << 8 | in[17])};
+}
+
+}  // namespace
+
+PacketRoute RouteOf(std::span<const uint8_t> packet) {
+  if (packet.size() < Bth::kSize) return {};
+  const uint32_t qpn = Bth::Decode(packet.data()).dest_qp;
+  if (qpn == kGsiQpn) return RouteOfMad(packet);
+  if (qpn == kMulticastQpn) return {};  // delivered by each process's own multicast receiver, never by the service
+  return ToOwner(OwnerOf24(qpn));
+}
+
+// Layout: version u8 | flags u8 (bit 0: congestion experienced) | reserved u16 | src (16 address bytes, port u16) |
+// dst (the same) | reserved u16.
+void ForwardHeader::Encode(uint8_t out[kSize]) const {
+  std::memset(out, 0, kSize);
+  out[0] = 1;
+  out[1] = congestion_experienced ? 1 : 0;
+  PutEndpoint(src, out + 4);
+  PutEndpoint(dst, out + 22);
+}
+
+std::optional<ForwardHeader> ForwardHeader::Decode(std::span<const uint8_t> in) {
+  if (in.size() < kSize || in[0] != 1) return std::nullopt;
+  ForwardHeader h;
+  h.congestion_experienced = (in[1] & 1) != 0;
+  h.src = GetEndpoint(in.data() + 4);
+  h.dst = GetEndpoint(in.data() + 22);
+  return h;
+}
+
+void ControlMessage::Encode(uint8_t out[kControlSize]) const {
+  std::memset(out, 0, kControlSize);
+  const uint16_t version = kControlVersion;
+  const auto t = static_cast<uint16_t>(type);
+  std::memcpy(out, &kControlMagic, 4);
+  std::memcpy(out + 4, &version, 2);
+  std::memcpy(out + 6, &t, 2);
+  std::memcpy(out + 8, &status, 4);
+  std::memcpy(out + 16, &value, 8);
+}
+
+std::optional<ControlMessage> ControlMessage::Decode(std::span<const uint8_t> in) {
+  if (in.size() != kControlSize) return std::nullopt;
+  uint32_t magic;
+  uint16_t version, t;
+  std::memcpy(&magic, in.data(), 4);
+  std::memcpy(&version, in.data() + 4, 2);
+  std::memcpy(&t, in.data() + 6, 2);
+  if (magic != kControlMagic || version != kControlVersion) return std::nullopt;
+  if (t < static_cast<uint16_t>(ControlType::kHello) || t > static_cast<uint16_t>(ControlType::kReply)) {
+    return std::nullopt;
+  }
+  ControlMessage m;
+  m.type = static_cast<ControlType>(t);
+  std::memcpy(&m.status, in.data() + 8, 4);
+  std::memcpy(&m.value, in.data() + 16, 8);
+  return m;
+}
+
+std::string DeviceServiceName(const IpAddress& address) { return "uroce/device/v1/" + address.ToString(); }
+
+}  // namespace uroce::wire

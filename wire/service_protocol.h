@@ -1,0 +1,83 @@
+// The bytes between the host's device service and the processes that share its device (docs/ARCHITECTURE.md, "The
+// host device"): the owner byte in identifiers that routes a packet to its process, the header of a datagram the
+// service forwards, and the control messages on the service's UNIX socket.
+//
+// One device per host (per network namespace) means one UDP 4791 per address, held by the service; each process runs
+// its own engine. A process is given an owner number (1..255) when it joins, and numbers what a peer addresses with it:
+// QPNs and XRC SRQ numbers are owner << 16 | n (24 bits, as the BTH DestQP and the XRCETH carry them), CM comm IDs
+// and SIDR request IDs owner << 24 | n. So the service routes an arriving packet by one field of its headers, with no
+// table per QP: a data packet by its BTH DestQP, a CM MAD on QP1 by the comm ID it names as the receiver's (REP, RTU,
+// REJ, MRA, DREQ, DREP: "remote comm ID"; SIDR REP: request ID) or, for a new REQ or SIDR REQ, by its service ID, which
+// the listening process registered (kListen).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "wire/address.h"
+
+namespace uroce::wire {
+
+// Owner numbers: 0 is "no service" (a device that owns its address alone), 1..255 are processes.
+inline constexpr unsigned kMaxOwners = 255;
+inline constexpr uint32_t WithOwner24(uint8_t owner, uint32_t n) { return uint32_t{owner} << 16 | (n & 0xffff); }
+inline constexpr uint32_t WithOwner32(uint8_t owner, uint32_t n) { return uint32_t{owner} << 24 | (n & 0xffffff); }
+inline constexpr uint8_t OwnerOf24(uint32_t qpn) { return static_cast<uint8_t>(qpn >> 16); }
+inline constexpr uint8_t OwnerOf32(uint32_t comm_id) { return static_cast<uint8_t>(comm_id >> 24); }
+
+// Where an arriving RoCEv2 packet (UDP payload: BTH .. ICRC) goes.
+struct PacketRoute {
+  enum class Kind : uint8_t {
+    kOwner,      // to the process with `owner`
+    kListener,   // a new connection: to whoever listens on `service_id`
+    kUnroutable  // too short, a MAD that names no one, a multicast QPN: dropped (counted)
+  };
+  Kind kind = Kind::kUnroutable;
+  uint8_t owner = 0;
+  uint64_t service_id = 0;
+};
+PacketRoute RouteOf(std::span<const uint8_t> packet);
+
+// The header in front of each datagram the service forwards to a process: the addresses the packet had on the wire
+// (the ICRC covers them, and a UD receive reports the source), and whether the service's socket was congested.
+struct ForwardHeader {
+  static constexpr size_t kSize = 40;
+  UdpEndpoint src;
+  UdpEndpoint dst;
+  bool congestion_experienced = false;
+
+  void Encode(uint8_t out[kSize]) const;
+  // nullopt for a header that is not one (wrong version, short).
+  static std::optional<ForwardHeader> Decode(std::span<const uint8_t> in);
+};
+
+// Control messages on the service's SOCK_SEQPACKET socket, one per packet, all kControlSize bytes:
+//   magic u32 | version u16 | type u16 | status i32 (0 or an errno) | reserved u32 | value u64   (host byte order:
+//   both ends are on one host).
+inline constexpr uint32_t kControlMagic = 0x75724456;  // "urDV"
+inline constexpr uint16_t kControlVersion = 1;
+inline constexpr size_t kControlSize = 24;
+enum class ControlType : uint16_t {
+  kHello = 1,     // process -> service, with SCM_RIGHTS: the datagram socket to forward on; value = pid
+  kWelcome = 2,   // service -> process: status, value = owner number
+  kListen = 3,    // process -> service: route REQs for service ID `value` to me
+  kUnlisten = 4,  // process -> service: no longer
+  kReply = 5,     // service -> process: status of a kListen / kUnlisten
+};
+struct ControlMessage {
+  ControlType type = ControlType::kHello;
+  int32_t status = 0;
+  uint64_t value = 0;
+
+  void Encode(uint8_t out[kControlSize]) const;
+  static std::optional<ControlMessage> Decode(std::span<const uint8_t> in);
+};
+
+// The abstract UNIX socket name (unix(7), without the leading NUL) of the device service for `address`: abstract
+// names are per network namespace, as the device is.
+std::string DeviceServiceName(const IpAddress& address);
+
+}  // namespace uroce::wire
