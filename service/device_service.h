@@ -1,0 +1,99 @@
+// The host's device service (docs/ARCHITECTURE.md, "The host device"): one per address and network namespace, started
+// on demand by the first process that opens the host device there, gone when the last has gone. It owns what must be
+// unique on the host for that address: UDP 4791, the owner numbers that make the processes' QPNs, XRC SRQ numbers
+// and CM comm IDs distinct (wire/service_protocol.h), and the routes of CM service IDs to listening processes; and it
+// forwards each arriving packet to the process that owns its destination.
+//
+// Its control plane is Boost.Asio on one thread (readiness only: Boost 1.74 has no SOCK_SEQPACKET protocol, so the
+// socket calls are ours): a SOCK_SEQPACKET abstract UNIX socket (wire::DeviceServiceName)
+// that processes connect to, and the UDP socket's readiness. A process is admitted only if the kernel says it runs as
+// our user or root (SO_PEERCRED): abstract names carry no permissions (unix(7)). A process's connection is its
+// lifetime: when it closes (the process exited or died), its owner number and routes are released; numbers are
+// handed out cyclically, so a dead process's number is not reused at once and its peers' late packets meet "no
+// route" (dropped, counted) rather than a newcomer's QPs.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <utility>  // before Boost.Asio 1.74, whose awaitable.hpp uses std::exchange without it under C++20
+
+#include <boost/asio.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "wire/address.h"
+#include "wire/service_protocol.h"
+
+namespace uroce::service {
+
+struct ServiceCounters {
+  uint64_t received = 0;         // datagrams taken from UDP 4791
+  uint64_t forwarded = 0;        // handed to a process
+  uint64_t no_route = 0;         // nobody owns the destination (a dead process's QPN, no listener): dropped
+  uint64_t process_full = 0;     // the process's forward socket was full: dropped, as a full receive queue drops
+  uint64_t bad_control = 0;      // control messages refused
+  uint64_t processes_joined = 0;
+};
+
+class DeviceService {
+ public:
+  // `linger`: how long the service stays with no process before it leaves (absorbs programs that open and close
+  // devices in bursts, as libfabric's fi_getinfo does).
+  DeviceService(boost::asio::io_context& io, const wire::IpAddress& address, uint16_t udp_port,
+                std::chrono::milliseconds linger);
+  ~DeviceService();
+
+  // Takes the service's name and then UDP `udp_port` of the address. 0; -EADDRINUSE when another service has the
+  // name (the caller leaves: that one serves); for the UDP port, the errno is kept and told to every process that
+  // joins (kWelcome status), so that each can say why it cannot open the device.
+  int Start();
+  // Runs until no process has been connected for `linger` (after at least one has come, or from the start).
+  void Run();
+
+  const ServiceCounters& counters() const { return counters_; }
+  std::string CountersText() const;
+
+ private:
+  struct Process {
+    boost::asio::posix::stream_descriptor control;  // SOCK_SEQPACKET; Asio only waits, the calls are ours
+    int forward_fd = -1;  // the datagram socket the process handed us
+    uint8_t owner = 0;
+    pid_t pid = 0;
+    explicit Process(boost::asio::io_context& io) : control(io) {}
+    ~Process();
+  };
+
+  void AcceptNext();
+  void Admit(std::shared_ptr<Process> p);
+  void ReadControl(std::shared_ptr<Process> p);
+  void HandleControl(Process& p, const wire::ControlMessage& m, int passed_fd);
+  void Reply(Process& p, wire::ControlType type, int32_t status, uint64_t value);
+  void Leave(Process& p);
+  void WaitUdp();
+  void DrainUdp();
+  Process* RouteTo(std::span<const uint8_t> packet);
+  uint8_t NextOwner();
+  void ArmLingerIfIdle();
+
+  boost::asio::io_context& io_;
+  wire::IpAddress address_;
+  uint16_t udp_port_;
+  std::chrono::milliseconds linger_;
+  boost::asio::posix::stream_descriptor acceptor_;  // the listening SOCK_SEQPACKET socket
+  boost::asio::posix::stream_descriptor udp_;
+  int udp_fd_ = -1;
+  int udp_error_ = 0;  // why UDP could not be bound (told to every process)
+  boost::asio::steady_timer linger_timer_;
+  std::array<Process*, 256> by_owner_{};
+  std::map<uint64_t, uint8_t> listeners_;  // CM service ID -> owner
+  uint8_t last_owner_ = 0;
+  size_t processes_ = 0;
+  ServiceCounters counters_;
+  std::vector<uint8_t> buffers_;
+};
+
+}  // namespace uroce::service

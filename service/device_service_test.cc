@@ -1,0 +1,237 @@
+#include "service/device_service.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "wire/cm_mad.h"
+#include "wire/headers.h"
+#include "wire/udp_socket.h"
+
+namespace uroce::service {
+namespace {
+
+// A process of the host device, as the library is one (verbs_api/host_device.cc), reduced to its sockets.
+struct FakeProcess {
+  int control = -1;
+  int forward = -1;  // our end of the pair the service forwards on
+  uint8_t owner = 0;
+
+  ~FakeProcess() { Close(); }
+  void Close() {
+    if (control >= 0) close(control);
+    if (forward >= 0) close(forward);
+    control = forward = -1;
+  }
+
+  // Joins; returns the kWelcome's status.
+  int Join(const wire::IpAddress& address) {
+    const std::string name = wire::DeviceServiceName(address);
+    sockaddr_un sun{};
+    sun.sun_family = AF_UNIX;
+    std::memcpy(sun.sun_path + 1, name.data(), name.size());
+    control = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (connect(control, reinterpret_cast<sockaddr*>(&sun), socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) <
+        0) {
+      return errno;
+    }
+    int pair[2];
+    socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, pair);
+    forward = pair[0];
+    uint8_t bytes[wire::kControlSize];
+    wire::ControlMessage{wire::ControlType::kHello, 0, uint64_t(getpid())}.Encode(bytes);
+    iovec iov{bytes, sizeof bytes};
+    alignas(cmsghdr) char cmsg[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg;
+    msg.msg_controllen = sizeof cmsg;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pair[1], sizeof(int));
+    sendmsg(control, &msg, MSG_NOSIGNAL);
+    close(pair[1]);
+    const wire::ControlMessage welcome = Receive();
+    EXPECT_EQ(welcome.type, wire::ControlType::kWelcome);
+    owner = uint8_t(welcome.value);
+    return welcome.status;
+  }
+
+  wire::ControlMessage Receive() {
+    pollfd p{control, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 5000), 1);
+    uint8_t bytes[64];
+    const ssize_t n = recv(control, bytes, sizeof bytes, 0);
+    auto m = wire::ControlMessage::Decode({bytes, size_t(n > 0 ? n : 0)});
+    EXPECT_TRUE(m);
+    return m.value_or(wire::ControlMessage{});
+  }
+
+  int Request(wire::ControlType type, uint64_t value) {
+    uint8_t bytes[wire::kControlSize];
+    wire::ControlMessage{type, 0, value}.Encode(bytes);
+    send(control, bytes, sizeof bytes, MSG_NOSIGNAL);
+    return Receive().status;
+  }
+
+  // The next forwarded datagram's payload (empty after 5 s).
+  std::vector<uint8_t> NextForwarded(wire::ForwardHeader* header = nullptr) {
+    pollfd p{forward, POLLIN, 0};
+    if (poll(&p, 1, 5000) != 1) return {};
+    std::vector<uint8_t> bytes(10000);
+    const ssize_t n = recv(forward, bytes.data(), bytes.size(), 0);
+    bytes.resize(size_t(n > 0 ? n : 0));
+    auto h = wire::ForwardHeader::Decode(bytes);
+    EXPECT_TRUE(h);
+    if (h && header) *header = *h;
+    return std::vector<uint8_t>(bytes.begin() + std::min(bytes.size(), wire::ForwardHeader::kSize), bytes.end());
+  }
+  bool NothingForwarded() {
+    uint8_t b[16];
+    return recv(forward, b, sizeof b, MSG_DONTWAIT) < 0 && errno == EAGAIN;
+  }
+};
+
+std::vector<uint8_t> DataPacket(uint32_t dest_qp, uint8_t tag) {
+  std::vector<uint8_t> p(wire::Bth::kSize + 8, tag);
+  wire::Bth bth;
+  bth.opcode = 0x04;
+  bth.dest_qp = dest_qp;
+  bth.Encode(p.data());
+  return p;
+}
+
+std::vector<uint8_t> ReqPacket(uint64_t service_id) {
+  std::vector<uint8_t> p(wire::Bth::kSize + wire::Deth::kSize);
+  wire::Bth bth;
+  bth.opcode = 0x64;
+  bth.dest_qp = wire::kGsiQpn;
+  bth.Encode(p.data());
+  wire::CmReq req;
+  req.local_comm_id = 0x01020304;
+  req.service_id = service_id;
+  const auto mad = wire::EncodeCmMad(wire::CmMad{1, 0, req});
+  p.insert(p.end(), mad.begin(), mad.end());
+  p.resize(p.size() + 4);
+  return p;
+}
+
+class DeviceServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // An address of our own (tests run in parallel) and the port the kernel gives a probe socket.
+    std::random_device rd;
+    address_ = wire::IpAddress::V4(0x7f000000u | (200u + rd() % 50) << 16 | (rd() % 250 + 1) << 8 | (rd() % 250 + 1));
+    wire::UdpEndpoint probe_local;
+    const int probe = wire::OpenRoceUdpSocket({address_, 0}, 0, &probe_local);
+    ASSERT_GE(probe, 0);
+    close(probe);
+    port_ = probe_local.port;
+    service_ = std::make_unique<DeviceService>(io_, address_, port_, std::chrono::milliseconds(60'000));
+    ASSERT_EQ(service_->Start(), 0);
+    thread_ = std::thread([this] { service_->Run(); });
+    sender_ = wire::OpenRoceUdpSocket({address_, 0}, 0, &sender_local_);
+    ASSERT_GE(sender_, 0);
+  }
+  void TearDown() override {
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+    if (sender_ >= 0) close(sender_);
+  }
+  void SendToService(const std::vector<uint8_t>& packet) {
+    sockaddr_storage sa;
+    socklen_t len;
+    wire::ToSockaddr({address_, port_}, AF_INET, &sa, &len);
+    ASSERT_EQ(sendto(sender_, packet.data(), packet.size(), 0, reinterpret_cast<sockaddr*>(&sa), len),
+              ssize_t(packet.size()));
+  }
+
+  boost::asio::io_context io_;
+  wire::IpAddress address_;
+  uint16_t port_ = 0;
+  std::unique_ptr<DeviceService> service_;
+  std::thread thread_;
+  int sender_ = -1;
+  wire::UdpEndpoint sender_local_;
+};
+
+TEST_F(DeviceServiceTest, EachPacketReachesTheProcessThatOwnsItsDestination) {
+  FakeProcess a, b;
+  ASSERT_EQ(a.Join(address_), 0);
+  ASSERT_EQ(b.Join(address_), 0);
+  EXPECT_NE(a.owner, 0);
+  EXPECT_NE(a.owner, b.owner);
+
+  SendToService(DataPacket(wire::WithOwner24(b.owner, 0x11), 0xb1));
+  SendToService(DataPacket(wire::WithOwner24(a.owner, 0x12), 0xa1));
+  wire::ForwardHeader h;
+  EXPECT_EQ(b.NextForwarded(&h), DataPacket(wire::WithOwner24(b.owner, 0x11), 0xb1));
+  EXPECT_EQ(h.src, sender_local_);  // what the ICRC covers and a UD receive reports
+  EXPECT_EQ(h.dst, (wire::UdpEndpoint{address_, port_}));
+  EXPECT_EQ(a.NextForwarded(), DataPacket(wire::WithOwner24(a.owner, 0x12), 0xa1));
+  EXPECT_TRUE(b.NothingForwarded());
+}
+
+TEST_F(DeviceServiceTest, NewConnectionsGoToTheListenerAndServiceIdsAreExclusive) {
+  FakeProcess a, b;
+  ASSERT_EQ(a.Join(address_), 0);
+  ASSERT_EQ(b.Join(address_), 0);
+  const uint64_t sid = wire::ServiceIdOf(wire::kPortSpaceTcp, 7471);
+  SendToService(ReqPacket(sid));  // nobody listens: dropped
+  EXPECT_EQ(b.Request(wire::ControlType::kListen, sid), 0);
+  EXPECT_EQ(a.Request(wire::ControlType::kListen, sid), EADDRINUSE);
+  SendToService(ReqPacket(sid));
+  EXPECT_EQ(b.NextForwarded(), ReqPacket(sid));  // the second: the first met no listener
+  EXPECT_TRUE(b.NothingForwarded());
+  EXPECT_TRUE(a.NothingForwarded());
+  EXPECT_EQ(b.Request(wire::ControlType::kUnlisten, sid), 0);
+  EXPECT_EQ(a.Request(wire::ControlType::kListen, sid), 0);
+  SendToService(ReqPacket(sid));
+  EXPECT_EQ(a.NextForwarded(), ReqPacket(sid));
+}
+
+TEST_F(DeviceServiceTest, ADeadProcessLosesItsRoutesAndItsNumberIsNotReusedAtOnce) {
+  FakeProcess a, b, c;
+  ASSERT_EQ(a.Join(address_), 0);
+  ASSERT_EQ(b.Join(address_), 0);
+  const uint8_t dead = b.owner;
+  const uint64_t sid = wire::ServiceIdOf(wire::kPortSpaceTcp, 9999);
+  ASSERT_EQ(b.Request(wire::ControlType::kListen, sid), 0);
+  b.Close();  // as at the process's death: the kernel closes its sockets
+  // Once the service has seen it go, its service ID is free again, and its number is not handed out next.
+  for (int i = 0; i < 500 && a.Request(wire::ControlType::kListen, sid) != 0; ++i) usleep(1000);
+  ASSERT_EQ(c.Join(address_), 0);
+  EXPECT_NE(c.owner, dead);
+  SendToService(DataPacket(wire::WithOwner24(dead, 0x11), 1));  // a late packet for the dead: dropped
+  SendToService(DataPacket(wire::WithOwner24(c.owner, 0x11), 2));
+  EXPECT_EQ(c.NextForwarded(), DataPacket(wire::WithOwner24(c.owner, 0x11), 2));
+  EXPECT_TRUE(a.NothingForwarded());
+}
+
+TEST_F(DeviceServiceTest, GarbageGetsAnErrorAndTheServiceServesOn) {
+  FakeProcess stranger;
+  ASSERT_EQ(stranger.Join(address_), 0);
+  const uint8_t garbage[] = {1, 2, 3};
+  send(stranger.control, garbage, sizeof garbage, MSG_NOSIGNAL);
+  EXPECT_EQ(stranger.Receive().status, EINVAL);
+  EXPECT_EQ(stranger.Request(wire::ControlType::kWelcome, 0), EINVAL);  // a service's message, not a process's
+  FakeProcess second_hello = {};
+  ASSERT_EQ(second_hello.Join(address_), 0);
+  EXPECT_EQ(second_hello.Request(wire::ControlType::kHello, 0), EINVAL);  // no socket, and joined already
+  SendToService(DataPacket(wire::WithOwner24(stranger.owner, 0x11), 3));
+  EXPECT_EQ(stranger.NextForwarded(), DataPacket(wire::WithOwner24(stranger.owner, 0x11), 3));
+}
+
+}  // namespace
+}  // namespace uroce::service
