@@ -5,6 +5,8 @@
 uroce_run_options_help() {
   cat <<'HELP'
       --addr IP         pin the device's address (default: first free of 127.0.0.1 ... 127.0.255.254)
+      --host-device     share the host device of the address (default 127.0.0.1) with every other process that
+                        does so in this network namespace, through the host's device service
       --mtu N           active MTU: 256, 512, 1024, 2048, 4096 (default 4096)
       --pcap FILE       record every packet sent and received
       --stats           print the device's counters (drops by reason, retransmissions, faults) at exit
@@ -28,6 +30,7 @@ uroce_parse_run_options() {
     case "$1" in
       --) shift; break ;;
       --stats) RUN_ENV+=("UROCE_STATS=1"); shift; continue ;;
+      --host-device) RUN_ENV+=("UROCE_DEVICE=host"); shift; continue ;;
       --trace) RUN_ENV+=("UROCE_TRACE=1"); shift; continue ;;
       --one-packet-per-datagram) RUN_ENV+=("UROCE_ONE_PACKET_PER_DATAGRAM=1"); shift; continue ;;
       -h|--help)

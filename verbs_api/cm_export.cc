@@ -8,8 +8,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 
+#include "verbs_api/engine.h"
 #include "verbs_api/internal.h"
 
 namespace {
@@ -52,12 +54,45 @@ int SetSink(uroce_cm* cm, uroce_cm_event_fn fn, void* sink_context) {
   });
 }
 
+// On the host device (UROCE_DEVICE=host) a listen is also a route: the service sends new connections for the service
+// ID to this process (wire/service_protocol.h). The service IDs of this process's listens, by listen ID.
+std::mutex g_routes_mu;
+auto& g_routed_listens = *new std::map<uint32_t, uint64_t>;
+
+uroce::verbs::HostDeviceMembership* Membership() {
+  auto engine = uroce::verbs::Engine::Running();
+  return engine ? engine->membership() : nullptr;  // the engine lives while a device is open: ours is
+}
+
 int Listen(uroce_cm* cm, uint64_t service_id, void* context, uint32_t* listen_id) {
-  return NoThrow(ENOMEM, [&] { return Cm(cm).Listen(service_id, context, listen_id); });
+  return NoThrow(ENOMEM, [&] {
+    if (int err = Cm(cm).Listen(service_id, context, listen_id)) return err;
+    if (auto* membership = Membership()) {
+      if (int err = membership->Listen(service_id)) {
+        Cm(cm).StopListening(*listen_id);
+        return err;
+      }
+      std::lock_guard lock(g_routes_mu);
+      g_routed_listens[*listen_id] = service_id;
+    }
+    return 0;
+  });
 }
 
 int StopListening(uroce_cm* cm, uint32_t listen_id) {
-  return NoThrow(ENOMEM, [&] { return Cm(cm).StopListening(listen_id); });
+  return NoThrow(ENOMEM, [&] {
+    if (int err = Cm(cm).StopListening(listen_id)) return err;
+    std::optional<uint64_t> routed;
+    {
+      std::lock_guard lock(g_routes_mu);
+      if (auto it = g_routed_listens.find(listen_id); it != g_routed_listens.end()) {
+        routed = it->second;
+        g_routed_listens.erase(it);
+      }
+    }
+    if (auto* membership = Membership(); membership && routed) membership->Unlisten(*routed);
+    return 0;
+  });
 }
 
 int SendRep(uroce_cm* cm, uint32_t id, const uroce::wire::CmRep* rep) {

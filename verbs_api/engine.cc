@@ -26,6 +26,7 @@
 #include "wire/clock.h"
 #include "wire/capture_transport.h"
 #include "wire/fault_model.h"
+#include "wire/host_device_transport.h"
 #include "wire/fault_transport.h"
 #include "wire/pcap.h"
 #include "wire/socket_transport.h"
@@ -86,6 +87,14 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
     c->trace = value == "1" || value == "yes" || value == "true";
   } else if (key == "one_packet_per_datagram") {
     c->one_packet_per_datagram = value == "1" || value == "yes" || value == "true";
+  } else if (key == "device") {
+    if (value == "host") {
+      c->host_device = true;
+    } else if (value == "process" || value.empty()) {
+      c->host_device = false;
+    } else {
+      return *error = "bad device '" + value + "' (host or process)", EINVAL;
+    }
   } else if (key == "transport") {
     if (value == "uring" || value == "io_uring") {
       c->transport = TransportChoice::kUring;
@@ -272,7 +281,7 @@ int LoadEngineConfig(EngineConfig* config, std::string* error) {
   }
   static const char* kKeys[] = {"address", "port",          "mtu",       "pcap",
                                 "faults",  "stats",         "retry_forever", "transport",
-                                "one_packet_per_datagram", "trace"};
+                                "one_packet_per_datagram", "trace", "device"};
   for (const char* key : kKeys) {
     std::string env = "UROCE_";
     for (const char* k = key; *k; ++k) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*k)));
@@ -335,7 +344,10 @@ int Engine::Start(const EngineConfig& config) {
   bool reported = false;
   TransportChoice choice = config.transport;
   const bool offloads = !config.one_packet_per_datagram;
-  if (config.address && !config.address_prefix_len) {
+  if (config.host_device) {
+    rc = StartOnHostDevice(config, &bound);
+    reported = true;
+  } else if (config.address && !config.address_prefix_len) {
     bound = *config.address;
     // A process that had this address a moment ago may still hold its socket: io_uring drops it from a kernel worker
     // after the process has gone, and the next program on the same UROCE_ADDR, started at once, failed with
@@ -376,7 +388,7 @@ int Engine::Start(const EngineConfig& config) {
     }
   }
   if (rc < 0) return -rc;
-  transport_name_ = choice == TransportChoice::kSocket ? "socket" : "io_uring";
+  transport_name_ = config.host_device ? "host device" : choice == TransportChoice::kSocket ? "socket" : "io_uring";
   if (auto* uring = dynamic_cast<wire::UringTransport*>(transport_.get())) {
     udp_counters_ = [uring] { return uring->counters(); };
   } else if (auto* socket = dynamic_cast<wire::SocketTransport*>(transport_.get())) {
@@ -409,6 +421,7 @@ int Engine::Start(const EngineConfig& config) {
   dc.active_mtu = config.mtu;
   dc.node_guid = NodeGuid();
   dc.retry_cnt_7_infinite = config.retry_forever;
+  if (membership_) dc.owner = membership_->owner();
   if (config.trace) {
     // The protocol's decisions, one line each, as they happen (stderr is unbuffered: lines from several threads
     // never mix within a line).
@@ -445,6 +458,44 @@ int Engine::Start(const EngineConfig& config) {
     });
   }
   return 0;
+}
+
+int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound) {
+  *bound = config.address.value_or(wire::IpAddress::V4(0x7f000001));
+  if (config.address_prefix_len) {
+    fprintf(stderr, "uroce: UROCE_DEVICE=host takes one address, not a prefix (UROCE_ADDR=%s/...)\n",
+            bound->ToString().c_str());
+    return -EINVAL;
+  }
+  auto membership = std::make_unique<HostDeviceMembership>();
+  std::string error;
+  if (int err = membership->Join(*bound, &error)) {
+    fprintf(stderr, "uroce: %s\n", error.c_str());
+    return -err;
+  }
+  // We send from a socket of our own on the device's address (any source port: the service needs only what arrives).
+  std::unique_ptr<wire::SocketTransport> sender;
+  wire::SocketTransport::Options options;
+  options.udp_offloads = !config.one_packet_per_datagram;
+  if (int rc = wire::SocketTransport::Create({*bound, 0}, options, &sender); rc < 0) {
+    fprintf(stderr, "uroce: cannot open a UDP socket on %s: %s\n", bound->ToString().c_str(), strerror(-rc));
+    return rc;
+  }
+  auto* socket = sender.get();
+  udp_counters_ = [socket] { return socket->counters(); };
+  auto transport = std::make_unique<wire::HostDeviceTransport>(
+      std::move(sender), wire::UdpEndpoint{*bound, wire::kRoceV2UdpPort}, membership->TakeForwardFd(),
+      membership->control_fd(), [this] { OnServiceLost(); });
+  if (int rc = transport->Init(); rc < 0) return rc;
+  transport_ = std::move(transport);
+  membership_ = std::move(membership);
+  return 0;
+}
+
+void Engine::OnServiceLost() {
+  fprintf(stderr, "uroce: the host's device service for %s is gone: uroce0 failed (IBV_EVENT_DEVICE_FATAL)\n",
+          address().ToString().c_str());
+  device_->Fail();
 }
 
 void Engine::PrintStatsOnce() {

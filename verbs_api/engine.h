@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "emu/device.h"
+#include "verbs_api/host_device.h"
 #include "verbs_api/poll_pattern.h"
 #include "wire/address.h"
 #include "wire/clock.h"
@@ -56,6 +57,10 @@ struct EngineConfig {
   // UROCE_ONE_PACKET_PER_DATAGRAM=1: no UDP_SEGMENT runs, so that a capture of the interface (tcpdump -i lo, where
   // loopback never splits a run) shows each RoCE packet as a datagram of its own, its ICRC for the IP ID 0 it has.
   bool one_packet_per_datagram = false;
+  // UROCE_DEVICE=host: this process shares the host device of `address` (default 127.0.0.1) with every process of
+  // the network namespace that does the same, through the host's device service (docs/ARCHITECTURE.md, "The host
+  // device"). process (the default): the device owns an address of its own.
+  bool host_device = false;
 };
 
 // Reads UROCE_ADDR, UROCE_PORT, UROCE_MTU, UROCE_PCAP, UROCE_FAULTS, UROCE_STATS, UROCE_RETRY_FOREVER,
@@ -90,7 +95,9 @@ class Engine {
   // starts the multicast receiver's thread). 0, or EINVAL (IPv6 group) / the errno of its socket.
   int JoinMulticast(const wire::IpAddress& group);
   void LeaveMulticast(const wire::IpAddress& group);
-  // "io_uring" or "socket": the transport this engine runs on.
+  // Our share of the host device (UROCE_DEVICE=host), or nullptr.
+  HostDeviceMembership* membership() { return membership_.get(); }
+  // "io_uring", "socket" or "host device": the transport this engine runs on.
   const char* transport_name() const { return transport_name_; }
 
   // Called by an application thread that found a CQ empty: when applications hold the receive side, receives what
@@ -187,6 +194,11 @@ class Engine {
   static constexpr uint64_t kBindRetryNs = 1'000'000'000;
   static constexpr uint64_t kAppPollingNs = 1'000'000;
 
+  int StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound);
+  // The host device's service died (from the thread that polls the transport): the device fails (emu::Device::Fail).
+  void OnServiceLost();
+  // Our membership in the host device (UROCE_DEVICE=host); outlives transport_, which watches its control socket.
+  std::unique_ptr<HostDeviceMembership> membership_;
   std::unique_ptr<wire::PcapWriter> pcap_;  // outlives transport_, which writes to it
   std::unique_ptr<wire::Transport> transport_;
   std::unique_ptr<emu::Device> device_;

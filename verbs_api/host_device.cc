@@ -1,0 +1,233 @@
+#include "verbs_api/host_device.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <thread>
+
+extern char** environ;
+
+namespace uroce::verbs {
+
+namespace {
+
+// How long a join waits for a service to answer, one it started itself included.
+constexpr auto kJoinTimeout = std::chrono::seconds(10);
+// What the service may queue towards us before it drops (a full receive queue): asked for on its end of the pair;
+// the kernel caps it at net.core.wmem_max unless we may force it.
+constexpr int kForwardBufferBytes = 16 << 20;
+
+bool Executable(const std::string& path) { return access(path.c_str(), X_OK) == 0; }
+
+// The service binary: UROCE_DEVICE_SERVICE; else beside this library (an install's lib/uroce/), else in the service
+// folder next to the library's (a Bazel output tree or runfiles: verbs_api/ and service/).
+std::string ServiceBinary() {
+  if (const char* env = std::getenv("UROCE_DEVICE_SERVICE"); env != nullptr && *env != '\0') return env;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ServiceBinary), &info) == 0 || info.dli_fname == nullptr) return "";
+  std::string dir = info.dli_fname;
+  const size_t slash = dir.rfind('/');
+  dir = slash == std::string::npos ? "." : dir.substr(0, slash);
+  for (const std::string& candidate : {dir + "/uroce-deviced", dir + "/../service/uroce-deviced"}) {
+    if (Executable(candidate)) return candidate;
+  }
+  return "";
+}
+
+// Starts the service for `address` in a session of its own (it forks away and we reap the intermediate process),
+// with no descriptor of ours but /dev/null on 0-2 (a pipe of our caller's held open by it would keep that caller
+// waiting for EOF). 0 or an errno.
+int SpawnService(const std::string& binary, const wire::IpAddress& address) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  // UROCE_SERVICE_LOG=FILE: the service writes its counters there when it leaves.
+  const char* log = std::getenv("UROCE_SERVICE_LOG");
+  const bool logging = log != nullptr && *log != '\0';
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fd == 2 && logging) {
+      posix_spawn_file_actions_addopen(&actions, fd, log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    } else {
+      posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", O_RDWR, 0);
+    }
+  }
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGPIPE);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const std::string address_text = address.ToString();
+  const char* argv[] = {binary.c_str(), "--address", address_text.c_str(), "--daemonize",
+                        logging ? "--stats" : nullptr, nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, binary.c_str(), &actions, &attr, const_cast<char**>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return rc;
+  int status;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return 0;
+}
+
+int ConnectService(const wire::IpAddress& address) {
+  const std::string name = wire::DeviceServiceName(address);
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  std::memcpy(sun.sun_path + 1, name.data(), name.size());
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sun), socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) <
+      0) {
+    const int err = errno;
+    close(fd);
+    return -err;
+  }
+  return fd;
+}
+
+// Waits up to `timeout_ms` for one control message. 0, -EAGAIN (the service closed: it was leaving), -ETIMEDOUT.
+int ReceiveControl(int fd, int timeout_ms, wire::ControlMessage* out) {
+  pollfd p{fd, POLLIN, 0};
+  int r;
+  while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
+  }
+  if (r == 0) return -ETIMEDOUT;
+  uint8_t bytes[wire::kControlSize + 1];
+  const ssize_t n = recv(fd, bytes, sizeof bytes, MSG_DONTWAIT);
+  if (n <= 0) return -EAGAIN;
+  auto m = wire::ControlMessage::Decode({bytes, size_t(n)});
+  if (!m) return -EPROTO;
+  *out = *m;
+  return 0;
+}
+
+}  // namespace
+
+HostDeviceMembership::~HostDeviceMembership() {
+  if (control_fd_ >= 0) close(control_fd_);
+  if (forward_fd_ >= 0) close(forward_fd_);
+}
+
+int HostDeviceMembership::TryJoin(const wire::IpAddress& address, std::string* error) {
+  const int fd = ConnectService(address);
+  if (fd < 0) return fd == -ENOENT ? -ECONNREFUSED : fd;  // a name nobody holds: ECONNREFUSED
+  int pair[2];
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, pair) < 0) {
+    const int err = errno;
+    close(fd);
+    return *error = std::string("socketpair: ") + strerror(err), err;
+  }
+  // The service writes into pair[1]: in-flight datagrams count against the sender's buffer (unix(7)).
+  if (setsockopt(pair[1], SOL_SOCKET, SO_SNDBUFFORCE, &kForwardBufferBytes, sizeof kForwardBufferBytes) < 0) {
+    setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &kForwardBufferBytes, sizeof kForwardBufferBytes);
+  }
+  uint8_t bytes[wire::kControlSize];
+  wire::ControlMessage{wire::ControlType::kHello, 0, uint64_t(getpid())}.Encode(bytes);
+  iovec iov{bytes, sizeof bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &pair[1], sizeof(int));
+  const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+  close(pair[1]);
+  wire::ControlMessage welcome;
+  int rc = sent < 0 ? -EAGAIN : ReceiveControl(fd, 5000, &welcome);
+  if (rc == 0 && welcome.type != wire::ControlType::kWelcome) rc = -EPROTO;
+  if (rc == 0 && welcome.status != 0) {
+    const int err = welcome.status;
+    *error = "the device service of " + address.ToString() + " refused us: " + strerror(err) +
+             (err == EADDRINUSE ? " (UDP 4791 of the address is another program's, such as kernel rxe)" : "");
+    rc = err;
+  } else if (rc == -ETIMEDOUT || rc == -EPROTO) {
+    *error = "the device service of " + address.ToString() + " did not answer";
+    rc = -rc;
+  }
+  if (rc != 0) {
+    close(fd);
+    close(pair[0]);
+    return rc;
+  }
+  control_fd_ = fd;
+  forward_fd_ = pair[0];
+  owner_ = static_cast<uint8_t>(welcome.value);
+  return 0;
+}
+
+int HostDeviceMembership::Join(const wire::IpAddress& address, std::string* error) {
+  const auto give_up = std::chrono::steady_clock::now() + kJoinTimeout;
+  std::optional<std::chrono::steady_clock::time_point> last_spawn;
+  for (int attempt = 0;; ++attempt) {
+    const int rc = TryJoin(address, error);
+    if (rc >= 0) return rc;
+    const auto now = std::chrono::steady_clock::now();
+    if (now > give_up) {
+      *error = "no device service for " + address.ToString() + " answered within " +
+               std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kJoinTimeout).count()) + " s";
+      return ETIMEDOUT;
+    }
+    if (rc == -ECONNREFUSED && (!last_spawn || now - *last_spawn > std::chrono::seconds(1))) {
+      // Nobody serves the address: start a service. Several processes may do so at once; the first to take the
+      // name serves, the others leave at once (service/main.cc).
+      const std::string binary = ServiceBinary();
+      if (binary.empty()) {
+        *error = "cannot start the host's device service: no uroce-deviced beside the library (UROCE_DEVICE_SERVICE "
+                 "names it)";
+        return ENOENT;
+      }
+      if (int err = SpawnService(binary, address)) {
+        *error = "cannot start " + binary + ": " + strerror(err);
+        return err;
+      }
+      last_spawn = now;
+    } else if (rc != -ECONNREFUSED && rc != -EAGAIN) {
+      *error = std::string("cannot reach the host's device service: ") + strerror(-rc);
+      return -rc;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(attempt < 20 ? 1 : 10));
+  }
+}
+
+int HostDeviceMembership::Request(wire::ControlType type, uint64_t value) {
+  std::lock_guard lock(request_mu_);
+  if (control_fd_ < 0) return EPIPE;
+  uint8_t bytes[wire::kControlSize];
+  wire::ControlMessage{type, 0, value}.Encode(bytes);
+  if (send(control_fd_, bytes, sizeof bytes, MSG_NOSIGNAL) < 0) return errno == EPIPE ? EPIPE : errno;
+  wire::ControlMessage reply;
+  const int rc = ReceiveControl(control_fd_, 5000, &reply);
+  if (rc != 0) return rc == -EAGAIN ? EPIPE : -rc;
+  if (reply.type != wire::ControlType::kReply) return EPROTO;
+  return reply.status;
+}
+
+int HostDeviceMembership::Listen(uint64_t service_id) { return Request(wire::ControlType::kListen, service_id); }
+int HostDeviceMembership::Unlisten(uint64_t service_id) { return Request(wire::ControlType::kUnlisten, service_id); }
+
+}  // namespace uroce::verbs

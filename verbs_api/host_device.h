@@ -1,0 +1,52 @@
+// A process's membership in the host device (docs/ARCHITECTURE.md, "The host device"; UROCE_DEVICE=host): the
+// connection to the host's device service for an address, started on demand (no command to run first, no root).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "wire/address.h"
+#include "wire/service_protocol.h"
+
+namespace uroce::verbs {
+
+class HostDeviceMembership {
+ public:
+  HostDeviceMembership() = default;
+  ~HostDeviceMembership();
+  HostDeviceMembership(const HostDeviceMembership&) = delete;
+  HostDeviceMembership& operator=(const HostDeviceMembership&) = delete;
+
+  // Connects to the service of `address` in this network namespace, starting it when nobody serves the address (the
+  // binary: UROCE_DEVICE_SERVICE, else uroce-deviced beside this library or in ../service/ of its folder), and joins:
+  // hands it the datagram socket it forwards our packets on and gets our owner number. 0, or an errno with *error
+  // saying why: what the service could not do (EADDRINUSE: UDP 4791 of the address is another program's; EUSERS: 255
+  // processes share it already; EACCES: it runs as another user), ENOENT (no service binary), ETIMEDOUT.
+  int Join(const wire::IpAddress& address, std::string* error);
+
+  // Asks the service to route new connections for a CM service ID to us / to stop. 0 or an errno (EADDRINUSE:
+  // another process listens; EPIPE: the service is gone).
+  int Listen(uint64_t service_id);
+  int Unlisten(uint64_t service_id);
+
+  int control_fd() const { return control_fd_; }
+  // Ours to hand to the transport, which then owns it.
+  int TakeForwardFd() {
+    const int fd = forward_fd_;
+    forward_fd_ = -1;
+    return fd;
+  }
+  uint8_t owner() const { return owner_; }
+
+ private:
+  int TryJoin(const wire::IpAddress& address, std::string* error);
+  int Request(wire::ControlType type, uint64_t value);
+
+  int control_fd_ = -1;
+  int forward_fd_ = -1;
+  uint8_t owner_ = 0;
+  std::mutex request_mu_;  // one control request at a time
+};
+
+}  // namespace uroce::verbs
