@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# The host device (UROCE_DEVICE=host, `uroce run --host-device`): every process of a network namespace that opens it
+# shares one uroce0 on one address through the host's device service (docs/ARCHITECTURE.md, "The host device").
+# Unmodified Debian clients through the installed launcher, bytes checked by the clients themselves:
+#
+#   pairs_share_one_address       4 ibv_rc_pingpong pairs (-c: every received buffer checked) at once on one address:
+#                                 8 processes, one GID, 8 different owner bytes in their QPNs; the service leaves when
+#                                 the last has gone
+#   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
+#                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across
+#   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
+#                                 pair fails instead of hanging, and the next open starts a new service
+#   dead_process_is_a_dead_peer   one side of a pair killed (-9): the other fails with RETRY_EXC_ERR
+#   bad_control_messages          garbage on the service's socket gets errors, and the service serves on
+#
+# Each case takes an address of its own (127.x.y.z at random, or 10.x in its namespaces) and free TCP ports: cases and
+# other tests run in parallel without meeting. usage (by Bazel): host_device_test.sh
+set -uo pipefail
+
+# shellcheck source=tests/junit.bash
+source tests/junit.bash
+# shellcheck source=tools/uroce.bash
+source tools/uroce.bash
+
+WORK="${TEST_TMPDIR:-$(mktemp -d)}/host_device"
+PREFIX="$WORK/prefix"
+UROCE="$PREFIX/bin/uroce"
+RDMA_VERIFY="$PWD/tests/rdma_verify"
+TIMEOUT=60
+
+make_prefix() {  # the layout `uroce install` makes, from the runfiles
+  mkdir -p "$PREFIX/bin" "$PREFIX/lib/uroce" "$PREFIX/share/uroce"
+  cp verbs_api/libibverbs.so.1 verbs_api/librdmacm.so.1 verbs_api/liburoce_preload.so service/uroce-deviced \
+    "$PREFIX/lib/uroce/"
+  cp tools/uroce.bash "$PREFIX/share/uroce/"
+  cp tools/uroce_launcher "$PREFIX/bin/uroce"
+}
+
+random_loopback() { echo "127.$((100 + RANDOM % 100)).$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1))"; }
+service_listed() { grep -q "@uroce/device/v1/$1\$" /proc/net/unix; }  # service_listed ADDRESS
+service_pid() { pgrep -f "uroce-deviced --address $1 " | head -n 1; }
+
+# run_pairs LOG_PREFIX ADDRESS N: N ibv_rc_pingpong pairs at once on the host device of ADDRESS; sets PROBLEMS.
+run_pairs() {
+  local log="$1" addr="$2" n="$3" i port
+  local -a servers=() clients=()
+  PROBLEMS=""
+  for i in $(seq 1 "$n"); do
+    port=$(free_tcp_port)
+    timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+      ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p "$port" >"$log.server$i" 2>&1 &
+    servers+=($!)
+    wait_listening "$port" "$!" || PROBLEMS+="server $i did not listen: $(tail -n 5 "$log.server$i")"$'\n'
+    timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+      ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p "$port" "$addr" >"$log.client$i" 2>&1 &
+    clients+=($!)
+  done
+  for i in $(seq 1 "$n"); do
+    wait "${servers[$((i - 1))]}" || PROBLEMS+="server $i: exit $?: $(tail -n 5 "$log.server$i")"$'\n'
+    wait "${clients[$((i - 1))]}" || PROBLEMS+="client $i: exit $?: $(tail -n 5 "$log.client$i")"$'\n'
+  done
+}
+
+case_pairs_share_one_address() {
+  local addr log="$WORK/pairs" problems
+  addr=$(random_loopback)
+  run_pairs "$log" "$addr" 4
+  problems="$PROBLEMS"
+  # One GID for all: the address; and 8 different owners (a QPN's top byte) among the 8 processes.
+  local gids owners
+  gids=$(grep -h "local address" "$log".* | sed 's/.*GID //' | sort -u)
+  [ "$gids" = "::ffff:$addr" ] || problems+="GIDs seen: $gids (want ::ffff:$addr only)"$'\n'
+  owners=$(grep -h "local address" "$log".* | sed 's/.*QPN 0x\(..\).*/\1/' | sort -u | wc -l)
+  [ "$owners" -eq 8 ] || problems+="$owners different owner bytes among 8 processes' QPNs"$'\n'
+  # The service leaves when the last process has gone (after its linger of 0.5 s).
+  for _ in $(seq 1 60); do service_listed "$addr" || break; sleep 0.1; done
+  ! service_listed "$addr" || problems+="the service of $addr is still there 6 s after its last process"$'\n'
+  junit_check pairs_share_one_address "$problems"
+}
+
+case_two_hosts_eight_processes_each() {
+  local name=two_hosts_eight_processes_each
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  local a="uroce-hd-$$-a" b="uroce-hd-$$-b" net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))"
+  local addr_a="$net.1" addr_b="$net.2" problems="" log="$WORK/hosts" i
+  ip netns add "$a" && ip netns add "$b" &&
+    ip link add "veth-$$-a" netns "$a" type veth peer name "veth-$$-b" netns "$b" &&
+    ip -n "$a" addr add "$addr_a/24" dev "veth-$$-a" && ip -n "$b" addr add "$addr_b/24" dev "veth-$$-b" &&
+    ip -n "$a" link set lo up && ip -n "$b" link set lo up &&
+    ip -n "$a" link set "veth-$$-a" up && ip -n "$b" link set "veth-$$-b" up || {
+    junit_fail "$name" "could not make the namespaces"
+    ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null
+    return
+  }
+  # 8 servers on A's address (4 rdma_verify, 4 ibv_rc_pingpong), 8 clients on B's, each pair across the veth. The
+  # namespaces are new: every TCP port is free in them.
+  local -a pids=() names=()
+  for i in 1 2 3 4; do
+    ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" -- \
+      "$RDMA_VERIFY" --role=server --port=$((20000 + i)) --seed=$i --qp-timeout=18 >"$log.verify_server$i" 2>&1 &
+    pids+=($!); names+=("verify_server$i")
+    ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" -- \
+      ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p $((21000 + i)) >"$log.pingpong_server$i" 2>&1 &
+    pids+=($!); names+=("pingpong_server$i")
+  done
+  local hex
+  for i in 1 2 3 4; do
+    for port in $((20000 + i)) $((21000 + i)); do
+      hex=$(printf ':%04X ' "$port")
+      for _ in $(seq 1 200); do ip netns exec "$a" grep -q "$hex.* 0A " /proc/net/tcp && break; sleep 0.05; done
+    done
+  done
+  for i in 1 2 3 4; do
+    ip netns exec "$b" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_b" -- \
+      "$RDMA_VERIFY" --role=client --port=$((20000 + i)) --host="$addr_a" --ops=1000 --seed=$i --qp-timeout=18 \
+      >"$log.verify_client$i" 2>&1 &
+    pids+=($!); names+=("verify_client$i")
+    ip netns exec "$b" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_b" -- \
+      ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p $((21000 + i)) "$addr_a" >"$log.pingpong_client$i" 2>&1 &
+    pids+=($!); names+=("pingpong_client$i")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || problems+="${names[$i]}: exit $?: $(tail -n 5 "$log.${names[$i]}")"$'\n'
+  done
+  local gids
+  gids=$(grep -h "local address" "$log".pingpong_* | sed 's/.*GID //' | sort -u | tr '\n' ' ')
+  [ "$gids" = "::ffff:$addr_a ::ffff:$addr_b " ] || problems+="GIDs seen: $gids"$'\n'
+  ip netns del "$a"; ip netns del "$b"
+  junit_check "$name" "$problems"
+}
+
+case_service_killed_is_device_fatal() {
+  local addr log="$WORK/killed" problems="" port
+  addr=$(random_loopback)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- ibv_asyncwatch -d uroce0 >"$log.watch" 2>&1 &
+  local watch=$!
+  port=$(free_tcp_port)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p "$port" >"$log.server" 2>&1 &
+  local server=$!
+  wait_listening "$port" "$server"
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p "$port" "$addr" >"$log.client" 2>&1 &
+  local client=$!
+  sleep 1
+  local pid
+  pid=$(service_pid "$addr")
+  if [ -z "$pid" ]; then
+    problems+="no service for $addr"$'\n'
+  else
+    kill -9 "$pid"
+  fi
+  # The pair fails, and soon: its QPs are flushed (no hang until the test's timeout).
+  local start=$SECONDS rc
+  wait "$client"; rc=$?
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || problems+="client exit status $rc after the service died"$'\n'
+  wait "$server"; rc=$?
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || problems+="server exit status $rc after the service died"$'\n'
+  [ $((SECONDS - start)) -le 20 ] || problems+="the pair took $((SECONDS - start)) s to fail"$'\n'
+  for _ in $(seq 1 50); do grep -q IBV_EVENT_DEVICE_FATAL "$log.watch" && break; sleep 0.1; done
+  grep -q "event_type IBV_EVENT_DEVICE_FATAL" "$log.watch" ||
+    problems+="ibv_asyncwatch saw no IBV_EVENT_DEVICE_FATAL: $(cat "$log.watch")"$'\n'
+  kill "$watch" 2>/dev/null; wait "$watch" 2>/dev/null
+  # The next open starts a new service.
+  run_pairs "$log.after" "$addr" 1
+  problems+="$PROBLEMS"
+  junit_check service_killed_is_device_fatal "$problems"
+}
+
+case_dead_process_is_a_dead_peer() {
+  local addr log="$WORK/dead" problems="" port
+  addr=$(random_loopback)
+  port=$(free_tcp_port)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p "$port" >"$log.server" 2>&1 &
+  local server=$!
+  wait_listening "$port" "$server"
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p "$port" "$addr" >"$log.client" 2>&1 &
+  local client=$!
+  sleep 1
+  pkill -9 -f "ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p $port\$"  # the server (the client names an address)
+  wait "$server" 2>/dev/null
+  local rc
+  wait "$client"; rc=$?
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || problems+="client exit status $rc after its peer died"$'\n'
+  grep -q "retry counter exceeded" "$log.client" ||
+    problems+="the client did not fail with RETRY_EXC_ERR: $(tail -n 3 "$log.client")"$'\n'
+  junit_check dead_process_is_a_dead_peer "$problems"
+}
+
+case_bad_control_messages() {
+  local addr log="$WORK/bad" problems="" port
+  addr=$(random_loopback)
+  # A process holds the device (and its service) while a stranger writes garbage to the service's socket.
+  port=$(free_tcp_port)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p "$port" >"$log.server" 2>&1 &
+  local server=$!
+  wait_listening "$port" "$server"
+  local answers
+  answers=$(/usr/bin/python3 - "$addr" <<'PY'
+import socket, struct, sys
+name = b"\0uroce/device/v1/" + sys.argv[1].encode()
+def ask(payload):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5)
+    s.connect(name)
+    s.send(payload)
+    try:
+        reply = s.recv(64)
+    except socket.timeout:
+        return "timeout"
+    if len(reply) != 24:
+        return "closed" if not reply else "len%d" % len(reply)
+    magic, version, kind, status = struct.unpack("=IHHi", reply[:12])
+    return "%d:%d" % (kind, status)
+msg = lambda kind, value=0: struct.pack("=IHHiIQ", 0x75724456, 1, kind, 0, 0, value)
+print(ask(b"garbage"))                       # not a control message
+print(ask(msg(1)))                           # a hello without the socket to forward on
+print(ask(msg(3, 0x1061d2f)))                # a listen before joining
+print(ask(struct.pack("=IHHiIQ", 0xdeadbeef, 1, 1, 0, 0, 0)))  # wrong magic
+print(ask(msg(77)))                          # unknown type
+PY
+)
+  [ "$answers" = $'5:22\n2:22\n5:22\n5:22\n5:22' ] || problems+="the service answered: $answers"$'\n'
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p "$port" "$addr" >"$log.client" 2>&1 ||
+    problems+="client after the garbage: exit $?: $(tail -n 5 "$log.client")"$'\n'
+  wait "$server" || problems+="server: exit $?: $(tail -n 5 "$log.server")"$'\n'
+  junit_check bad_control_messages "$problems"
+}
+
+main() {
+  rm -rf "$WORK"
+  mkdir -p "$WORK"
+  make_prefix
+  case_pairs_share_one_address
+  case_two_hosts_eight_processes_each
+  case_service_killed_is_device_fatal
+  case_dead_process_is_a_dead_peer
+  case_bad_control_messages
+  junit_report host_device_test
+}
+
+main "$@"
