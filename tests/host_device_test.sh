@@ -8,6 +8,8 @@
 #                                 the last has gone
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
 #                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across
+#   sixty_four_processes          32 ibv_rc_pingpong pairs at once on one address; then, with processes holding the
+#                                 device open and idle, the service uses no CPU (at most 2 clock ticks in 3 s)
 #   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
 #                                 pair fails instead of hanging, and the next open starts a new service
 #   dead_process_is_a_dead_peer   one side of a pair killed (-9): the other fails with RETRY_EXC_ERR
@@ -129,6 +131,36 @@ case_two_hosts_eight_processes_each() {
   junit_check "$name" "$problems"
 }
 
+case_sixty_four_processes() {
+  local addr log="$WORK/64" problems
+  addr=$(random_loopback)
+  run_pairs "$log" "$addr" 32
+  problems="$PROBLEMS"
+  local owners
+  owners=$(grep -h "local address" "$log".* | sed 's/.*QPN 0x\(..\).*/\1/' | sort -u | wc -l)
+  [ "$owners" -eq 64 ] || problems+="$owners different owner bytes among 64 processes' QPNs"$'\n'
+  # Idle: processes hold the device open (ibv_asyncwatch blocks for events), nothing moves.
+  local -a holders=()
+  for _ in $(seq 1 8); do
+    "$UROCE" run --host-device --addr "$addr" -- ibv_asyncwatch -d uroce0 >/dev/null 2>&1 &
+    holders+=($!)
+  done
+  local pid="" before after
+  for _ in $(seq 1 100); do pid=$(service_pid "$addr"); [ -n "$pid" ] && break; sleep 0.05; done
+  sleep 1
+  if [ -z "$pid" ]; then
+    problems+="no service for $addr while 8 processes hold the device"$'\n'
+  else
+    before=$(awk '{print $14 + $15}' "/proc/$pid/stat")  # utime + stime, clock ticks (proc(5))
+    sleep 3
+    after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+    echo "service CPU while idle: $((after - before)) ticks in 3 s"
+    [ $((after - before)) -le 2 ] || problems+="the idle service used $((after - before)) clock ticks in 3 s"$'\n'
+  fi
+  kill "${holders[@]}" 2>/dev/null; wait "${holders[@]}" 2>/dev/null
+  junit_check sixty_four_processes "$problems"
+}
+
 case_service_killed_is_device_fatal() {
   local addr log="$WORK/killed" problems="" port
   addr=$(random_loopback)
@@ -237,6 +269,7 @@ main() {
   make_prefix
   case_pairs_share_one_address
   case_two_hosts_eight_processes_each
+  case_sixty_four_processes
   case_service_killed_is_device_fatal
   case_dead_process_is_a_dead_peer
   case_bad_control_messages

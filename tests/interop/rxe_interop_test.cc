@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -588,6 +589,62 @@ TEST_P(RxeInteropTest, PairCompletesWithDataChecked) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KernelRxe, RxeInteropTest, ::testing::ValuesIn(Params()), ParamName);
+
+// Kernel rxe talking at once to 4 uroce processes that share the host side's one address: the host device
+// (UROCE_DEVICE=host), whose service holds UDP 4791 of kHostAddr and hands each of rxe's packets to the process that
+// owns its destination QP. Each pair is an ibv_rc_pingpong with every buffer checked (-c).
+class RxeHostDeviceTest : public ClientTest {
+ protected:
+  void SetUp() override {
+    if (!g_guest->skip_reason().empty()) GTEST_SKIP() << g_guest->skip_reason();
+    ASSERT_TRUE(g_guest->failure().empty()) << g_guest->failure();
+    ClientTest::SetUp();
+    env_.emplace_back("UROCE_DEVICE", "host");
+    env_.emplace_back("UROCE_ADDR", kHostAddr);
+    env_.emplace_back("UROCE_MTU", std::to_string(kLinkMtu));
+  }
+};
+
+TEST_F(RxeHostDeviceTest, FourProcessesOnTheHostsOneAddressTalkToRxeAtOnce) {
+  const std::string program = Program("ibv_rc_pingpong");
+  if (program.empty()) return;
+  ASSERT_TRUE(RoceV2PortFreeWithin(std::chrono::seconds(5))) << "UDP " << kHostAddr << ":4791 is still in use";
+  constexpr int kPairs = 4;
+  const std::string mtu = std::to_string(kLinkMtu);
+  std::vector<int> ports;
+  for (int i = 0; i < kPairs; ++i) ports.push_back(Port());
+  std::vector<PairResult> results(kPairs);
+  std::vector<std::thread> pairs;
+  for (int i = 0; i < kPairs; ++i) {
+    pairs.emplace_back([&, i] {
+      const int port = ports[size_t(i)];
+      const std::vector<std::string> host_argv = {program, "-c", "-m", mtu, "-s", "4096", "-n", "100", "-d",
+                                                  "uroce0", "-g", "0", "-p", std::to_string(port)};
+      const std::string guest_command = "ibv_rc_pingpong -c -m " + mtu + " -s 4096 -n 100 -d rxe0 -g 1 -p " +
+                                        std::to_string(port) + " " + kHostAddr;
+      results[size_t(i)] = RunStartedPair(
+          [&] { return std::make_unique<Process>(Process::Start(host_argv, env_)); },
+          [port] { return TcpPortListening(port); },
+          [&] { return std::make_unique<GuestCommand>(g_guest->cmd_port(), guest_command); }, kPairTimeout);
+    });
+  }
+  for (std::thread& t : pairs) t.join();
+  std::set<std::string> qpn_owners;
+  for (int i = 0; i < kPairs; ++i) {
+    const PairResult& r = results[size_t(i)];
+    EXPECT_TRUE(r.Succeeded()) << "pair " << i << ": " << r.Describe();
+    const std::regex iters(R"(\s*100 iters in [0-9.]+ seconds = [0-9.]+ usec/iter\s*)");
+    EXPECT_FALSE(MatchLine(r.client.output, iters).empty()) << r.Describe();
+    EXPECT_FALSE(MatchLine(r.server.output, iters).empty()) << r.Describe();
+    // The host side's GID is the one address; its QPN's top byte names its process.
+    const auto local = MatchLine(r.server.output, std::regex(R"(\s*local address: .* QPN 0x(..)....,.* GID (.*))"));
+    ASSERT_FALSE(local.empty()) << r.Describe();
+    EXPECT_EQ(local[2], std::string("::ffff:") + kHostAddr);
+    qpn_owners.insert(local[1]);
+  }
+  EXPECT_EQ(qpn_owners.size(), size_t(kPairs)) << "the 4 processes' QPNs should carry 4 owners";
+  if (HasFailure()) g_guest->KillAll("ibv_rc_pingpong");
+}
 
 }  // namespace
 }  // namespace uroce::tests
