@@ -10,9 +10,11 @@
 #                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across
 #   sixty_four_processes          32 ibv_rc_pingpong pairs at once on one address; then, with processes holding the
 #                                 device open and idle, the service uses no CPU (at most 2 clock ticks in 3 s)
+#   openmpi across two hosts      (root) an Open MPI job of 2 x 4 ranks across the two namespaces, pml ucx and
+#                                 pml cm/mtl ofi over verbs;ofi_rxm: mpi_check's ping-pong, allreduce, alltoall
 #   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
 #                                 pair fails instead of hanging, and the next open starts a new service
-#   dead_process_is_a_dead_peer   one side of a pair killed (-9): the other fails with RETRY_EXC_ERR
+#   dead_process_is_a_dead_peer   one side of an rdma_verify pair killed (-9): the other fails with RETRY_EXC_ERR
 #   bad_control_messages          garbage on the service's socket gets errors, and the service serves on
 #
 # Each case takes an address of its own (127.x.y.z at random, or 10.x in its namespaces) and free TCP ports: cases and
@@ -30,8 +32,20 @@ UROCE="$PREFIX/bin/uroce"
 RDMA_VERIFY="$PWD/tests/rdma_verify"
 TIMEOUT=60
 
-make_prefix() {  # the layout `uroce install` makes, from the runfiles
+NSEXEC="$WORK/nsexec"
+
+make_prefix() {  # the layout `uroce install` makes, from the runfiles; the MPI program; the rsh agent
   mkdir -p "$PREFIX/bin" "$PREFIX/lib/uroce" "$PREFIX/share/uroce"
+  mpicc.openmpi -O2 -o "$WORK/mpi_check_openmpi" tests/frameworks/mpi_check.c
+  # Open MPI's rsh agent for hosts that are network namespaces: `nsexec HOST COMMAND` runs COMMAND (one string, for
+  # a shell) in namespace HOST under that host name, with the device on that namespace's one address.
+  cat >"$NSEXEC" <<'AGENT'
+#!/bin/sh
+host=$1; shift
+addr=$(ip -n "$host" -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n 1)
+exec ip netns exec "$host" unshare --uts sh -c "hostname $host; export UROCE_ADDR=$addr; $*"
+AGENT
+  chmod +x "$NSEXEC"
   cp verbs_api/libibverbs.so.1 verbs_api/librdmacm.so.1 verbs_api/liburoce_preload.so service/uroce-deviced \
     "$PREFIX/lib/uroce/"
   cp tools/uroce.bash "$PREFIX/share/uroce/"
@@ -80,20 +94,28 @@ case_pairs_share_one_address() {
   junit_check pairs_share_one_address "$problems"
 }
 
+# two_hosts_up: two network namespaces joined by a veth pair, each a "host" with one address; sets HOST_A, HOST_B,
+# ADDR_A, ADDR_B. Fails (with TWO_HOSTS_ERROR) when they cannot be made. two_hosts_down removes them.
+two_hosts_up() {
+  HOST_A="uroce-hd-$$-a" HOST_B="uroce-hd-$$-b"
+  local net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))"
+  ADDR_A="$net.1" ADDR_B="$net.2"
+  TWO_HOSTS_ERROR=$({ ip netns add "$HOST_A" && ip netns add "$HOST_B" &&
+    ip link add "veth-$$-a" netns "$HOST_A" type veth peer name "veth-$$-b" netns "$HOST_B" &&
+    ip -n "$HOST_A" addr add "$ADDR_A/24" dev "veth-$$-a" && ip -n "$HOST_B" addr add "$ADDR_B/24" dev "veth-$$-b" &&
+    ip -n "$HOST_A" link set lo up && ip -n "$HOST_B" link set lo up &&
+    ip -n "$HOST_A" link set "veth-$$-a" up && ip -n "$HOST_B" link set "veth-$$-b" up; } 2>&1) || {
+    two_hosts_down
+    return 1
+  }
+}
+two_hosts_down() { ip netns del "$HOST_A" 2>/dev/null; ip netns del "$HOST_B" 2>/dev/null; }
+
 case_two_hosts_eight_processes_each() {
   local name=two_hosts_eight_processes_each
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
-  local a="uroce-hd-$$-a" b="uroce-hd-$$-b" net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))"
-  local addr_a="$net.1" addr_b="$net.2" problems="" log="$WORK/hosts" i
-  ip netns add "$a" && ip netns add "$b" &&
-    ip link add "veth-$$-a" netns "$a" type veth peer name "veth-$$-b" netns "$b" &&
-    ip -n "$a" addr add "$addr_a/24" dev "veth-$$-a" && ip -n "$b" addr add "$addr_b/24" dev "veth-$$-b" &&
-    ip -n "$a" link set lo up && ip -n "$b" link set lo up &&
-    ip -n "$a" link set "veth-$$-a" up && ip -n "$b" link set "veth-$$-b" up || {
-    junit_fail "$name" "could not make the namespaces"
-    ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null
-    return
-  }
+  two_hosts_up || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  local a="$HOST_A" b="$HOST_B" addr_a="$ADDR_A" addr_b="$ADDR_B" problems="" log="$WORK/hosts" i port
   # 8 servers on A's address (4 rdma_verify, 4 ibv_rc_pingpong), 8 clients on B's, each pair across the veth. The
   # namespaces are new: every TCP port is free in them.
   local -a pids=() names=()
@@ -127,7 +149,47 @@ case_two_hosts_eight_processes_each() {
   local gids
   gids=$(grep -h "local address" "$log".pingpong_* | sed 's/.*GID //' | sort -u | tr '\n' ' ')
   [ "$gids" = "::ffff:$addr_a ::ffff:$addr_b " ] || problems+="GIDs seen: $gids"$'\n'
-  ip netns del "$a"; ip netns del "$b"
+  # The port's active MTU follows the interface's, as rxe's does: 1024 on a 1500-byte veth (a 4096-byte packet
+  # could not leave it).
+  ip netns exec "$a" "$UROCE" run --host-device --addr "$addr_a" -- ibv_devinfo -d uroce0 >"$log.devinfo" 2>&1
+  grep -Eq "active_mtu:[[:space:]]+1024 \(3\)" "$log.devinfo" ||
+    problems+="active_mtu on a 1500-byte veth: $(grep active_mtu "$log.devinfo")"$'\n'
+  two_hosts_down
+  junit_check "$name" "$problems"
+}
+
+# case_mpi_two_hosts ucx|ofi: an Open MPI job of 2 x 4 ranks across the two hosts, launched by mpirun in one of them
+# through an rsh agent that enters the other (NSEXEC); every rank on its host's one shared device. ucx: pml ucx over
+# UCX_TLS=self,rc_verbs,ud_verbs; ofi: pml cm, mtl ofi over verbs;ofi_rxm (connections through rdma_cm, so through
+# the service's listen routes).
+case_mpi_two_hosts() {
+  local kind="$1" name="openmpi 2 x 4 ranks across two hosts ($1)" log="$WORK/mpi.$1" rc=0 problems=""
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  two_hosts_up || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  local -a transport
+  if [ "$kind" = ucx ]; then
+    transport=(--mca pml ucx -x UCX_TLS=self,rc_verbs,ud_verbs -x UCX_NET_DEVICES=uroce0:1)
+  else
+    transport=(--mca pml cm --mca mtl ofi -x 'FI_PROVIDER=verbs;ofi_rxm')
+  fi
+  local net="${ADDR_A%.*}.0/24"
+  ip netns exec "$HOST_A" unshare --uts -- bash -c 'hostname "$1"; shift; exec "$@"' _ "$HOST_A" \
+    timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" --stats -- \
+    mpirun.openmpi --allow-run-as-root --oversubscribe --host "$HOST_A:4,$HOST_B:4" -np 8 \
+    --mca plm_rsh_agent "$NSEXEC" --mca oob_tcp_if_include "$net" --mca btl '^vader,tcp,openib,uct' \
+    "${transport[@]}" "$WORK/mpi_check_openmpi" >"$log" 2>&1 || rc=$?
+  two_hosts_down
+  [ "$rc" -eq 0 ] || problems+="exit status $rc"$'\n'
+  grep -q "^ranks 8 errors 0$" "$log" || problems+="no 'ranks 8 errors 0' line"$'\n'
+  # Every rank's device sent packets (a process prints its counters at exit; probes that opened and closed the
+  # device print blocks without any).
+  local sent
+  sent=$(awk '/^tx_packets / && $2 > 0 {n++} END {print n + 0}' "$log")
+  [ "$sent" -ge 8 ] || problems+="only $sent devices sent packets, want one per rank (8)"$'\n'
+  for addr in "$ADDR_A" "$ADDR_B"; do
+    grep -q "counters of uroce0 at $addr (host device transport)" "$log" || problems+="no rank on $addr's host device"$'\n'
+  done
+  [ -z "$problems" ] || problems+="$(grep -v '^[a-z_]* [0-9]*$' "$log" | tail -n 30)"
   junit_check "$name" "$problems"
 }
 
@@ -203,20 +265,23 @@ case_dead_process_is_a_dead_peer() {
   local addr log="$WORK/dead" problems="" port
   addr=$(random_loopback)
   port=$(free_tcp_port)
+  # rdma_verify's client keeps a window of operations in flight, so the survivor always has work the dead peer
+  # would have to acknowledge (a side that only waits for a receive learns nothing of its peer's death, on any HCA).
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
-    ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p "$port" >"$log.server" 2>&1 &
+    "$RDMA_VERIFY" --role=server --port="$port" --seed=3 >"$log.server" 2>&1 &
   local server=$!
   wait_listening "$port" "$server"
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
-    ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p "$port" "$addr" >"$log.client" 2>&1 &
+    "$RDMA_VERIFY" --role=client --port="$port" --host="$addr" --ops=100000000 --seed=3 >"$log.client" 2>&1 &
   local client=$!
   sleep 1
-  pkill -9 -f "ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p $port\$"  # the server (the client names an address)
+  pkill -9 -f "rdma_verify --role=server --port=$port "
   wait "$server" 2>/dev/null
-  local rc
+  local rc start=$SECONDS
   wait "$client"; rc=$?
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || problems+="client exit status $rc after its peer died"$'\n'
-  grep -q "retry counter exceeded" "$log.client" ||
+  [ $((SECONDS - start)) -le 20 ] || problems+="the client took $((SECONDS - start)) s to fail"$'\n'
+  grep -q "completed with transport retry counter exceeded (12)" "$log.client" ||
     problems+="the client did not fail with RETRY_EXC_ERR: $(tail -n 3 "$log.client")"$'\n'
   junit_check dead_process_is_a_dead_peer "$problems"
 }
@@ -270,6 +335,8 @@ main() {
   case_pairs_share_one_address
   case_two_hosts_eight_processes_each
   case_sixty_four_processes
+  case_mpi_two_hosts ucx
+  case_mpi_two_hosts ofi
   case_service_killed_is_device_fatal
   case_dead_process_is_a_dead_peer
   case_bad_control_messages

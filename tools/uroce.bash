@@ -7,7 +7,7 @@ uroce_run_options_help() {
       --addr IP         pin the device's address (default: first free of 127.0.0.1 ... 127.0.255.254)
       --host-device     share the host device of the address (default 127.0.0.1) with every other process that
                         does so in this network namespace, through the host's device service
-      --mtu N           active MTU: 256, 512, 1024, 2048, 4096 (default 4096)
+      --mtu N           active MTU: 256, 512, 1024, 2048, 4096 (default: the interface's, at most 4096)
       --pcap FILE       record every packet sent and received
       --stats           print the device's counters (drops by reason, retransmissions, faults) at exit
       --trace           print the protocol's decisions as they happen: which check of a request or response

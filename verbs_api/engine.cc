@@ -4,8 +4,10 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -75,6 +77,7 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
       case 4096: c->mtu = emu::Mtu::k4096; break;
       default: return *error = "bad mtu '" + value + "' (256, 512, 1024, 2048 or 4096)", EINVAL;
     }
+    c->mtu_set = true;
   } else if (key == "pcap") {
     c->pcap_path = value;
   } else if (key == "faults") {
@@ -129,6 +132,43 @@ struct Candidates {
 Candidates LoopbackCandidates() {
   return {kLoopbackCandidates, LoopbackCandidate,
           LoopbackCandidate(0).ToString() + "-" + LoopbackCandidate(kLoopbackCandidates - 1).ToString()};
+}
+
+// The active MTU of a port on the interface that holds `address`, as rxe derives it from its netdev: the largest IB
+// MTU whose packets fit the interface's MTU with their headers (IP, UDP, BTH, the largest extension headers a full
+// packet carries: XRCETH + RETH + ImmDt, ICRC), at most 4096. A 1500-byte Ethernet link gives 1024 (rxe reports the
+// same), a 9000-byte one or loopback 4096. A packet larger than the link's MTU cannot leave at all (DF): an RC QP
+// whose path MTU came from a 4096 default on a 1500-byte veth ended every connection with RETRY_EXC_ERR.
+emu::Mtu MtuForInterfaceOf(const wire::IpAddress& address) {
+  std::optional<std::string> name;
+  if (address.is_v4() && (address.v4() >> 24) == 127) name = "lo";
+  if (address == *wire::IpAddress::Parse("::1")) name = "lo";
+  ifaddrs* list = nullptr;
+  if (!name && getifaddrs(&list) == 0) {
+    for (ifaddrs* i = list; i != nullptr && !name; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr) continue;
+      std::optional<wire::IpAddress> a;
+      if (i->ifa_addr->sa_family == AF_INET) {
+        a = wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr));
+      } else if (i->ifa_addr->sa_family == AF_INET6) {
+        a = wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr.s6_addr);
+      }
+      if (a == address) name = i->ifa_name;
+    }
+    freeifaddrs(list);
+  }
+  if (!name) return emu::Mtu::k4096;
+  ifreq req{};
+  std::strncpy(req.ifr_name, name->c_str(), IFNAMSIZ - 1);
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const bool known = fd >= 0 && ioctl(fd, SIOCGIFMTU, &req) == 0;
+  if (fd >= 0) close(fd);
+  if (!known) return emu::Mtu::k4096;
+  const int headers = (address.is_v4() ? 20 : 40) + 8 + 12 + 4 + 16 + 4 + 4;  // IP UDP BTH XRCETH RETH ImmDt ICRC
+  for (emu::Mtu m : {emu::Mtu::k4096, emu::Mtu::k2048, emu::Mtu::k1024, emu::Mtu::k512}) {
+    if (int(emu::MtuBytes(m)) + headers <= req.ifr_mtu) return m;
+  }
+  return emu::Mtu::k256;
 }
 
 // This host's addresses inside prefix/len (len over the 128 bits of the IPv4-mapped form), lowest first.
@@ -418,7 +458,7 @@ int Engine::Start(const EngineConfig& config) {
   }
   emu::DeviceConfig dc;
   dc.address = bound;
-  dc.active_mtu = config.mtu;
+  dc.active_mtu = config.mtu_set ? config.mtu : MtuForInterfaceOf(bound);
   dc.node_guid = NodeGuid();
   dc.retry_cnt_7_infinite = config.retry_forever;
   if (membership_) dc.owner = membership_->owner();

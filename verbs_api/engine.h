@@ -48,6 +48,7 @@ struct EngineConfig {
   std::optional<int> address_prefix_len;
   uint16_t port = wire::kRoceV2UdpPort;
   emu::Mtu mtu = emu::Mtu::k4096;
+  bool mtu_set = false;  // UROCE_MTU given; otherwise the address's interface decides (at most 4096)
   std::string pcap_path;  // capture every packet sent and received (UROCE_PCAP)
   std::string faults;     // fault-injection spec (UROCE_FAULTS), see wire/fault_model.h
   bool stats = false;     // print the device's counters to stderr when the engine ends (UROCE_STATS=1)
