@@ -524,9 +524,14 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   auto* socket = sender.get();
   udp_counters_ = [socket] { return socket->counters(); };
   auto transport = std::make_unique<wire::HostDeviceTransport>(
-      std::move(sender), wire::UdpEndpoint{*bound, wire::kRoceV2UdpPort}, membership->TakeForwardFd(),
-      membership->control_fd(), [this] { OnServiceLost(); });
-  if (int rc = transport->Init(); rc < 0) return rc;
+      std::move(sender), wire::UdpEndpoint{*bound, wire::kRoceV2UdpPort}, membership->owner(),
+      membership->TakeForwardFd(), membership->control_fd(), [this] { OnServiceLost(); });
+  if (int rc = transport->Init(); rc < 0) {
+    fprintf(stderr, "uroce: cannot take packets from this host's other processes on %s: %s\n",
+            wire::HostDevicePeerName(*bound, membership->owner()).c_str(), strerror(-rc));
+    return rc;
+  }
+  host_transport_ = transport.get();
   transport_ = std::move(transport);
   membership_ = std::move(membership);
   return 0;
@@ -562,6 +567,11 @@ std::string Engine::CountersText() const {
             std::to_string(u.segmented_sends) + "\nudp_datagrams_received " + std::to_string(u.packets_received) +
             "\nudp_coalesced_receives " + std::to_string(u.coalesced_receives) + "\nudp_receive_overflows " +
             std::to_string(u.receive_overflows) + "\n";
+  }
+  if (host_transport_ != nullptr) {
+    text += "host_device_owner " + std::to_string(membership_->owner()) + "\nhost_device_peer_sent " +
+            std::to_string(host_transport_->peer_sent()) + "\nhost_device_peer_drops " +
+            std::to_string(host_transport_->peer_drops()) + "\n";
   }
   if (faults_ != nullptr) {
     text += faults_line("faults_send", faults_->send_counters());

@@ -27,6 +27,7 @@
 #include "wire/address.h"
 #include "wire/clock.h"
 #include "wire/fault_transport.h"
+#include "wire/host_device_transport.h"
 #include "wire/multicast_receiver.h"
 #include "wire/pcap.h"
 #include "wire/transport.h"
@@ -212,6 +213,7 @@ class Engine {
   std::atomic<uint64_t> live_counters_due_ns_{0};
   std::function<wire::UdpCounters()> udp_counters_;  // the UDP socket transport's, for UROCE_STATS
   wire::FaultInjectingTransport* faults_ = nullptr;  // the fault decorator inside transport_ (UROCE_FAULTS)
+  wire::HostDeviceTransport* host_transport_ = nullptr;  // inside transport_ on the host device (UROCE_DEVICE=host)
   std::atomic<bool> stop_{false};
 
   wire::DatagramHandler handler_;  // into device_

@@ -107,4 +107,8 @@ std::optional<ControlMessage> ControlMessage::Decode(std::span<const uint8_t> in
 
 std::string DeviceServiceName(const IpAddress& address) { return "uroce/device/v1/" + address.ToString(); }
 
+std::string HostDevicePeerName(const IpAddress& address, uint8_t owner) {
+  return DeviceServiceName(address) + "/" + std::to_string(owner);
+}
+
 }  // namespace uroce::wire

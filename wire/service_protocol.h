@@ -79,5 +79,8 @@ struct ControlMessage {
 // The abstract UNIX socket name (unix(7), without the leading NUL) of the device service for `address`: abstract
 // names are per network namespace, as the device is.
 std::string DeviceServiceName(const IpAddress& address);
+// The abstract SOCK_SEQPACKET name on which process `owner` of that device takes packets from the host's other
+// processes directly (wire/host_device_transport.h).
+std::string HostDevicePeerName(const IpAddress& address, uint8_t owner);
 
 }  // namespace uroce::wire
