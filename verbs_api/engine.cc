@@ -160,7 +160,8 @@ emu::Mtu MtuForInterfaceOf(const wire::IpAddress& address) {
   if (!name) return emu::Mtu::k4096;
   ifreq req{};
   std::strncpy(req.ifr_name, name->c_str(), IFNAMSIZ - 1);
-  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  // The kernel's socket, never socket(3): under librspreload that would be an rsocket over the device now starting.
+  const int fd = wire::OpenKernelUdpSocket(AF_INET);
   const bool known = fd >= 0 && ioctl(fd, SIOCGIFMTU, &req) == 0;
   if (fd >= 0) close(fd);
   if (!known) return emu::Mtu::k4096;

@@ -34,6 +34,14 @@ socklen_t AbstractAddress(const std::string& name, sockaddr_un* sun) {
 // unless we may force it.
 constexpr int kPeerBufferBytes = 4 << 20;
 
+// Whether the process at the other end of a connected UNIX socket runs as our user or root (SO_PEERCRED). Abstract
+// names carry no permissions (unix(7)): a stranger could hold a name before its owner takes it, or connect to ours.
+bool PeerTrusted(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && (cred.uid == geteuid() || cred.uid == 0);
+}
+
 // epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
 constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagControl = uint64_t(-3),
                    kTagListen = uint64_t(-4);
@@ -146,6 +154,10 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
       for (;;) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
+        if (!PeerTrusted(fd)) {
+          close(fd);
+          continue;
+        }
         epoll_event e{};
         e.events = EPOLLIN;
         e.data.u64 = uint64_t(fd);
@@ -194,7 +206,7 @@ int HostDeviceTransport::PeerConnection(uint8_t owner, bool reconnect) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un sun;
   const socklen_t len = AbstractAddress(HostDevicePeerName(local_.addr, owner), &sun);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sun), len) == 0) {
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sun), len) == 0 && PeerTrusted(fd)) {
     if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &kPeerBufferBytes, sizeof kPeerBufferBytes) < 0) {
       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kPeerBufferBytes, sizeof kPeerBufferBytes);
     }

@@ -10,7 +10,8 @@
 // own address and names an owner (a data packet's DestQP; CM MADs still go by UDP, the service routes them) connects
 // to the owner's name once and sends the packet there, with the same ForwardHeader, as a whole RoCEv2 packet. A full
 // connection drops the packet (counted), as a full UDP receive buffer would: blocking could deadlock two processes
-// sending to each other, and RC retransmits.
+// sending to each other, and RC retransmits. Both ends of a peer connection must run as our user or root
+// (SO_PEERCRED), as the service admits only those: another user's process holding a name gets nothing.
 //
 //  - Send / OutgoingFlow: the `sender` transport's (a SocketTransport bound to address:0), or the peer connection.
 //  - Poll: epoll over the service's forward socket, the peer listener and the accepted peer connections, a wake-up
