@@ -74,7 +74,7 @@ class DeviceService {
   void Reply(Process& p, wire::ControlType type, int32_t status, uint64_t value);
   void Leave(Process& p);
   void WaitUdp();
-  void DrainUdp();
+  int DrainUdp();  // one recvmmsg's worth: how many datagrams it took
   Process* RouteTo(std::span<const uint8_t> packet);
   uint8_t NextOwner();
   void ArmLingerIfIdle();
