@@ -12,6 +12,8 @@
 #                                 device open and idle, the service uses no CPU (at most 2 clock ticks in 3 s)
 #   openmpi across two hosts      (root) an Open MPI job of 2 x 4 ranks across the two namespaces, pml ucx and
 #                                 pml cm/mtl ofi over verbs;ofi_rxm: mpi_check's ping-pong, allreduce, alltoall
+#   fi_pingpong on one address    (root) libfabric's verbs provider (non-loopback interfaces only): msg and rdm pairs
+#                                 of two processes sharing one veth address
 #   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
 #                                 pair fails instead of hanging, and the next open starts a new service
 #   dead_process_is_a_dead_peer   one side of an rdma_verify pair killed (-9): the other fails with RETRY_EXC_ERR
@@ -193,6 +195,30 @@ case_mpi_two_hosts() {
   junit_check "$name" "$problems"
 }
 
+# case_libfabric_one_address msg|rdm: libfabric's verbs provider, which offers MSG and RDM endpoints only on
+# non-loopback interfaces: a fi_pingpong pair of two processes sharing one such address (the veth of a namespace),
+# connected through rdma_cm (the service routes the REQ by its listen), data process to process.
+case_libfabric_one_address() {
+  local ep="$1" name="fi_pingpong -e $1: two processes on one non-loopback address" log="$WORK/fi.$1" problems=""
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  two_hosts_up || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  ip netns exec "$HOST_A" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" -- \
+    fi_pingpong -p verbs -e "$ep" -B 9228 -I 100 >"$log.server" 2>&1 &
+  local server=$! rc=0
+  for _ in $(seq 1 200); do ip netns exec "$HOST_A" grep -q ":240C .* 0A " /proc/net/tcp && break; sleep 0.05; done
+  ip netns exec "$HOST_A" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" --stats -- \
+    fi_pingpong -p verbs -e "$ep" -P 9228 -I 100 "$ADDR_A" >"$log.client" 2>&1 || rc=$?
+  wait "$server" || problems+="server exit status $?: $(tail -n 5 "$log.server")"$'\n'
+  two_hosts_down
+  [ "$rc" -eq 0 ] || problems+="client exit status $rc: $(grep -v '^[a-z_]* [0-9]*$' "$log.client" | tail -n 5)"$'\n'
+  # Its last line is the largest size: bytes, iterations, "=100" (all checked and completed).
+  grep -v '^[a-z_]* [0-9]*$' "$log.client" | tail -n 1 | grep -q '=100' ||
+    problems+="the client did not complete its 100 iterations"$'\n'
+  awk '/^cm_mads_received / && $2 > 0 {c = 1} /^host_device_peer_sent / && $2 > 0 {p = 1} END {exit !(c && p)}' \
+    "$log.client" || problems+="no CM MADs received or no packets handed process to process"$'\n'
+  junit_check "$name" "$problems"
+}
+
 case_sixty_four_processes() {
   local addr log="$WORK/64" problems
   addr=$(random_loopback)
@@ -337,6 +363,8 @@ main() {
   case_sixty_four_processes
   case_mpi_two_hosts ucx
   case_mpi_two_hosts ofi
+  case_libfabric_one_address msg
+  case_libfabric_one_address rdm
   case_service_killed_is_device_fatal
   case_dead_process_is_a_dead_peer
   case_bad_control_messages
