@@ -14,28 +14,20 @@
 #include <vector>
 
 #include "rdmacm/abstract_names.h"
+#include "wire/unix_socket.h"
 
 namespace uroce::rdmacm {
 namespace {
 
 std::string PrefixOf(const wire::IpAddress& device) { return "uroce/cm/v1/device/" + device.ToString() + "/"; }
 
-sockaddr_un AbstractAddress(const std::string& name, socklen_t* len) {
-  sockaddr_un sun{};
-  sun.sun_family = AF_UNIX;
-  const size_t n = std::min(name.size(), sizeof(sun.sun_path) - 1);
-  std::memcpy(sun.sun_path + 1, name.data(), n);  // sun_path[0] == 0: the abstract namespace
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
-  return sun;
-}
-
 // A connected socket to the announcement `name` if its holder is a trusted user (SO_PEERCRED: the user that listened);
 // -1 otherwise.
 int ConnectTrusted(const std::string& name) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
-  socklen_t len;
-  sockaddr_un sun = AbstractAddress(name, &len);
+  sockaddr_un sun;
+  const socklen_t len = wire::AbstractUnixAddress(name, &sun);
   ucred holder{};
   socklen_t holder_len = sizeof holder;
   // ECONNREFUSED: gone since it was listed; EAGAIN: its queue is full. Either way not watched.
@@ -86,8 +78,8 @@ int PeerWatch::Start(const wire::IpAddress& self, std::function<void(const wire:
   std::random_device random;
   char suffix[20];
   std::snprintf(suffix, sizeof suffix, "%08x%08x", random(), random());
-  socklen_t len;
-  sockaddr_un sun = AbstractAddress(PrefixOf(self) + suffix, &len);
+  sockaddr_un sun;
+  const socklen_t len = wire::AbstractUnixAddress(PrefixOf(self) + suffix, &sun);
   // Watchers connect and are never accepted: the backlog only bounds how many may wait in the queue.
   if (bind(announce_fd_, reinterpret_cast<sockaddr*>(&sun), len) != 0 || listen(announce_fd_, SOMAXCONN) != 0) {
     const int err = errno;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "rdmacm/abstract_names.h"
+#include "wire/unix_socket.h"
 
 namespace uroce::rdmacm {
 namespace {
@@ -31,22 +32,12 @@ std::string PublishedName(uint16_t ps, uint16_t port, const wire::IpAddress& dev
   return name;
 }
 
-// The address of the abstract name `name`; its length.
-socklen_t AbstractAddress(const std::string& name, sockaddr_un* sun) {
-  *sun = {};
-  sun->sun_family = AF_UNIX;
-  // sun_path[0] == 0: the abstract namespace; the name is the bytes after it (no terminator).
-  const size_t n = std::min(name.size(), sizeof(sun->sun_path) - 1);
-  std::memcpy(sun->sun_path + 1, name.data(), n);
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
-}
-
 // A socket bound to the abstract name `name`; -errno on failure.
 int BindAbstract(const std::string& name) {
   const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
   sockaddr_un sun;
-  const socklen_t len = AbstractAddress(name, &sun);
+  const socklen_t len = wire::AbstractUnixAddress(name, &sun);
   if (bind(fd, reinterpret_cast<sockaddr*>(&sun), len) != 0) {
     const int err = errno;
     close(fd);
@@ -138,7 +129,7 @@ bool PortOwnerProbe::StillPublished(uint16_t ps, uint16_t port, const PortOwner&
   if (fd_ < 0) fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd_ < 0) return false;  // the caller lists the names instead
   sockaddr_un sun;
-  const socklen_t len = AbstractAddress(PublishedName(ps, port, owner.device, owner.tag), &sun);
+  const socklen_t len = wire::AbstractUnixAddress(PublishedName(ps, port, owner.device, owner.tag), &sun);
   // A datagram socket's connect(2) only names its peer: it fails with ECONNREFUSED where nobody holds the name.
   return connect(fd_, reinterpret_cast<sockaddr*>(&sun), len) == 0;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "wire/udp_socket.h"
+#include "wire/unix_socket.h"
 
 namespace uroce::service {
 
@@ -21,10 +22,6 @@ constexpr unsigned kUdpBatch = 64;
 constexpr size_t kMaxDatagram = 9216;
 // What the service asks for its UDP receive buffer (capped by net.core.rmem_max for a user).
 constexpr int kUdpBufferBytes = 64 << 20;
-
-// Whether a process running as `uid` may share our device: our own user or root (abstract names admit anyone of the
-// network namespace, unix(7)).
-bool Admitted(uid_t uid) { return uid == geteuid() || uid == 0; }
 
 }  // namespace
 
@@ -48,15 +45,12 @@ DeviceService::~DeviceService() = default;
 int DeviceService::Start() {
   boost::system::error_code ec;
   const std::string name = wire::DeviceServiceName(address_);
-  sockaddr_un sun{};
-  sun.sun_family = AF_UNIX;
+  sockaddr_un sun;
   if (name.size() + 1 > sizeof sun.sun_path) return -ENAMETOOLONG;
-  std::memcpy(sun.sun_path + 1, name.data(), name.size());  // abstract: a leading NUL (unix(7))
+  const socklen_t len = wire::AbstractUnixAddress(name, &sun);
   const int listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd < 0) return -errno;
-  if (bind(listen_fd, reinterpret_cast<sockaddr*>(&sun), socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) <
-          0 ||
-      listen(listen_fd, SOMAXCONN) < 0) {
+  if (bind(listen_fd, reinterpret_cast<sockaddr*>(&sun), len) < 0 || listen(listen_fd, SOMAXCONN) < 0) {
     const int err = errno;
     close(listen_fd);
     return -err;
@@ -94,14 +88,11 @@ void DeviceService::AcceptNext() {
 }
 
 void DeviceService::Admit(std::shared_ptr<Process> p) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (getsockopt(p->control.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || !Admitted(cred.uid)) {
+  if (!wire::PeerIsUsOrRoot(p->control.native_handle())) {  // our user or root may share our device
     ++counters_.bad_control;
     Reply(*p, wire::ControlType::kWelcome, EACCES, 0);
     return;  // closes when p goes
   }
-  p->pid = cred.pid;
   ++processes_;
   linger_timer_.cancel();
   ReadControl(std::move(p));
@@ -190,10 +181,8 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, int
 }
 
 void DeviceService::Reply(Process& p, wire::ControlType type, int32_t status, uint64_t value) {
-  uint8_t bytes[wire::kControlSize];
-  wire::ControlMessage{type, status, value}.Encode(bytes);
   // A process that does not read its replies is its own problem: never block the service on it.
-  [[maybe_unused]] ssize_t n = send(p.control.native_handle(), bytes, sizeof bytes, MSG_DONTWAIT | MSG_NOSIGNAL);
+  wire::SendControl(p.control.native_handle(), {type, status, value}, -1, MSG_DONTWAIT);
 }
 
 void DeviceService::Leave(Process& p) {

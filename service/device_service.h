@@ -62,7 +62,6 @@ class DeviceService {
     boost::asio::posix::stream_descriptor control;  // SOCK_SEQPACKET; Asio only waits, the calls are ours
     int forward_fd = -1;  // the datagram socket the process handed us
     uint8_t owner = 0;
-    pid_t pid = 0;
     explicit Process(boost::asio::io_context& io) : control(io) {}
     ~Process();
   };

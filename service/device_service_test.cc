@@ -15,6 +15,7 @@
 #include "wire/cm_mad.h"
 #include "wire/headers.h"
 #include "wire/udp_socket.h"
+#include "wire/unix_socket.h"
 
 namespace uroce::service {
 namespace {
@@ -34,33 +35,14 @@ struct FakeProcess {
 
   // Joins; returns the kWelcome's status.
   int Join(const wire::IpAddress& address) {
-    const std::string name = wire::DeviceServiceName(address);
-    sockaddr_un sun{};
-    sun.sun_family = AF_UNIX;
-    std::memcpy(sun.sun_path + 1, name.data(), name.size());
+    sockaddr_un sun;
+    const socklen_t len = wire::AbstractUnixAddress(wire::DeviceServiceName(address), &sun);
     control = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (connect(control, reinterpret_cast<sockaddr*>(&sun), socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) <
-        0) {
-      return errno;
-    }
+    if (connect(control, reinterpret_cast<sockaddr*>(&sun), len) < 0) return errno;
     int pair[2];
     socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, pair);
     forward = pair[0];
-    uint8_t bytes[wire::kControlSize];
-    wire::ControlMessage{wire::ControlType::kHello, 0, uint64_t(getpid())}.Encode(bytes);
-    iovec iov{bytes, sizeof bytes};
-    alignas(cmsghdr) char cmsg[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg;
-    msg.msg_controllen = sizeof cmsg;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &pair[1], sizeof(int));
-    sendmsg(control, &msg, MSG_NOSIGNAL);
+    EXPECT_EQ(wire::SendControl(control, {wire::ControlType::kHello, 0, uint64_t(getpid())}, pair[1]), 0);
     close(pair[1]);
     const wire::ControlMessage welcome = Receive();
     EXPECT_EQ(welcome.type, wire::ControlType::kWelcome);
@@ -69,19 +51,13 @@ struct FakeProcess {
   }
 
   wire::ControlMessage Receive() {
-    pollfd p{control, POLLIN, 0};
-    EXPECT_EQ(poll(&p, 1, 5000), 1);
-    uint8_t bytes[64];
-    const ssize_t n = recv(control, bytes, sizeof bytes, 0);
-    auto m = wire::ControlMessage::Decode({bytes, size_t(n > 0 ? n : 0)});
-    EXPECT_TRUE(m);
-    return m.value_or(wire::ControlMessage{});
+    wire::ControlMessage m;
+    EXPECT_EQ(wire::ReceiveControl(control, 5000, &m), 0);
+    return m;
   }
 
   int Request(wire::ControlType type, uint64_t value) {
-    uint8_t bytes[wire::kControlSize];
-    wire::ControlMessage{type, 0, value}.Encode(bytes);
-    send(control, bytes, sizeof bytes, MSG_NOSIGNAL);
+    EXPECT_EQ(wire::SendControl(control, {type, 0, value}), 0);
     return Receive().status;
   }
 

@@ -56,6 +56,8 @@ AGENT
 
 random_loopback() { echo "127.$((100 + RANDOM % 100)).$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1))"; }
 service_listed() { grep -q "@uroce/device/v1/$1\$" /proc/net/unix; }  # service_listed ADDRESS
+# wait_listening_in NAMESPACE PORT PID: tools/uroce.bash's wait_listening, reading the namespace's /proc/net/tcp.
+wait_listening_in() { ip netns exec "$1" bash -c 'source tools/uroce.bash && wait_listening "$1" "$2"' _ "$2" "$3"; }
 service_pid() { pgrep -f "uroce-deviced --address $1 " | head -n 1; }
 
 # run_pairs LOG_PREFIX ADDRESS N: N ibv_rc_pingpong pairs at once on the host device of ADDRESS; sets PROBLEMS.
@@ -120,22 +122,16 @@ case_two_hosts_eight_processes_each() {
   local a="$HOST_A" b="$HOST_B" addr_a="$ADDR_A" addr_b="$ADDR_B" problems="" log="$WORK/hosts" i port
   # 8 servers on A's address (4 rdma_verify, 4 ibv_rc_pingpong), 8 clients on B's, each pair across the veth. The
   # namespaces are new: every TCP port is free in them.
-  local -a pids=() names=()
+  local -a pids=() names=() ports=()
   for i in 1 2 3 4; do
     ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" -- \
       "$RDMA_VERIFY" --role=server --port=$((20000 + i)) --seed=$i --qp-timeout=18 >"$log.verify_server$i" 2>&1 &
-    pids+=($!); names+=("verify_server$i")
+    pids+=($!); names+=("verify_server$i"); ports+=($((20000 + i)))
     ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" -- \
       ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p $((21000 + i)) >"$log.pingpong_server$i" 2>&1 &
-    pids+=($!); names+=("pingpong_server$i")
+    pids+=($!); names+=("pingpong_server$i"); ports+=($((21000 + i)))
   done
-  local hex
-  for i in 1 2 3 4; do
-    for port in $((20000 + i)) $((21000 + i)); do
-      hex=$(printf ':%04X ' "$port")
-      for _ in $(seq 1 200); do ip netns exec "$a" grep -q "$hex.* 0A " /proc/net/tcp && break; sleep 0.05; done
-    done
-  done
+  for i in "${!ports[@]}"; do wait_listening_in "$a" "${ports[$i]}" "${pids[$i]}"; done
   for i in 1 2 3 4; do
     ip netns exec "$b" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_b" -- \
       "$RDMA_VERIFY" --role=client --port=$((20000 + i)) --host="$addr_a" --ops=1000 --seed=$i --qp-timeout=18 \
@@ -205,7 +201,7 @@ case_libfabric_one_address() {
   ip netns exec "$HOST_A" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" -- \
     fi_pingpong -p verbs -e "$ep" -B 9228 -I 100 >"$log.server" 2>&1 &
   local server=$! rc=0
-  for _ in $(seq 1 200); do ip netns exec "$HOST_A" grep -q ":240C .* 0A " /proc/net/tcp && break; sleep 0.05; done
+  wait_listening_in "$HOST_A" 9228 "$server"
   ip netns exec "$HOST_A" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" --stats -- \
     fi_pingpong -p verbs -e "$ep" -P 9228 -I 100 "$ADDR_A" >"$log.client" 2>&1 || rc=$?
   wait "$server" || problems+="server exit status $?: $(tail -n 5 "$log.server")"$'\n'

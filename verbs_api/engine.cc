@@ -28,7 +28,6 @@
 #include "wire/clock.h"
 #include "wire/capture_transport.h"
 #include "wire/fault_model.h"
-#include "wire/host_device_transport.h"
 #include "wire/fault_transport.h"
 #include "wire/pcap.h"
 #include "wire/socket_transport.h"
@@ -134,6 +133,18 @@ Candidates LoopbackCandidates() {
           LoopbackCandidate(0).ToString() + "-" + LoopbackCandidate(kLoopbackCandidates - 1).ToString()};
 }
 
+// The IP address of an interface's address entry (getifaddrs(3)); nullopt for other families.
+std::optional<wire::IpAddress> InterfaceAddress(const sockaddr* sa) {
+  if (sa == nullptr) return std::nullopt;
+  if (sa->sa_family == AF_INET) {
+    return wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr));
+  }
+  if (sa->sa_family == AF_INET6) {
+    return wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr.s6_addr);
+  }
+  return std::nullopt;
+}
+
 // The active MTU of a port on the interface that holds `address`, as rxe derives it from its netdev: the largest IB
 // MTU whose packets fit the interface's MTU with their headers (IP, UDP, BTH, the largest extension headers a full
 // packet carries: XRCETH + RETH + ImmDt, ICRC), at most 4096. A 1500-byte Ethernet link gives 1024 (rxe reports the
@@ -146,14 +157,7 @@ emu::Mtu MtuForInterfaceOf(const wire::IpAddress& address) {
   ifaddrs* list = nullptr;
   if (!name && getifaddrs(&list) == 0) {
     for (ifaddrs* i = list; i != nullptr && !name; i = i->ifa_next) {
-      if (i->ifa_addr == nullptr) continue;
-      std::optional<wire::IpAddress> a;
-      if (i->ifa_addr->sa_family == AF_INET) {
-        a = wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr));
-      } else if (i->ifa_addr->sa_family == AF_INET6) {
-        a = wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr.s6_addr);
-      }
-      if (a == address) name = i->ifa_name;
+      if (InterfaceAddress(i->ifa_addr) == address) name = i->ifa_name;
     }
     freeifaddrs(list);
   }
@@ -185,14 +189,7 @@ Candidates HostAddressesIn(const wire::IpAddress& prefix, int len) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) == 0) {
     for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;  // the socket is IPv4 or IPv6 alike
-      const auto a = wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr));
-      if (inside(a)) found.push_back(a);
-    }
-    for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET6) continue;
-      const auto a = wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr.s6_addr);
-      if (inside(a)) found.push_back(a);
+      if (const auto a = InterfaceAddress(i->ifa_addr); a && inside(*a)) found.push_back(*a);
     }
     freeifaddrs(list);
   }

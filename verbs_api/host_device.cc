@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -17,6 +16,8 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+
+#include "wire/unix_socket.h"
 
 extern char** environ;
 
@@ -90,35 +91,16 @@ int SpawnService(const std::string& binary, const wire::IpAddress& address) {
 }
 
 int ConnectService(const wire::IpAddress& address) {
-  const std::string name = wire::DeviceServiceName(address);
-  sockaddr_un sun{};
-  sun.sun_family = AF_UNIX;
-  std::memcpy(sun.sun_path + 1, name.data(), name.size());
+  sockaddr_un sun;
+  const socklen_t len = wire::AbstractUnixAddress(wire::DeviceServiceName(address), &sun);
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&sun), socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) <
-      0) {
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sun), len) < 0) {
     const int err = errno;
     close(fd);
     return -err;
   }
   return fd;
-}
-
-// Waits up to `timeout_ms` for one control message. 0, -EAGAIN (the service closed: it was leaving), -ETIMEDOUT.
-int ReceiveControl(int fd, int timeout_ms, wire::ControlMessage* out) {
-  pollfd p{fd, POLLIN, 0};
-  int r;
-  while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
-  }
-  if (r == 0) return -ETIMEDOUT;
-  uint8_t bytes[wire::kControlSize + 1];
-  const ssize_t n = recv(fd, bytes, sizeof bytes, MSG_DONTWAIT);
-  if (n <= 0) return -EAGAIN;
-  auto m = wire::ControlMessage::Decode({bytes, size_t(n)});
-  if (!m) return -EPROTO;
-  *out = *m;
-  return 0;
 }
 
 }  // namespace
@@ -141,24 +123,11 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, std::string* e
   if (setsockopt(pair[1], SOL_SOCKET, SO_SNDBUFFORCE, &kForwardBufferBytes, sizeof kForwardBufferBytes) < 0) {
     setsockopt(pair[1], SOL_SOCKET, SO_SNDBUF, &kForwardBufferBytes, sizeof kForwardBufferBytes);
   }
-  uint8_t bytes[wire::kControlSize];
-  wire::ControlMessage{wire::ControlType::kHello, 0, uint64_t(getpid())}.Encode(bytes);
-  iovec iov{bytes, sizeof bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &pair[1], sizeof(int));
-  const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+  const int sent = wire::SendControl(fd, {wire::ControlType::kHello, 0, uint64_t(getpid())}, pair[1]);
   close(pair[1]);
   wire::ControlMessage welcome;
-  int rc = sent < 0 ? -EAGAIN : ReceiveControl(fd, 5000, &welcome);
+  // The service closed (it was leaving) is -EAGAIN: try again.
+  int rc = sent < 0 ? -EAGAIN : wire::ReceiveControl(fd, 5000, &welcome);
   if (rc == 0 && welcome.type != wire::ControlType::kWelcome) rc = -EPROTO;
   if (rc == 0 && welcome.status != 0) {
     const int err = welcome.status;
@@ -217,11 +186,9 @@ int HostDeviceMembership::Join(const wire::IpAddress& address, std::string* erro
 int HostDeviceMembership::Request(wire::ControlType type, uint64_t value) {
   std::lock_guard lock(request_mu_);
   if (control_fd_ < 0) return EPIPE;
-  uint8_t bytes[wire::kControlSize];
-  wire::ControlMessage{type, 0, value}.Encode(bytes);
-  if (send(control_fd_, bytes, sizeof bytes, MSG_NOSIGNAL) < 0) return errno == EPIPE ? EPIPE : errno;
+  if (int rc = wire::SendControl(control_fd_, {type, 0, value}); rc < 0) return -rc;
   wire::ControlMessage reply;
-  const int rc = ReceiveControl(control_fd_, 5000, &reply);
+  const int rc = wire::ReceiveControl(control_fd_, 5000, &reply);
   if (rc != 0) return rc == -EAGAIN ? EPIPE : -rc;
   if (reply.type != wire::ControlType::kReply) return EPROTO;
   return reply.status;

@@ -11,36 +11,17 @@
 #include <cstring>
 #include <ctime>
 
+#include "wire/clock.h"
 #include "wire/service_protocol.h"
+#include "wire/unix_socket.h"
 
 namespace uroce::wire {
 
 namespace {
 
-uint64_t MonotonicNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
-}
-
-socklen_t AbstractAddress(const std::string& name, sockaddr_un* sun) {
-  *sun = {};
-  sun->sun_family = AF_UNIX;
-  std::memcpy(sun->sun_path + 1, name.data(), std::min(name.size(), sizeof sun->sun_path - 1));
-  return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-}
-
 // What a connection to another process may hold before a packet is dropped: asked for, capped by net.core.wmem_max
 // unless we may force it.
 constexpr int kPeerBufferBytes = 4 << 20;
-
-// Whether the process at the other end of a connected UNIX socket runs as our user or root (SO_PEERCRED). Abstract
-// names carry no permissions (unix(7)): a stranger could hold a name before its owner takes it, or connect to ours.
-bool PeerTrusted(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && (cred.uid == geteuid() || cred.uid == 0);
-}
 
 // epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
 constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagControl = uint64_t(-3),
@@ -77,7 +58,7 @@ int HostDeviceTransport::Init() {
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) return -errno;
   sockaddr_un sun;
-  const socklen_t len = AbstractAddress(HostDevicePeerName(local_.addr, owner_), &sun);
+  const socklen_t len = AbstractUnixAddress(HostDevicePeerName(local_.addr, owner_), &sun);
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sun), len) < 0 || listen(listen_fd_, SOMAXCONN) < 0) return -errno;
   auto add = [&](int fd, uint32_t events, uint64_t tag) {
     epoll_event e{};
@@ -109,7 +90,7 @@ int HostDeviceTransport::ReceiveQueued(int fd, const DatagramHandler& handler, b
   }
   const int n = recvmmsg(fd, msgs, kBatch, MSG_DONTWAIT, nullptr);
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -errno;
-  const uint64_t now = MonotonicNs();
+  const uint64_t now = SystemClock::Instance().NowNs();
   int delivered = 0;
   for (int i = 0; i < n; ++i) {
     if (msgs[i].msg_len == 0) {  // a peer connection's end (SOCK_SEQPACKET: EOF)
@@ -154,7 +135,7 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
       for (;;) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
-        if (!PeerTrusted(fd)) {
+        if (!PeerIsUsOrRoot(fd)) {  // a stranger dialled our name
           close(fd);
           continue;
         }
@@ -205,8 +186,8 @@ int HostDeviceTransport::PeerConnection(uint8_t owner, bool reconnect) {
   if (it != peers_.end() && it->second >= 0) retired_.push_back(it->second);
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un sun;
-  const socklen_t len = AbstractAddress(HostDevicePeerName(local_.addr, owner), &sun);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sun), len) == 0 && PeerTrusted(fd)) {
+  const socklen_t len = AbstractUnixAddress(HostDevicePeerName(local_.addr, owner), &sun);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sun), len) == 0 && PeerIsUsOrRoot(fd)) {  // not a stranger holding its name
     if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &kPeerBufferBytes, sizeof kPeerBufferBytes) < 0) {
       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kPeerBufferBytes, sizeof kPeerBufferBytes);
     }

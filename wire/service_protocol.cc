@@ -1,5 +1,9 @@
 #include "wire/service_protocol.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstring>
 #include <type_traits>
 #include <variant>
@@ -103,6 +107,41 @@ std::optional<ControlMessage> ControlMessage::Decode(std::span<const uint8_t> in
   std::memcpy(&m.status, in.data() + 8, 4);
   std::memcpy(&m.value, in.data() + 16, 8);
   return m;
+}
+
+int SendControl(int fd, const ControlMessage& m, int passed_fd, int flags) {
+  uint8_t bytes[kControlSize];
+  m.Encode(bytes);
+  iovec iov{bytes, sizeof bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (passed_fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &passed_fd, sizeof(int));
+  }
+  return sendmsg(fd, &msg, flags | MSG_NOSIGNAL) < 0 ? -errno : 0;
+}
+
+int ReceiveControl(int fd, int timeout_ms, ControlMessage* out) {
+  pollfd p{fd, POLLIN, 0};
+  int r;
+  while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
+  }
+  if (r == 0) return -ETIMEDOUT;
+  uint8_t bytes[kControlSize + 1];
+  const ssize_t n = recv(fd, bytes, sizeof bytes, MSG_DONTWAIT);
+  if (n <= 0) return -EAGAIN;
+  auto m = ControlMessage::Decode({bytes, size_t(n)});
+  if (!m) return -EPROTO;
+  *out = *m;
+  return 0;
 }
 
 std::string DeviceServiceName(const IpAddress& address) { return "uroce/device/v1/" + address.ToString(); }

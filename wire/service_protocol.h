@@ -76,6 +76,13 @@ struct ControlMessage {
   static std::optional<ControlMessage> Decode(std::span<const uint8_t> in);
 };
 
+// Sends `m` as one packet on the SOCK_SEQPACKET socket `fd`, with `passed_fd` attached (SCM_RIGHTS) unless it is -1.
+// `flags` as send(2)'s (MSG_NOSIGNAL is always added). 0 or -errno.
+int SendControl(int fd, const ControlMessage& m, int passed_fd = -1, int flags = 0);
+// Waits up to `timeout_ms` for one control message on `fd` and decodes it. 0; -EAGAIN when the other end closed;
+// -ETIMEDOUT; -EPROTO for bytes that are not a control message.
+int ReceiveControl(int fd, int timeout_ms, ControlMessage* out);
+
 // The abstract UNIX socket name (unix(7), without the leading NUL) of the device service for `address`: abstract
 // names are per network namespace, as the device is.
 std::string DeviceServiceName(const IpAddress& address);
