@@ -313,7 +313,7 @@ void DeleteChannel(Channel* ch) {
 int BindLocked(Lib& lib, IdPriv* p, const sockaddr* addr) {
   if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return EINVAL;
   if (p->bound || p->state != IdState::kIdle) return EINVAL;
-  const auto ip = IpOf(addr);
+  const auto ip = wire::IpAddressOf(addr);
   const bool any = IsAnyOrLoopback(addr);
   if (!any && *ip != lib.address) return EADDRNOTAVAIL;  // not an address of an RDMA device here
   uint16_t port = PortOfSockaddr(addr);
@@ -352,7 +352,7 @@ void BindEphemeral(Lib& lib, IdPriv* p, int family) {
 
 wire::IpAddress PeerFor(Lib& lib, IdPriv* p) {
   const sockaddr* dst = Dst(p);
-  const auto ip = IpOf(dst);
+  const auto ip = wire::IpAddressOf(dst);
   if (ip && !IsAnyOrLoopback(dst) && *ip != lib.address) return *ip;
   // "This host": whichever uroce device on this host bound (ps, port); if none, our own device, whose CM then
   // answers REJ 8 at once (no listener), as the kernel does for a loopback dial.
@@ -686,7 +686,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   const wire::IpAddress peer = PeerFor(*lib, p);
   lib->peers.Watch(peer);
   SetPeer(p, peer);
-  const wire::CmaHeader hdr{PortOfSockaddr(Src(p)), *IpOf(Src(p)), *IpOf(Dst(p))};
+  const wire::CmaHeader hdr{PortOfSockaddr(Src(p)), *wire::IpAddressOf(Src(p)), *wire::IpAddressOf(Dst(p))};
   const auto hdr_bytes = wire::EncodeCmaHeader(hdr);
   const uint64_t sid = wire::ServiceIdOf(static_cast<uint16_t>(p->id.ps), PortOfSockaddr(Dst(p)));
   const int err = p->id.qp_type == IBV_QPT_UD ? SendSidrReqFor(*lib, p, sid, hdr_bytes, param)

@@ -73,17 +73,6 @@ void SetSockaddr(sockaddr_storage* out, const wire::IpAddress& ip, uint16_t port
 
 // --- addresses ------------------------------------------------------------------------------------------------
 
-std::optional<wire::IpAddress> IpOf(const sockaddr* sa) {
-  if (sa == nullptr) return std::nullopt;
-  if (sa->sa_family == AF_INET) {
-    return wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr));
-  }
-  if (sa->sa_family == AF_INET6) {
-    return wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr.s6_addr);
-  }
-  return std::nullopt;
-}
-
 uint16_t PortOfSockaddr(const sockaddr* sa) {
   if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
   if (sa->sa_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
@@ -96,7 +85,7 @@ socklen_t SockaddrLen(const sockaddr* sa) {
 
 // The kernel's cma_any_addr: the wildcard or a loopback address.
 bool IsAnyOrLoopback(const sockaddr* sa) {
-  const auto ip = IpOf(sa);
+  const auto ip = wire::IpAddressOf(sa);
   if (!ip) return false;
   if (ip->is_v4()) return ip->v4() == 0 || (ip->v4() >> 24) == 127;
   static const std::array<uint8_t, 16> kZero{}, kLoop{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
@@ -236,7 +225,7 @@ bool ListenerMatches(IdPriv* l, const wire::CmaHeader& h) {
   if (src->sa_family == AF_INET && !h.dst.is_v4()) return false;
   if (src->sa_family == AF_INET6 && l->afonly == 1 && h.dst.is_v4()) return false;
   if (l->any_address) return true;
-  return IpOf(src) == h.dst;
+  return wire::IpAddressOf(src) == h.dst;
 }
 
 bool TransportMatches(ibv_qp_type listener, const wire::CmReq& r) {

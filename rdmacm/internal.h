@@ -213,7 +213,6 @@ int InitQpAttr(Lib& lib, IdPriv* p, ibv_qp_attr* attr, int* mask);
 
 // Addresses (cma.cc).
 bool IsAnyOrLoopback(const sockaddr* sa);
-std::optional<wire::IpAddress> IpOf(const sockaddr* sa);
 uint16_t PortOfSockaddr(const sockaddr* sa);
 socklen_t SockaddrLen(const sockaddr* sa);
 

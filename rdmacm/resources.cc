@@ -368,7 +368,7 @@ int rdma_join_multicast_ex(rdma_cm_id* id, rdma_cm_join_mc_attr_ex* mc_join_attr
       mc_join_attr->join_flags >= RDMA_MC_JOIN_FLAG_RESERVED)
     return Errno(EINVAL);
   const sockaddr* addr = mc_join_attr->addr;
-  const auto ip = IpOf(addr);
+  const auto ip = wire::IpAddressOf(addr);
   if (!ip) return Errno(EINVAL);
   if (!ip->is_v4()) return Errno(EOPNOTSUPP);  // IPv6 groups are not supported on RoCEv2 (cma_iboe_join_multicast)
   Lib* lib = GetLib();

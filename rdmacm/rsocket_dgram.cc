@@ -159,7 +159,7 @@ void DgramTearDown(RSocket* rs) {
 }
 
 int DgramBind(RSocket* rs, const sockaddr* addr) {
-  if (!ThisHost(addr) && IpOf(addr) != rs->datagram.device) return EADDRNOTAVAIL;
+  if (!ThisHost(addr) && wire::IpAddressOf(addr) != rs->datagram.device) return EADDRNOTAVAIL;
   return BindPort(rs, PortOfSockaddr(addr));
 }
 
@@ -185,7 +185,7 @@ ssize_t DgramSend(RSocket* rs, std::unique_lock<std::mutex>& lock, const void* b
   if (!d.binding.bound())
     if (int err = BindPort(rs, 0)) return Fail<ssize_t>(err);
   // Only rsockets of this host are reachable: their device and QPN are in the registry under the port.
-  if (!ThisHost(dst) && IpOf(dst) != d.device) return Fail<ssize_t>(EHOSTUNREACH);
+  if (!ThisHost(dst) && wire::IpAddressOf(dst) != d.device) return Fail<ssize_t>(EHOSTUNREACH);
   const auto owner = OwnerOf(rs, PortOfSockaddr(dst));
   if (!owner || !owner->tag) {
     // Nobody holds that port. As UDP's sendto(2), the datagram is lost without an error (udpong's server answers

@@ -185,14 +185,7 @@ Netdev NetdevOf(const wire::IpAddress& address) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) == 0) {
     for (ifaddrs* a = list; a != nullptr && found.name.empty(); a = a->ifa_next) {
-      if (a->ifa_addr == nullptr) continue;
-      std::optional<wire::IpAddress> ip;
-      if (a->ifa_addr->sa_family == AF_INET) {
-        ip = wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr));
-      } else if (a->ifa_addr->sa_family == AF_INET6) {
-        ip = wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr.s6_addr);
-      }
-      if (ip && *ip == address) found.name = a->ifa_name;
+      if (wire::IpAddressOf(a->ifa_addr) == address) found.name = a->ifa_name;
     }
     freeifaddrs(list);
   }

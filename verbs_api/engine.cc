@@ -133,37 +133,16 @@ Candidates LoopbackCandidates() {
           LoopbackCandidate(0).ToString() + "-" + LoopbackCandidate(kLoopbackCandidates - 1).ToString()};
 }
 
-// The IP address of an interface's address entry (getifaddrs(3)); nullopt for other families.
-std::optional<wire::IpAddress> InterfaceAddress(const sockaddr* sa) {
-  if (sa == nullptr) return std::nullopt;
-  if (sa->sa_family == AF_INET) {
-    return wire::IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr));
-  }
-  if (sa->sa_family == AF_INET6) {
-    return wire::IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr.s6_addr);
-  }
-  return std::nullopt;
-}
-
 // The active MTU of a port on the interface that holds `address`, as rxe derives it from its netdev: the largest IB
 // MTU whose packets fit the interface's MTU with their headers (IP, UDP, BTH, the largest extension headers a full
 // packet carries: XRCETH + RETH + ImmDt, ICRC), at most 4096. A 1500-byte Ethernet link gives 1024 (rxe reports the
 // same), a 9000-byte one or loopback 4096. A packet larger than the link's MTU cannot leave at all (DF): an RC QP
 // whose path MTU came from a 4096 default on a 1500-byte veth ended every connection with RETRY_EXC_ERR.
 emu::Mtu MtuForInterfaceOf(const wire::IpAddress& address) {
-  std::optional<std::string> name;
-  if (address.is_v4() && (address.v4() >> 24) == 127) name = "lo";
-  if (address == *wire::IpAddress::Parse("::1")) name = "lo";
-  ifaddrs* list = nullptr;
-  if (!name && getifaddrs(&list) == 0) {
-    for (ifaddrs* i = list; i != nullptr && !name; i = i->ifa_next) {
-      if (InterfaceAddress(i->ifa_addr) == address) name = i->ifa_name;
-    }
-    freeifaddrs(list);
-  }
-  if (!name) return emu::Mtu::k4096;
+  const Netdev netdev = NetdevOf(address);
+  if (netdev.name.empty()) return emu::Mtu::k4096;
   ifreq req{};
-  std::strncpy(req.ifr_name, name->c_str(), IFNAMSIZ - 1);
+  std::strncpy(req.ifr_name, netdev.name.c_str(), IFNAMSIZ - 1);
   // The kernel's socket, never socket(3): under librspreload that would be an rsocket over the device now starting.
   const int fd = wire::OpenKernelUdpSocket(AF_INET);
   const bool known = fd >= 0 && ioctl(fd, SIOCGIFMTU, &req) == 0;
@@ -189,7 +168,7 @@ Candidates HostAddressesIn(const wire::IpAddress& prefix, int len) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) == 0) {
     for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-      if (const auto a = InterfaceAddress(i->ifa_addr); a && inside(*a)) found.push_back(*a);
+      if (const auto a = wire::IpAddressOf(i->ifa_addr); a && inside(*a)) found.push_back(*a);
     }
     freeifaddrs(list);
   }

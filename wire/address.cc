@@ -1,6 +1,8 @@
 #include "wire/address.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <cstring>
 
@@ -54,6 +56,15 @@ std::string IpAddress::ToString() const {
 std::string UdpEndpoint::ToString() const {
   if (addr.is_v4()) return addr.ToString() + ":" + std::to_string(port);
   return "[" + addr.ToString() + "]:" + std::to_string(port);
+}
+
+std::optional<IpAddress> IpAddressOf(const sockaddr* sa) {
+  if (sa == nullptr) return std::nullopt;
+  if (sa->sa_family == AF_INET) return IpAddress::V4(ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr));
+  if (sa->sa_family == AF_INET6) {
+    return IpAddress::FromBytes(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr.s6_addr);
+  }
+  return std::nullopt;
 }
 
 }  // namespace uroce::wire

@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+struct sockaddr;
+
 namespace uroce::wire {
 
 inline constexpr uint16_t kRoceV2UdpPort = 4791;  // IANA-assigned RoCEv2 destination port.
@@ -44,5 +46,9 @@ struct UdpEndpoint {
   std::string ToString() const;  // "127.0.0.1:4791", "[::1]:4791"
   auto operator<=>(const UdpEndpoint&) const = default;
 };
+
+// The IP address of an AF_INET / AF_INET6 socket address (the family says which structure it is); nullopt for a
+// null pointer or another family.
+std::optional<IpAddress> IpAddressOf(const sockaddr* sa);
 
 }  // namespace uroce::wire
