@@ -54,7 +54,6 @@ class DeviceService {
   // Runs until no process has been connected for `linger` (after at least one has come, or from the start).
   void Run();
 
-  const ServiceCounters& counters() const { return counters_; }
   std::string CountersText() const;
 
  private:

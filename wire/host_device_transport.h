@@ -54,7 +54,6 @@ class HostDeviceTransport final : public Transport {
   int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
   void Wake() override;
 
-  Transport& sender() { return *sender_; }
   uint64_t malformed() const { return malformed_.load(std::memory_order_relaxed); }
   // Packets for a process of this host that could not be handed over (no such process, its connection full).
   uint64_t peer_drops() const { return peer_drops_.load(std::memory_order_relaxed); }
