@@ -101,41 +101,20 @@ void DeviceService::Admit(std::shared_ptr<Process> p) {
 void DeviceService::ReadControl(std::shared_ptr<Process> p) {
   p->control.async_wait(Descriptor::wait_read, [this, p](const boost::system::error_code& ec) {
     if (ec == asio::error::operation_aborted) return;
-    uint8_t bytes[wire::kControlSize + 1];
-    iovec iov{bytes, sizeof bytes};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t n = ec ? -1 : recvmsg(p->control.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0 && !ec && (errno == EAGAIN || errno == EINTR)) return ReadControl(p);
-    // Every descriptor that came along is ours to close unless a kHello keeps its first.
+    // Every descriptor that comes along is ours to close unless a kHello keeps its first.
+    wire::ControlMessage m;
     std::vector<int> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        fds.push_back(fd);
-      }
-    }
-    if (n <= 0) {  // the process closed its connection: it exited or died
-      for (int fd : fds) close(fd);
-      return Leave(*p);
-    }
-    auto m = wire::ControlMessage::Decode({bytes, size_t(n)});
-    if (!m || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-      for (int fd : fds) close(fd);
+    const int rc = ec ? -ENOTCONN : wire::TakeControl(p->control.native_handle(), &m, &fds);
+    if (rc == -EAGAIN) return ReadControl(p);
+    if (rc == -EPROTO) {
       ++counters_.bad_control;
       Reply(*p, wire::ControlType::kReply, EINVAL, 0);
       return ReadControl(p);
     }
+    if (rc < 0) return Leave(*p);  // the process closed its connection: it exited or died
     const int passed = fds.empty() ? -1 : fds.front();
     for (size_t i = 1; i < fds.size(); ++i) close(fds[i]);
-    HandleControl(*p, *m, passed);
+    HandleControl(*p, m, passed);
     ReadControl(p);
   });
 }

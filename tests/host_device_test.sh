@@ -6,6 +6,9 @@
 #   pairs_share_one_address       4 ibv_rc_pingpong pairs (-c: every received buffer checked) at once on one address:
 #                                 8 processes, one GID, 8 different owner bytes in their QPNs; the service leaves when
 #                                 the last has gone
+#   same_host_paths               an rdma_verify pair (bytes and atomics checked) on each way between two processes of
+#                                 the host (--same-host): shm through the shared-memory ring, unix through the UNIX
+#                                 connection, udp through real UDP and the service, each shown by the counters
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
 #                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across
 #   sixty_four_processes          32 ibv_rc_pingpong pairs at once on one address; then, with processes holding the
@@ -96,6 +99,36 @@ case_pairs_share_one_address() {
   for _ in $(seq 1 60); do service_listed "$addr" || break; sleep 0.1; done
   ! service_listed "$addr" || problems+="the service of $addr is still there 6 s after its last process"$'\n'
   junit_check pairs_share_one_address "$problems"
+}
+
+case_same_host_paths() {
+  local path addr port log problems="" server rc
+  for path in shm unix udp; do
+    addr=$(random_loopback)
+    port=$(free_tcp_port)
+    log="$WORK/path.$path"
+    timeout "$TIMEOUT" "$UROCE" run --host-device --same-host "$path" --addr "$addr" --stats -- \
+      "$RDMA_VERIFY" --role=server --port="$port" --seed=5 >"$log.server" 2>&1 &
+    server=$!
+    wait_listening "$port" "$server"
+    rc=0
+    timeout "$TIMEOUT" "$UROCE" run --host-device --same-host "$path" --addr "$addr" --stats -- \
+      "$RDMA_VERIFY" --role=client --port="$port" --host="$addr" --ops=3000 --seed=5 >"$log.client" 2>&1 || rc=$?
+    wait "$server" || problems+="$path: server exit status $?: $(tail -n 3 "$log.server")"$'\n'
+    [ "$rc" -eq 0 ] || problems+="$path: client exit status $rc: $(tail -n 3 "$log.client")"$'\n'
+    # The client's counters: what it handed to the server process directly, and of that through the ring.
+    local sent ring
+    sent=$(awk '/^host_device_peer_sent / {print $2}' "$log.client")
+    ring=$(awk '/^host_device_ring_sent / {print $2}' "$log.client")
+    case "$path" in
+      shm) [ "${ring:-0}" -gt 1000 ] || problems+="shm: only ${ring:-no} packets through the ring"$'\n' ;;
+      unix) [ "${sent:-0}" -gt 1000 ] && [ "${ring:-1}" -eq 0 ] ||
+        problems+="unix: $sent packets process to process, $ring through a ring"$'\n' ;;
+      udp) [ "${sent:-1}" -eq 0 ] && awk '/^udp_datagrams_sent / && $2 > 1000 {ok = 1} END {exit !ok}' "$log.client" ||
+        problems+="udp: $sent packets process to process, not all by UDP"$'\n' ;;
+    esac
+  done
+  junit_check same_host_paths "$problems"
 }
 
 # two_hosts_up: two network namespaces joined by a veth pair, each a "host" with one address; sets HOST_A, HOST_B,
@@ -210,7 +243,7 @@ case_libfabric_one_address() {
   # Its last line is the largest size: bytes, iterations, "=100" (all checked and completed).
   grep -v '^[a-z_]* [0-9]*$' "$log.client" | tail -n 1 | grep -q '=100' ||
     problems+="the client did not complete its 100 iterations"$'\n'
-  awk '/^cm_mads_received / && $2 > 0 {c = 1} /^host_device_peer_sent / && $2 > 0 {p = 1} END {exit !(c && p)}' \
+  awk '/^cm_mads_received / && $2 > 0 {c = 1} /^host_device_ring_sent / && $2 > 0 {p = 1} END {exit !(c && p)}' \
     "$log.client" || problems+="no CM MADs received or no packets handed process to process"$'\n'
   junit_check "$name" "$problems"
 }
@@ -355,6 +388,7 @@ main() {
   mkdir -p "$WORK"
   make_prefix
   case_pairs_share_one_address
+  case_same_host_paths
   case_two_hosts_eight_processes_each
   case_sixty_four_processes
   case_mpi_two_hosts ucx

@@ -7,6 +7,8 @@ uroce_run_options_help() {
       --addr IP         pin the device's address (default: first free of 127.0.0.1 ... 127.0.255.254)
       --host-device     share the host device of the address (default 127.0.0.1) with every other process that
                         does so in this network namespace, through the host's device service
+      --same-host P     on the host device, how packets between its processes travel: shm (shared-memory rings,
+                        the default), unix (UNIX sockets), udp (real UDP through the service, for tcpdump)
       --mtu N           active MTU: 256, 512, 1024, 2048, 4096 (default: the interface's, at most 4096)
       --pcap FILE       record every packet sent and received
       --stats           print the device's counters (drops by reason, retransmissions, faults) at exit
@@ -37,7 +39,7 @@ uroce_parse_run_options() {
         echo "usage: uroce run [options] -- COMMAND [ARGS...]"
         uroce_run_options_help
         exit 0 ;;
-      --addr|--mtu|--pcap|--transport|--loss|--dup|--reorder|--corrupt|--delay-us|--seed)
+      --addr|--mtu|--pcap|--transport|--same-host|--loss|--dup|--reorder|--corrupt|--delay-us|--seed)
         [ $# -ge 2 ] || { echo "uroce run: $1 needs a value" >&2; exit 2; } ;;
       *) echo "uroce run: unknown option $1 (options go before --)" >&2; exit 2 ;;
     esac
@@ -46,6 +48,7 @@ uroce_parse_run_options() {
       --mtu) RUN_ENV+=("UROCE_MTU=$2") ;;
       --pcap) RUN_ENV+=("UROCE_PCAP=$2") ;;
       --transport) RUN_ENV+=("UROCE_TRANSPORT=$2") ;;
+      --same-host) RUN_ENV+=("UROCE_SAME_HOST=$2") ;;
       --loss) faults+=("loss=$2") ;;
       --dup) faults+=("dup=$2") ;;
       --reorder) faults+=("reorder=$2") ;;

@@ -97,6 +97,16 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
     } else {
       return *error = "bad device '" + value + "' (host or process)", EINVAL;
     }
+  } else if (key == "same_host") {
+    if (value == "shm" || value.empty()) {
+      c->same_host = wire::SameHostPath::kSharedMemory;
+    } else if (value == "unix") {
+      c->same_host = wire::SameHostPath::kUnixSocket;
+    } else if (value == "udp") {
+      c->same_host = wire::SameHostPath::kUdp;
+    } else {
+      return *error = "bad same-host path '" + value + "' (shm, unix or udp)", EINVAL;
+    }
   } else if (key == "transport") {
     if (value == "uring" || value == "io_uring") {
       c->transport = TransportChoice::kUring;
@@ -298,7 +308,7 @@ int LoadEngineConfig(EngineConfig* config, std::string* error) {
   }
   static const char* kKeys[] = {"address", "port",          "mtu",       "pcap",
                                 "faults",  "stats",         "retry_forever", "transport",
-                                "one_packet_per_datagram", "trace", "device"};
+                                "one_packet_per_datagram", "trace", "device", "same_host"};
   for (const char* key : kKeys) {
     std::string env = "UROCE_";
     for (const char* k = key; *k; ++k) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*k)));
@@ -502,7 +512,7 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   udp_counters_ = [socket] { return socket->counters(); };
   auto transport = std::make_unique<wire::HostDeviceTransport>(
       std::move(sender), wire::UdpEndpoint{*bound, wire::kRoceV2UdpPort}, membership->owner(),
-      membership->TakeForwardFd(), membership->control_fd(), [this] { OnServiceLost(); });
+      membership->TakeForwardFd(), membership->control_fd(), [this] { OnServiceLost(); }, config.same_host);
   if (int rc = transport->Init(); rc < 0) {
     fprintf(stderr, "uroce: cannot take packets from this host's other processes on %s: %s\n",
             wire::HostDevicePeerName(*bound, membership->owner()).c_str(), strerror(-rc));
@@ -547,7 +557,8 @@ std::string Engine::CountersText() const {
   }
   if (host_transport_ != nullptr) {
     text += "host_device_owner " + std::to_string(membership_->owner()) + "\nhost_device_peer_sent " +
-            std::to_string(host_transport_->peer_sent()) + "\nhost_device_peer_drops " +
+            std::to_string(host_transport_->peer_sent()) + "\nhost_device_ring_sent " +
+            std::to_string(host_transport_->ring_sent()) + "\nhost_device_peer_drops " +
             std::to_string(host_transport_->peer_drops()) + "\n";
   }
   if (faults_ != nullptr) {

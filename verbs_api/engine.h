@@ -63,11 +63,15 @@ struct EngineConfig {
   // the network namespace that does the same, through the host's device service (docs/ARCHITECTURE.md, "The host
   // device"). process (the default): the device owns an address of its own.
   bool host_device = false;
+  // UROCE_SAME_HOST=shm|unix|udp: on the host device, how packets between two processes of the host travel
+  // (wire/host_device_transport.h): shared-memory rings (default), the peers' UNIX connections, or real UDP through
+  // the service, so that tcpdump sees them.
+  wire::SameHostPath same_host = wire::SameHostPath::kSharedMemory;
 };
 
 // Reads UROCE_ADDR, UROCE_PORT, UROCE_MTU, UROCE_PCAP, UROCE_FAULTS, UROCE_STATS, UROCE_RETRY_FOREVER,
-// UROCE_TRANSPORT, UROCE_ONE_PACKET_PER_DATAGRAM, and the config file named by UROCE_CONFIG (default /etc/uroce.conf, if present): "key = value"
-// lines with the same keys in lower case without the prefix (address, port, mtu, ...); the environment wins.
+// UROCE_TRANSPORT, UROCE_ONE_PACKET_PER_DATAGRAM, UROCE_DEVICE, UROCE_SAME_HOST, and the config file named by
+// UROCE_CONFIG (default /etc/uroce.conf, if present): "key = value" lines with the same keys in lower case without the prefix (address, port, mtu, ...); the environment wins.
 // Returns 0, or an errno with *error set to a message naming the variable or file line at fault: EINVAL for a bad
 // value or line, the open error (ENOENT, EACCES) for an unreadable UROCE_CONFIG.
 int LoadEngineConfig(EngineConfig* config, std::string* error);

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <algorithm>
 #include <cstring>
 #include <ctime>
 
@@ -24,18 +25,24 @@ namespace {
 constexpr int kPeerBufferBytes = 4 << 20;
 
 // epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
+// While rings deliver, a polling thread that may not wait looks at its sockets (the service's forwards, new
+// connections, wake-ups) at most this often: an epoll_wait costs more than the ring's whole hand-off.
+constexpr uint64_t kSocketLookEveryNs = 2'000;
+
 constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagControl = uint64_t(-3),
                    kTagListen = uint64_t(-4);
 
 }  // namespace
 
 HostDeviceTransport::HostDeviceTransport(std::unique_ptr<Transport> sender, const UdpEndpoint& local, uint8_t owner,
-                                         int forward_fd, int control_fd, std::function<void()> on_service_lost)
+                                         int forward_fd, int control_fd, std::function<void()> on_service_lost,
+                                         SameHostPath same_host)
     : sender_(std::move(sender)),
       local_(local),
       owner_(owner),
       forward_fd_(forward_fd),
       control_fd_(control_fd),
+      same_host_(same_host),
       on_service_lost_(std::move(on_service_lost)),
       buffers_(size_t{kBatch} * kMaxForwarded) {}
 
@@ -43,11 +50,12 @@ HostDeviceTransport::~HostDeviceTransport() {
   for (int fd : {forward_fd_, wake_fd_, epoll_fd_, listen_fd_}) {
     if (fd >= 0) close(fd);
   }
-  for (int fd : accepted_) close(fd);
-  for (auto& [owner, fd] : peers_) {
-    if (fd >= 0) close(fd);
-  }
-  for (int fd : retired_) close(fd);
+  for (Inbound& in : inbound_) close(in.fd);
+}
+
+HostDeviceTransport::Peer::~Peer() {
+  if (fd >= 0) close(fd);
+  if (doorbell >= 0) close(doorbell);
 }
 
 int HostDeviceTransport::Init() {
@@ -97,22 +105,103 @@ int HostDeviceTransport::ReceiveQueued(int fd, const DatagramHandler& handler, b
       if (closed) *closed = true;
       break;
     }
-    const std::span<const uint8_t> bytes(static_cast<const uint8_t*>(iovs[i].iov_base), msgs[i].msg_len);
-    auto header = ForwardHeader::Decode(bytes);
-    if (!header || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) || bytes.size() <= ForwardHeader::kSize) {
+    if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) {
       malformed_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    InDatagram d;
-    d.src = header->src;
-    d.dst = header->dst;
-    d.payload = bytes.subspan(ForwardHeader::kSize);
-    d.timestamp_ns = now;
-    d.congestion_experienced = header->congestion_experienced;
-    handler(d);
-    ++delivered;
+    delivered += Deliver({static_cast<const uint8_t*>(iovs[i].iov_base), msgs[i].msg_len}, now, handler);
   }
   return delivered;
+}
+
+bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, const DatagramHandler& handler) {
+  auto header = ForwardHeader::Decode(bytes);
+  if (!header || bytes.size() <= ForwardHeader::kSize) {
+    malformed_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  InDatagram d;
+  d.src = header->src;
+  d.dst = header->dst;
+  d.payload = bytes.subspan(ForwardHeader::kSize);
+  d.timestamp_ns = now;
+  d.congestion_experienced = header->congestion_experienced;
+  handler(d);
+  return true;
+}
+
+int HostDeviceTransport::DrainRing(Inbound& in, uint64_t now, const DatagramHandler& handler) {
+  int delivered = 0;
+  if (!in.socket_drained) {
+    if (!in.ring->HasRecords()) return 0;
+    // The sender wrote into the ring only after its packets on the connection had been queued there: those first.
+    bool closed = false;
+    int r;
+    while ((r = ReceiveQueued(in.fd, handler, &closed)) > 0) delivered += r;
+    in.socket_drained = true;
+  }
+  const int n = in.ring->Drain(kBatch, [&](std::span<const uint8_t> record) { Deliver(record, now, handler); });
+  if (n < 0) {  // records that do not add up: nothing more is read from it (its sender's packets are lost)
+    malformed_.fetch_add(1, std::memory_order_relaxed);
+    in.ring.reset();
+    return delivered;
+  }
+  return delivered + n;
+}
+
+int HostDeviceTransport::DrainRings(const DatagramHandler& handler) {
+  if (!rings_) return 0;
+  const uint64_t now = SystemClock::Instance().NowNs();
+  int delivered = 0;
+  for (Inbound& in : inbound_) {
+    if (in.ring) delivered += DrainRing(in, now, handler);
+  }
+  return delivered;
+}
+
+void HostDeviceTransport::Accept() {
+  for (;;) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) break;
+    if (!PeerIsUsOrRoot(fd)) {  // a stranger dialled our name
+      close(fd);
+      continue;
+    }
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.u64 = uint64_t(fd);
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &e) < 0) {
+      close(fd);
+      continue;
+    }
+    Inbound in;
+    in.fd = fd;
+    // Offer a ring (or say there is none, so that the sender stops asking): the memfd and our doorbell.
+    int ring_fd = -1;
+    if (same_host_ == SameHostPath::kSharedMemory &&
+        PacketRing::Create(PacketRing::kDefaultDataBytes, &in.ring, &ring_fd) == 0) {
+      const int passed[2] = {ring_fd, wake_fd_};
+      if (SendControl(fd, {ControlType::kRingOffer, 0, in.ring->data_bytes()}, passed, MSG_DONTWAIT) < 0) {
+        in.ring.reset();
+      }
+      close(ring_fd);
+    } else {
+      in.ring.reset();
+    }
+    if (!in.ring) SendControl(fd, {ControlType::kRingOffer, ENOTSUP, 0}, std::span<const int>(), MSG_DONTWAIT);
+    rings_ = rings_ || in.ring != nullptr;
+    inbound_.push_back(std::move(in));
+  }
+}
+
+void HostDeviceTransport::CloseInbound(int fd, const DatagramHandler& handler) {
+  auto it = std::find_if(inbound_.begin(), inbound_.end(), [fd](const Inbound& in) { return in.fd == fd; });
+  if (it == inbound_.end()) return;
+  if (it->ring) DrainRing(*it, SystemClock::Instance().NowNs(), handler);  // what it wrote before it went
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  close(fd);
+  inbound_.erase(it);
+  rings_ = std::any_of(inbound_.begin(), inbound_.end(), [](const Inbound& in) { return in.ring != nullptr; });
 }
 
 int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeout_ms) {
@@ -132,75 +221,143 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
         if (on_service_lost_) on_service_lost_();
       }
     } else if (tag == kTagListen) {
-      for (;;) {
-        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
-        if (!PeerIsUsOrRoot(fd)) {  // a stranger dialled our name
-          close(fd);
-          continue;
-        }
-        epoll_event e{};
-        e.events = EPOLLIN;
-        e.data.u64 = uint64_t(fd);
-        if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &e) < 0) {
-          close(fd);
-          continue;
-        }
-        accepted_.push_back(fd);
-      }
+      Accept();
     } else if (tag == kTagForward) {
       const int r = ReceiveQueued(forward_fd_, handler, nullptr);
       if (r > 0) delivered += r;
     } else {
       const int fd = int(tag);
       bool closed = (events[i].events & (EPOLLHUP | EPOLLERR)) != 0 && (events[i].events & EPOLLIN) == 0;
+      // A connection with a ring carries nothing more but its end; without one, its packets.
       const int r = ReceiveQueued(fd, handler, &closed);
       if (r > 0) delivered += r;
-      if (closed) {
-        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-        close(fd);
-        std::erase(accepted_, fd);
-      }
+      if (closed) CloseInbound(fd, handler);
     }
   }
   return delivered;
 }
 
 int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
-  const int got = ReceiveReady(handler, 0);
+  int got = DrainRings(handler);
+  if (rings_ && timeout_ns == 0) {
+    const uint64_t now = SystemClock::Instance().NowNs();
+    if (now - sockets_seen_ns_ < kSocketLookEveryNs) return got;
+    sockets_seen_ns_ = now;
+  }
+  const int r = ReceiveReady(handler, 0);
+  if (r < 0) return got > 0 ? got : r;
+  got += r;
   if (got != 0 || timeout_ns == 0) return got;
+  // About to block: the rings' producers ring our doorbell from now on. A record published before they could see
+  // the flag is found by the look after setting it (wire/packet_ring.h, "Sleeping").
+  bool waiting = false;
+  for (Inbound& in : inbound_) {
+    if (!in.ring) continue;
+    in.ring->SetSleeping(true);
+    waiting = waiting || in.ring->HasRecords();
+  }
   const int timeout_ms = timeout_ns < 0 ? -1 : int(std::min<int64_t>((timeout_ns + 999'999) / 1'000'000, 1 << 30));
-  return ReceiveReady(handler, timeout_ms);
+  const int slept = waiting ? 0 : ReceiveReady(handler, timeout_ms);
+  for (Inbound& in : inbound_) {
+    if (in.ring) in.ring->SetSleeping(false);
+  }
+  sockets_seen_ns_ = SystemClock::Instance().NowNs();
+  got = DrainRings(handler);
+  if (slept < 0) return got > 0 ? got : slept;
+  return got + slept;
 }
 
 uint8_t HostDeviceTransport::PeerOwner(const OutDatagram& dg) const {
+  if (same_host_ == SameHostPath::kUdp) return 0;
   if (dg.dst.addr != local_.addr || dg.dst.port != local_.port) return 0;
   const PacketRoute route = RouteOf(dg.payload);
   return route.kind == PacketRoute::Kind::kOwner ? route.owner : 0;
 }
 
-int HostDeviceTransport::PeerConnection(uint8_t owner, bool reconnect) {
+HostDeviceTransport::Peer* HostDeviceTransport::PeerFor(uint8_t owner, bool reconnect) {
   std::lock_guard lock(peers_mu_);
   auto it = peers_.find(owner);
-  if (it != peers_.end() && !reconnect) return it->second;
-  if (it != peers_.end() && it->second >= 0) retired_.push_back(it->second);
+  if (it != peers_.end() && !reconnect && !it->second->closed.load(std::memory_order_relaxed)) {
+    return it->second.get();
+  }
+  if (it != peers_.end()) {
+    retired_.push_back(std::move(it->second));
+    peers_.erase(it);
+  }
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un sun;
   const socklen_t len = AbstractUnixAddress(HostDevicePeerName(local_.addr, owner), &sun);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&sun), len) == 0 && PeerIsUsOrRoot(fd)) {  // not a stranger holding its name
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &kPeerBufferBytes, sizeof kPeerBufferBytes) < 0) {
-      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kPeerBufferBytes, sizeof kPeerBufferBytes);
-    }
-    peers_[owner] = fd;
-    return fd;
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sun), len) < 0 || !PeerIsUsOrRoot(fd)) {
+    // No such process (now), or a stranger holds its name: try again with the next packet.
+    if (fd >= 0) close(fd);
+    return nullptr;
   }
-  if (fd >= 0) close(fd);
-  peers_.erase(owner);  // no such process (now): try again with the next packet
-  return -1;
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &kPeerBufferBytes, sizeof kPeerBufferBytes) < 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kPeerBufferBytes, sizeof kPeerBufferBytes);
+  }
+  auto peer = std::make_unique<Peer>();
+  peer->fd = fd;
+  Peer* p = peer.get();
+  peers_[owner] = std::move(peer);
+  return p;
+}
+
+void HostDeviceTransport::TakeRingOffer(Peer& peer) {
+  ControlMessage m;
+  std::vector<int> fds;
+  const int rc = TakeControl(peer.fd, &m, &fds);
+  if (rc == -EAGAIN) return;  // not yet: the receiver offers when its polling thread accepts us
+  peer.offer_answered = true;
+  if (rc == 0 && m.type == ControlType::kRingOffer && m.status == 0 && fds.size() == 2 &&
+      PacketRing::Attach(fds[0], &peer.ring) == 0) {
+    peer.doorbell = fds[1];
+    fds.pop_back();
+  }
+  for (int fd : fds) close(fd);
+}
+
+size_t HostDeviceTransport::WriteToRing(Peer& peer, std::span<const OutDatagram> run) {
+  size_t written = 0;
+  for (const OutDatagram& dg : run) {
+    ForwardHeader h;
+    h.src = sender_->OutgoingFlow(dg.dst, dg.src_port).src;
+    h.dst = dg.dst;
+    uint8_t header[ForwardHeader::kSize];
+    h.Encode(header);
+    if (!peer.ring->Write(header, dg.payload)) break;
+    ++written;
+  }
+  if (written > 0 && peer.ring->Publish()) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t r = write(peer.doorbell, &one, sizeof one);
+  }
+  return written;
 }
 
 size_t HostDeviceTransport::SendToPeer(uint8_t owner, std::span<const OutDatagram> run) {
   run = run.first(std::min<size_t>(run.size(), kBatch));
+  size_t sent = 0;
+  Peer* peer = PeerFor(owner, false);
+  std::unique_lock<std::mutex> lock;
+  if (peer != nullptr && same_host_ == SameHostPath::kSharedMemory) {
+    // Held through the connection's sendmmsg below too: no packet may go on the connection once another thread has
+    // switched to the ring, or the receiver, which takes the connection's packets first, would reorder them.
+    lock = std::unique_lock(peer->mu);
+    if (!peer->offer_answered) TakeRingOffer(*peer);
+    if (peer->ring) {
+      sent = WriteToRing(*peer, run);
+      ring_sent_.fetch_add(sent, std::memory_order_relaxed);
+      if (sent < run.size()) {
+        // A full ring: a receiver that stopped taking packets, or one that is gone (its number may come back to a
+        // newcomer: connect again next time).
+        char byte;
+        if (recv(peer->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0) peer->closed.store(true);
+      }
+      peer_sent_.fetch_add(sent, std::memory_order_relaxed);
+      peer_drops_.fetch_add(run.size() - sent, std::memory_order_relaxed);
+      return run.size();
+    }
+  }
   uint8_t headers[kBatch][ForwardHeader::kSize];
   iovec iovs[kBatch][2];
   mmsghdr msgs[kBatch] = {};
@@ -214,11 +371,10 @@ size_t HostDeviceTransport::SendToPeer(uint8_t owner, std::span<const OutDatagra
     msgs[k].msg_hdr.msg_iov = iovs[k];
     msgs[k].msg_hdr.msg_iovlen = 2;
   }
-  size_t sent = 0;
   for (bool reconnect : {false, true}) {
-    const int fd = PeerConnection(owner, reconnect);
-    if (fd < 0) break;
-    const int n = sendmmsg(fd, msgs + sent, unsigned(run.size() - sent), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (reconnect) peer = PeerFor(owner, true);
+    if (peer == nullptr) break;
+    const int n = sendmmsg(peer->fd, msgs + sent, unsigned(run.size() - sent), MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0) sent += size_t(n);
     if (sent == run.size()) break;
     // EPIPE / ECONNRESET: that process is gone (its number may come back to a newcomer: connect again once);

@@ -5,16 +5,22 @@
 // so the process sends from a UDP socket of its own on the same address and an ephemeral source port (the flow
 // entropy a RoCE source port carries anyway).
 //
-// Packets between two processes of the host device never pass the service: each process listens on an abstract
-// SOCK_SEQPACKET name of its own (HostDevicePeerName: address and owner number), and a sender whose packet is for its
-// own address and names an owner (a data packet's DestQP; CM MADs still go by UDP, the service routes them) connects
-// to the owner's name once and sends the packet there, with the same ForwardHeader, as a whole RoCEv2 packet. A full
-// connection drops the packet (counted), as a full UDP receive buffer would: blocking could deadlock two processes
-// sending to each other, and RC retransmits. Both ends of a peer connection must run as our user or root
-// (SO_PEERCRED), as the service admits only those: another user's process holding a name gets nothing.
+// Packets between two processes of the host device never pass the service (SameHostPath). Each process listens on
+// an abstract SOCK_SEQPACKET name of its own (HostDevicePeerName: address and owner number), and a sender whose
+// packet is for its own address and names an owner (a data packet's DestQP; CM MADs still go by UDP, the service
+// routes them) connects to the owner's name once. The receiver answers the connection with a kRingOffer: a
+// PacketRing (wire/packet_ring.h) in a memfd and its doorbell eventfd; from then on the sender writes each packet,
+// with the same ForwardHeader, into that ring: no system call per packet, and none at all while the receiver polls
+// (the engine's progress thread spins after traffic, an application that polls its CQs receives itself). Until the
+// offer arrives the packets go on the connection itself; the receiver takes those first, so that the switch does
+// not reorder a QP's packets. A full ring or connection drops the packet (counted), as a full UDP receive buffer
+// would: blocking could deadlock two processes sending to each other, and RC retransmits. Both ends of a peer
+// connection must run as our user or root (SO_PEERCRED), as the service admits only those: another user's process
+// holding a name gets nothing.
 //
 //  - Send / OutgoingFlow: the `sender` transport's (a SocketTransport bound to address:0), or the peer connection.
-//  - Poll: epoll over the service's forward socket, the peer listener and the accepted peer connections, a wake-up
+//  - Poll: first the rings of the processes that send to us (no system call), then, unless rings keep delivering,
+//    epoll over the service's forward socket, the peer listener and the accepted peer connections, a wake-up
 //    eventfd and the control socket to the service, whose hang-up (the service died) is reported once through
 //    `on_service_lost`, from the polling thread.
 #pragma once
@@ -28,9 +34,17 @@
 #include <vector>
 
 #include "wire/address.h"
+#include "wire/packet_ring.h"
 #include "wire/transport.h"
 
 namespace uroce::wire {
+
+// How packets between two processes of one host travel (UROCE_SAME_HOST).
+enum class SameHostPath {
+  kSharedMemory,  // PacketRings, offered by each receiver (the default)
+  kUnixSocket,    // the peer connection itself: one sendmmsg per run, one wake-up per receive
+  kUdp,           // the network's way, through the service: every packet on real UDP, for tcpdump
+};
 
 class HostDeviceTransport final : public Transport {
  public:
@@ -38,7 +52,8 @@ class HostDeviceTransport final : public Transport {
   // `control_fd`: the connection to the service, only watched (not closed). `local`: address:4791 of the device.
   // `owner`: our owner number (the name we listen on for the host's other processes).
   HostDeviceTransport(std::unique_ptr<Transport> sender, const UdpEndpoint& local, uint8_t owner, int forward_fd,
-                      int control_fd, std::function<void()> on_service_lost);
+                      int control_fd, std::function<void()> on_service_lost,
+                      SameHostPath same_host = SameHostPath::kSharedMemory);
   ~HostDeviceTransport() override;
   HostDeviceTransport(const HostDeviceTransport&) = delete;
   HostDeviceTransport& operator=(const HostDeviceTransport&) = delete;
@@ -58,36 +73,72 @@ class HostDeviceTransport final : public Transport {
   // Packets for a process of this host that could not be handed over (no such process, its connection full).
   uint64_t peer_drops() const { return peer_drops_.load(std::memory_order_relaxed); }
   uint64_t peer_sent() const { return peer_sent_.load(std::memory_order_relaxed); }
+  // Of peer_sent, those written into a receiver's shared-memory ring.
+  uint64_t ring_sent() const { return ring_sent_.load(std::memory_order_relaxed); }
 
   static constexpr unsigned kBatch = 64;
   static constexpr size_t kMaxForwarded = 9216 + 64;
 
  private:
+  // Our connection to another process of the host (sending side).
+  struct Peer {
+    int fd = -1;
+    std::mutex mu;  // one sender at a time writes its ring
+    std::unique_ptr<PacketRing> ring;
+    int doorbell = -1;
+    bool offer_answered = false;  // its kRingOffer came (with a ring or without)
+    std::atomic<bool> closed{false};  // it hung up: connect again (its number may belong to a newcomer by then)
+    ~Peer();
+  };
+  // A connection from another process of the host (receiving side; polling thread only).
+  struct Inbound {
+    int fd = -1;
+    std::unique_ptr<PacketRing> ring;  // what it writes to us
+    bool socket_drained = false;  // what it sent on the connection before the ring has been taken
+  };
+
   int ReceiveQueued(int fd, const DatagramHandler& handler, bool* closed);
+  // One ForwardHeader + packet, as the service, a peer connection or a ring hands it over: to `handler`, or counted
+  // as malformed. Returns whether it was delivered.
+  bool Deliver(std::span<const uint8_t> bytes, uint64_t now, const DatagramHandler& handler);
+  int DrainRings(const DatagramHandler& handler);
+  // Drains one inbound connection's ring, the connection's own packets first (Inbound::socket_drained).
+  int DrainRing(Inbound& in, uint64_t now, const DatagramHandler& handler);
   int ReceiveReady(const DatagramHandler& handler, int timeout_ms);
+  void Accept();
+  void CloseInbound(int fd, const DatagramHandler& handler);
   // The owner a datagram goes to directly, or 0 (to the network, the service included).
   uint8_t PeerOwner(const OutDatagram& dg) const;
-  // Hands the first datagrams of `run` (all for process `owner`; at most kBatch) to it in one sendmmsg, or drops
-  // them (counted: no such process, its connection full). Returns how many it took.
+  // Hands the first datagrams of `run` (all for process `owner`; at most kBatch) to it: into its ring, or in one
+  // sendmmsg on the connection, or drops them (counted: no such process, its ring or connection full). Returns how
+  // many it took.
   size_t SendToPeer(uint8_t owner, std::span<const OutDatagram> run);
-  int PeerConnection(uint8_t owner, bool reconnect);
+  // Writes `run` into the peer's ring (its lock held). Returns how many fitted.
+  size_t WriteToRing(Peer& peer, std::span<const OutDatagram> run);
+  // Takes the peer's kRingOffer if it has come (its lock held).
+  void TakeRingOffer(Peer& peer);
+  Peer* PeerFor(uint8_t owner, bool reconnect);
 
   std::unique_ptr<Transport> sender_;
   UdpEndpoint local_;
   uint8_t owner_;
   int forward_fd_;
   int control_fd_;
-  int wake_fd_ = -1;
+  SameHostPath same_host_;
+  int wake_fd_ = -1;  // Wake() and our rings' doorbell
   int epoll_fd_ = -1;
   int listen_fd_ = -1;
   std::function<void()> on_service_lost_;
   bool service_lost_ = false;
   std::vector<uint8_t> buffers_;
-  std::vector<int> accepted_;  // peer connections to us (polling thread only)
-  std::mutex peers_mu_;        // our connections to the other processes
-  std::map<uint8_t, int> peers_;
-  std::vector<int> retired_;  // replaced connections, closed at the end (another thread may still send on them)
-  std::atomic<uint64_t> malformed_{0}, peer_drops_{0}, peer_sent_{0};
+  std::vector<Inbound> inbound_;  // connections to us (polling thread only)
+  bool rings_ = false;            // some inbound connection has a ring
+  unsigned ring_polls_ = 0;       // zero-timeout polls since the sockets were last looked at
+  uint64_t sockets_seen_ns_ = 0;
+  std::mutex peers_mu_;           // our connections to the other processes
+  std::map<uint8_t, std::unique_ptr<Peer>> peers_;
+  std::vector<std::unique_ptr<Peer>> retired_;  // replaced, kept to the end (another thread may still send on them)
+  std::atomic<uint64_t> malformed_{0}, peer_drops_{0}, peer_sent_{0}, ring_sent_{0};
 };
 
 }  // namespace uroce::wire

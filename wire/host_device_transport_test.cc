@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "wire/cm_mad.h"
@@ -56,14 +58,14 @@ class HostDeviceTransportTest : public ::testing::Test {
     std::random_device rd;  // an address of our own: tests run in parallel
     address_ = IpAddress::V4(0x7f000000u | (150u + rd() % 50) << 16 | (rd() % 250 + 1) << 8 | (rd() % 250 + 1));
   }
-  void Join(Member& m, uint8_t owner, uint16_t sender_port) {
+  void Join(Member& m, uint8_t owner, uint16_t sender_port, SameHostPath path = SameHostPath::kSharedMemory) {
     int pair[2];
     ASSERT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, pair), 0);
     m.service_end = pair[1];
     auto sender = std::make_unique<RecordingSender>(UdpEndpoint{address_, sender_port});
     m.sender = sender.get();
     m.transport = std::make_unique<HostDeviceTransport>(std::move(sender), UdpEndpoint{address_, kRoceV2UdpPort},
-                                                        owner, pair[0], -1, nullptr);
+                                                        owner, pair[0], -1, nullptr, path);
     ASSERT_EQ(m.transport->Init(), 0);
   }
   static std::vector<InDatagram> PollAll(HostDeviceTransport& t, std::vector<std::vector<uint8_t>>* payloads) {
@@ -142,6 +144,112 @@ TEST_F(HostDeviceTransportTest, WhatTheServiceForwardsIsDelivered) {
   EXPECT_EQ(got[0].src, h.src);
   EXPECT_EQ(payloads[1], packet);
   EXPECT_EQ(a.transport->malformed(), 1u);
+}
+
+// Sends `count` packets for owner 2 from `a`, numbered from `first` (byte 12 on: the number).
+void SendNumbered(HostDeviceTransport& a, const IpAddress& address, uint32_t first, uint32_t count, size_t size) {
+  for (uint32_t i = first; i < first + count; ++i) {
+    auto packet = DataPacket(WithOwner24(2, 0x11), 0);
+    packet.resize(size);
+    std::memcpy(packet.data() + 12, &i, 4);
+    const OutDatagram out{{address, kRoceV2UdpPort}, 0xc000, packet};
+    ASSERT_EQ(a.Send({&out, 1}), 1);
+  }
+}
+
+// Polls `b` (timeout per poll `timeout_ns`) until `count` packets came or a poll brought none; returns their numbers.
+std::vector<uint32_t> ReceiveNumbered(HostDeviceTransport& b, size_t count, int64_t timeout_ns) {
+  std::vector<uint32_t> numbers;
+  while (numbers.size() < count) {
+    const int n = b.Poll(
+        [&](const InDatagram& d) {
+          uint32_t i = 0;
+          if (d.payload.size() >= 16) std::memcpy(&i, d.payload.data() + 12, 4);
+          numbers.push_back(i);
+        },
+        timeout_ns);
+    if (n <= 0) break;
+  }
+  return numbers;
+}
+
+TEST_F(HostDeviceTransportTest, OnceTheReceiverOffersItsRingPacketsGoThroughSharedMemoryInOrder) {
+  Member a, b;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002);
+  SendNumbered(*a.transport, address_, 0, 3, 100);  // connects; b has not answered yet: on the connection
+  EXPECT_EQ(a.transport->ring_sent(), 0u);
+  EXPECT_EQ(ReceiveNumbered(*b.transport, 3, 1'000'000'000), (std::vector<uint32_t>{0, 1, 2}));  // b accepts, offers
+  SendNumbered(*a.transport, address_, 3, 500, 1100);
+  EXPECT_EQ(a.transport->ring_sent(), 500u);
+  EXPECT_EQ(a.transport->peer_sent(), 503u);
+  EXPECT_EQ(a.transport->peer_drops(), 0u);
+  const auto numbers = ReceiveNumbered(*b.transport, 500, 0);
+  ASSERT_EQ(numbers.size(), 500u);
+  for (uint32_t i = 0; i < 500; ++i) ASSERT_EQ(numbers[i], i + 3);
+  EXPECT_EQ(b.transport->malformed(), 0u);
+}
+
+TEST_F(HostDeviceTransportTest, ASleepingReceiverIsWokenByItsDoorbell) {
+  Member a, b;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002);
+  SendNumbered(*a.transport, address_, 0, 1, 100);
+  ASSERT_EQ(ReceiveNumbered(*b.transport, 1, 1'000'000'000).size(), 1u);
+  SendNumbered(*a.transport, address_, 1, 1, 100);  // takes the offer, writes into the ring
+  ASSERT_EQ(a.transport->ring_sent(), 1u);
+  ASSERT_EQ(ReceiveNumbered(*b.transport, 1, 0).size(), 1u);
+  std::vector<uint32_t> got;
+  std::thread receiver([&] { got = ReceiveNumbered(*b.transport, 1, 30'000'000'000); });  // blocks in the kernel
+  // Whether it already blocks or not yet: either it finds the record when it looks before blocking, or the sender
+  // sees it asleep and rings. Without the doorbell it would sleep the whole 30 s and the test would time out.
+  SendNumbered(*a.transport, address_, 2, 1, 100);
+  receiver.join();
+  EXPECT_EQ(got, (std::vector<uint32_t>{2}));
+}
+
+TEST_F(HostDeviceTransportTest, AFullRingDropsAndCountsAndADeadReceiversNumberIsDialledAgain) {
+  Member a;
+  auto b = std::make_unique<Member>();
+  Join(a, 1, 40001);
+  Join(*b, 2, 40002);
+  SendNumbered(*a.transport, address_, 0, 1, 100);
+  ASSERT_EQ(ReceiveNumbered(*b->transport, 1, 1'000'000'000).size(), 1u);
+  const uint32_t kMany = 2 * PacketRing::kDefaultDataBytes / 4096;  // twice what the ring holds
+  SendNumbered(*a.transport, address_, 1, kMany, 4096);
+  const uint64_t in_ring = a.transport->ring_sent();
+  EXPECT_GT(in_ring, kMany / 3);
+  EXPECT_LT(in_ring, kMany);
+  EXPECT_EQ(a.transport->peer_drops(), kMany - in_ring);
+  const auto numbers = ReceiveNumbered(*b->transport, in_ring, 0);
+  ASSERT_EQ(numbers.size(), in_ring) << "every packet that went into the ring arrives";
+  for (size_t i = 0; i < numbers.size(); ++i) ASSERT_EQ(numbers[i], i + 1);
+  b.reset();  // the receiver exits: its number becomes free
+  SendNumbered(*a.transport, address_, 0, kMany, 4096);  // fills the dead one's ring, then finds it hung up
+  Member c;
+  Join(c, 2, 40003);  // a newcomer with the same number
+  SendNumbered(*a.transport, address_, 7, 1, 100);
+  EXPECT_EQ(ReceiveNumbered(*c.transport, 1, 1'000'000'000), (std::vector<uint32_t>{7}));
+}
+
+TEST_F(HostDeviceTransportTest, SameHostPathUdpSendsEverythingByUdp) {
+  Member a, b;
+  Join(a, 1, 40001, SameHostPath::kUdp);
+  Join(b, 2, 40002);
+  SendNumbered(*a.transport, address_, 0, 2, 100);
+  EXPECT_EQ(a.sender->sent.size(), 2u);
+  EXPECT_EQ(a.transport->peer_sent(), 0u);
+}
+
+TEST_F(HostDeviceTransportTest, AReceiverWithoutRingsKeepsItsSendersOnTheConnection) {
+  Member a, b;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002, SameHostPath::kUnixSocket);
+  SendNumbered(*a.transport, address_, 0, 1, 100);
+  ASSERT_EQ(ReceiveNumbered(*b.transport, 1, 1'000'000'000).size(), 1u);
+  SendNumbered(*a.transport, address_, 1, 10, 100);
+  EXPECT_EQ(a.transport->ring_sent(), 0u);
+  EXPECT_EQ(ReceiveNumbered(*b.transport, 10, 1'000'000'000).size(), 10u);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -99,7 +100,7 @@ std::optional<ControlMessage> ControlMessage::Decode(std::span<const uint8_t> in
   std::memcpy(&version, in.data() + 4, 2);
   std::memcpy(&t, in.data() + 6, 2);
   if (magic != kControlMagic || version != kControlVersion) return std::nullopt;
-  if (t < static_cast<uint16_t>(ControlType::kHello) || t > static_cast<uint16_t>(ControlType::kReply)) {
+  if (t < static_cast<uint16_t>(ControlType::kHello) || t > static_cast<uint16_t>(ControlType::kRingOffer)) {
     return std::nullopt;
   }
   ControlMessage m;
@@ -109,24 +110,68 @@ std::optional<ControlMessage> ControlMessage::Decode(std::span<const uint8_t> in
   return m;
 }
 
-int SendControl(int fd, const ControlMessage& m, int passed_fd, int flags) {
+int SendControl(int fd, const ControlMessage& m, std::span<const int> passed_fds, int flags) {
+  if (passed_fds.size() > kMaxPassedFds) return -EINVAL;
   uint8_t bytes[kControlSize];
   m.Encode(bytes);
   iovec iov{bytes, sizeof bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  if (passed_fd >= 0) {
+  if (!passed_fds.empty()) {
     msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * passed_fds.size());
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &passed_fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * passed_fds.size());
+    std::memcpy(CMSG_DATA(c), passed_fds.data(), sizeof(int) * passed_fds.size());
   }
   return sendmsg(fd, &msg, flags | MSG_NOSIGNAL) < 0 ? -errno : 0;
+}
+
+int SendControl(int fd, const ControlMessage& m, int passed_fd, int flags) {
+  return passed_fd >= 0 ? SendControl(fd, m, std::span<const int>(&passed_fd, 1), flags)
+                        : SendControl(fd, m, std::span<const int>(), flags);
+}
+
+int TakeControl(int fd, ControlMessage* out, std::vector<int>* fds) {
+  uint8_t bytes[kControlSize + 1];
+  iovec iov{bytes, sizeof bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  while ((n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+  }
+  if (n < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  fds->clear();
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int passed;
+      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
+      fds->push_back(passed);
+    }
+  }
+  if (n == 0) {  // SOCK_SEQPACKET: the other end closed
+    for (int passed : *fds) close(passed);
+    fds->clear();
+    return -ENOTCONN;
+  }
+  auto m = ControlMessage::Decode({bytes, size_t(n)});
+  if (!m || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    for (int passed : *fds) close(passed);
+    fds->clear();
+    return -EPROTO;
+  }
+  *out = *m;
+  return 0;
 }
 
 int ReceiveControl(int fd, int timeout_ms, ControlMessage* out) {
@@ -135,13 +180,11 @@ int ReceiveControl(int fd, int timeout_ms, ControlMessage* out) {
   while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
   }
   if (r == 0) return -ETIMEDOUT;
-  uint8_t bytes[kControlSize + 1];
-  const ssize_t n = recv(fd, bytes, sizeof bytes, MSG_DONTWAIT);
-  if (n <= 0) return -EAGAIN;
-  auto m = ControlMessage::Decode({bytes, size_t(n)});
-  if (!m) return -EPROTO;
-  *out = *m;
-  return 0;
+  std::vector<int> fds;
+  const int rc = TakeControl(fd, out, &fds);
+  for (int passed : fds) close(passed);
+  if (rc == -EPROTO) return -EPROTO;
+  return rc < 0 ? -EAGAIN : 0;
 }
 
 std::string DeviceServiceName(const IpAddress& address) { return "uroce/device/v1/" + address.ToString(); }

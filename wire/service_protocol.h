@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "wire/address.h"
 
@@ -66,6 +67,9 @@ enum class ControlType : uint16_t {
   kListen = 3,    // process -> service: route REQs for service ID `value` to me
   kUnlisten = 4,  // process -> service: no longer
   kReply = 5,     // service -> process: status of a kListen / kUnlisten
+  // process -> process, on a peer connection (wire/host_device_transport.h), from the receiving end: value = the
+  // ring's data bytes; with SCM_RIGHTS: the PacketRing's memfd and the receiver's doorbell (an eventfd).
+  kRingOffer = 6,
 };
 struct ControlMessage {
   ControlType type = ControlType::kHello;
@@ -76,11 +80,19 @@ struct ControlMessage {
   static std::optional<ControlMessage> Decode(std::span<const uint8_t> in);
 };
 
-// Sends `m` as one packet on the SOCK_SEQPACKET socket `fd`, with `passed_fd` attached (SCM_RIGHTS) unless it is -1.
-// `flags` as send(2)'s (MSG_NOSIGNAL is always added). 0 or -errno.
+// Sends `m` as one packet on the SOCK_SEQPACKET socket `fd`, with `passed_fds` attached (SCM_RIGHTS, at most
+// kMaxPassedFds). `flags` as send(2)'s (MSG_NOSIGNAL is always added). 0 or -errno.
+inline constexpr size_t kMaxPassedFds = 4;
+int SendControl(int fd, const ControlMessage& m, std::span<const int> passed_fds, int flags = 0);
+// ... with one descriptor attached unless `passed_fd` is -1.
 int SendControl(int fd, const ControlMessage& m, int passed_fd = -1, int flags = 0);
-// Waits up to `timeout_ms` for one control message on `fd` and decodes it. 0; -EAGAIN when the other end closed;
-// -ETIMEDOUT; -EPROTO for bytes that are not a control message.
+// Takes one control message queued on `fd` without waiting, and the descriptors that came with it (close-on-exec,
+// the caller's to close, in the order sent). 0; -EAGAIN when none is queued; -ENOTCONN when the other end closed;
+// -EPROTO for bytes that are not a control message or were cut short (descriptors that came along are closed);
+// another -errno of recvmsg(2).
+int TakeControl(int fd, ControlMessage* out, std::vector<int>* fds);
+// Waits up to `timeout_ms` for one control message on `fd` and decodes it (descriptors that came along are closed).
+// 0; -EAGAIN when the other end closed; -ETIMEDOUT; -EPROTO for bytes that are not a control message.
 int ReceiveControl(int fd, int timeout_ms, ControlMessage* out);
 
 // The abstract UNIX socket name (unix(7), without the leading NUL) of the device service for `address`: abstract

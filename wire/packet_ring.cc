@@ -1,0 +1,97 @@
+#include "wire/packet_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace uroce::wire {
+
+PacketRing::PacketRing(uint8_t* base, size_t map_bytes, size_t data_bytes)
+    : base_(base), map_bytes_(map_bytes), data_bytes_(data_bytes) {}
+
+PacketRing::~PacketRing() { munmap(base_, map_bytes_); }
+
+int PacketRing::Create(size_t data_bytes, std::unique_ptr<PacketRing>* ring, int* fd) {
+  if (data_bytes < (size_t{64} << 10) || (data_bytes & (data_bytes - 1)) != 0) return -EINVAL;
+  const size_t map_bytes = kDataOffset + data_bytes;
+  const int f = memfd_create("uroce-packet-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (f < 0) return -errno;
+  void* base = MAP_FAILED;
+  if (ftruncate(f, off_t(map_bytes)) < 0 || fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
+      (base = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0)) == MAP_FAILED) {
+    const int err = errno;
+    close(f);
+    return -err;
+  }
+  auto* bytes = static_cast<uint8_t*>(base);
+  const uint64_t header[2] = {kMagic, data_bytes};
+  std::memcpy(bytes, header, sizeof header);  // head, tail and sleeping start at 0 (a new file is zeroed)
+  ring->reset(new PacketRing(bytes, map_bytes, data_bytes));
+  *fd = f;
+  return 0;
+}
+
+int PacketRing::Attach(int fd, std::unique_ptr<PacketRing>* ring) {
+  struct stat st;
+  if (fstat(fd, &st) < 0) return -errno;
+  if (st.st_size <= off_t(kDataOffset)) return -EINVAL;
+  const size_t map_bytes = size_t(st.st_size);
+  void* base = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return -errno;
+  uint64_t header[2];
+  std::memcpy(header, base, sizeof header);
+  const size_t data_bytes = size_t(header[1]);
+  if (header[0] != kMagic || data_bytes != map_bytes - kDataOffset || (data_bytes & (data_bytes - 1)) != 0 ||
+      data_bytes < (size_t{64} << 10)) {
+    munmap(base, map_bytes);
+    return -EINVAL;
+  }
+  ring->reset(new PacketRing(static_cast<uint8_t*>(base), map_bytes, data_bytes));
+  // A ring attached late (a producer that reconnected) continues where the published records end.
+  (*ring)->write_pos_ = (*ring)->head().load(std::memory_order_acquire);
+  (*ring)->tail_seen_ = (*ring)->tail().load(std::memory_order_acquire);
+  return 0;
+}
+
+bool PacketRing::Write(std::span<const uint8_t> first, std::span<const uint8_t> second) {
+  const size_t length = first.size() + second.size();
+  const size_t record = RecordBytes(length);
+  if (record > data_bytes_ / 2) return false;  // a record and the padding before it always fit an empty ring
+  const size_t offset = size_t(write_pos_ & (data_bytes_ - 1));
+  const size_t padding = record > data_bytes_ - offset ? data_bytes_ - offset : 0;
+  auto fits = [&] { return write_pos_ + padding + record - tail_seen_ <= data_bytes_; };
+  if (!fits()) {
+    tail_seen_ = tail().load(std::memory_order_acquire);  // the consumer is done with what lies before its tail
+    if (!fits()) return false;
+  }
+  if (padding != 0) {
+    const uint32_t pad[2] = {uint32_t(padding - kRecordHeader), kRecordPadding};
+    std::memcpy(data() + offset, pad, sizeof pad);
+    write_pos_ += padding;
+  }
+  uint8_t* at = data() + size_t(write_pos_ & (data_bytes_ - 1));
+  const uint32_t header[2] = {uint32_t(length), kRecordPacket};
+  std::memcpy(at, header, sizeof header);
+  if (!first.empty()) std::memcpy(at + kRecordHeader, first.data(), first.size());
+  if (!second.empty()) std::memcpy(at + kRecordHeader + first.size(), second.data(), second.size());
+  write_pos_ += record;
+  return true;
+}
+
+bool PacketRing::Publish() {
+  head().store(write_pos_, std::memory_order_seq_cst);
+  // Sequentially consistent with the consumer's SetSleeping(true) and its HasRecords() after it: either it sees our
+  // records, or we see its flag.
+  if (sleeping().load(std::memory_order_seq_cst) == 0) return false;
+  return sleeping().exchange(0, std::memory_order_seq_cst) != 0;  // one doorbell per sleep, not one per producer
+}
+
+bool PacketRing::HasRecords() const { return head().load(std::memory_order_seq_cst) != read_pos_; }
+
+void PacketRing::SetSleeping(bool sleeping_now) { sleeping().store(sleeping_now ? 1 : 0, std::memory_order_seq_cst); }
+
+}  // namespace uroce::wire

@@ -1,0 +1,177 @@
+#include "wire/packet_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace uroce::wire {
+namespace {
+
+constexpr size_t kSmall = size_t{64} << 10;
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = uint8_t(seed * 131 + i * 7);
+  return v;
+}
+
+struct Pair {
+  std::unique_ptr<PacketRing> consumer, producer;
+  int fd = -1;
+  explicit Pair(size_t bytes = kSmall) {
+    EXPECT_EQ(PacketRing::Create(bytes, &consumer, &fd), 0);
+    EXPECT_EQ(PacketRing::Attach(fd, &producer), 0);  // a mapping of its own, as another process has
+  }
+  ~Pair() { close(fd); }
+};
+
+TEST(PacketRingTest, RecordsArriveWholeAndInOrder) {
+  Pair p;
+  const auto a = Pattern(40, 1), b = Pattern(1000, 2), c = Pattern(3, 3);
+  ASSERT_TRUE(p.producer->Write(a, b));
+  ASSERT_TRUE(p.producer->Write(c, {}));
+  EXPECT_FALSE(p.consumer->HasRecords());  // written, not yet published
+  EXPECT_FALSE(p.producer->Publish());     // nobody sleeps: no doorbell
+  ASSERT_TRUE(p.consumer->HasRecords());
+  std::vector<std::vector<uint8_t>> got;
+  EXPECT_EQ(p.consumer->Drain(16, [&](std::span<const uint8_t> r) { got.emplace_back(r.begin(), r.end()); }), 2);
+  ASSERT_EQ(got.size(), 2u);
+  std::vector<uint8_t> ab = a;
+  ab.insert(ab.end(), b.begin(), b.end());
+  EXPECT_EQ(got[0], ab);
+  EXPECT_EQ(got[1], c);
+  EXPECT_FALSE(p.consumer->HasRecords());
+  EXPECT_EQ(p.consumer->Drain(16, [](std::span<const uint8_t>) {}), 0);
+}
+
+TEST(PacketRingTest, FullRingRefusesUntilTheConsumerTakes) {
+  Pair p;
+  const auto packet = Pattern(4136, 9);
+  int written = 0;
+  while (p.producer->Write(packet, {})) ++written;
+  EXPECT_EQ(written, int(kSmall / 4144));  // 8 bytes of record header each
+  int small = 0;
+  while (p.producer->Write(Pattern(8, 1), {})) ++small;
+  EXPECT_EQ(small, int((kSmall - written * 4144) / 16)) << "the rest of the room, to the last byte";
+  p.producer->Publish();
+  EXPECT_EQ(p.consumer->Drain(2, [](std::span<const uint8_t>) {}), 2);
+  EXPECT_TRUE(p.producer->Write(packet, {}));  // the room of the two taken, after the producer looks again
+  EXPECT_FALSE(p.producer->Write(Pattern(kSmall / 2, 1), {})) << "larger than half the ring never fits";
+}
+
+TEST(PacketRingTest, WrapsWithPaddingAcrossManyLaps) {
+  Pair p;
+  uint32_t next_written = 0, next_read = 0;
+  for (int round = 0; round < 2000; ++round) {
+    while (true) {
+      uint8_t header[4];
+      std::memcpy(header, &next_written, 4);
+      const auto body = Pattern(1 + (next_written * 977) % 5000, next_written);  // odd sizes: every offset
+      if (!p.producer->Write(header, body)) break;
+      ++next_written;
+    }
+    p.producer->Publish();
+    const int n = p.consumer->Drain(1 + round % 7, [&](std::span<const uint8_t> r) {
+      uint32_t seq;
+      ASSERT_GE(r.size(), 5u);
+      std::memcpy(&seq, r.data(), 4);
+      ASSERT_EQ(seq, next_read);
+      ASSERT_EQ(std::vector<uint8_t>(r.begin() + 4, r.end()), Pattern(1 + (seq * 977) % 5000, seq));
+      ++next_read;
+    });
+    ASSERT_GT(n, 0);
+  }
+  EXPECT_GT(next_read, 2000u);
+}
+
+TEST(PacketRingTest, ProducerAndConsumerThreads) {
+  Pair p(size_t{256} << 10);
+  constexpr uint32_t kRecords = 200'000;
+  std::thread producer([&] {
+    for (uint32_t i = 0; i < kRecords;) {
+      uint8_t header[4];
+      std::memcpy(header, &i, 4);
+      const uint8_t fill = uint8_t(i);
+      std::vector<uint8_t> body(i % 300, fill);
+      if (p.producer->Write(header, body)) {
+        ++i;
+        if (i % 16 == 0) p.producer->Publish();
+      } else {
+        p.producer->Publish();
+        std::this_thread::yield();
+      }
+    }
+    p.producer->Publish();
+  });
+  uint32_t expected = 0;
+  bool intact = true;
+  while (expected < kRecords) {
+    const int n = p.consumer->Drain(64, [&](std::span<const uint8_t> r) {
+      uint32_t seq = 0;
+      if (r.size() >= 4) std::memcpy(&seq, r.data(), 4);
+      intact = intact && r.size() == 4 + seq % 300 && seq == expected;
+      for (size_t k = 4; k < r.size(); ++k) intact = intact && r[k] == uint8_t(seq);
+      ++expected;
+    });
+    ASSERT_GE(n, 0);
+    if (n == 0) std::this_thread::yield();
+  }
+  producer.join();
+  EXPECT_TRUE(intact);
+  EXPECT_FALSE(p.consumer->HasRecords());
+}
+
+TEST(PacketRingTest, SleepingConsumerGetsOneDoorbell) {
+  Pair p;
+  p.consumer->SetSleeping(true);
+  ASSERT_TRUE(p.producer->Write(Pattern(10, 1), {}));
+  EXPECT_TRUE(p.producer->Publish()) << "the consumer sleeps: ring its doorbell";
+  ASSERT_TRUE(p.producer->Write(Pattern(10, 2), {}));
+  EXPECT_FALSE(p.producer->Publish()) << "one doorbell per sleep";
+  p.consumer->SetSleeping(false);
+  EXPECT_EQ(p.consumer->Drain(8, [](std::span<const uint8_t>) {}), 2);
+}
+
+TEST(PacketRingTest, MalformedRecordsAreRefusedNotRead) {
+  Pair p;
+  ASSERT_TRUE(p.producer->Write(Pattern(100, 1), {}));
+  p.producer->Publish();
+  // A raw mapping, as a confused producer has: the record claims to be longer than what was published.
+  void* raw = mmap(nullptr, 4096 + kSmall, PROT_READ | PROT_WRITE, MAP_SHARED, p.fd, 0);
+  ASSERT_NE(raw, MAP_FAILED);
+  const uint32_t huge = 60000;
+  std::memcpy(static_cast<uint8_t*>(raw) + 4096, &huge, 4);
+  int calls = 0;
+  EXPECT_EQ(p.consumer->Drain(8, [&](std::span<const uint8_t>) { ++calls; }), -EPROTO);
+  const uint32_t bad_kind[2] = {100, 77};
+  std::memcpy(static_cast<uint8_t*>(raw) + 4096, bad_kind, 8);
+  EXPECT_EQ(p.consumer->Drain(8, [&](std::span<const uint8_t>) { ++calls; }), -EPROTO);
+  EXPECT_EQ(calls, 0);
+  munmap(raw, 4096 + kSmall);
+}
+
+TEST(PacketRingTest, OnlyRingsAttachAndTheirSizeIsSealed) {
+  std::unique_ptr<PacketRing> ring;
+  int fd = -1;
+  EXPECT_EQ(PacketRing::Create(100'000, &ring, &fd), -EINVAL);  // not a power of two
+  EXPECT_EQ(PacketRing::Create(4096, &ring, &fd), -EINVAL);     // too small
+  ASSERT_EQ(PacketRing::Create(kSmall, &ring, &fd), 0);
+  EXPECT_EQ(ftruncate(fd, 8192), -1) << "a peer must not shrink the consumer's mapping under it";
+  EXPECT_EQ(errno, EPERM);
+  close(fd);
+  const int other = memfd_create("not-a-ring", MFD_CLOEXEC);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(ftruncate(other, 4096 + kSmall), 0);
+  std::unique_ptr<PacketRing> attached;
+  EXPECT_EQ(PacketRing::Attach(other, &attached), -EINVAL);
+  close(other);
+}
+
+}  // namespace
+}  // namespace uroce::wire
