@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -62,7 +63,15 @@ bool PacketRing::Write(std::span<const uint8_t> first, std::span<const uint8_t> 
   const size_t record = RecordBytes(length);
   if (record > data_bytes_ / 2) return false;  // a record and the padding before it always fit an empty ring
   const size_t offset = size_t(write_pos_ & (data_bytes_ - 1));
-  const size_t padding = record > data_bytes_ - offset ? data_bytes_ - offset : 0;
+  size_t padding = record > data_bytes_ - offset ? data_bytes_ - offset : 0;
+  // Past kEarlyWrapBytes, every 16th write looks whether the consumer has taken everything; if so, back to offset 0
+  // (the padding record fills the rest, untouched but for its header). Not every write: the consumer's tail is on
+  // the consumer's cache line.
+  if (padding == 0 && offset >= kEarlyWrapBytes && data_bytes_ > kEarlyWrapBytes &&
+      (++writes_past_early_wrap_ & 15) == 1) {
+    if (tail_seen_ != write_pos_) tail_seen_ = tail().load(std::memory_order_acquire);
+    if (tail_seen_ == write_pos_) padding = data_bytes_ - offset;
+  }
   auto fits = [&] { return write_pos_ + padding + record - tail_seen_ <= data_bytes_; };
   if (!fits()) {
     tail_seen_ = tail().load(std::memory_order_acquire);  // the consumer is done with what lies before its tail
@@ -73,7 +82,10 @@ bool PacketRing::Write(std::span<const uint8_t> first, std::span<const uint8_t> 
     std::memcpy(data() + offset, pad, sizeof pad);
     write_pos_ += padding;
   }
-  uint8_t* at = data() + size_t(write_pos_ & (data_bytes_ - 1));
+  const size_t at_offset = size_t(write_pos_ & (data_bytes_ - 1));
+  if (at_offset == 0) writes_past_early_wrap_ = 0;
+  furthest_offset_ = std::max(furthest_offset_, at_offset + record);
+  uint8_t* at = data() + at_offset;
   const uint32_t header[2] = {uint32_t(length), kRecordPacket};
   std::memcpy(at, header, sizeof header);
   if (!first.empty()) std::memcpy(at + kRecordHeader, first.data(), first.size());

@@ -39,10 +39,13 @@ namespace uroce::wire {
 
 class PacketRing {
  public:
-  // What the creator asks for when nothing else is said: room for 1,000 4 KiB-MTU packets, more than a QP's window
-  // of 64 KiB writes keeps in flight, so that a full ring (a drop, as a full socket buffer) means a receiver that
-  // stopped taking packets.
-  static constexpr size_t kDefaultDataBytes = size_t{4} << 20;
+  // What the creator asks for when nothing else is said: room for 4,000 4 KiB-MTU packets, more than the RC windows
+  // towards one peer keep in flight (ib_write_bw 64 KiB dropped packets, and went back, with a ring of 4 MiB), so
+  // that a full ring (a drop, as a full socket buffer) means a receiver that stopped taking packets. Only a stream
+  // goes round all of it: a producer that finds the ring empty past kEarlyWrapBytes starts again at offset 0, so a
+  // pair that exchanges small messages touches (and keeps resident) a few hundred KiB, whatever the ring's size.
+  static constexpr size_t kDefaultDataBytes = size_t{16} << 20;
+  static constexpr size_t kEarlyWrapBytes = size_t{256} << 10;
   static constexpr uint64_t kMagic = 0x75726f63'6552696eULL;  // "urocRin"
 
   // The consumer's side: a new ring of `data_bytes` (a power of two, at least 64 KiB) in a new sealed memfd, whose
@@ -78,6 +81,8 @@ class PacketRing {
   void SetSleeping(bool sleeping);
 
   size_t data_bytes() const { return data_bytes_; }
+  // The producer's furthest offset in the data so far (kEarlyWrapBytes).
+  size_t furthest_offset() const { return furthest_offset_; }
 
  private:
   PacketRing(uint8_t* base, size_t map_bytes, size_t data_bytes);
@@ -103,6 +108,8 @@ class PacketRing {
   uint64_t write_pos_ = 0;    // producer: next byte to write (published up to head)
   uint64_t tail_seen_ = 0;    // producer: the consumer's tail when last read
   uint64_t read_pos_ = 0;     // consumer: next byte to read
+  size_t furthest_offset_ = 0;
+  unsigned writes_past_early_wrap_ = 0;
 };
 
 template <typename OnRecord>

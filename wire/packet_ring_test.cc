@@ -90,6 +90,17 @@ TEST(PacketRingTest, WrapsWithPaddingAcrossManyLaps) {
   EXPECT_GT(next_read, 2000u);
 }
 
+TEST(PacketRingTest, SmallExchangesStayAtTheStartOfALargeRing) {
+  Pair p(PacketRing::kDefaultDataBytes);
+  const auto packet = Pattern(1100, 4);
+  for (int i = 0; i < 20'000; ++i) {  // 22 MB through a 16 MiB ring, one record at a time
+    ASSERT_TRUE(p.producer->Write(packet, {}));
+    p.producer->Publish();
+    ASSERT_EQ(p.consumer->Drain(4, [&](std::span<const uint8_t> r) { ASSERT_EQ(r.size(), packet.size()); }), 1);
+  }
+  EXPECT_LT(p.producer->furthest_offset(), PacketRing::kEarlyWrapBytes + 16 * 1200);
+}
+
 TEST(PacketRingTest, ProducerAndConsumerThreads) {
   Pair p(size_t{256} << 10);
   constexpr uint32_t kRecords = 200'000;
