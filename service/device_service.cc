@@ -17,8 +17,9 @@ using Descriptor = asio::posix::stream_descriptor;
 
 namespace {
 
-// Most datagrams taken from UDP 4791 per readiness: the service then lets control messages in.
-constexpr unsigned kUdpBatch = 64;
+// Receives per recvmmsg, each a datagram or a UDP_GRO run of up to 64 (WaitUdp takes 16 recvmmsgs' worth before
+// control messages get their turn).
+constexpr unsigned kUdpBatch = 16;
 constexpr size_t kMaxDatagram = 9216;
 // What the service asks for its UDP receive buffer (capped by net.core.rmem_max for a user).
 constexpr int kUdpBufferBytes = 64 << 20;
@@ -27,6 +28,7 @@ constexpr int kUdpBufferBytes = 64 << 20;
 
 DeviceService::Process::~Process() {
   if (forward_fd >= 0) close(forward_fd);
+  if (doorbell >= 0) close(doorbell);
 }
 
 DeviceService::DeviceService(asio::io_context& io, const wire::IpAddress& address, uint16_t udp_port,
@@ -37,8 +39,7 @@ DeviceService::DeviceService(asio::io_context& io, const wire::IpAddress& addres
       linger_(linger),
       acceptor_(io),
       udp_(io),
-      linger_timer_(io),
-      buffers_(size_t{kUdpBatch} * (wire::ForwardHeader::kSize + kMaxDatagram)) {}
+      linger_timer_(io) {}
 
 DeviceService::~DeviceService() = default;
 
@@ -61,6 +62,13 @@ int DeviceService::Start() {
   if (fd < 0) {
     udp_error_ = -fd;
   } else {
+    // Runs from a peer host's UDP_SEGMENT sends arrive whole (UDP_GRO): one receive for up to 64 of its packets.
+    bool gso = false, gro = false;
+    wire::EnableUdpOffloads(fd, &gso, &gro);
+    if (int rc = receiver_.Init(kUdpBatch, kMaxDatagram, gro); rc < 0) {
+      close(fd);
+      return rc;
+    }
     udp_fd_ = fd;
     udp_.assign(fd);
     udp_.non_blocking(true, ec);
@@ -112,17 +120,24 @@ void DeviceService::ReadControl(std::shared_ptr<Process> p) {
       return ReadControl(p);
     }
     if (rc < 0) return Leave(*p);  // the process closed its connection: it exited or died
-    const int passed = fds.empty() ? -1 : fds.front();
-    for (size_t i = 1; i < fds.size(); ++i) close(fds[i]);
-    HandleControl(*p, m, passed);
+    HandleControl(*p, m, fds);
     ReadControl(p);
   });
 }
 
-void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, int passed_fd) {
+void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std::vector<int>& fds) {
   using wire::ControlType;
+  // What came along and is not kept (set to -1 when kept) is closed on the way out.
+  struct CloseRest {
+    std::vector<int>& fds;
+    ~CloseRest() {
+      for (int fd : fds) {
+        if (fd >= 0) close(fd);
+      }
+    }
+  } close_rest{fds};
+  const int passed_fd = fds.empty() ? -1 : fds.front();
   auto refuse = [&](int err, ControlType reply) {
-    if (passed_fd >= 0) close(passed_fd);
     ++counters_.bad_control;
     Reply(p, reply, err, 0);
   };
@@ -139,6 +154,7 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, int
       if (owner == 0) return refuse(EUSERS, ControlType::kWelcome);
       p.owner = owner;
       p.forward_fd = passed_fd;
+      fds.front() = -1;
       by_owner_[owner] = &p;
       ++counters_.processes_joined;
       return Reply(p, ControlType::kWelcome, 0, owner);
@@ -152,6 +168,16 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, int
     case ControlType::kUnlisten: {
       auto it = listeners_.find(m.value);
       if (it != listeners_.end() && it->second == p.owner) listeners_.erase(it);
+      return Reply(p, ControlType::kReply, 0, m.value);
+    }
+    case ControlType::kRingOffer: {
+      // From now on this process's packets go into its ring (it takes what is still on its socket first).
+      if (p.owner == 0 || p.ring || fds.size() != 2 || wire::PacketRing::Attach(fds[0], &p.ring) < 0) {
+        return refuse(EINVAL, ControlType::kReply);
+      }
+      p.doorbell = fds[1];
+      fds[1] = -1;
+      ++counters_.rings;
       return Reply(p, ControlType::kReply, 0, m.value);
     }
     default:
@@ -202,8 +228,8 @@ void DeviceService::ArmLingerIfIdle() {
 void DeviceService::WaitUdp() {
   udp_.async_wait(Descriptor::wait_read, [this](const boost::system::error_code& ec) {
     if (ec) return;
-    // A full batch means more is queued: take up to 16 before control messages get their turn.
-    for (int batches = 0; batches < 16 && DrainUdp() == int(kUdpBatch); ++batches) {
+    // Up to 16 receives while datagrams keep coming, before control messages get their turn.
+    for (int receives = 0; receives < 16 && DrainUdp() > 0; ++receives) {
     }
     WaitUdp();
   });
@@ -222,63 +248,55 @@ DeviceService::Process* DeviceService::RouteTo(std::span<const uint8_t> packet) 
 }
 
 int DeviceService::DrainUdp() {
-  const size_t slot = wire::ForwardHeader::kSize + kMaxDatagram;
-  mmsghdr msgs[kUdpBatch] = {};
-  iovec iovs[kUdpBatch];
-  sockaddr_storage from[kUdpBatch];
-  for (unsigned i = 0; i < kUdpBatch; ++i) {
-    // Each datagram lands behind room for its ForwardHeader, so it is forwarded without a copy.
-    iovs[i] = {buffers_.data() + i * slot + wire::ForwardHeader::kSize, kMaxDatagram};
-    msgs[i].msg_hdr.msg_iov = &iovs[i];
-    msgs[i].msg_hdr.msg_iovlen = 1;
-    msgs[i].msg_hdr.msg_name = &from[i];
-    msgs[i].msg_hdr.msg_namelen = sizeof from[i];
-  }
-  const int n = recvmmsg(udp_fd_, msgs, kUdpBatch, MSG_DONTWAIT, nullptr);
-  if (n <= 0) return 0;
-  const bool congested = wire::ReceiveQueueCongested(udp_fd_);
-  // Each datagram with its owner, its ForwardHeader written in front of it; then runs for one process leave in one
-  // sendmmsg (a stream from a peer host is mostly one run).
-  Process* owners[kUdpBatch];
-  mmsghdr out[kUdpBatch] = {};
-  iovec out_iovs[kUdpBatch];
-  int routed = 0;
-  for (int i = 0; i < n; ++i) {
-    ++counters_.received;
-    if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
-    const std::span<const uint8_t> packet(buffers_.data() + i * slot + wire::ForwardHeader::kSize, msgs[i].msg_len);
-    Process* p = RouteTo(packet);
-    wire::ForwardHeader h;
-    if (p == nullptr || !wire::FromSockaddr(&from[i], msgs[i].msg_hdr.msg_namelen, &h.src)) {
-      ++counters_.no_route;
-      continue;
+  const int n =
+      receiver_.Receive(udp_fd_, [this](const wire::InDatagram& d) { Forward(d); }, {address_, udp_port_}, udp_counters_);
+  // One Publish per ring and receive: a run from a peer host is mostly for one process, and its doorbell rings once.
+  for (Process* p : unpublished_) {
+    p->unpublished = false;
+    if (p->ring->Publish()) {
+      const uint64_t one = 1;
+      [[maybe_unused]] ssize_t r = write(p->doorbell, &one, sizeof one);
     }
-    h.dst = {address_, udp_port_};
-    h.congestion_experienced = congested;
-    uint8_t* start = buffers_.data() + i * slot;
-    h.Encode(start);
-    owners[routed] = p;
-    out_iovs[routed] = {start, wire::ForwardHeader::kSize + packet.size()};
-    out[routed].msg_hdr.msg_iov = &out_iovs[routed];
-    out[routed].msg_hdr.msg_iovlen = 1;
-    ++routed;
   }
-  for (int i = 0; i < routed;) {
-    int j = i + 1;
-    while (j < routed && owners[j] == owners[i]) ++j;
-    const int sent = sendmmsg(owners[i]->forward_fd, out + i, unsigned(j - i), MSG_DONTWAIT | MSG_NOSIGNAL);
-    const int ok = sent > 0 ? sent : 0;
-    counters_.forwarded += uint64_t(ok);
-    counters_.process_full += uint64_t(j - i - ok);  // its socket was full: dropped, as a full receive queue drops
-    i = j;
-  }
+  unpublished_.clear();
   return n;
+}
+
+void DeviceService::Forward(const wire::InDatagram& d) {
+  ++counters_.received;
+  Process* p = RouteTo(d.payload);
+  if (p == nullptr) {
+    ++counters_.no_route;
+    return;
+  }
+  wire::ForwardHeader h;
+  h.src = d.src;
+  h.dst = {address_, udp_port_};
+  h.congestion_experienced = d.congestion_experienced;
+  uint8_t header[wire::ForwardHeader::kSize];
+  h.Encode(header);
+  bool taken;
+  if (p->ring) {
+    taken = p->ring->Write(header, d.payload);
+    if (taken && !p->unpublished) {
+      p->unpublished = true;
+      unpublished_.push_back(p);
+    }
+  } else {
+    iovec iov[2] = {{header, sizeof header}, {const_cast<uint8_t*>(d.payload.data()), d.payload.size()}};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = 2;
+    taken = sendmsg(p->forward_fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0;
+  }
+  // A full ring or socket: dropped, as a full receive queue drops.
+  ++(taken ? counters_.forwarded : counters_.process_full);
 }
 
 std::string DeviceService::CountersText() const {
   const ServiceCounters& c = counters_;
   return "received " + std::to_string(c.received) + "\nforwarded " + std::to_string(c.forwarded) + "\nno_route " +
-         std::to_string(c.no_route) + "\nprocess_full " + std::to_string(c.process_full) + "\nbad_control " +
+         std::to_string(c.no_route) + "\nprocess_full " + std::to_string(c.process_full) + "\nrings " + std::to_string(c.rings) + "\nbad_control " +
          std::to_string(c.bad_control) + "\nprocesses_joined " + std::to_string(c.processes_joined) + "\n";
 }
 

@@ -26,7 +26,9 @@
 #include <vector>
 
 #include "wire/address.h"
+#include "wire/packet_ring.h"
 #include "wire/service_protocol.h"
+#include "wire/udp_socket.h"
 
 namespace uroce::service {
 
@@ -34,7 +36,8 @@ struct ServiceCounters {
   uint64_t received = 0;         // datagrams taken from UDP 4791
   uint64_t forwarded = 0;        // handed to a process
   uint64_t no_route = 0;         // nobody owns the destination (a dead process's QPN, no listener): dropped
-  uint64_t process_full = 0;     // the process's forward socket was full: dropped, as a full receive queue drops
+  uint64_t process_full = 0;     // the process's ring or forward socket was full: dropped, as a full receive queue drops
+  uint64_t rings = 0;            // processes that had us forward into a ring of theirs (kRingOffer)
   uint64_t bad_control = 0;      // control messages refused
   uint64_t processes_joined = 0;
 };
@@ -60,6 +63,9 @@ class DeviceService {
   struct Process {
     boost::asio::posix::stream_descriptor control;  // SOCK_SEQPACKET; Asio only waits, the calls are ours
     int forward_fd = -1;  // the datagram socket the process handed us
+    std::unique_ptr<wire::PacketRing> ring;  // once it offered one: where its packets go instead
+    int doorbell = -1;                       // its eventfd, rung when it sleeps
+    bool unpublished = false;                // records written into its ring since the last Publish
     uint8_t owner = 0;
     explicit Process(boost::asio::io_context& io) : control(io) {}
     ~Process();
@@ -68,11 +74,15 @@ class DeviceService {
   void AcceptNext();
   void Admit(std::shared_ptr<Process> p);
   void ReadControl(std::shared_ptr<Process> p);
-  void HandleControl(Process& p, const wire::ControlMessage& m, int passed_fd);
+  // `fds`: the descriptors that came with `m`; it keeps what it needs and closes the rest.
+  void HandleControl(Process& p, const wire::ControlMessage& m, std::vector<int>& fds);
   void Reply(Process& p, wire::ControlType type, int32_t status, uint64_t value);
   void Leave(Process& p);
   void WaitUdp();
-  int DrainUdp();  // one recvmmsg's worth: how many datagrams it took
+  // One receive's worth (UDP_GRO runs split into their datagrams), each forwarded; then the rings written are
+  // published. How many datagrams it took, or -errno (-EAGAIN: none queued).
+  int DrainUdp();
+  void Forward(const wire::InDatagram& d);
   Process* RouteTo(std::span<const uint8_t> packet);
   uint8_t NextOwner();
   void ArmLingerIfIdle();
@@ -91,7 +101,9 @@ class DeviceService {
   uint8_t last_owner_ = 0;
   size_t processes_ = 0;
   ServiceCounters counters_;
-  std::vector<uint8_t> buffers_;
+  wire::DatagramReceiver receiver_;
+  wire::UdpCounterSet udp_counters_;
+  std::vector<Process*> unpublished_;  // processes whose rings have records not yet published (DrainUdp)
 };
 
 }  // namespace uroce::service

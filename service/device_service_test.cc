@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 
 #include "wire/cm_mad.h"
 #include "wire/headers.h"
+#include "wire/packet_ring.h"
 #include "wire/udp_socket.h"
 #include "wire/unix_socket.h"
 
@@ -207,6 +209,72 @@ TEST_F(DeviceServiceTest, GarbageGetsAnErrorAndTheServiceServesOn) {
   EXPECT_EQ(second_hello.Request(wire::ControlType::kHello, 0), EINVAL);  // no socket, and joined already
   SendToService(DataPacket(wire::WithOwner24(stranger.owner, 0x11), 3));
   EXPECT_EQ(stranger.NextForwarded(), DataPacket(wire::WithOwner24(stranger.owner, 0x11), 3));
+}
+
+TEST_F(DeviceServiceTest, AProcessThatOffersARingGetsItsPacketsThereRunsSplitIntoDatagrams) {
+  FakeProcess a;
+  ASSERT_EQ(a.Join(address_), 0);
+  SendToService(DataPacket(wire::WithOwner24(a.owner, 0x11), 1));
+  EXPECT_EQ(a.NextForwarded(), DataPacket(wire::WithOwner24(a.owner, 0x11), 1));  // before the offer: the socket
+
+  std::unique_ptr<wire::PacketRing> ring;
+  int ring_fd = -1;
+  ASSERT_EQ(wire::PacketRing::Create(size_t{1} << 20, &ring, &ring_fd), 0);
+  const int doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ASSERT_GE(doorbell, 0);
+  const int not_a_ring = eventfd(0, EFD_CLOEXEC);
+  const int bad[2] = {not_a_ring, doorbell};
+  ASSERT_EQ(wire::SendControl(a.control, {wire::ControlType::kRingOffer, 0, 0}, bad), 0);
+  EXPECT_EQ(a.Receive().status, EINVAL) << "an eventfd is no ring";
+  const int offer[2] = {ring_fd, doorbell};
+  ASSERT_EQ(wire::SendControl(a.control, {wire::ControlType::kRingOffer, 0, ring->data_bytes()}, offer), 0);
+  EXPECT_EQ(a.Receive().status, 0);
+  close(ring_fd);
+  close(not_a_ring);
+
+  // One UDP_SEGMENT send of three 1 KiB datagrams (as a peer host's engine sends a run), then a single one; the
+  // process sleeps meanwhile, so the service rings its doorbell.
+  ring->SetSleeping(true);
+  std::vector<uint8_t> run;
+  for (uint8_t tag = 2; tag <= 4; ++tag) {
+    auto packet = DataPacket(wire::WithOwner24(a.owner, 0x11), tag);
+    packet.resize(1024, tag);
+    run.insert(run.end(), packet.begin(), packet.end());
+  }
+  bool gso = false, gro = false;
+  wire::EnableUdpOffloads(sender_, &gso, &gro);
+  if (!gso) GTEST_SKIP() << "this kernel has no UDP_SEGMENT (Linux 4.18)";
+  sockaddr_storage sa;
+  socklen_t len;
+  wire::ToSockaddr({address_, port_}, AF_INET, &sa, &len);
+  iovec iov{run.data(), run.size()};
+  msghdr msg{};
+  msg.msg_name = &sa;
+  msg.msg_namelen = len;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) uint8_t control[wire::kUdpSegmentControlBytes];
+  if (gso) wire::SetUdpSegmentControl(&msg, control, 1024);
+  ASSERT_EQ(sendmsg(sender_, &msg, 0), ssize_t(run.size()));
+  SendToService(DataPacket(wire::WithOwner24(a.owner, 0x11), 5));
+  pollfd p{doorbell, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1) << "the service rings a sleeping process's doorbell";
+  ring->SetSleeping(false);
+  std::vector<uint8_t> tags;
+  for (int i = 0; i < 500 && tags.size() < 4; ++i) {
+    ring->Drain(16, [&](std::span<const uint8_t> record) {
+      auto h = wire::ForwardHeader::Decode(record);
+      ASSERT_TRUE(h);
+      EXPECT_EQ(h->src, sender_local_);
+      const auto packet = record.subspan(wire::ForwardHeader::kSize);
+      EXPECT_EQ(packet.size(), tags.size() < 3 ? 1024u : DataPacket(0, 0).size());
+      tags.push_back(packet.back());
+    });
+    if (tags.size() < 4) usleep(1000);
+  }
+  EXPECT_EQ(tags, (std::vector<uint8_t>{2, 3, 4, 5}));
+  EXPECT_TRUE(a.NothingForwarded()) << "nothing more on the socket once the ring is there";
+  close(doorbell);
 }
 
 }  // namespace

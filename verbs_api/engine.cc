@@ -518,6 +518,10 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
             wire::HostDevicePeerName(*bound, membership->owner()).c_str(), strerror(-rc));
     return rc;
   }
+  // What the service forwards comes through a ring too, when it can map one (else on the datagram socket).
+  HostDeviceMembership* joined = membership.get();
+  transport->OfferServiceRing(
+      [joined](int ring_fd, uint64_t bytes, int doorbell) { return joined->OfferRing(ring_fd, bytes, doorbell); });
   host_transport_ = transport.get();
   transport_ = std::move(transport);
   membership_ = std::move(membership);

@@ -183,10 +183,10 @@ int HostDeviceMembership::Join(const wire::IpAddress& address, std::string* erro
   }
 }
 
-int HostDeviceMembership::Request(wire::ControlType type, uint64_t value) {
+int HostDeviceMembership::Request(wire::ControlType type, uint64_t value, std::span<const int> passed_fds) {
   std::lock_guard lock(request_mu_);
   if (control_fd_ < 0) return EPIPE;
-  if (int rc = wire::SendControl(control_fd_, {type, 0, value}); rc < 0) return -rc;
+  if (int rc = wire::SendControl(control_fd_, {type, 0, value}, passed_fds); rc < 0) return -rc;
   wire::ControlMessage reply;
   const int rc = wire::ReceiveControl(control_fd_, 5000, &reply);
   if (rc != 0) return rc == -EAGAIN ? EPIPE : -rc;
@@ -196,5 +196,9 @@ int HostDeviceMembership::Request(wire::ControlType type, uint64_t value) {
 
 int HostDeviceMembership::Listen(uint64_t service_id) { return Request(wire::ControlType::kListen, service_id); }
 int HostDeviceMembership::Unlisten(uint64_t service_id) { return Request(wire::ControlType::kUnlisten, service_id); }
+int HostDeviceMembership::OfferRing(int ring_fd, uint64_t ring_bytes, int doorbell) {
+  const int fds[2] = {ring_fd, doorbell};
+  return Request(wire::ControlType::kRingOffer, ring_bytes, fds);
+}
 
 }  // namespace uroce::verbs

@@ -29,6 +29,10 @@ class HostDeviceMembership {
   // another process listens; EPIPE: the service is gone).
   int Listen(uint64_t service_id);
   int Unlisten(uint64_t service_id);
+  // Asks the service to forward our packets into the PacketRing of memfd `ring_fd` (`ring_bytes` of data) from now
+  // on, ringing `doorbell` (an eventfd) when we sleep, instead of on the datagram socket. 0 or an errno (EINVAL: the
+  // service could not map it; EPIPE: the service is gone).
+  int OfferRing(int ring_fd, uint64_t ring_bytes, int doorbell);
 
   int control_fd() const { return control_fd_; }
   // Ours to hand to the transport, which then owns it.
@@ -41,7 +45,7 @@ class HostDeviceMembership {
 
  private:
   int TryJoin(const wire::IpAddress& address, std::string* error);
-  int Request(wire::ControlType type, uint64_t value);
+  int Request(wire::ControlType type, uint64_t value, std::span<const int> passed_fds = {});
 
   int control_fd_ = -1;
   int forward_fd_ = -1;

@@ -50,7 +50,9 @@ HostDeviceTransport::~HostDeviceTransport() {
   for (int fd : {forward_fd_, wake_fd_, epoll_fd_, listen_fd_}) {
     if (fd >= 0) close(fd);
   }
-  for (Inbound& in : inbound_) close(in.fd);
+  for (Inbound& in : inbound_) {
+    if (in.fd != forward_fd_) close(in.fd);
+  }
 }
 
 HostDeviceTransport::Peer::~Peer() {
@@ -80,6 +82,20 @@ int HostDeviceTransport::Init() {
   if (control_fd_ >= 0) {
     if (int rc = add(control_fd_, EPOLLRDHUP, kTagControl)) return rc;  // hang-up only: replies are read elsewhere
   }
+  return 0;
+}
+
+int HostDeviceTransport::OfferServiceRing(
+    const std::function<int(int ring_fd, uint64_t ring_bytes, int doorbell)>& offer) {
+  Inbound in;
+  in.fd = forward_fd_;
+  int ring_fd = -1;
+  if (int rc = PacketRing::Create(PacketRing::kDefaultDataBytes, &in.ring, &ring_fd); rc < 0) return rc;
+  const int err = offer(ring_fd, in.ring->data_bytes(), wake_fd_);
+  close(ring_fd);
+  if (err != 0) return -err;
+  inbound_.push_back(std::move(in));
+  rings_ = true;
   return 0;
 }
 

@@ -60,6 +60,11 @@ class HostDeviceTransport final : public Transport {
 
   // 0, or -errno: of eventfd(2), epoll_create1(2), or of binding our peer name (-EADDRINUSE: someone holds it).
   int Init();
+  // Makes a ring for what the service forwards (packets from other hosts) and hands it, with our doorbell, to
+  // `offer` (HostDeviceMembership::OfferRing: returns 0 or an errno). From then on those packets come through the
+  // ring, after any still queued on the forward socket. 0, or -errno of PacketRing::Create or of `offer` (the
+  // forward socket stays the way in).
+  int OfferServiceRing(const std::function<int(int ring_fd, uint64_t ring_bytes, int doorbell)>& offer);
 
   UdpEndpoint local() const override { return local_; }
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override {
@@ -90,9 +95,10 @@ class HostDeviceTransport final : public Transport {
     std::atomic<bool> closed{false};  // it hung up: connect again (its number may belong to a newcomer by then)
     ~Peer();
   };
-  // A connection from another process of the host (receiving side; polling thread only).
+  // A connection from another process of the host, or the service's forward socket (receiving side; polling thread
+  // only).
   struct Inbound {
-    int fd = -1;
+    int fd = -1;  // the connection (ours to close), or forward_fd_
     std::unique_ptr<PacketRing> ring;  // what it writes to us
     bool socket_drained = false;  // what it sent on the connection before the ring has been taken
   };
