@@ -121,3 +121,67 @@ wait_listening() {  # wait_listening PORT PID: until a socket listens on PORT (n
   done
   return 1
 }
+
+# Medians and ranges of the figures given as arguments (the benches' reports).
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+range() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "-" hi}'; }
+
+# uroce_vs_rxe GUEST_DIR PREFIX ROUNDS QUICK: `uroce bench vs-rxe` once the guest (tests/interop/build_guest.sh's
+# directory) and an install of uroce (PREFIX/lib/uroce: the drop-in libraries and the device service) are there:
+# boots the guest under TCG with 2 vCPUs, PREFIX as its /opt/uroce and tools/vs_rxe_guest.sh (beside this file) as
+# its program, and prints the table. The guest's network is QEMU's user mode,
+# restricted: nothing leaves it. Fails when the guest does not finish or a pair failed.
+uroce_vs_rxe() {
+  local guest="$1" prefix="$2" rounds="$3" quick="$4" work rc=0 script
+  script="$(dirname "${BASH_SOURCE[0]}")/vs_rxe_guest.sh"
+  work=$(mktemp -d)
+  mkdir -p "$work/root/opt/uroce/lib"
+  cp -r "$prefix/lib/uroce" "$work/root/opt/uroce/lib/"
+  install -m 0755 "$script" "$work/root/vs-rxe.sh"
+  (cd "$work/root" && find . | LC_ALL=C sort | cpio --quiet -o -H newc) >"$work/overlay.cpio"
+  cat "$guest/initramfs.cpio" "$work/overlay.cpio" >"$work/initramfs.cpio"  # the later archive adds to the first
+  echo "uroce: booting the guest (TCG, 2 vCPUs): $rounds round(s) of 4 perftest pairs over rxe and over uroce" >&2
+  timeout 5400 qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1024 -nodefaults -no-reboot -display none \
+    -serial "file:$work/console.log" -kernel "$guest/vmlinux" -initrd "$work/initramfs.cpio" \
+    -append "console=ttyS0 panic=-1 quiet uroce_addr=10.0.2.15/24 uroce_mtu=9000 uroce_run=/vs-rxe.sh uroce_rounds=$rounds uroce_quick=$quick" \
+    -netdev user,id=n0,restrict=on -device virtio-net-pci,netdev=n0,romfile= </dev/null || rc=$?
+  if ! grep -q '^uroce-guest: done' "$work/console.log"; then
+    echo "uroce: the guest did not finish (qemu exit $rc); its console:" >&2
+    tail -n 30 "$work/console.log" >&2
+    rm -rf "$work"
+    return 1
+  fi
+  grep '^vs-rxe: ' "$work/console.log" | tr -d '\r' >"$work/figures"
+  rc=0
+  uroce_vs_rxe_report "$work/figures" || rc=1
+  rm -rf "$work"
+  return "$rc"
+}
+
+# The table of bench vs-rxe from the guest's "vs-rxe: IMPL TEST VALUE [P999]" lines; fails when a pair failed.
+uroce_vs_rxe_report() {
+  local figures="$1" t impl v failed unit
+  head -n 1 "$figures" | sed 's/^vs-rxe: /  /'
+  failed=$(grep '^vs-rxe: failed ' "$figures") && printf '%s\n' "$failed" >&2
+  printf '  %-31s %11s %18s %11s %18s %9s\n' figure "kernel rxe" "[range]" uroce "[range]" "uroce/rxe"
+  for t in write_bw read_bw send_lat write_lat; do
+    local -A med=() rng=()
+    for impl in rxe uroce; do
+      v=$(awk -v i="$impl" -v t="$t" '$2 == i && $3 == t {print $4}' "$figures")
+      [ -n "$v" ] || { med[$impl]=0; rng[$impl]="-"; continue; }
+      med[$impl]=$(median $v)
+      rng[$impl]=$(range $v)
+    done
+    unit="MB/s, 64 KiB"
+    case "$t" in send_lat) unit="us typical, 2 B" ;; write_lat) unit="us typical, 8 B" ;; esac
+    awk -v f="ib_$t ($unit)" -v r="${med[rxe]}" -v rr="[${rng[rxe]}]" -v u="${med[uroce]}" -v ur="[${rng[uroce]}]" \
+      'BEGIN {printf "  %-31s %11.2f %18s %11.2f %18s %9.2f\n", f, r, rr, u, ur, (r > 0 ? u / r : 0)}'
+  done
+  for t in send_lat write_lat; do
+    for impl in rxe uroce; do
+      v=$(awk -v i="$impl" -v t="$t" '$2 == i && $3 == t && $5 != "" {print $5}' "$figures")
+      [ -n "$v" ] && printf '  ib_%-9s p99.9 %-5s %9.2f us [%s]\n' "$t" "$impl" "$(median $v)" "$(range $v)"
+    done
+  done
+  [ -z "$failed" ]
+}

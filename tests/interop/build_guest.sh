@@ -13,6 +13,9 @@
 #
 # Guest interface (kernel command line; the kernel hands unknown key=value words to /init as its environment):
 #   uroce_addr=A.B.C.D/N   address of eth0      uroce_cmd_port=P   TCP port of the command shell (busybox nc -ll -e)
+#   uroce_mtu=N            MTU of eth0 (default the driver's)
+#   uroce_run=PATH         instead of the shell: run PATH (added to the initramfs by the caller) once rxe0 is up,
+#                          its output on the console, then print "uroce-guest: done" and power off
 # /init prints "uroce-guest: ready" on the console once rxe0 is up and the command port listens.
 set -euo pipefail
 # Test runners (Bazel) give a minimal PATH; depmod and modprobe live in /sbin.
@@ -24,8 +27,9 @@ MIRRORS=(
   "deb http://deb.debian.org/debian $SUITE-updates main"
   "deb http://deb.debian.org/debian-security $SUITE-security main"
 )
-USERLAND=(libc6 libstdc++6 busybox-static kmod iproute2 ibverbs-utils ibverbs-providers rdmacm-utils perftest)
-# libstdc++6: for the host-built tests/rdma_verify the test adds at boot.
+USERLAND=(libc6 libstdc++6 liburing2 busybox-static kmod iproute2 ibverbs-utils ibverbs-providers rdmacm-utils perftest)
+# libstdc++6: for the host-built tests/rdma_verify the test adds at boot; liburing2: for uroce's libraries, which
+# `tools/uroce bench vs-rxe` adds at boot to run beside rxe in the guest.
 # rdma_rxe pulls ib_core, ib_uverbs, udp tunnels; rxe's ICRC is CRC-32 through the crypto API (crc32_generic).
 MODULES=(virtio_pci virtio_net crc32_generic rdma_rxe rdma_ucm)
 
@@ -141,9 +145,15 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 for m in virtio_pci virtio_net crc32_generic rdma_rxe rdma_ucm; do /sbin/modprobe "$m" || echo "uroce-guest: modprobe $m failed"; done
 /bin/ip link set lo up
 /bin/ip addr add "$uroce_addr" dev eth0
+[ -z "${uroce_mtu:-}" ] || /bin/ip link set eth0 mtu "$uroce_mtu"
 /bin/ip link set eth0 up
 /usr/bin/rdma link add rxe0 type rxe netdev eth0 || echo "uroce-guest: rdma link add failed"
 cd /tmp
+if [ -n "${uroce_run:-}" ]; then
+  "$uroce_run" </dev/null 2>&1
+  echo "uroce-guest: done"
+  /bin/busybox poweroff -f
+fi
 /bin/busybox nc -ll -p "$uroce_cmd_port" -e /bin/sh &
 # "ready" only once the shell's port is in the LISTEN state (0A, include/net/tcp_states.h); nc listens on IPv6 (::)
 # when it can, so look in both tables.

@@ -1,0 +1,100 @@
+#!/bin/sh
+# Runs inside the QEMU guest of tests/interop/build_guest.sh for `tools/uroce bench vs-rxe` (as its uroce_run): the
+# same unmodified perftest pairs over the kernel's rxe0 and over uroce (installed in /opt/uroce, the host device on
+# eth0's address), alternating, each pair's two processes in this guest. busybox sh: no bash here.
+#
+# Kernel command line (the guest's /init has them in its environment): uroce_addr=A.B.C.D/N (eth0's address),
+# uroce_rounds=N (default 3), uroce_quick=1 (short runs: a smoke test). Prints one line per figure:
+#   vs-rxe: IMPL TEST VALUE [P999]      IMPL rxe|uroce; TEST write_bw|read_bw (MB/s) or send_lat|write_lat (typical
+#                                       and 99.9th percentile, us)
+# and "vs-rxe: failed IMPL TEST: ..." for a pair that did not finish.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+addr=${uroce_addr%/*}
+rounds=${uroce_rounds:-3}
+lib=/opt/uroce/lib/uroce
+if [ "${uroce_quick:-0}" = 1 ]; then
+  bw_iters=200
+  lat_iters=500
+else
+  bw_iters=2000
+  lat_iters=5000
+fi
+port=18515
+port_hex=$(printf %04X $port)
+
+# rxe0's GID index of eth0's IPv4 address (::ffff:A.B.C.D): RoCEv2 over IPv4, as uroce's GID 0 is.
+rxe_gid_index() {
+  want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(echo "$addr" | tr . ' '))
+  for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+    [ "$(cat "$f" 2>/dev/null)" = "$want" ] && { basename "$f"; return; }
+  done
+  echo 1
+}
+
+# rdma_rxe holds UDP 4791 on every address of the namespace while it is loaded: one of the two at a time.
+rxe_up() {
+  /sbin/modprobe rdma_rxe && /usr/bin/rdma link add rxe0 type rxe netdev eth0
+  tries=0
+  while [ ! -e /sys/class/infiniband/rxe0/ports/1/gids/1 ] && [ $tries -lt 100 ]; do
+    usleep 50000
+    tries=$((tries + 1))
+  done
+}
+rxe_down() {
+  /usr/bin/rdma link delete rxe0
+  /sbin/modprobe -r rdma_ucm rdma_rxe
+}
+
+listening() { grep -q ":$port_hex [0-9A-F]*:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null; }
+
+# pair IMPL TEST PROGRAM ARGS...: one perftest pair; prints its figure line.
+pair() {
+  impl=$1 test=$2
+  shift 2
+  if [ "$impl" = rxe ]; then
+    set -- "$@" -d rxe0 -x "$(rxe_gid_index)"
+    launch=""
+  else
+    set -- "$@" -d uroce0 -x 0
+    launch="env LD_LIBRARY_PATH=$lib LD_PRELOAD=$lib/liburoce_preload.so UROCE_DEVICE=host UROCE_ADDR=$addr"
+  fi
+  $launch timeout -s KILL 300 "$@" -p $port >/tmp/server.out 2>&1 &
+  server=$!
+  tries=0
+  while ! listening && [ $tries -lt 600 ]; do
+    usleep 50000
+    tries=$((tries + 1))
+  done
+  $launch timeout -s KILL 300 "$@" -p $port "$addr" >/tmp/client.out 2>&1
+  rc=$?
+  wait $server
+  line=$(grep -A1 '#bytes' /tmp/client.out | tail -n 1)
+  case "$test" in
+    *_bw) value=$(echo "$line" | awk '{print $4}') p999="" ;;
+    *) value=$(echo "$line" | awk '{print $5}') p999=$(echo "$line" | awk '{print $9}') ;;
+  esac
+  if [ "$rc" -ne 0 ] || [ -z "$value" ]; then
+    echo "vs-rxe: failed $impl $test: exit $rc: $(tail -n 3 /tmp/client.out | tr '\n' ' ')"
+  else
+    echo "vs-rxe: $impl $test $value $p999"
+  fi
+}
+
+run_all() {
+  pair "$1" write_bw ib_write_bw -s 65536 -n $bw_iters
+  pair "$1" read_bw ib_read_bw -s 65536 -n $bw_iters
+  pair "$1" send_lat ib_send_lat -s 2 -n $lat_iters
+  pair "$1" write_lat ib_write_lat -s 8 -n $lat_iters
+}
+
+echo "vs-rxe: guest $(uname -r), $(grep -c ^processor /proc/cpuinfo) CPUs, eth0 MTU $(cat /sys/class/net/eth0/mtu)," \
+  "$rounds rounds"
+# rxe0 is up (the guest's /init made it): rxe first, then uroce, alternating.
+round=1
+while [ $round -le "$rounds" ]; do
+  run_all rxe
+  rxe_down
+  run_all uroce
+  rxe_up
+  round=$((round + 1))
+done
