@@ -74,6 +74,11 @@ struct DeviceConfig {
   // numbers are owner << 16 | n (24 bits), CM comm IDs owner << 24 | n (wire/service_protocol.h). 0: the device
   // owns its address alone and numbers freely.
   uint8_t owner = 0;
+  // How many times slower than an ordinary machine this one runs (verbs_api/time_scale.h): how long an ACK is held
+  // for a reply to carry it (RcResponder::kAckHoldNs, kAckCoalesceNs) stretches with it, since the reply takes that
+  // much longer to come (in a TCG guest a held ACK left alone before the reply, and the peer, which then waited on
+  // memory, needed its progress thread woken for the reply).
+  double time_scale = 1;
   // The decision trace: one line per decision of the protocol (which step of a request's or a response's way
   // decided what, what a timer did), for a developer following a packet's fate (UROCE_TRACE=1 prints it on stderr).
   // Empty: off, and nothing is formatted.

@@ -51,7 +51,8 @@ void RcResponder::Acknowledge(uint32_t psn, bool one_packet, OutBatch& out) {
     SendAck(psn, wire::Aeth::Ack(wire::kInvalidCredits, R.msn), out);
     return;
   }
-  const uint64_t due = core_.Now() + (one_packet && !R.ack_held ? kAckHoldNs : kAckCoalesceNs);
+  const uint64_t hold = one_packet && !R.ack_held ? kAckHoldNs : kAckCoalesceNs;
+  const uint64_t due = core_.Now() + uint64_t(double(hold) * core_.config.time_scale);
   R.held_due_ns = R.ack_held ? std::min(R.held_due_ns, due) : due;
   R.ack_held = true;
   R.held_psn = psn;

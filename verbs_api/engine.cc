@@ -1,6 +1,7 @@
 #include "verbs_api/engine.h"
 
 #include "verbs_api/device_tree.h"
+#include "verbs_api/time_scale.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -458,6 +459,9 @@ int Engine::Start(const EngineConfig& config) {
   }
   std::random_device entropy;
   dc.id_seed = (uint64_t{entropy()} << 32 | entropy()) | 1;  // never 0: keys, QPNs and comm IDs differ by run
+  // On a machine that runs slower than the thresholds assume (an emulator), they stretch with it.
+  time_scale_ = MeasureTimeScale();
+  dc.time_scale = time_scale_;
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::SystemClock::Instance());
   // Received requests' ACKs are held a little (Device::AckTiming::kHeld): whoever receives, the application may
   // answer at once, and its reply then leaves first with the ACK behind it.
@@ -468,6 +472,11 @@ int Engine::Start(const EngineConfig& config) {
     fprintf(stderr, "uroce: timerfd_create: %s\n", strerror(err));
     return err;
   }
+  poll_pattern_.SetTimeScale(time_scale_);
+  spin_ns_ = Scaled(kSpinNs);
+  app_polling_ns_ = Scaled(kAppPollingNs);
+  lease_ns_ = Scaled(kLeaseNs);
+  receive_after_send_ns_ = Scaled(kReceiveAfterSendNs);
   progress_ = std::thread([this] { ProgressLoop(); });
   stats_ = config.stats;
   // A program may exit without closing the device: the ACKs still held leave (its peer's last messages would be
@@ -559,6 +568,7 @@ std::string Engine::CountersText() const {
             "\nudp_coalesced_receives " + std::to_string(u.coalesced_receives) + "\nudp_receive_overflows " +
             std::to_string(u.receive_overflows) + "\n";
   }
+  text += "time_scale_percent " + std::to_string(uint64_t(time_scale_ * 100)) + "\n";
   if (host_transport_ != nullptr) {
     text += "host_device_owner " + std::to_string(membership_->owner()) + "\nhost_device_peer_sent " +
             std::to_string(host_transport_->peer_sent()) + "\nhost_device_ring_sent " +
@@ -600,7 +610,7 @@ void Engine::ProgressLoop() {
       // with an application thread inside. Every renewal moves the timer back (DriveFromApplication), so while an
       // application keeps polling this thread sleeps through; an early end (EndLease) or a stop makes it expire now.
       const bool for_lease = lease > now;
-      ArmLeaseTimer(for_lease ? lease : now + kLeaseNs / 4);
+      ArmLeaseTimer(for_lease ? lease : now + lease_ns_ / 4);
       // An end or a stop between the read above and this arming set the timer before we did: look again.
       if (stop_.load(std::memory_order_acquire) ||
           (for_lease && lease_until_ns_.load(std::memory_order_acquire) == 0))
@@ -617,7 +627,7 @@ void Engine::ProgressLoop() {
     const uint64_t last_traffic = last_traffic_ns_.load(std::memory_order_relaxed);
     const bool expecting = now < first_packets_until_ns_.load(std::memory_order_relaxed);
     const bool spin =
-        (now - last_traffic < kSpinNs || expecting) && now - poll_pattern_.last_empty_poll_ns() > kAppPollingNs;
+        (now - last_traffic < spin_ns_ || expecting) && now - poll_pattern_.last_empty_poll_ns() > app_polling_ns_;
     if (spin != spinning) {
       std::lock_guard lock(receive_mu_);
       transport_->SetReceiveArmed(!spin);  // spinning: straight from the socket, nobody woken per packet
@@ -676,14 +686,14 @@ int Engine::DriveFromApplication() {
     return -1;
   }
   const uint64_t lease = lease_until_ns_.load(std::memory_order_relaxed);
-  if (lease < now + kLeaseNs / 2) {
-    lease_until_ns_.store(now + kLeaseNs, std::memory_order_release);
+  if (lease < now + lease_ns_ / 2) {
+    lease_until_ns_.store(now + lease_ns_, std::memory_order_release);
     if (lease <= now) {
       transport_->Wake();  // the progress thread, blocked in Poll, hands the receive side over
       poll_pattern_.OnReceiveSide(false);
       return -1;
     }
-    ArmLeaseTimer(now + kLeaseNs);  // the progress thread sleeps on with the lease
+    ArmLeaseTimer(now + lease_ns_);  // the progress thread sleeps on with the lease
   }
   std::unique_lock lock(receive_mu_, std::try_to_lock);
   const bool held = lock.owns_lock() && receive_with_applications_;
@@ -698,7 +708,7 @@ int Engine::DriveFromApplication() {
     app_datagrams_.fetch_add(uint64_t(n), std::memory_order_relaxed);
     last_traffic_ns_.store(now, std::memory_order_relaxed);
   }
-  next_receive_after_send_ns_.store(now + kReceiveAfterSendNs, std::memory_order_relaxed);  // it just received
+  next_receive_after_send_ns_.store(now + receive_after_send_ns_, std::memory_order_relaxed);  // it just received
   if (now >= app_timers_due_ns_.load(std::memory_order_relaxed)) {
     app_timers_due_ns_.store(now + kAppTimersEveryNs, std::memory_order_relaxed);
     // Until the lease ends, this or the progress thread comes back: timers armed later need no wake-up.
@@ -720,7 +730,7 @@ void Engine::ReceiveAfterSend() {
   if (now < next_receive_after_send_ns_.load(std::memory_order_relaxed)) return;
   std::unique_lock lock(receive_mu_, std::try_to_lock);
   if (!lock.owns_lock() || !receive_with_applications_.load(std::memory_order_relaxed)) return;
-  next_receive_after_send_ns_.store(now + kReceiveAfterSendNs, std::memory_order_relaxed);
+  next_receive_after_send_ns_.store(now + receive_after_send_ns_, std::memory_order_relaxed);
   const int n = transport_->Poll(handler_, 0);
   if (n > 0) {
     app_datagrams_.fetch_add(uint64_t(n), std::memory_order_relaxed);

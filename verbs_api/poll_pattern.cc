@@ -7,7 +7,7 @@ namespace uroce::verbs {
 bool PollPattern::OnEmptyPoll(uint64_t now) {
   const uint64_t last = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
   const uint64_t inside = inside_since_poll_ns_.exchange(0, std::memory_order_relaxed);
-  if (now - last - std::min(now - last, inside) > kStreakGapNs) streak_start_ns_.store(now, std::memory_order_relaxed);
+  if (now - last - std::min(now - last, inside) > streak_gap_ns_) streak_start_ns_.store(now, std::memory_order_relaxed);
   const uint64_t completed = last_completion_ns_.load(std::memory_order_relaxed);
   uint64_t think = think_ns_.load(std::memory_order_relaxed);
   // The first empty poll since a completion, which came while this process received for itself.
@@ -15,16 +15,16 @@ bool PollPattern::OnEmptyPoll(uint64_t now) {
       held_.load(std::memory_order_relaxed)) {
     const uint64_t before = think;
     const uint64_t outside = now - completed - std::min(now - completed, inside_ns_.load(std::memory_order_relaxed));
-    think = (think * 7 + std::min(outside, kThinkClipNs)) / 8;
+    think = (think * 7 + std::min(outside, think_clip_ns_)) / 8;
     think_ns_.store(think, std::memory_order_relaxed);
     // Disengaged now: the next offer comes kProbeEveryNs from here.
-    if (before < kThinkNs && think >= kThinkNs) last_probe_ns_.store(now, std::memory_order_relaxed);
+    if (before < think_limit_ns_ && think >= think_limit_ns_) last_probe_ns_.store(now, std::memory_order_relaxed);
   }
-  if (think >= kThinkNs && now - last_probe_ns_.load(std::memory_order_relaxed) > kProbeEveryNs) {
+  if (think >= think_limit_ns_ && now - last_probe_ns_.load(std::memory_order_relaxed) > kProbeEveryNs) {
     last_probe_ns_.store(now, std::memory_order_relaxed);
-    think_ns_.store(think = kThinkNs - 1, std::memory_order_relaxed);
+    think_ns_.store(think = think_limit_ns_ - 1, std::memory_order_relaxed);
   }
-  const bool engage = now - streak_start_ns_.load(std::memory_order_relaxed) >= kEngageNs && think < kThinkNs;
+  const bool engage = now - streak_start_ns_.load(std::memory_order_relaxed) >= engage_ns_ && think < think_limit_ns_;
   engaged_.store(engage, std::memory_order_relaxed);
   if (!engage) held_.store(false, std::memory_order_relaxed);
   return engage;

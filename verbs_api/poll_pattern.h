@@ -33,6 +33,15 @@ class PollPattern {
   static constexpr uint64_t kThinkClipNs = 2 * kThinkNs;
   static constexpr uint64_t kProbeEveryNs = 100'000'000;
 
+  // The thresholds above (but kProbeEveryNs) are for an ordinary machine; on one that runs `scale` times slower
+  // (verbs_api/time_scale.h) they are that many times longer. Call before the first report.
+  void SetTimeScale(double scale) {
+    engage_ns_ = uint64_t(double(kEngageNs) * scale);
+    streak_gap_ns_ = uint64_t(double(kStreakGapNs) * scale);
+    think_limit_ns_ = uint64_t(double(kThinkNs) * scale);
+    think_clip_ns_ = 2 * think_limit_ns_;
+  }
+
   // A poll returned completions at `now_ns`: the start of a think time.
   void OnCompletion(uint64_t now_ns) {
     inside_ns_.store(0, std::memory_order_relaxed);
@@ -70,6 +79,8 @@ class PollPattern {
   std::atomic<bool> engaged_{false};   // the last verdict of OnEmptyPoll
   std::atomic<bool> held_{false};      // the last engaged poll held the receive side (OnReceiveSide)
   std::atomic<uint64_t> last_probe_ns_{0};
+  uint64_t engage_ns_ = kEngageNs, streak_gap_ns_ = kStreakGapNs, think_limit_ns_ = kThinkNs,
+           think_clip_ns_ = kThinkClipNs;
 };
 
 }  // namespace uroce::verbs

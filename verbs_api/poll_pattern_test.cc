@@ -57,6 +57,22 @@ TEST(PollPatternTest, AProgramThatWaitsElsewhereAfterEachCompletionDisengagesAnd
   EXPECT_LE(engaged, 6 + 5);
 }
 
+TEST(PollPatternTest, OnAMachineThirtyTimesSlowerThePingPongOfThatMachineStillEngages) {
+  // Under QEMU's TCG everything takes ~30 times as long: a ping-pong's 1 us think time is 30 us, its 5 us wait 150.
+  PollPattern slow;
+  slow.SetTimeScale(30);
+  PollPattern unscaled;
+  uint64_t t = 1'000'000 * kUs, u = t;
+  int engaged = 0, engaged_unscaled = 0;
+  for (int i = 0; i < 200; ++i) {
+    engaged += Round(slow, t, 30 * kUs, 150 * kUs, 6 * kUs);
+    engaged_unscaled += Round(unscaled, u, 30 * kUs, 150 * kUs, 6 * kUs);
+  }
+  EXPECT_GE(engaged, 195);
+  EXPECT_LT(slow.think_ns(), 30 * PollPattern::kThinkNs);
+  EXPECT_LE(engaged_unscaled, 10) << "with the thresholds of an ordinary machine it would not";
+}
+
 TEST(PollPatternTest, ThinkTimesAreSampledOnlyWhileEngagedAndAProbeTriesAgain) {
   PollPattern p;
   uint64_t t = 1'000'000 * kUs;
