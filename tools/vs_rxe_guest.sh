@@ -33,7 +33,13 @@ rxe_gid_index() {
 
 # rdma_rxe holds UDP 4791 on every address of the namespace while it is loaded: one of the two at a time.
 rxe_up() {
-  /sbin/modprobe rdma_rxe && /usr/bin/rdma link add rxe0 type rxe netdev eth0
+  # uroce's device service lingers 0.5 s after its last process, holding UDP 4791 (12B7): rxe cannot bind it before.
+  tries=0
+  while grep -q ':12B7 ' /proc/net/udp /proc/net/udp6 2>/dev/null && [ $tries -lt 200 ]; do
+    usleep 50000
+    tries=$((tries + 1))
+  done
+  /sbin/modprobe rdma_rxe && /usr/bin/rdma link add rxe0 type rxe netdev eth0 || echo "vs-rxe: rxe0 did not come back"
   tries=0
   while [ ! -e /sys/class/infiniband/rxe0/ports/1/gids/1 ] && [ $tries -lt 100 ]; do
     usleep 50000
