@@ -77,7 +77,9 @@ struct DeviceConfig {
   // How many times slower than an ordinary machine this one runs (verbs_api/time_scale.h): how long an ACK is held
   // for a reply to carry it (RcResponder::kAckHoldNs, kAckCoalesceNs) stretches with it, since the reply takes that
   // much longer to come (in a TCG guest a held ACK left alone before the reply, and the peer, which then waited on
-  // memory, needed its progress thread woken for the reply).
+  // memory, needed its progress thread woken for the reply); so do the requester's probe floors (RcRequester::
+  // kMinProbeNs, kInitialRttNs), which must stay above the hold (in the guest ib_write_lat went back early ~15 times
+  // in 5,000 round trips).
   double time_scale = 1;
   // The decision trace: one line per decision of the protocol (which step of a request's or a response's way
   // decided what, what a timer did), for a developer following a packet's fate (UROCE_TRACE=1 prints it on stderr).

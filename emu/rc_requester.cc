@@ -120,11 +120,14 @@ void RcRequester::AckedUpTo(uint32_t next) {
   r.rtt_sent_ns = 0;
 }
 
-uint64_t RcRequester::ProbeWaitNs(const PathWindow& path) {
+uint64_t RcRequester::ProbeWaitNs(const PathWindow& path) const {
   const uint64_t srtt = path.srtt_ns();
-  if (srtt == 0) return std::max(kMinProbeNs, kProbeRoundTrips * kInitialRttNs);
+  // Floors stretch with a slow machine (DeviceConfig::time_scale), as the ACK hold they must stay above does.
+  const double scale = core_.config.time_scale;
+  const uint64_t min_probe = uint64_t(double(kMinProbeNs) * scale);
+  if (srtt == 0) return std::max(min_probe, uint64_t(double(kProbeRoundTrips * kInitialRttNs) * scale));
   // RFC 6298's RTO (srtt + 4 rttvar) where the round trip varies more than kProbeRoundTrips srtt allows for.
-  return std::max({kMinProbeNs, kProbeRoundTrips * srtt, srtt + 4 * path.rttvar_ns()});
+  return std::max({min_probe, kProbeRoundTrips * srtt, srtt + 4 * path.rttvar_ns()});
 }
 
 void RcRequester::GoBack(size_t index, uint32_t packet) {

@@ -99,7 +99,7 @@ class RcRequester : private TransportObject {
   void CompleteInOrder();
 
   // How long early retransmission waits without an ACK on `path` (kProbeRoundTrips above).
-  static uint64_t ProbeWaitNs(const PathWindow& path);
+  uint64_t ProbeWaitNs(const PathWindow& path) const;
 
  private:
   // Arms the local ACK timer (and the early-retransmission probe) from now. `now_ns`: the time of this pass through

@@ -235,8 +235,7 @@ class Engine {
   // How many times slower than an ordinary machine this one runs (MeasureTimeScale, at Start), and the thresholds
   // above stretched by it: a budget of work, not of nanoseconds.
   double time_scale_ = 1;
-  uint64_t spin_ns_ = kSpinNs, app_polling_ns_ = kAppPollingNs, lease_ns_ = kLeaseNs,
-           receive_after_send_ns_ = kReceiveAfterSendNs;
+  uint64_t spin_ns_ = kSpinNs, app_polling_ns_ = kAppPollingNs, receive_after_send_ns_ = kReceiveAfterSendNs;
   uint64_t Scaled(uint64_t ns) const { return uint64_t(double(ns) * time_scale_); }
   std::atomic<uint64_t> app_timers_due_ns_{0};
   std::atomic<uint64_t> last_traffic_ns_{0};       // when a Poll last delivered something (kActiveNs)
