@@ -25,9 +25,10 @@ namespace {
 constexpr int kPeerBufferBytes = 4 << 20;
 
 // epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
-// While rings deliver, a polling thread that may not wait looks at its sockets (the service's forwards, new
-// connections, wake-ups) at most this often: an epoll_wait costs more than the ring's whole hand-off.
-constexpr uint64_t kSocketLookEveryNs = 2'000;
+// While rings exist, a polling thread that may not wait looks at its sockets at most this often: an epoll_wait costs
+// more than a ring's whole hand-off, and with the service forwarding into a ring too, the sockets carry only new peer
+// connections, hang-ups, wake-ups for a sleeper and the fallback paths.
+constexpr uint64_t kSocketLookEveryNs = 20'000;
 
 constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagControl = uint64_t(-3),
                    kTagListen = uint64_t(-4);
