@@ -172,7 +172,8 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std
     }
     case ControlType::kRingOffer: {
       // From now on this process's packets go into its ring (it takes what is still on its socket first).
-      if (p.owner == 0 || p.ring || fds.size() != 2 || wire::PacketRing::Attach(fds[0], &p.ring) < 0) {
+      if (p.owner == 0 || p.ring || fds.size() != 2 || wire::TakeDoorbell(fds[1]) < 0 ||
+          wire::PacketRing::Attach(fds[0], &p.ring) < 0) {
         return refuse(EINVAL, ControlType::kReply);
       }
       p.doorbell = fds[1];

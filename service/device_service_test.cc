@@ -226,6 +226,13 @@ TEST_F(DeviceServiceTest, AProcessThatOffersARingGetsItsPacketsThereRunsSplitInt
   const int bad[2] = {not_a_ring, doorbell};
   ASSERT_EQ(wire::SendControl(a.control, {wire::ControlType::kRingOffer, 0, 0}, bad), 0);
   EXPECT_EQ(a.Receive().status, EINVAL) << "an eventfd is no ring";
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const int pipe_bell[2] = {ring_fd, pipe_fds[1]};
+  ASSERT_EQ(wire::SendControl(a.control, {wire::ControlType::kRingOffer, 0, ring->data_bytes()}, pipe_bell), 0);
+  EXPECT_EQ(a.Receive().status, EINVAL) << "a pipe as doorbell could block the service once full";
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
   const int offer[2] = {ring_fd, doorbell};
   ASSERT_EQ(wire::SendControl(a.control, {wire::ControlType::kRingOffer, 0, ring->data_bytes()}, offer), 0);
   EXPECT_EQ(a.Receive().status, 0);

@@ -327,7 +327,7 @@ void HostDeviceTransport::TakeRingOffer(Peer& peer) {
   const int rc = TakeControl(peer.fd, &m, &fds);
   if (rc == -EAGAIN) return;  // not yet: the receiver offers when its polling thread accepts us
   peer.offer_answered = true;
-  if (rc == 0 && m.type == ControlType::kRingOffer && m.status == 0 && fds.size() == 2 &&
+  if (rc == 0 && m.type == ControlType::kRingOffer && m.status == 0 && fds.size() == 2 && TakeDoorbell(fds[1]) == 0 &&
       PacketRing::Attach(fds[0], &peer.ring) == 0) {
     peer.doorbell = fds[1];
     fds.pop_back();

@@ -37,6 +37,11 @@ int PacketRing::Create(size_t data_bytes, std::unique_ptr<PacketRing>* ring, int
 }
 
 int PacketRing::Attach(int fd, std::unique_ptr<PacketRing>* ring) {
+  // Only a file sealed against shrinking: whoever holds another descriptor of it could otherwise cut it under our
+  // mapping, and the next access would kill this process with SIGBUS (memfd_create(2), "file sealing").
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return errno == EINVAL ? -EINVAL : -errno;  // EINVAL: not a memfd
+  if ((seals & F_SEAL_SHRINK) == 0) return -EINVAL;
   struct stat st;
   if (fstat(fd, &st) < 0) return -errno;
   if (st.st_size <= off_t(kDataOffset)) return -EINVAL;
@@ -105,5 +110,16 @@ bool PacketRing::Publish() {
 bool PacketRing::HasRecords() const { return head().load(std::memory_order_seq_cst) != read_pos_; }
 
 void PacketRing::SetSleeping(bool sleeping_now) { sleeping().store(sleeping_now ? 1 : 0, std::memory_order_seq_cst); }
+
+int TakeDoorbell(int fd) {
+  // An eventfd is an anonymous inode: no file type in its mode. Pipes, sockets, FIFOs and files have one; the other
+  // anonymous inodes (timerfd, signalfd, epoll) refuse an 8-byte write at once.
+  struct stat st;
+  if (fstat(fd, &st) < 0) return -errno;
+  if ((st.st_mode & S_IFMT) != 0) return -EINVAL;
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return -errno;
+  return 0;
+}
 
 }  // namespace uroce::wire

@@ -53,7 +53,7 @@ class PacketRing {
   // ftruncate, fcntl or mmap; -EINVAL for a bad size.
   static int Create(size_t data_bytes, std::unique_ptr<PacketRing>* ring, int* fd);
   // The producer's side: maps the ring in memfd `fd` (not taken: the caller closes it). -EINVAL when the file is
-  // not a ring (size, magic, data size disagree); -errno of fstat or mmap.
+  // not a ring (not a memfd sealed against shrinking; size, magic, data size disagree); -errno of fstat or mmap.
   static int Attach(int fd, std::unique_ptr<PacketRing>* ring);
 
   ~PacketRing();
@@ -111,6 +111,12 @@ class PacketRing {
   size_t furthest_offset_ = 0;
   unsigned writes_past_early_wrap_ = 0;
 };
+
+// A ring's doorbell as its consumer passed it: 0 when `fd` is an eventfd (an anonymous inode), which it then makes
+// non-blocking, so that a write can never block the producer whatever the consumer did to the counter; -EINVAL for a
+// pipe, socket, FIFO or file (any could block the producer that rings it: the device service, every process's);
+// -errno of fstat/fcntl.
+int TakeDoorbell(int fd);
 
 template <typename OnRecord>
 int PacketRing::Drain(size_t max, OnRecord&& on_record) {

@@ -1,6 +1,7 @@
 #include "wire/packet_ring.h"
 
 #include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -182,6 +183,39 @@ TEST(PacketRingTest, OnlyRingsAttachAndTheirSizeIsSealed) {
   std::unique_ptr<PacketRing> attached;
   EXPECT_EQ(PacketRing::Attach(other, &attached), -EINVAL);
   close(other);
+  // A ring's bytes in a memfd that is not sealed: whoever holds it could shrink it under the mapping (SIGBUS).
+  std::unique_ptr<PacketRing> real;
+  int real_fd = -1;
+  ASSERT_EQ(PacketRing::Create(kSmall, &real, &real_fd), 0);
+  const int unsealed = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(unsealed, 4096 + kSmall), 0);
+  void* from = mmap(nullptr, 4096 + kSmall, PROT_READ, MAP_SHARED, real_fd, 0);
+  ASSERT_EQ(pwrite(unsealed, from, 4096, 0), 4096);  // a valid header
+  munmap(from, 4096 + kSmall);
+  EXPECT_EQ(PacketRing::Attach(unsealed, &attached), -EINVAL);
+  close(unsealed);
+  close(real_fd);
+}
+
+TEST(PacketRingTest, OnlyAnEventFdIsADoorbell) {
+  const int bell = eventfd(0, EFD_CLOEXEC);  // blocking, as a careless consumer might pass it
+  ASSERT_GE(bell, 0);
+  EXPECT_EQ(TakeDoorbell(bell), 0);
+  EXPECT_NE(fcntl(bell, F_GETFL) & O_NONBLOCK, 0) << "a full counter must refuse, not block, its producer";
+  const uint64_t almost_full = 0xfffffffffffffffeULL;
+  ASSERT_EQ(write(bell, &almost_full, 8), 8);
+  const uint64_t one = 1;
+  EXPECT_EQ(write(bell, &one, 8), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  close(bell);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  EXPECT_EQ(TakeDoorbell(pipe_fds[1]), -EINVAL) << "a pipe could block the producer once full";
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  const int file = memfd_create("file", MFD_CLOEXEC);
+  EXPECT_EQ(TakeDoorbell(file), -EINVAL);
+  close(file);
 }
 
 }  // namespace
