@@ -1,7 +1,8 @@
 // HostDeviceTransport: the Transport of one process's share of the host device (docs/ARCHITECTURE.md, "The host
 // device"). The host's device service holds UDP 4791 of the device's address and forwards each packet arriving there
-// to the process that owns its destination, on a datagram socket the process handed it (wire/service_protocol.h: a
-// ForwardHeader, then the RoCEv2 packet). Sending needs no one: a RoCEv2 receiver looks only at the destination port,
+// to the process that owns its destination (wire/service_protocol.h: a ForwardHeader, then the RoCEv2 packet): into
+// a PacketRing the process offers it at start (OfferServiceRing), or else on a datagram socket the process handed it
+// when it joined. Sending needs no one: a RoCEv2 receiver looks only at the destination port,
 // so the process sends from a UDP socket of its own on the same address and an ephemeral source port (the flow
 // entropy a RoCE source port carries anyway).
 //
@@ -18,11 +19,13 @@
 // connection must run as our user or root (SO_PEERCRED), as the service admits only those: another user's process
 // holding a name gets nothing.
 //
-//  - Send / OutgoingFlow: the `sender` transport's (a SocketTransport bound to address:0), or the peer connection.
-//  - Poll: first the rings of the processes that send to us (no system call), then, unless rings keep delivering,
-//    epoll over the service's forward socket, the peer listener and the accepted peer connections, a wake-up
-//    eventfd and the control socket to the service, whose hang-up (the service died) is reported once through
-//    `on_service_lost`, from the polling thread.
+//  - Send / OutgoingFlow: the `sender` transport's (a SocketTransport bound to address:0), or the peer's ring, or
+//    the peer connection.
+//  - Poll: first the rings (the service's and those of the processes that send to us: no system call), then (at most
+//    every 20 us while rings exist and the caller may not wait) epoll over the service's forward socket, the peer
+//    listener and the accepted peer connections, a wake-up eventfd (also every ring's doorbell) and the control
+//    socket to the service, whose hang-up (the service died) is reported once through `on_service_lost`, from the
+//    polling thread.
 #pragma once
 
 #include <atomic>
