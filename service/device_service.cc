@@ -249,8 +249,8 @@ DeviceService::Process* DeviceService::RouteTo(std::span<const uint8_t> packet) 
 }
 
 int DeviceService::DrainUdp() {
-  const int n =
-      receiver_.Receive(udp_fd_, [this](const wire::InDatagram& d) { Forward(d); }, {address_, udp_port_}, udp_counters_);
+  const auto forward = [this](const wire::InDatagram& d) { Forward(d); };
+  const int n = receiver_.Receive(udp_fd_, forward, {address_, udp_port_}, udp_counters_);
   // One Publish per ring and receive: a run from a peer host is mostly for one process, and its doorbell rings once.
   for (Process* p : unpublished_) {
     p->unpublished = false;
@@ -297,8 +297,9 @@ void DeviceService::Forward(const wire::InDatagram& d) {
 std::string DeviceService::CountersText() const {
   const ServiceCounters& c = counters_;
   return "received " + std::to_string(c.received) + "\nforwarded " + std::to_string(c.forwarded) + "\nno_route " +
-         std::to_string(c.no_route) + "\nprocess_full " + std::to_string(c.process_full) + "\nrings " + std::to_string(c.rings) + "\nbad_control " +
-         std::to_string(c.bad_control) + "\nprocesses_joined " + std::to_string(c.processes_joined) + "\n";
+         std::to_string(c.no_route) + "\nprocess_full " + std::to_string(c.process_full) + "\nrings " +
+         std::to_string(c.rings) + "\nbad_control " + std::to_string(c.bad_control) + "\nprocesses_joined " +
+         std::to_string(c.processes_joined) + "\n";
 }
 
 }  // namespace uroce::service

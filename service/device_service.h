@@ -36,7 +36,7 @@ struct ServiceCounters {
   uint64_t received = 0;         // datagrams taken from UDP 4791
   uint64_t forwarded = 0;        // handed to a process
   uint64_t no_route = 0;         // nobody owns the destination (a dead process's QPN, no listener): dropped
-  uint64_t process_full = 0;     // the process's ring or forward socket was full: dropped, as a full receive queue drops
+  uint64_t process_full = 0;     // its ring or forward socket was full: dropped, as a full receive queue drops
   uint64_t rings = 0;            // processes that had us forward into a ring of theirs (kRingOffer)
   uint64_t bad_control = 0;      // control messages refused
   uint64_t processes_joined = 0;
