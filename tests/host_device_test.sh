@@ -9,6 +9,8 @@
 #   same_host_paths               an rdma_verify pair (bytes and atomics checked) on each way between two processes of
 #                                 the host (--same-host): shm through the shared-memory ring, unix through the UNIX
 #                                 connection, udp through real UDP and the service, each shown by the counters
+#   faults_through_the_rings      an rdma_verify pair whose packets cross the rings corrupted, lost, duplicated and
+#                                 reordered by the fault injectors: bytes intact, corruption caught by the ICRC
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
 #                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across
 #   sixty_four_processes          32 ibv_rc_pingpong pairs at once on one address; then, with processes holding the
@@ -129,6 +131,28 @@ case_same_host_paths() {
     esac
   done
   junit_check same_host_paths "$problems"
+}
+
+case_faults_through_the_rings() {
+  local addr port log="$WORK/faults" problems="" server rc=0
+  addr=$(random_loopback)
+  port=$(free_tcp_port)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" --corrupt 0.02 --dup 0.01 --reorder 0.01 --seed 3 \
+    --stats -- "$RDMA_VERIFY" --role=server --port="$port" --seed=4 >"$log.server" 2>&1 &
+  server=$!
+  wait_listening "$port" "$server"
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" --corrupt 0.02 --loss 0.01 --seed 5 --stats -- \
+    "$RDMA_VERIFY" --role=client --port="$port" --host="$addr" --ops=3000 --seed=4 >"$log.client" 2>&1 || rc=$?
+  wait "$server" || problems+="server exit status $?: $(tail -n 3 "$log.server")"$'\n'
+  [ "$rc" -eq 0 ] || problems+="client exit status $rc: $(tail -n 3 "$log.client")"$'\n'
+  grep -q "rdma_verify client: OK .* mismatches=0 server_mismatched_bytes=0" "$log.client" ||
+    problems+="the client did not verify every byte: $(grep 'rdma_verify client' "$log.client")"$'\n'
+  local side
+  for side in client server; do
+    awk '/^host_device_ring_sent / && $2 > 1000 {r = 1} /^rx_icrc_errors / && $2 > 0 {i = 1} END {exit !(r && i)}' \
+      "$log.$side" || problems+="$side: no packets through the ring or no corruption caught by the ICRC"$'\n'
+  done
+  junit_check faults_through_the_rings "$problems"
 }
 
 # two_hosts_up: two network namespaces joined by a veth pair, each a "host" with one address; sets HOST_A, HOST_B,
@@ -389,6 +413,7 @@ main() {
   make_prefix
   case_pairs_share_one_address
   case_same_host_paths
+  case_faults_through_the_rings
   case_two_hosts_eight_processes_each
   case_sixty_four_processes
   case_mpi_two_hosts ucx
