@@ -10,13 +10,11 @@
 namespace uroce::verbs {
 
 double MeasureTimeScale() {
-  const wire::Clock& clock = wire::SystemClock::Instance();
   std::atomic<uint64_t> counter{0};
   alignas(64) unsigned char from[64] = {}, to[64];
   constexpr int kRounds = 5, kLooks = 2000;
-  double best = 1e18;
-  for (int round = 0; round < kRounds; ++round) {
-    const uint64_t start = clock.NowNs();
+  const wire::Clock& clock = wire::SystemClock::Instance();
+  const uint64_t best = wire::CheapestNs(clock, kRounds, [&] {
     uint64_t sum = 0;
     for (int i = 0; i < kLooks; ++i) {
       sum += clock.NowNs();
@@ -25,9 +23,8 @@ double MeasureTimeScale() {
       std::memcpy(to, from, sizeof to);
       asm volatile("" : : "r"(to), "r"(sum) : "memory");  // the copy and the readings are used
     }
-    best = std::min(best, double(clock.NowNs() - start) / kLooks);
-  }
-  return std::clamp(best / kReferenceLookNs, 1.0, kMaxTimeScale);
+  });
+  return std::clamp(double(best) / kLooks / kReferenceLookNs, 1.0, kMaxTimeScale);
 }
 
 }  // namespace uroce::verbs

@@ -2,12 +2,11 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <array>
 #include <cstring>
-#include <ctime>
 
 #include "wire/bytes.h"
+#include "wire/clock.h"
 #include "wire/frame.h"
 #include "wire/headers.h"
 #include "wire/packet.h"
@@ -238,30 +237,23 @@ uint32_t RawFolding(uint32_t crc, const uint8_t* p, size_t len) {
 // Folding with carry-less multiplication is the fastest on every CPU that has it (ICRC of 4 KiB: ~20 GB/s against
 // slice-by-8's ~1.5), but an emulator may have it and run it slowly: under QEMU's TCG, PCLMULQDQ is a helper call,
 // and folding ran at 0.21 GB/s against slice-by-8's 0.41. So where both exist, the faster on this machine is chosen
-// by timing each on a 4 KiB packet's bytes once (the cheaper of 3 tries; ~10 us here, ~1 ms under TCG).
+// by timing each on a 4 KiB packet's bytes (the cheaper of 3 tries; ~10 us here, ~1 ms under TCG), at the first CRC
+// rather than when the library loads: a program that loads it and never sends a packet pays nothing.
 bool FoldingIsFaster() {
   if (!kHaveClmul) return false;
   alignas(64) static uint8_t bytes[4096];
   const auto cost = [](uint32_t (*crc_fn)(uint32_t, const uint8_t*, size_t)) {
-    uint64_t best = UINT64_MAX;
     uint32_t sink = 0;
-    for (int i = 0; i < 3; ++i) {
-      timespec a, b;
-      clock_gettime(CLOCK_MONOTONIC, &a);
-      sink ^= crc_fn(sink, bytes, sizeof bytes);
-      clock_gettime(CLOCK_MONOTONIC, &b);
-      best = std::min<uint64_t>(best, uint64_t(b.tv_sec - a.tv_sec) * 1'000'000'000 + uint64_t(b.tv_nsec) -
-                                          uint64_t(a.tv_nsec));
-    }
+    const uint64_t best = CheapestNs(SystemClock::Instance(), 3, [&] { sink ^= crc_fn(sink, bytes, sizeof bytes); });
     asm volatile("" : : "r"(sink));
     return best;
   };
   return cost(RawFolding) <= cost(RawSliceBy8);
 }
-const bool kUseFolding = FoldingIsFaster();
 
 inline uint32_t RawCrc(uint32_t crc, const uint8_t* p, size_t len) {
-  return kUseFolding ? RawFolding(crc, p, len) : RawSliceBy8(crc, p, len);
+  static const bool use_folding = FoldingIsFaster();
+  return use_folding ? RawFolding(crc, p, len) : RawSliceBy8(crc, p, len);
 }
 
 // The masked pseudo-header (A17.3.3) up to and including the BTH; see icrc.h. Returns its length.

@@ -31,8 +31,8 @@ namespace uroce::wire {
 // CRC-32 as zlib's crc32(): Crc32(0, data, n) is the CRC of data; Crc32(Crc32(0, a, n), b, m) is the CRC of a
 // followed by b. Uses carry-less multiplication folding when the CPU has it -- on 512-bit registers (VPCLMULQDQ +
 // AVX-512) for inputs of 256 bytes and more, else on 128-bit ones (PCLMULQDQ) -- and slicing-by-8 otherwise.
-// The choice is made once at start-up from the CPU's feature bits and, where folding exists, by timing it against
-// slicing-by-8 (an emulator may run carry-less multiplication slower than table lookups).
+// The choice is made once, at the first CRC, from the CPU's feature bits and, where folding exists, by timing it
+// against slicing-by-8 (an emulator may run carry-less multiplication slower than table lookups).
 uint32_t Crc32(uint32_t crc, const uint8_t* data, size_t len);
 
 // The implementations behind Crc32, exposed so tests can check they agree. Crc32Clmul must only be called when
