@@ -254,10 +254,7 @@ int DeviceService::DrainUdp() {
   // One Publish per ring and receive: a run from a peer host is mostly for one process, and its doorbell rings once.
   for (Process* p : unpublished_) {
     p->unpublished = false;
-    if (p->ring->Publish()) {
-      const uint64_t one = 1;
-      [[maybe_unused]] ssize_t r = write(p->doorbell, &one, sizeof one);
-    }
+    if (p->ring->Publish()) wire::SignalEventFd(p->doorbell);
   }
   unpublished_.clear();
   return n;

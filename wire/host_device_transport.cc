@@ -6,14 +6,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
-#include <algorithm>
 #include <cstring>
-#include <ctime>
 
 #include "wire/clock.h"
 #include "wire/service_protocol.h"
+#include "wire/udp_socket.h"
 #include "wire/unix_socket.h"
 
 namespace uroce::wire {
@@ -24,12 +24,12 @@ namespace {
 // unless we may force it.
 constexpr int kPeerBufferBytes = 4 << 20;
 
-// epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
 // While rings exist, a polling thread that may not wait looks at its sockets at most this often: an epoll_wait costs
 // more than a ring's whole hand-off, and with the service forwarding into a ring too, the sockets carry only new peer
 // connections, hang-ups, wake-ups for a sleeper and the fallback paths.
 constexpr uint64_t kSocketLookEveryNs = 20'000;
 
+// epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
 constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagControl = uint64_t(-3),
                    kTagListen = uint64_t(-4);
 
@@ -86,24 +86,27 @@ int HostDeviceTransport::Init() {
   return 0;
 }
 
+int HostDeviceTransport::OfferRing(const std::function<int(int ring_fd, uint64_t ring_bytes, int doorbell)>& offer,
+                                   std::unique_ptr<PacketRing>* ring) {
+  int ring_fd = -1;
+  if (int rc = PacketRing::Create(PacketRing::kDefaultDataBytes, ring, &ring_fd); rc < 0) return rc;
+  const int err = offer(ring_fd, (*ring)->data_bytes(), wake_fd_);
+  close(ring_fd);  // the other end has its own descriptor now, or none
+  if (err != 0) ring->reset();
+  return -err;
+}
+
 int HostDeviceTransport::OfferServiceRing(
     const std::function<int(int ring_fd, uint64_t ring_bytes, int doorbell)>& offer) {
   Inbound in;
   in.fd = forward_fd_;
-  int ring_fd = -1;
-  if (int rc = PacketRing::Create(PacketRing::kDefaultDataBytes, &in.ring, &ring_fd); rc < 0) return rc;
-  const int err = offer(ring_fd, in.ring->data_bytes(), wake_fd_);
-  close(ring_fd);
-  if (err != 0) return -err;
+  if (int rc = OfferRing(offer, &in.ring); rc < 0) return rc;
   inbound_.push_back(std::move(in));
   rings_ = true;
   return 0;
 }
 
-void HostDeviceTransport::Wake() {
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
-}
+void HostDeviceTransport::Wake() { SignalEventFd(wake_fd_); }
 
 int HostDeviceTransport::ReceiveQueued(int fd, const DatagramHandler& handler, bool* closed) {
   mmsghdr msgs[kBatch] = {};
@@ -196,16 +199,13 @@ void HostDeviceTransport::Accept() {
     Inbound in;
     in.fd = fd;
     // Offer a ring (or say there is none, so that the sender stops asking): the memfd and our doorbell.
-    int ring_fd = -1;
-    if (same_host_ == SameHostPath::kSharedMemory &&
-        PacketRing::Create(PacketRing::kDefaultDataBytes, &in.ring, &ring_fd) == 0) {
-      const int passed[2] = {ring_fd, wake_fd_};
-      if (SendControl(fd, {ControlType::kRingOffer, 0, in.ring->data_bytes()}, passed, MSG_DONTWAIT) < 0) {
-        in.ring.reset();
-      }
-      close(ring_fd);
-    } else {
-      in.ring.reset();
+    if (same_host_ == SameHostPath::kSharedMemory) {
+      OfferRing(
+          [fd](int ring_fd, uint64_t bytes, int doorbell) {
+            const int passed[2] = {ring_fd, doorbell};
+            return -SendControl(fd, {ControlType::kRingOffer, 0, bytes}, passed, MSG_DONTWAIT);
+          },
+          &in.ring);
     }
     if (!in.ring) SendControl(fd, {ControlType::kRingOffer, ENOTSUP, 0}, std::span<const int>(), MSG_DONTWAIT);
     rings_ = rings_ || in.ring != nullptr;
@@ -335,21 +335,22 @@ void HostDeviceTransport::TakeRingOffer(Peer& peer) {
   for (int fd : fds) close(fd);
 }
 
+void HostDeviceTransport::EncodeForwardHeader(const OutDatagram& dg, uint8_t out[ForwardHeader::kSize]) const {
+  ForwardHeader h;
+  h.src = sender_->OutgoingFlow(dg.dst, dg.src_port).src;  // the flow the ICRC was sealed for
+  h.dst = dg.dst;
+  h.Encode(out);
+}
+
 size_t HostDeviceTransport::WriteToRing(Peer& peer, std::span<const OutDatagram> run) {
   size_t written = 0;
   for (const OutDatagram& dg : run) {
-    ForwardHeader h;
-    h.src = sender_->OutgoingFlow(dg.dst, dg.src_port).src;
-    h.dst = dg.dst;
     uint8_t header[ForwardHeader::kSize];
-    h.Encode(header);
+    EncodeForwardHeader(dg, header);
     if (!peer.ring->Write(header, dg.payload)) break;
     ++written;
   }
-  if (written > 0 && peer.ring->Publish()) {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t r = write(peer.doorbell, &one, sizeof one);
-  }
+  if (written > 0 && peer.ring->Publish()) SignalEventFd(peer.doorbell);
   return written;
 }
 
@@ -381,10 +382,7 @@ size_t HostDeviceTransport::SendToPeer(uint8_t owner, std::span<const OutDatagra
   iovec iovs[kBatch][2];
   mmsghdr msgs[kBatch] = {};
   for (size_t k = 0; k < run.size(); ++k) {
-    ForwardHeader h;
-    h.src = sender_->OutgoingFlow(run[k].dst, run[k].src_port).src;
-    h.dst = run[k].dst;
-    h.Encode(headers[k]);
+    EncodeForwardHeader(run[k], headers[k]);
     iovs[k][0] = {headers[k], ForwardHeader::kSize};
     iovs[k][1] = {const_cast<uint8_t*>(run[k].payload.data()), run[k].payload.size()};
     msgs[k].msg_hdr.msg_iov = iovs[k];

@@ -38,6 +38,7 @@
 
 #include "wire/address.h"
 #include "wire/packet_ring.h"
+#include "wire/service_protocol.h"
 #include "wire/transport.h"
 
 namespace uroce::wire {
@@ -106,6 +107,10 @@ class HostDeviceTransport final : public Transport {
     bool socket_drained = false;  // what it sent on the connection before the ring has been taken
   };
 
+  // Makes a ring for a sender to write to us and hands it with our doorbell to `offer` (0 or an errno); *ring holds
+  // it on success. 0, or -errno of PacketRing::Create or of `offer`.
+  int OfferRing(const std::function<int(int ring_fd, uint64_t ring_bytes, int doorbell)>& offer,
+                std::unique_ptr<PacketRing>* ring);
   int ReceiveQueued(int fd, const DatagramHandler& handler, bool* closed);
   // One ForwardHeader + packet, as the service, a peer connection or a ring hands it over: to `handler`, or counted
   // as malformed. Returns whether it was delivered.
@@ -122,6 +127,8 @@ class HostDeviceTransport final : public Transport {
   // sendmmsg on the connection, or drops them (counted: no such process, its ring or connection full). Returns how
   // many it took.
   size_t SendToPeer(uint8_t owner, std::span<const OutDatagram> run);
+  // The ForwardHeader in front of `dg` when it goes to another process: the flow its ICRC was sealed for.
+  void EncodeForwardHeader(const OutDatagram& dg, uint8_t out[ForwardHeader::kSize]) const;
   // Writes `run` into the peer's ring (its lock held). Returns how many fitted.
   size_t WriteToRing(Peer& peer, std::span<const OutDatagram> run);
   // Takes the peer's kRingOffer if it has come (its lock held).

@@ -25,8 +25,7 @@ MulticastReceiver::~MulticastReceiver() {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
-  const uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof one);
+  SignalEventFd(wake_fd_);
   thread_.join();
   for (auto& [group, g] : groups_) close(g.fd);
   close(wake_fd_);

@@ -49,9 +49,6 @@ int SocketTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
   return receiver_.Poll(fd_, wake_fd_, handler, local_, counters_, timeout_ns);
 }
 
-void SocketTransport::Wake() {
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
-}
+void SocketTransport::Wake() { SignalEventFd(wake_fd_); }
 
 }  // namespace uroce::wire

@@ -378,6 +378,11 @@ void DrainEventFd(int fd) {
   }
 }
 
+void SignalEventFd(int fd) {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = write(fd, &one, sizeof one);
+}
+
 int DatagramReceiver::Init(unsigned batch, size_t max_datagram, bool gro, bool responses_first) {
   if (batch == 0 || max_datagram == 0) return -EINVAL;
   max_datagram_ = max_datagram;

@@ -444,10 +444,7 @@ int UringTransport::PollSocketDirectly(const DatagramHandler& handler, int64_t t
   return direct_.Poll(fd_, wake_fd_, handler, local_, counters_, timeout_ns);
 }
 
-void UringTransport::Wake() {
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t r = write(wake_fd_, &one, sizeof one);
-}
+void UringTransport::Wake() { SignalEventFd(wake_fd_); }
 
 UdpCounters UringTransport::counters() const { return counters_.Snapshot(); }
 
