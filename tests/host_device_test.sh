@@ -61,8 +61,6 @@ AGENT
 
 random_loopback() { echo "127.$((100 + RANDOM % 100)).$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1))"; }
 service_listed() { grep -q "@uroce/device/v1/$1\$" /proc/net/unix; }  # service_listed ADDRESS
-# wait_listening_in NAMESPACE PORT PID: tools/uroce.bash's wait_listening, reading the namespace's /proc/net/tcp.
-wait_listening_in() { ip netns exec "$1" bash -c 'source tools/uroce.bash && wait_listening "$1" "$2"' _ "$2" "$3"; }
 service_pid() { pgrep -f "uroce-deviced --address $1 " | head -n 1; }
 
 # run_pairs LOG_PREFIX ADDRESS N: N ibv_rc_pingpong pairs at once on the host device of ADDRESS; sets PROBLEMS.
@@ -155,27 +153,11 @@ case_faults_through_the_rings() {
   junit_check faults_through_the_rings "$problems"
 }
 
-# two_hosts_up: two network namespaces joined by a veth pair, each a "host" with one address; sets HOST_A, HOST_B,
-# ADDR_A, ADDR_B. Fails (with TWO_HOSTS_ERROR) when they cannot be made. two_hosts_down removes them.
-two_hosts_up() {
-  HOST_A="uroce-hd-$$-a" HOST_B="uroce-hd-$$-b"
-  local net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))"
-  ADDR_A="$net.1" ADDR_B="$net.2"
-  TWO_HOSTS_ERROR=$({ ip netns add "$HOST_A" && ip netns add "$HOST_B" &&
-    ip link add "veth-$$-a" netns "$HOST_A" type veth peer name "veth-$$-b" netns "$HOST_B" &&
-    ip -n "$HOST_A" addr add "$ADDR_A/24" dev "veth-$$-a" && ip -n "$HOST_B" addr add "$ADDR_B/24" dev "veth-$$-b" &&
-    ip -n "$HOST_A" link set lo up && ip -n "$HOST_B" link set lo up &&
-    ip -n "$HOST_A" link set "veth-$$-a" up && ip -n "$HOST_B" link set "veth-$$-b" up; } 2>&1) || {
-    two_hosts_down
-    return 1
-  }
-}
-two_hosts_down() { ip netns del "$HOST_A" 2>/dev/null; ip netns del "$HOST_B" 2>/dev/null; }
 
 case_two_hosts_eight_processes_each() {
   local name=two_hosts_eight_processes_each
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
-  two_hosts_up || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
   local a="$HOST_A" b="$HOST_B" addr_a="$ADDR_A" addr_b="$ADDR_B" problems="" log="$WORK/hosts" i port
   # 8 servers on A's address (4 rdma_verify, 4 ibv_rc_pingpong), 8 clients on B's, each pair across the veth. The
   # namespaces are new: every TCP port is free in them.
@@ -220,7 +202,7 @@ case_two_hosts_eight_processes_each() {
 case_mpi_two_hosts() {
   local kind="$1" name="openmpi 2 x 4 ranks across two hosts ($1)" log="$WORK/mpi.$1" rc=0 problems=""
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
-  two_hosts_up || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
   local -a transport
   if [ "$kind" = ucx ]; then
     transport=(--mca pml ucx -x UCX_TLS=self,rc_verbs,ud_verbs -x UCX_NET_DEVICES=uroce0:1)
@@ -254,7 +236,7 @@ case_mpi_two_hosts() {
 case_libfabric_one_address() {
   local ep="$1" name="fi_pingpong -e $1: two processes on one non-loopback address" log="$WORK/fi.$1" problems=""
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
-  two_hosts_up || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
   ip netns exec "$HOST_A" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" -- \
     fi_pingpong -p verbs -e "$ep" -B 9228 -I 100 >"$log.server" 2>&1 &
   local server=$! rc=0

@@ -122,6 +122,29 @@ wait_listening() {  # wait_listening PORT PID: until a socket listens on PORT (n
   return 1
 }
 
+# wait_listening_in NAMESPACE PORT PID: wait_listening, reading the network namespace's /proc/net/tcp.
+wait_listening_in() {
+  ip netns exec "$1" bash -c 'source "$1" && wait_listening "$2" "$3"' _ "${BASH_SOURCE[0]}" "$2" "$3"
+}
+
+# two_hosts_up NAME: two network namespaces NAME-a and NAME-b joined by a veth pair (MTU 1500), each a "host" with one
+# address in a random 10.x.y.0/24; sets HOST_A, HOST_B, ADDR_A, ADDR_B. Fails (root only), with TWO_HOSTS_ERROR
+# saying why, when they cannot be made. two_hosts_down removes them.
+two_hosts_up() {
+  HOST_A="$1-a" HOST_B="$1-b"
+  local net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))"
+  ADDR_A="$net.1" ADDR_B="$net.2"
+  TWO_HOSTS_ERROR=$({ ip netns add "$HOST_A" && ip netns add "$HOST_B" &&
+    ip link add "veth-$$-a" netns "$HOST_A" type veth peer name "veth-$$-b" netns "$HOST_B" &&
+    ip -n "$HOST_A" addr add "$ADDR_A/24" dev "veth-$$-a" && ip -n "$HOST_B" addr add "$ADDR_B/24" dev "veth-$$-b" &&
+    ip -n "$HOST_A" link set lo up && ip -n "$HOST_B" link set lo up &&
+    ip -n "$HOST_A" link set "veth-$$-a" up && ip -n "$HOST_B" link set "veth-$$-b" up; } 2>&1) || {
+    two_hosts_down
+    return 1
+  }
+}
+two_hosts_down() { ip netns del "$HOST_A" 2>/dev/null; ip netns del "$HOST_B" 2>/dev/null; }
+
 # Medians and ranges of the figures given as arguments (the benches' reports).
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 range() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "-" hi}'; }

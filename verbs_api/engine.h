@@ -71,7 +71,8 @@ struct EngineConfig {
 
 // Reads UROCE_ADDR, UROCE_PORT, UROCE_MTU, UROCE_PCAP, UROCE_FAULTS, UROCE_STATS, UROCE_RETRY_FOREVER,
 // UROCE_TRANSPORT, UROCE_ONE_PACKET_PER_DATAGRAM, UROCE_DEVICE, UROCE_SAME_HOST, and the config file named by
-// UROCE_CONFIG (default /etc/uroce.conf, if present): "key = value" lines with the same keys in lower case without the prefix (address, port, mtu, ...); the environment wins.
+// UROCE_CONFIG (default /etc/uroce.conf, if present): "key = value" lines with the same keys in lower case without
+// the prefix (address, port, mtu, ...); the environment wins.
 // Returns 0, or an errno with *error set to a message naming the variable or file line at fault: EINVAL for a bad
 // value or line, the open error (ENOENT, EACCES) for an unreadable UROCE_CONFIG.
 int LoadEngineConfig(EngineConfig* config, std::string* error);
