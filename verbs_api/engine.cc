@@ -22,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -462,7 +463,7 @@ int Engine::Start(const EngineConfig& config) {
   // On a machine that runs slower than the thresholds assume (an emulator), they stretch with it.
   time_scale_ = MeasureTimeScale();
   dc.time_scale = time_scale_;
-  device_ = std::make_unique<emu::Device>(dc, *transport_, wire::SystemClock::Instance());
+  device_ = std::make_unique<emu::Device>(dc, *transport_, wire::BatchedClock::Instance());
   // Received requests' ACKs are held a little (Device::AckTiming::kHeld): whoever receives, the application may
   // answer at once, and its reply then leaves first with the ACK behind it.
   handler_ = [dev = device_.get()](const wire::InDatagram& d) { dev->OnDatagram(d, emu::Device::AckTiming::kHeld); };
@@ -651,10 +652,13 @@ void Engine::ProgressLoop() {
     }
     int n;
     {
+      // A spinning look shares its reading with what it receives; one that may sleep must not (wire::ClockBatch).
+      std::optional<wire::ClockBatch> batch;
+      if (spin) batch.emplace(now);
       std::lock_guard lock(receive_mu_);
       n = transport_->Poll(handler_, timeout);
     }
-    now = clock.NowNs();
+    if (n > 0 || !spin) now = clock.NowNs();  // an empty spinning look took no time worth a reading
     dev->SendHeldAcks(now);
     if (n > 0) last_traffic_ns_.store(now, std::memory_order_relaxed);
     WriteLiveCounters(now);
@@ -677,7 +681,10 @@ void Engine::HandReceiveToApplications(bool to_applications) {
 }
 
 int Engine::DriveFromApplication() {
-  const uint64_t now = wire::SystemClock::Instance().NowNs();
+  // One reading for the look and everything it receives (wire::ClockBatch), one more if it worked: a spinning
+  // application's look is this function, and in a VM without a vDSO clock each reading is a system call.
+  const wire::ClockBatch batch;
+  const uint64_t now = wire::BatchedClock::Instance().NowNs();
   if (!poll_pattern_.OnEmptyPoll(now)) {
     // Applications no longer poll as a receiver would: if they hold the receive side, nobody receives, so it goes
     // back to the progress thread now instead of when the lease runs out. Otherwise packets waited up to kLeaseNs
@@ -720,14 +727,14 @@ int Engine::DriveFromApplication() {
   // The engine's own work here (processing what arrived, sending what an ACK released) is time inside the library,
   // as a data-path verb's is, not a pause in the application's polling: one drive that sent ib_write_bw's next 64 KiB
   // messages outlasted PollPattern::kStreakGapNs, and its streak of empty polls broke hundreds of times a run.
-  if (worked) poll_pattern_.OnTimeInside(wire::SystemClock::Instance().NowNs() - now);
+  if (worked) poll_pattern_.OnTimeInside(wire::ClockBatch::Renew() - now);
   applications_inside_.fetch_sub(1, std::memory_order_relaxed);
   return n > 0 ? n : 0;
 }
 
 void Engine::ReceiveAfterSend() {
   if (!receive_with_applications_.load(std::memory_order_relaxed)) return;
-  const uint64_t now = wire::SystemClock::Instance().NowNs();
+  const uint64_t now = wire::BatchedClock::Instance().NowNs();  // the post's reading
   if (now < next_receive_after_send_ns_.load(std::memory_order_relaxed)) return;
   std::unique_lock lock(receive_mu_, std::try_to_lock);
   if (!lock.owns_lock() || !receive_with_applications_.load(std::memory_order_relaxed)) return;

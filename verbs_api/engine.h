@@ -134,7 +134,7 @@ class Engine {
   // How many times the receive side went from the progress thread to applications (printed as progress_handovers).
   uint64_t handovers() const { return handovers_.load(std::memory_order_relaxed); }
   // A poll returned completions: the start of the application's think time (PollPattern).
-  void NoteCompletion() { poll_pattern_.OnCompletion(wire::SystemClock::Instance().NowNs()); }
+  void NoteCompletion() { poll_pattern_.OnCompletion(wire::BatchedClock::Instance().NowNs()); }
   // Times one data-path verb (ibv_post_send, ibv_post_recv, ...): PollPattern leaves it out of think times. While
   // it runs, an application thread is inside the library and the lease does not end (`keeps_lease`; not for the
   // CPU a disengaged poller gives away, which is no work of the library's). `lengthy` false: a verb that cannot
@@ -145,12 +145,12 @@ class Engine {
    public:
     explicit VerbTimer(Engine& engine, bool keeps_lease = true, bool lengthy = true)
         : engine_(engine),
-          start_ns_(lengthy ? wire::SystemClock::Instance().NowNs() : 0),
+          start_ns_(lengthy ? wire::BatchedClock::Instance().NowNs() : 0),
           keeps_lease_(keeps_lease && lengthy) {
       if (keeps_lease_) engine_.applications_inside_.fetch_add(1, std::memory_order_relaxed);
     }
     ~VerbTimer() {
-      if (start_ns_ != 0) engine_.poll_pattern_.OnTimeInside(wire::SystemClock::Instance().NowNs() - start_ns_);
+      if (start_ns_ != 0) engine_.poll_pattern_.OnTimeInside(wire::ClockBatch::Renew() - start_ns_);
       if (keeps_lease_) engine_.applications_inside_.fetch_sub(1, std::memory_order_relaxed);
     }
     VerbTimer(const VerbTimer&) = delete;

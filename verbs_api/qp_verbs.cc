@@ -9,6 +9,7 @@
 #include "verbs_api/internal.h"
 #include "verbs_api/qp_ex_ops.h"
 #include "verbs_api/verbs_table.h"
+#include "wire/clock.h"
 
 using namespace uroce;
 using namespace uroce::verbs;
@@ -216,6 +217,7 @@ static int PostSendUnguarded(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) 
 
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   Engine& engine = *Ctx(qp->context)->engine;
+  const wire::ClockBatch batch;  // the post's one clock reading: its timer's start, its packets' RTT sample
   Engine::VerbTimer timer(engine);
   const int err = NoThrow<int>(ENOMEM, [&] { return PostSendUnguarded(qp, wr, bad_wr); });
   engine.ReceiveAfterSend();

@@ -118,7 +118,8 @@ int HostDeviceTransport::ReceiveQueued(int fd, const DatagramHandler& handler, b
   }
   const int n = recvmmsg(fd, msgs, kBatch, MSG_DONTWAIT, nullptr);
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -errno;
-  const uint64_t now = SystemClock::Instance().NowNs();
+  const uint64_t now = BatchedClock::Instance().NowNs();
+  const ClockBatch batch(now);  // the device's readings while it handles them
   int delivered = 0;
   for (int i = 0; i < n; ++i) {
     if (msgs[i].msg_len == 0) {  // a peer connection's end (SOCK_SEQPACKET: EOF)
@@ -175,7 +176,8 @@ int HostDeviceTransport::DrainRings(const DatagramHandler& handler) {
   int delivered = 0;
   for (Inbound& in : inbound_) {
     if (!in.ring || !in.ring->HasRecords()) continue;
-    if (now == 0) now = SystemClock::Instance().NowNs();
+    if (now == 0) now = BatchedClock::Instance().NowNs();
+    const ClockBatch batch(now);  // the device's readings while it handles them
     delivered += DrainRing(in, now, handler);
   }
   return delivered;
@@ -259,7 +261,7 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
 int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
   int got = DrainRings(handler);
   if (rings_ && timeout_ns == 0) {
-    const uint64_t now = SystemClock::Instance().NowNs();
+    const uint64_t now = BatchedClock::Instance().NowNs();  // an application's look has read it already
     if (now - sockets_seen_ns_ < kSocketLookEveryNs) return got;
     sockets_seen_ns_ = now;
   }

@@ -18,6 +18,7 @@
 #include "wire/bytes.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
+#include "wire/clock.h"
 
 namespace uroce::wire {
 namespace {
@@ -437,6 +438,7 @@ int DatagramReceiver::Receive(int fd, const DatagramHandler& handler, const UdpE
   size_t bytes = 0;
   for (int i = 0; i < n; ++i) bytes += msgs_[size_t(i)].msg_len;
   const bool congested = bytes >= kCongestionProbeBytes && ReceiveQueueCongested(fd);
+  const ClockBatch batch;  // one reading of the clock for the device's handling of the run (wire/clock.h)
   int delivered = 0;
   for (int i = 0; i < n; ++i) {
     const msghdr& m = msgs_[size_t(i)].msg_hdr;

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "wire/bytes.h"
+#include "wire/clock.h"
 
 namespace uroce::wire {
 namespace {
@@ -321,6 +322,7 @@ int UringTransport::ProcessReceives(std::span<const Completion> done, const Data
   size_t bytes = 0;
   for (const Completion& c : done) bytes += c.res > 0 ? size_t(c.res) : 0;
   const bool congested = bytes >= kCongestionProbeBytes && ReceiveQueueCongested(fd_);
+  const ClockBatch batch;  // one reading of the clock for the device's handling of the run (wire/clock.h)
   int delivered = 0;
   const int mask = buf_ring_ ? io_uring_buf_ring_mask(buf_count_) : 0;
   int returned = 0;
