@@ -130,12 +130,14 @@ int HostDeviceTransport::ReceiveQueued(int fd, const DatagramHandler& handler, b
       malformed_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    delivered += Deliver({static_cast<const uint8_t*>(iovs[i].iov_base), msgs[i].msg_len}, now, handler);
+    delivered += Deliver({static_cast<const uint8_t*>(iovs[i].iov_base), msgs[i].msg_len}, now, fd != forward_fd_,
+                         handler);
   }
   return delivered;
 }
 
-bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, const DatagramHandler& handler) {
+bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, bool from_peer,
+                                  const DatagramHandler& handler) {
   auto header = ForwardHeader::Decode(bytes);
   if (!header || bytes.size() <= ForwardHeader::kSize) {
     malformed_.fetch_add(1, std::memory_order_relaxed);
@@ -147,6 +149,10 @@ bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, 
   d.payload = bytes.subspan(ForwardHeader::kSize);
   d.timestamp_ns = now;
   d.congestion_experienced = header->congestion_experienced;
+  // A process of this host sealed its ICRC for IPv4 ID 0 (DF from an unconnected socket, Transport::OutgoingFlow)
+  // and no network renumbered it: checked for that ID rather than inferred (Device::IcrcVerifies). What the service
+  // forwards came over a real network, where a peer's IDs change (kernel rxe, NICs).
+  if (from_peer) d.ip_id = 0;
   handler(d);
   return true;
 }
@@ -161,7 +167,9 @@ int HostDeviceTransport::DrainRing(Inbound& in, uint64_t now, const DatagramHand
     while ((r = ReceiveQueued(in.fd, handler, &closed)) > 0) delivered += r;
     in.socket_drained = true;
   }
-  const int n = in.ring->Drain(kBatch, [&](std::span<const uint8_t> record) { Deliver(record, now, handler); });
+  const bool from_peer = in.fd != forward_fd_;
+  const int n =
+      in.ring->Drain(kBatch, [&](std::span<const uint8_t> record) { Deliver(record, now, from_peer, handler); });
   if (n < 0) {  // records that do not add up: nothing more is read from it (its sender's packets are lost)
     malformed_.fetch_add(1, std::memory_order_relaxed);
     in.ring.reset();

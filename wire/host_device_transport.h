@@ -113,8 +113,9 @@ class HostDeviceTransport final : public Transport {
                 std::unique_ptr<PacketRing>* ring);
   int ReceiveQueued(int fd, const DatagramHandler& handler, bool* closed);
   // One ForwardHeader + packet, as the service, a peer connection or a ring hands it over: to `handler`, or counted
-  // as malformed. Returns whether it was delivered.
-  bool Deliver(std::span<const uint8_t> bytes, uint64_t now, const DatagramHandler& handler);
+  // as malformed. `from_peer`: another process of this host sent it (not the service). Returns whether it was
+  // delivered.
+  bool Deliver(std::span<const uint8_t> bytes, uint64_t now, bool from_peer, const DatagramHandler& handler);
   int DrainRings(const DatagramHandler& handler);
   // Drains one inbound connection's ring, the connection's own packets first (Inbound::socket_drained).
   int DrainRing(Inbound& in, uint64_t now, const DatagramHandler& handler);
