@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "rdmacm/internal.h"
+#include "wire/event_fd.h"
 
 namespace uroce::rdmacm {
 
@@ -56,8 +57,7 @@ std::vector<Event*> RemoveQueued(Channel* ch, IdPriv* id) {
 void DestroyChannelLocked(Channel* ch) {
   if (ch->waiters > 0) {
     ch->destroyed = true;
-    const uint64_t one = 1;
-    (void)!write(ch->channel.fd, &one, sizeof one);  // wake the pollers
+    wire::SignalEventFd(ch->channel.fd);  // wake the pollers
     return;
   }
   close(ch->channel.fd);

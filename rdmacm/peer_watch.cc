@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rdmacm/abstract_names.h"
+#include "wire/event_fd.h"
 #include "wire/unix_socket.h"
 
 namespace uroce::rdmacm {
@@ -109,8 +110,7 @@ void PeerWatch::Watch(const wire::IpAddress& peer) {
   } else {
     return;  // not a uroce device of this host (or only a stranger's name): its own kernel speaks for it
   }
-  const uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof one);
+  wire::SignalEventFd(wake_fd_);
 }
 
 void PeerWatch::Run() {

@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 
 #include "rdmacm/rsocket.h"
+#include "wire/event_fd.h"
 
 namespace uroce::rdmacm::rsockets {
 namespace {
@@ -92,10 +93,7 @@ bool Readable(const RSocket* rs) {
 void WakeWaiters(RSocket* rs) {
   if (rs->waiters > 0) rs->changed.notify_all();
   const bool cm_waiters = (rs->stream.listening || rs->stream.connecting) && rs->waiters > 0;
-  if (rs->wake_fd >= 0 && (rs->channel_sleeper || cm_waiters)) {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(rs->wake_fd, &one, sizeof one);
-  }
+  if (rs->wake_fd >= 0 && (rs->channel_sleeper || cm_waiters)) wire::SignalEventFd(rs->wake_fd);
 }
 
 // It polls for kPollBeforeSleeping, then arms the CQ, looks once more and sleeps on the completion channel -- or,

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "wire/event_fd.h"
 #include "wire/udp_socket.h"
 #include "wire/unix_socket.h"
 

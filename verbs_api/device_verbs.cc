@@ -13,6 +13,7 @@
 #include "verbs_api/device_tree.h"
 #include "verbs_api/internal.h"
 #include "verbs_api/verbs_table.h"
+#include "wire/event_fd.h"
 
 using namespace uroce;
 using namespace uroce::verbs;
@@ -44,8 +45,7 @@ bool EventQueue<T>::Push(const T& item) {
     }
     items_.push_back(item);
   }
-  const uint64_t one = 1;
-  (void)!write(fd_, &one, sizeof one);
+  wire::SignalEventFd(fd_);
   return true;
 }
 

@@ -1,3 +1,4 @@
+#include "wire/event_fd.h"
 #include "wire/host_device_transport.h"
 
 #include <sys/epoll.h>

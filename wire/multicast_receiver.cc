@@ -1,3 +1,4 @@
+#include "wire/event_fd.h"
 #include "wire/multicast_receiver.h"
 
 #include <arpa/inet.h>

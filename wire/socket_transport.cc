@@ -1,3 +1,4 @@
+#include "wire/event_fd.h"
 #include "wire/socket_transport.h"
 
 #include <errno.h>

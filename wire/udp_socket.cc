@@ -1,3 +1,4 @@
+#include "wire/event_fd.h"
 #include "wire/udp_socket.h"
 
 #include <arpa/inet.h>
@@ -371,17 +372,6 @@ int DeliverReceived(const DatagramHandler& handler, const msghdr& msg, std::span
     } while (at < payload.size());
   }
   return delivered;
-}
-
-void DrainEventFd(int fd) {
-  uint64_t v;
-  while (read(fd, &v, sizeof v) == sizeof v) {
-  }
-}
-
-void SignalEventFd(int fd) {
-  const uint64_t one = 1;
-  [[maybe_unused]] ssize_t r = write(fd, &one, sizeof one);
 }
 
 int DatagramReceiver::Init(unsigned batch, size_t max_datagram, bool gro, bool responses_first) {

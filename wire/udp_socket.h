@@ -181,10 +181,4 @@ class DatagramReceiver {
   size_t want_ = 1;   // entries the next receive offers (Receive adapts it; 1: recvmsg)
 };
 
-// Reads an eventfd until it is empty (the descriptor must be non-blocking).
-void DrainEventFd(int fd);
-// Adds 1 to an eventfd: wakes whoever waits on it (a transport's Wake, a ring's doorbell). A failure (a full counter
-// on a non-blocking eventfd) is ignored: the waiter has a wake-up pending already.
-void SignalEventFd(int fd);
-
 }  // namespace uroce::wire

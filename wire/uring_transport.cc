@@ -1,3 +1,4 @@
+#include "wire/event_fd.h"
 #include "wire/uring_transport.h"
 
 #include <arpa/inet.h>
