@@ -217,7 +217,7 @@ static int PostSendUnguarded(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) 
 
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   Engine& engine = *Ctx(qp->context)->engine;
-  const wire::ClockBatch batch;  // the post's one clock reading: its timer's start, its packets' RTT sample
+  const wire::ClockBatch batch;  // one reading for its timer's start and its packets' RTT samples and deadlines
   Engine::VerbTimer timer(engine);
   const int err = NoThrow<int>(ENOMEM, [&] { return PostSendUnguarded(qp, wr, bad_wr); });
   engine.ReceiveAfterSend();

@@ -1,4 +1,3 @@
-#include "wire/event_fd.h"
 #include "wire/host_device_transport.h"
 
 #include <sys/epoll.h>
@@ -13,8 +12,8 @@
 #include <cstring>
 
 #include "wire/clock.h"
+#include "wire/event_fd.h"
 #include "wire/service_protocol.h"
-#include "wire/udp_socket.h"
 #include "wire/unix_socket.h"
 
 namespace uroce::wire {

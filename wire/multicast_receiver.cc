@@ -1,4 +1,3 @@
-#include "wire/event_fd.h"
 #include "wire/multicast_receiver.h"
 
 #include <arpa/inet.h>
@@ -11,6 +10,7 @@
 #include <cerrno>
 #include <vector>
 
+#include "wire/event_fd.h"
 #include "wire/udp_socket.h"
 
 namespace uroce::wire {

@@ -1,4 +1,3 @@
-#include "wire/event_fd.h"
 #include "wire/socket_transport.h"
 
 #include <errno.h>
@@ -10,6 +9,7 @@
 #include <cstring>
 
 #include "wire/bytes.h"
+#include "wire/event_fd.h"
 
 namespace uroce::wire {
 int SocketTransport::Create(const UdpEndpoint& bind, const Options& options, std::unique_ptr<SocketTransport>* out) {

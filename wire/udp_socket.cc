@@ -1,4 +1,3 @@
-#include "wire/event_fd.h"
 #include "wire/udp_socket.h"
 
 #include <arpa/inet.h>
@@ -17,9 +16,9 @@
 #include <cstring>
 
 #include "wire/bytes.h"
+#include "wire/clock.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
-#include "wire/clock.h"
 
 namespace uroce::wire {
 namespace {

@@ -1,4 +1,3 @@
-#include "wire/event_fd.h"
 #include "wire/uring_transport.h"
 
 #include <arpa/inet.h>
@@ -20,6 +19,7 @@
 
 #include "wire/bytes.h"
 #include "wire/clock.h"
+#include "wire/event_fd.h"
 
 namespace uroce::wire {
 namespace {
