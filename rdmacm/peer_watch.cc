@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rdmacm/abstract_names.h"
+#include "wire/clock.h"
 #include "wire/event_fd.h"
 #include "wire/unix_socket.h"
 
@@ -40,9 +41,9 @@ int ConnectTrusted(const std::string& name) {
   return fd;
 }
 
-// Whether `peer` is an address of this network namespace whose RoCE port no socket holds: a device that was there
-// (it sent us a request) and is not any more. Binding the port for a moment asks the kernel both at once.
-bool LocalAndUnheld(const wire::IpAddress& peer) {
+// Whose the RoCE port of `peer` is on this host, asked of the kernel by binding it for a moment.
+enum class RocePort { kFree, kHeld, kNotLocal };
+RocePort RocePortOf(const wire::IpAddress& peer) {
   sockaddr_storage sa{};
   socklen_t len;
   if (peer.is_v4()) {
@@ -59,10 +60,12 @@ bool LocalAndUnheld(const wire::IpAddress& peer) {
     len = sizeof *in6;
   }
   const int fd = socket(sa.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const bool unheld = bind(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0;  // EADDRNOTAVAIL: not ours; EADDRINUSE: held
+  if (fd < 0) return RocePort::kNotLocal;
+  const int rc = bind(fd, reinterpret_cast<sockaddr*>(&sa), len);
+  const int err = errno;
   close(fd);
-  return unheld;
+  if (rc == 0) return RocePort::kFree;
+  return err == EADDRINUSE ? RocePort::kHeld : RocePort::kNotLocal;  // EADDRNOTAVAIL: not an address of ours
 }
 
 }  // namespace
@@ -91,26 +94,53 @@ int PeerWatch::Start(const wire::IpAddress& self, std::function<void(const wire:
   return 0;
 }
 
+PeerWatch::Seen PeerWatch::LookLocked(const wire::IpAddress& peer) {
+  const std::vector<AbstractName> names = AbstractNamesWithPrefix(PrefixOf(peer));
+  for (const AbstractName& n : names) {
+    if (!Trusted(n)) continue;
+    if (const int fd = ConnectTrusted(n.name); fd >= 0) {
+      watched_[peer] = fd;
+      return Seen::kAnnounced;
+    }
+  }
+  // No announcement left, or one that refused the connection (its process died between the listing and the connect,
+  // or while it was listed): with its RoCE port free, the device is gone. A stranger's name cannot make a live device
+  // look so: a live device holds its port.
+  switch (RocePortOf(peer)) {
+    case RocePort::kFree: return Seen::kGone;
+    // A device that has just died and whose port its io_uring still holds, or a device with a kernel of its own (or
+    // a stranger's name): only waiting tells them apart.
+    case RocePort::kHeld: return Seen::kHeld;
+    case RocePort::kNotLocal: break;
+  }
+  return Seen::kForeign;  // not on this host: its own kernel speaks for it
+}
+
 void PeerWatch::Watch(const wire::IpAddress& peer) {
   if (peer == self_ || wake_fd_ < 0) return;
   std::lock_guard lock(mu_);
-  if (watched_.count(peer)) return;
-  const std::vector<AbstractName> names = AbstractNamesWithPrefix(PrefixOf(peer));
-  int fd = -1;
-  for (const AbstractName& n : names) {
-    if (Trusted(n) && (fd = ConnectTrusted(n.name)) >= 0) break;
-  }
-  if (fd >= 0) {
-    watched_[peer] = fd;
-  } else if (LocalAndUnheld(peer)) {
-    // No announcement left, or one that refused the connection (its process died between the listing and the
-    // connect, or while it was listed): with its RoCE port free, the device is gone. A stranger's name cannot make
-    // a live device look so: a live device holds its port.
-    found_dead_.push_back(peer);
-  } else {
-    return;  // not a uroce device of this host (or only a stranger's name): its own kernel speaks for it
+  if (watched_.count(peer) || unsure_.count(peer)) return;
+  switch (LookLocked(peer)) {
+    case Seen::kAnnounced: break;
+    case Seen::kGone: found_dead_.push_back(peer); break;
+    case Seen::kHeld: unsure_[peer] = wire::SystemClock::Instance().NowNs() + kUnsureForNs; break;
+    case Seen::kForeign: return;
   }
   wire::SignalEventFd(wake_fd_);
+}
+
+void PeerWatch::LookAtUnsure() {
+  std::lock_guard lock(mu_);
+  const uint64_t now = wire::SystemClock::Instance().NowNs();
+  for (auto it = unsure_.begin(); it != unsure_.end();) {
+    const Seen seen = LookLocked(it->first);
+    if (seen == Seen::kGone) found_dead_.push_back(it->first);
+    if (seen != Seen::kHeld || now >= it->second) {
+      it = unsure_.erase(it);  // watched, gone, or given up on: a device of its own
+    } else {
+      ++it;
+    }
+  }
 }
 
 void PeerWatch::Run() {
@@ -118,6 +148,7 @@ void PeerWatch::Run() {
     std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
     std::vector<wire::IpAddress> peers{wire::IpAddress()};
     std::vector<wire::IpAddress> dead;
+    bool unsure;
     {
       std::lock_guard lock(mu_);
       dead.swap(found_dead_);
@@ -125,10 +156,13 @@ void PeerWatch::Run() {
         fds.push_back({fd, POLLRDHUP, 0});
         peers.push_back(peer);
       }
+      unsure = !unsure_.empty();
     }
     for (const wire::IpAddress& peer : dead) on_gone_(peer);
     if (!dead.empty()) continue;  // the list may have changed meanwhile
-    if (poll(fds.data(), fds.size(), -1) < 0) continue;
+    const int n = poll(fds.data(), fds.size(), unsure ? int(kUnsureLookNs / 1'000'000) : -1);
+    if (unsure) LookAtUnsure();  // a wake-up before the time only looks sooner
+    if (n <= 0) continue;
     if (fds[0].revents) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof v);

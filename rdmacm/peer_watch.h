@@ -10,9 +10,14 @@
 // before it starts, and a watcher believes an announcement only from a trusted user (abstract_names.h), checked
 // again on the connected socket (SO_PEERCRED), so a stranger's socket that closes cannot end our connections. A
 // peer on this host that sent us a request and has no announcement left that answers, and whose RoCE port nobody
-// holds any more, died before we looked: it is gone at once, as its kernel would have said with a REJ.
+// holds any more, died before we looked: it is gone at once, as its kernel would have said with a REJ. One with no
+// announcement whose port is still held may have died a moment ago: a killed process's io_uring releases the sockets
+// its requests hold only when the kernel's deferred ring teardown has run (io_uring_setup(2)), which under load takes
+// a while. Such a peer is looked at again every kUnsureLookNs for kUnsureForNs: its port freed, it is gone; an
+// announcement found, it is watched; neither, it is taken for what it is, a device with a kernel of its own.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -33,7 +38,16 @@ class PeerWatch {
   // of this host that has died.
   void Watch(const wire::IpAddress& peer);
 
+  static constexpr uint64_t kUnsureLookNs = 50'000'000;
+  static constexpr uint64_t kUnsureForNs = 10'000'000'000;  // well inside a REP's retries (about 16 s here)
+
  private:
+  // What a look at a peer found (LookLocked).
+  enum class Seen { kAnnounced, kGone, kHeld, kForeign };
+  // Connects to the peer's announcement (watched_) or judges it by its RoCE port; mu_ held.
+  Seen LookLocked(const wire::IpAddress& peer);
+  // Looks again at every unsure peer: moves it to watched_ or found_dead_, or gives up on it when its time is over.
+  void LookAtUnsure();
   void Run();
   std::function<void(const wire::IpAddress&)> on_gone_;
   wire::IpAddress self_;
@@ -42,6 +56,7 @@ class PeerWatch {
   std::mutex mu_;
   std::map<wire::IpAddress, int> watched_;  // peer -> connected socket
   std::vector<wire::IpAddress> found_dead_;  // for the thread to report
+  std::map<wire::IpAddress, uint64_t> unsure_;  // unannounced peers whose port is held -> when to give up
   std::thread thread_;
 };
 
