@@ -69,13 +69,13 @@ bool PacketRing::Write(std::span<const uint8_t> first, std::span<const uint8_t> 
   if (record > data_bytes_ / 2) return false;  // a record and the padding before it always fit an empty ring
   const size_t offset = size_t(write_pos_ & (data_bytes_ - 1));
   size_t padding = record > data_bytes_ - offset ? data_bytes_ - offset : 0;
-  // Past kEarlyWrapBytes, every 16th write looks whether the consumer has taken everything; if so, back to offset 0
-  // (the padding record fills the rest, untouched but for its header). Not every write: the consumer's tail is on
-  // the consumer's cache line.
+  // Past kEarlyWrapBytes, every 16th write looks whether the consumer has taken enough that kEarlyWrapBytes would
+  // stay free; if so, back to offset 0 (the padding record fills the rest, untouched but for its header). Not every
+  // write: the consumer's tail is on the consumer's cache line.
   if (padding == 0 && offset >= kEarlyWrapBytes && data_bytes_ > kEarlyWrapBytes &&
       (++writes_past_early_wrap_ & 15) == 1) {
     if (tail_seen_ != write_pos_) tail_seen_ = tail().load(std::memory_order_acquire);
-    if (tail_seen_ == write_pos_) padding = data_bytes_ - offset;
+    if (write_pos_ - tail_seen_ + kEarlyWrapBytes <= offset) padding = data_bytes_ - offset;
   }
   auto fits = [&] { return write_pos_ + padding + record - tail_seen_ <= data_bytes_; };
   if (!fits()) {

@@ -102,6 +102,28 @@ TEST(PacketRingTest, SmallExchangesStayAtTheStartOfALargeRing) {
   EXPECT_LT(p.producer->furthest_offset(), PacketRing::kEarlyWrapBytes + 16 * 1200);
 }
 
+// A stream keeps a window of records in flight (here 1 MiB of 4 KiB packets, as an RC window does): the producer
+// starts again at offset 0 whenever kEarlyWrapBytes would stay free, so it touches what is in flight plus that much,
+// not all 16 MiB, and never refuses a record; nor does it then refuse the largest window sent at once.
+TEST(PacketRingTest, AStreamTouchesItsWindowAndTheWrapRoomOnly) {
+  Pair p(PacketRing::kDefaultDataBytes);
+  const auto packet = Pattern(4136, 5);
+  constexpr size_t kWindow = 256;  // records in flight: 1 MiB
+  size_t in_flight = 0;
+  for (int i = 0; i < 40'000; ++i) {  // 165 MB through the ring
+    ASSERT_TRUE(p.producer->Write(packet, {})) << "record " << i;
+    p.producer->Publish();
+    if (++in_flight < kWindow) continue;
+    // The consumer takes half the window at a time: what is in flight moves between half and all of it.
+    in_flight -= size_t(p.consumer->Drain(kWindow / 2, [&](std::span<const uint8_t> r) {
+      ASSERT_EQ(r.size(), packet.size());
+    }));
+  }
+  EXPECT_LT(p.producer->furthest_offset(), kWindow * 4160 + PacketRing::kEarlyWrapBytes + 16 * 4160);
+  // 512 packets: emu::PathWindow::kMax, on top of what the stream has in flight.
+  for (size_t i = 0; i < 512; ++i) ASSERT_TRUE(p.producer->Write(packet, {})) << "burst record " << i;
+}
+
 TEST(PacketRingTest, ProducerAndConsumerThreads) {
   Pair p(size_t{256} << 10);
   constexpr uint32_t kRecords = 200'000;
