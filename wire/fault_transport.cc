@@ -18,7 +18,8 @@ void FaultInjectingTransport::ReleaseDueSendsLocked(uint64_t now) {
   if (held_sends_.empty() || held_sends_.begin()->first.first > now) return;
   std::vector<OutDatagram> out;
   for (auto it = held_sends_.begin(); it != held_sends_.end() && it->first.first <= now; ++it) {
-    out.push_back(OutDatagram{it->second.dst, it->second.src_port, it->second.payload, it->second.has_icrc});
+    out.push_back(
+        OutDatagram{it->second.dst, it->second.src_port, it->second.payload, it->second.has_icrc, it->second.altered});
   }
   const int sent = inner_->Send(out);
   // What the inner transport did not take stays held and is retried on the next call.
@@ -49,6 +50,7 @@ int FaultInjectingTransport::Send(std::span<const OutDatagram> batch) {
         corrupted.emplace_back(dg.payload.begin(), dg.payload.end());
         FlipBit(corrupted.back(), d.corrupt_bit);
         dg.payload = corrupted.back();
+        dg.altered = true;
       }
       (d.extra_delay_ns > 0 ? delayed : immediate).push_back(Pending{i, d.extra_delay_ns, dg});
     }
@@ -73,7 +75,7 @@ int FaultInjectingTransport::Send(std::span<const OutDatagram> batch) {
     if (p.owner >= accepted) break;
     held_sends_.emplace(std::make_pair(now + p.delay_ns, send_seq_++),
                         HeldSend{p.dg.dst, p.dg.src_port, std::vector<uint8_t>(p.dg.payload.begin(), p.dg.payload.end()),
-                                 p.dg.has_icrc});
+                                 p.dg.has_icrc, p.dg.altered});
   }
   for (size_t i = 0; i < accepted; ++i) send_counters_.Count(decisions[i]);
   send_index_ += accepted;
@@ -97,6 +99,7 @@ int FaultInjectingTransport::DeliverDueReceives(const DatagramHandler& handler) 
     in.dst = h.dst;
     in.ip_id = h.ip_id;
     in.payload = h.payload;
+    in.icrc_vouched = h.icrc_vouched;
     in.timestamp_ns = time;
     handler(in);
   }
@@ -156,7 +159,8 @@ int FaultInjectingTransport::Poll(const DatagramHandler& handler, int64_t timeou
               if (d.extra_delay_ns > 0) {
                 const uint64_t release = clock_.NowNs() + d.extra_delay_ns;
                 for (int copy = 0; copy < d.copies; ++copy) {
-                  HeldReceive h{in.src, in.dst, in.ip_id, std::vector<uint8_t>(in.payload.begin(), in.payload.end())};
+                  HeldReceive h{in.src, in.dst, in.ip_id, std::vector<uint8_t>(in.payload.begin(), in.payload.end()),
+                                in.icrc_vouched && !(copy == 0 && d.corrupt_bit >= 0)};
                   if (copy == 0) FlipBit(h.payload, d.corrupt_bit);
                   held_receives_.emplace(std::make_pair(release, receive_seq_++), std::move(h));
                 }
@@ -169,6 +173,7 @@ int FaultInjectingTransport::Poll(const DatagramHandler& handler, int64_t timeou
                 FlipBit(flipped, d.corrupt_bit);
                 InDatagram c = in;
                 c.payload = flipped;
+                c.icrc_vouched = false;
                 handler(c);
               } else {
                 handler(in);

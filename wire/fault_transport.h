@@ -57,12 +57,14 @@ class FaultInjectingTransport final : public Transport {
     uint16_t src_port;
     std::vector<uint8_t> payload;
     bool has_icrc = true;
+    bool altered = false;
   };
   struct HeldReceive {
     UdpEndpoint src;
     UdpEndpoint dst;
     std::optional<uint16_t> ip_id;
     std::vector<uint8_t> payload;
+    bool icrc_vouched = false;
   };
 
   void ReleaseDueSendsLocked(uint64_t now);

@@ -106,6 +106,83 @@ TEST(FaultInjectingTransportTest, ReceiveFaultsAreExactlyTheModelsDecisions) {
   EXPECT_EQ(tb.receive_counters(), counters);
 }
 
+// An inner transport whose datagrams come vouched for (as a same-host peer's do), and which records whether what it
+// is given to send was altered.
+class VouchingTransport final : public Transport {
+ public:
+  UdpEndpoint local() const override { return {}; }
+  Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t) const override { return Flow{{}, dst, 0}; }
+  int Send(std::span<const OutDatagram> batch) override {
+    for (const OutDatagram& d : batch) sent.emplace_back(std::vector<uint8_t>(d.payload.begin(), d.payload.end()), d.altered);
+    return int(batch.size());
+  }
+  int Poll(const DatagramHandler& handler, int64_t) override {
+    for (const auto& p : incoming) {
+      InDatagram d;
+      d.payload = p;
+      d.icrc_vouched = true;
+      handler(d);
+    }
+    const int n = int(incoming.size());
+    incoming.clear();
+    return n;
+  }
+  void Wake() override {}
+  std::vector<std::pair<std::vector<uint8_t>, bool>> sent;  // payload, altered
+  std::vector<std::vector<uint8_t>> incoming;
+};
+
+// Whatever a fault injector flips stops being vouched for: marked altered on the way out (also when it is held back
+// to be sent late), and no longer vouched on the way in. The intact copies keep what they had.
+TEST(FaultInjectingTransportTest, ACorruptedDatagramIsNeverVouchedFor) {
+  ManualClock clock{1'000'000};
+  const FaultConfig faults = *FaultConfig::Parse("corrupt=0.3,dup=0.2,reorder=0.3,reorder_delay_ns=5000,seed=3");
+  auto inner = std::make_unique<VouchingTransport>();
+  VouchingTransport* in = inner.get();
+  FaultInjectingTransport t(std::move(inner), clock, faults, faults, 5);
+  size_t copies = 0, received = 0, vouched = 0;
+  // Each payload's bytes XOR to 0, so a datagram with one bit flipped is told from an intact one by itself.
+  auto with_parity = [](std::vector<uint8_t> p) {
+    uint8_t x = 0;
+    for (size_t k = 0; k + 1 < p.size(); ++k) x ^= p[k];
+    p.back() = x;
+    return p;
+  };
+  auto intact = [](const std::vector<uint8_t>& p) {
+    uint8_t x = 0;
+    for (uint8_t b : p) x ^= b;
+    return x == 0;
+  };
+  for (uint32_t i = 0; i < 400; ++i) {
+    const auto p = with_parity(Numbered(i));
+    OutDatagram dg{{}, 0, p};
+    ASSERT_EQ(t.Send({&dg, 1}), 1);
+    copies += size_t(t.send_model().Decide(i, p.size()).copies);
+    clock.Advance(1000);
+    in->incoming.push_back(p);
+    received += size_t(t.receive_model().Decide(i, p.size()).copies);
+  }
+  auto check = [&](const InDatagram& d) {
+    const std::vector<uint8_t> payload(d.payload.begin(), d.payload.end());
+    EXPECT_EQ(d.icrc_vouched, intact(payload));
+    vouched += d.icrc_vouched;
+    --received;
+  };
+  ASSERT_GT(t.Poll(check, 0), 0);
+  clock.Advance(10'000);
+  t.Poll(check, 0);  // sends what was held back, delivers what was held back
+  EXPECT_EQ(received, 0u);
+  EXPECT_GT(vouched, 200u);
+  ASSERT_EQ(t.held_sends(), 0u);
+  ASSERT_EQ(in->sent.size(), copies);
+  size_t altered = 0;
+  for (const auto& [payload, was_altered] : in->sent) {
+    EXPECT_EQ(was_altered, !intact(payload));
+    altered += was_altered;
+  }
+  EXPECT_GT(altered, 50u);
+}
+
 TEST(FaultInjectingTransportTest, DelayedReceivesAreHeldUntilDue) {
   Fixture f;
   FaultConfig rc;

@@ -152,7 +152,10 @@ bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, 
   // A process of this host sealed its ICRC for IPv4 ID 0 (DF from an unconnected socket, Transport::OutgoingFlow)
   // and no network renumbered it: checked for that ID rather than inferred (Device::IcrcVerifies). What the service
   // forwards came over a real network, where a peer's IDs change (kernel rxe, NICs).
-  if (from_peer) d.ip_id = 0;
+  if (from_peer) {
+    d.ip_id = 0;
+    d.icrc_vouched = header->icrc_vouched;
+  }
   handler(d);
   return true;
 }
@@ -349,6 +352,7 @@ void HostDeviceTransport::EncodeForwardHeader(const OutDatagram& dg, uint8_t out
   ForwardHeader h;
   h.src = sender_->OutgoingFlow(dg.dst, dg.src_port).src;  // the flow the ICRC was sealed for
   h.dst = dg.dst;
+  h.icrc_vouched = dg.has_icrc && !dg.altered;
   h.Encode(out);
 }
 

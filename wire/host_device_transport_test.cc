@@ -98,6 +98,19 @@ TEST_F(HostDeviceTransportTest, APacketForAnotherProcessOfTheHostGoesStraightToI
   EXPECT_EQ(got[0].dst, (UdpEndpoint{address_, kRoceV2UdpPort}));
   EXPECT_TRUE(a.sender->sent.empty());  // nothing through UDP (and so nothing through the service)
   EXPECT_EQ(a.transport->peer_sent(), 1u);
+  // A sealed one crossed no network: B need not check its ICRC again. One a fault injector altered it must.
+  EXPECT_TRUE(got[0].icrc_vouched);
+  OutDatagram altered = out;
+  altered.altered = true;
+  OutDatagram opaque = out;
+  opaque.has_icrc = false;
+  for (const OutDatagram* o : {&altered, &opaque}) {
+    ASSERT_EQ(a.transport->Send({o, 1}), 1);
+    payloads.clear();
+    const auto again = PollAll(*b.transport, &payloads);
+    ASSERT_EQ(again.size(), 1u);
+    EXPECT_FALSE(again[0].icrc_vouched);
+  }
 }
 
 TEST_F(HostDeviceTransportTest, OtherHostsAndCmMadsGoByUdpAndAnAbsentProcessIsADrop) {
@@ -123,6 +136,7 @@ TEST_F(HostDeviceTransportTest, WhatTheServiceForwardsIsDelivered) {
   ForwardHeader h;
   h.src = {*IpAddress::Parse("10.1.2.3"), 0xc123};
   h.dst = {address_, kRoceV2UdpPort};
+  h.icrc_vouched = true;  // only a process of this host may vouch: from the service it means nothing
   std::vector<uint8_t> bytes(ForwardHeader::kSize);
   h.Encode(bytes.data());
   bytes.insert(bytes.end(), packet.begin(), packet.end());
@@ -142,6 +156,7 @@ TEST_F(HostDeviceTransportTest, WhatTheServiceForwardsIsDelivered) {
   }
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0].src, h.src);
+  EXPECT_FALSE(got[0].icrc_vouched);
   EXPECT_EQ(payloads[1], packet);
   EXPECT_EQ(a.transport->malformed(), 1u);
 }

@@ -67,7 +67,7 @@ PacketRoute RouteOf(std::span<const uint8_t> packet) {
 void ForwardHeader::Encode(uint8_t out[kSize]) const {
   std::memset(out, 0, kSize);
   out[0] = 1;
-  out[1] = congestion_experienced ? 1 : 0;
+  out[1] = (congestion_experienced ? 1 : 0) | (icrc_vouched ? 2 : 0);
   PutEndpoint(src, out + 4);
   PutEndpoint(dst, out + 22);
 }
@@ -76,6 +76,7 @@ std::optional<ForwardHeader> ForwardHeader::Decode(std::span<const uint8_t> in) 
   if (in.size() < kSize || in[0] != 1) return std::nullopt;
   ForwardHeader h;
   h.congestion_experienced = (in[1] & 1) != 0;
+  h.icrc_vouched = (in[1] & 2) != 0;
   h.src = GetEndpoint(in.data() + 4);
   h.dst = GetEndpoint(in.data() + 22);
   return h;

@@ -43,12 +43,17 @@ struct PacketRoute {
 PacketRoute RouteOf(std::span<const uint8_t> packet);
 
 // The header in front of each datagram the service forwards to a process: the addresses the packet had on the wire
-// (the ICRC covers them, and a UD receive reports the source), and whether the service's socket was congested.
+// (the ICRC covers them, and a UD receive reports the source), and whether the service's socket was congested. The
+// same header is in front of each datagram one process hands another. Layout: version u8 (1) | flags u8 (1:
+// congestion experienced, 2: ICRC vouched for) | 2 reserved | source endpoint | destination endpoint.
 struct ForwardHeader {
   static constexpr size_t kSize = 40;
   UdpEndpoint src;
   UdpEndpoint dst;
   bool congestion_experienced = false;
+  // Set by a process of this host on what it sends another: it sealed the ICRC and nothing altered the packet since
+  // (InDatagram::icrc_vouched). Never set on what the service forwards from the network.
+  bool icrc_vouched = false;
 
   void Encode(uint8_t out[kSize]) const;
   // nullopt for a header that is not one (wrong version, short).

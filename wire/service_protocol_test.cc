@@ -87,6 +87,14 @@ TEST(ServiceProtocol, ForwardHeaderRoundTrips) {
   EXPECT_EQ(back->src, h.src);
   EXPECT_EQ(back->dst, h.dst);
   EXPECT_TRUE(back->congestion_experienced);
+  EXPECT_FALSE(back->icrc_vouched);
+  h.congestion_experienced = false;
+  h.icrc_vouched = true;
+  h.Encode(bytes);
+  back = ForwardHeader::Decode(bytes);
+  ASSERT_TRUE(back);
+  EXPECT_FALSE(back->congestion_experienced);
+  EXPECT_TRUE(back->icrc_vouched);
   bytes[0] = 2;
   EXPECT_FALSE(ForwardHeader::Decode(bytes));
   EXPECT_FALSE(ForwardHeader::Decode(std::span<const uint8_t>(bytes, 10)));

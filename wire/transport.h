@@ -27,6 +27,9 @@ struct OutDatagram {
   // send, whose segments Linux numbers with IPv4 Identifications 0, 1, 2, ..., re-seals each for the ID it will
   // carry (wire::IcrcIpIdChange). false: opaque bytes, sent exactly as given (tests, non-RoCE traffic).
   bool has_icrc = true;
+  // A fault injector flipped a bit of it after the ICRC was sealed (FaultInjectingTransport): the ICRC no longer
+  // matches, and no transport may tell the receiver that it does (InDatagram::icrc_vouched).
+  bool altered = false;
 };
 
 // One received datagram, valid only during the handler call.
@@ -42,6 +45,10 @@ struct InDatagram {
   // Experienced (ECN CE) when its queue passes a threshold, and what a RoCEv2 receiver answers with a CNP (Annex
   // A17.9). A UDP socket's receive buffer is the queue of the path into this process.
   bool congestion_experienced = false;
+  // A process of this host sealed the ICRC and nothing altered the packet on its way (it crossed no network, and no
+  // fault injector touched it): the receiver need not check it again, as Linux does not check the checksums of what
+  // it loops back (CHECKSUM_UNNECESSARY). A receive-side injector that alters the packet clears it.
+  bool icrc_vouched = false;
 };
 
 // The header fields of a datagram as it will appear on the wire: what the ICRC is computed over.
