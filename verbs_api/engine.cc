@@ -600,8 +600,11 @@ void Engine::ProgressLoop() {
   bool handed = false;    // the receive side is the applications'
   bool spinning = false;  // receives disarmed: this thread polls the socket without sleeping (kSpinNs)
   uint64_t timers_due = 0;  // while spinning, the device's timers run every kAppTimersEveryNs
+  uint64_t now = 0;
+  bool now_fresh = false;  // `now` was read at the end of the last turn, after its look: this turn starts with it
   while (!stop_.load(std::memory_order_acquire)) {
-    uint64_t now = clock.NowNs();
+    if (!now_fresh) now = clock.NowNs();
+    now_fresh = false;
     const uint64_t lease = lease_until_ns_.load(std::memory_order_acquire);
     const bool inside = handed && applications_inside_.load(std::memory_order_acquire) > 0;
     if (lease > now || inside) {
@@ -658,7 +661,10 @@ void Engine::ProgressLoop() {
       std::lock_guard lock(receive_mu_);
       n = transport_->Poll(handler_, timeout);
     }
-    if (n > 0 || !spin) now = clock.NowNs();  // an empty spinning look took no time worth a reading
+    if (n > 0 || !spin) {  // an empty spinning look took no time worth a reading
+      now = clock.NowNs();
+      now_fresh = true;
+    }
     dev->SendHeldAcks(now);
     if (n > 0) last_traffic_ns_.store(now, std::memory_order_relaxed);
     WriteLiveCounters(now);
