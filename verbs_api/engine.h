@@ -150,7 +150,11 @@ class Engine {
       if (keeps_lease_) engine_.applications_inside_.fetch_add(1, std::memory_order_relaxed);
     }
     ~VerbTimer() {
-      if (start_ns_ != 0) engine_.poll_pattern_.OnTimeInside(wire::ClockBatch::Renew() - start_ns_);
+      if (start_ns_ != 0) {
+        const uint64_t end = wire::ClockBatch::Renew();
+        engine_.poll_pattern_.OnTimeInside(end - start_ns_);
+        engine_.last_verb_end_ns_.store(end, std::memory_order_relaxed);
+      }
       if (keeps_lease_) engine_.applications_inside_.fetch_sub(1, std::memory_order_relaxed);
     }
     VerbTimer(const VerbTimer&) = delete;
@@ -237,9 +241,11 @@ class Engine {
   // above stretched by it: a budget of work, not of nanoseconds.
   double time_scale_ = 1;
   uint64_t spin_ns_ = kSpinNs, app_polling_ns_ = kAppPollingNs, receive_after_send_ns_ = kReceiveAfterSendNs;
+  uint64_t keeps_posting_ns_ = PollPattern::kThinkNs / 2;  // ReceiveAfterSend, scaled
   uint64_t Scaled(uint64_t ns) const { return uint64_t(double(ns) * time_scale_); }
   std::atomic<uint64_t> app_timers_due_ns_{0};
-  std::atomic<uint64_t> last_traffic_ns_{0};       // when a Poll last delivered something (kActiveNs)
+  std::atomic<uint64_t> last_traffic_ns_{0};
+  std::atomic<uint64_t> last_verb_end_ns_{0};  // when a timed data-path verb last returned (VerbTimer)       // when a Poll last delivered something (kActiveNs)
   std::atomic<uint64_t> first_packets_until_ns_{0};  // the progress thread spins until then (QpReadyToReceive)
   // The progress thread sleeps on this timer (CLOCK_MONOTONIC, absolute) during a lease, armed for the lease's end
   // and moved back by each renewal (kLeaseNs), so a thread that keeps polling is not preempted by its wake-ups.
