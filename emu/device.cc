@@ -494,7 +494,10 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
 // send changing IDs, so with the ID unknown the ICRC is checked over everything else (RecoverIpId): a recovered ID of
 // 0 is a full 32-bit check; any other ID leaves 16 bits of check, and is counted.
 bool Device::IcrcVerifies(const wire::InDatagram& d) {
-  if (d.icrc_vouched) return true;  // sealed by a process of this host, unaltered since (wire::InDatagram)
+  if (d.icrc_vouched) {  // sealed by a process of this host, unaltered since (wire::InDatagram)
+    core_.Count(&DeviceCounters::rx_icrc_vouched);
+    return true;
+  }
   if (d.ip_id.has_value() || !d.src.addr.is_v4()) {
     if (wire::VerifyIcrc(wire::Flow{d.src, d.dst, d.ip_id.value_or(0)}, d.payload).ok) return true;
     core_.Count(&DeviceCounters::rx_icrc_errors);

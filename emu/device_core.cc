@@ -28,6 +28,7 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"rx_malformed", &DeviceCounters::rx_malformed},
     {"rx_icrc_errors", &DeviceCounters::rx_icrc_errors},
     {"rx_icrc_ip_id_inferred", &DeviceCounters::rx_icrc_ip_id_inferred},
+    {"rx_icrc_vouched", &DeviceCounters::rx_icrc_vouched},
     {"rx_wrong_peer", &DeviceCounters::rx_wrong_peer},
     {"rx_unknown_qp", &DeviceCounters::rx_unknown_qp},
     {"rx_wrong_transport", &DeviceCounters::rx_wrong_transport},

@@ -128,6 +128,7 @@ struct DeviceCounters {
   uint64_t rx_malformed = 0;
   uint64_t rx_icrc_errors = 0;
   uint64_t rx_icrc_ip_id_inferred = 0;  // IPv4 ID unseen and not 0: ICRC checked with that ID solved for (16 bits)
+  uint64_t rx_icrc_vouched = 0;  // ICRC not checked: sealed by a process of this host, unaltered (InDatagram)
   uint64_t rx_wrong_peer = 0;           // RC/UC/XRC packet from an address other than the QP's peer
   uint64_t rx_unknown_qp = 0;
   uint64_t rx_wrong_transport = 0;  // opcode's transport differs from the QP type

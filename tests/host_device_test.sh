@@ -8,7 +8,8 @@
 #                                 the last has gone
 #   same_host_paths               an rdma_verify pair (bytes and atomics checked) on each way between two processes of
 #                                 the host (--same-host): shm through the shared-memory ring, unix through the UNIX
-#                                 connection, udp through real UDP and the service, each shown by the counters
+#                                 connection, udp through real UDP and the service, each shown by the counters (and
+#                                 the receiver's ICRC checks: skipped for what a process vouched for, never for UDP)
 #   faults_through_the_rings      an rdma_verify pair whose packets cross the rings corrupted, lost, duplicated and
 #                                 reordered by the fault injectors: bytes intact, corruption caught by the ICRC
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
@@ -116,16 +117,20 @@ case_same_host_paths() {
       "$RDMA_VERIFY" --role=client --port="$port" --host="$addr" --ops=3000 --seed=5 >"$log.client" 2>&1 || rc=$?
     wait "$server" || problems+="$path: server exit status $?: $(tail -n 3 "$log.server")"$'\n'
     [ "$rc" -eq 0 ] || problems+="$path: client exit status $rc: $(tail -n 3 "$log.client")"$'\n'
-    # The client's counters: what it handed to the server process directly, and of that through the ring.
-    local sent ring
+    # The client's counters: what it handed to the server process directly, and of that through the ring; the
+    # server's: the packets whose ICRC it took on the client's word (process to process only: not what crossed UDP).
+    local sent ring vouched
     sent=$(awk '/^host_device_peer_sent / {print $2}' "$log.client")
     ring=$(awk '/^host_device_ring_sent / {print $2}' "$log.client")
+    vouched=$(awk '/^rx_icrc_vouched / {print $2}' "$log.server")
     case "$path" in
-      shm) [ "${ring:-0}" -gt 1000 ] || problems+="shm: only ${ring:-no} packets through the ring"$'\n' ;;
-      unix) [ "${sent:-0}" -gt 1000 ] && [ "${ring:-1}" -eq 0 ] ||
-        problems+="unix: $sent packets process to process, $ring through a ring"$'\n' ;;
-      udp) [ "${sent:-1}" -eq 0 ] && awk '/^udp_datagrams_sent / && $2 > 1000 {ok = 1} END {exit !ok}' "$log.client" ||
-        problems+="udp: $sent packets process to process, not all by UDP"$'\n' ;;
+      shm) [ "${ring:-0}" -gt 1000 ] && [ "${vouched:-0}" -gt 1000 ] ||
+        problems+="shm: only ${ring:-no} packets through the ring, ${vouched:-no} vouched for"$'\n' ;;
+      unix) [ "${sent:-0}" -gt 1000 ] && [ "${ring:-1}" -eq 0 ] && [ "${vouched:-0}" -gt 1000 ] ||
+        problems+="unix: $sent packets process to process, $ring through a ring, ${vouched:-no} vouched for"$'\n' ;;
+      udp) [ "${sent:-1}" -eq 0 ] && [ "${vouched:-0}" -eq 0 ] &&
+        awk '/^udp_datagrams_sent / && $2 > 1000 {ok = 1} END {exit !ok}' "$log.client" ||
+        problems+="udp: $sent packets process to process, ${vouched:-no} vouched for, not all by UDP"$'\n' ;;
     esac
   done
   junit_check same_host_paths "$problems"
