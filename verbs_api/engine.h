@@ -244,8 +244,8 @@ class Engine {
   uint64_t keeps_posting_ns_ = PollPattern::kThinkNs / 2;  // ReceiveAfterSend, scaled
   uint64_t Scaled(uint64_t ns) const { return uint64_t(double(ns) * time_scale_); }
   std::atomic<uint64_t> app_timers_due_ns_{0};
-  std::atomic<uint64_t> last_traffic_ns_{0};
-  std::atomic<uint64_t> last_verb_end_ns_{0};  // when a timed data-path verb last returned (VerbTimer)       // when a Poll last delivered something (kActiveNs)
+  std::atomic<uint64_t> last_traffic_ns_{0};       // when a Poll last delivered something (kActiveNs)
+  std::atomic<uint64_t> last_verb_end_ns_{0};      // when a timed data-path verb last returned (VerbTimer)
   std::atomic<uint64_t> first_packets_until_ns_{0};  // the progress thread spins until then (QpReadyToReceive)
   // The progress thread sleeps on this timer (CLOCK_MONOTONIC, absolute) during a lease, armed for the lease's end
   // and moved back by each renewal (kLeaseNs), so a thread that keeps polling is not preempted by its wake-ups.
