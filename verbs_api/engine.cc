@@ -572,6 +572,9 @@ std::string Engine::CountersText() const {
             std::to_string(u.receive_overflows) + "\n";
   }
   text += "time_scale_percent " + std::to_string(uint64_t(time_scale_ * 100)) + "\n";
+  // 1: the clock is read from the CPU's tick counter, the kernel's readings being system calls (wire::TickClock).
+  const bool from_ticks = std::string_view(wire::SystemClock::SourceName()) == "ticks";
+  text += "clock_from_tick_counter " + std::to_string(from_ticks) + "\n";
   if (host_transport_ != nullptr) {
     text += "host_device_owner " + std::to_string(membership_->owner()) + "\nhost_device_peer_sent " +
             std::to_string(host_transport_->peer_sent()) + "\nhost_device_ring_sent " +

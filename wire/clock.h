@@ -17,11 +17,67 @@ class Clock {
   virtual uint64_t NowNs() const = 0;
 };
 
-// CLOCK_MONOTONIC.
+// CLOCK_MONOTONIC. Where the kernel cannot serve it from the vDSO (a reading costs at least kSlowReadingNs: QEMU/TCG's
+// HPET, ~1 us, a system call each) and the CPU has a tick counter, from a TickClock on that counter instead.
 class SystemClock final : public Clock {
  public:
   uint64_t NowNs() const override;
   static SystemClock& Instance();
+  static constexpr uint64_t kSlowReadingNs = 300;  // the vDSO's readings cost 20-50 ns
+  // "vdso" or "ticks" (the clock found slow and the tick counter used), for the device's counters and logs.
+  static const char* SourceName();
+};
+
+// CLOCK_MONOTONIC read from a free-running tick counter (x86's TSC), calibrated against a reference clock: a reading
+// is a counter read and a multiplication. Why: in an emulated VM the kernel's clocksource is one the vDSO cannot read
+// (the guest kernel marks the emulated TSC unstable and falls back to the HPET), so each reading was a system call of
+// ~1 us, and a spinning application's poll read the clock once per look: most of its time was those calls.
+// The counter is trusted on evidence, not on CPUID (TCG does not announce an invariant TSC): readings of the
+// reference re-anchor it after 2, 4, 8... ms and then every kReanchorNs, and if the counter's prediction was off by
+// more than kToleranceNs plus 1/kToleranceParts of the span (its rate moved, or another CPU's counter runs apart), it
+// is given up for good and every reading is the reference's. Readings never go back, across the process's threads.
+class TickClock final : public Clock {
+ public:
+  using TickSource = uint64_t (*)();
+  // `reference` and `ticks` must outlive the clock; both are read from any thread.
+  TickClock(const Clock& reference, TickSource ticks);
+  uint64_t NowNs() const override;
+  // Until the first kCalibrateNs of reference time have passed, readings are the reference's.
+  bool calibrated() const { return mult_.load(std::memory_order_acquire) != 0; }
+  // False once a re-anchoring found the counter out of line: then every reading is the reference's.
+  bool trusted() const { return !untrusted_.load(std::memory_order_relaxed); }
+
+  static constexpr uint64_t kCalibrateNs = 2'000'000;
+  static constexpr uint64_t kReanchorNs = 50'000'000;
+  static constexpr uint64_t kToleranceNs = 100'000;
+  static constexpr uint64_t kToleranceParts = 50;  // 2% of the span since the last anchor
+
+ private:
+  struct Anchor {
+    uint64_t ns;
+    uint64_t ticks;
+    uint64_t mult;  // nanoseconds per tick, 32.32 fixed point; 0: not calibrated
+  };
+  Anchor ReadAnchor() const;  // a consistent copy (a sequence lock: re-anchoring writes it rarely)
+  // Takes a reference reading (and re-anchors, by whoever gets there first); returns it.
+  uint64_t Reanchor() const;
+  void SetAnchor(uint64_t ns, uint64_t ticks) const;  // by the thread re-anchoring only
+  uint64_t NoEarlierThanBefore(uint64_t ns) const;
+
+  const Clock& reference_;
+  const TickSource ticks_;
+  const uint64_t first_ns_;
+  const uint64_t first_ticks_;
+  mutable std::atomic<uint32_t> seq_{0};  // odd while the anchor is being written
+  mutable std::atomic<uint64_t> anchor_ns_{0};
+  mutable std::atomic<uint64_t> anchor_ticks_{0};
+  mutable std::atomic<uint64_t> mult_{0};
+  mutable std::atomic<uint64_t> reanchor_ticks_{UINT64_MAX};  // ticks past the anchor at which to re-anchor
+  mutable std::atomic<uint64_t> slack_ticks_{0};  // how far behind the anchor a reading may be (kToleranceNs)
+  mutable std::atomic<uint64_t> max_bracket_ticks_{0};  // a re-anchoring's reference reading took longer: skipped
+  mutable std::atomic<bool> anchoring_{false};
+  mutable std::atomic<bool> untrusted_{false};
+  mutable std::atomic<uint64_t> last_{0};  // the latest reading returned
 };
 
 // One clock reading shared by a span of work on one thread: while a ClockBatch is open on a thread, BatchedClock

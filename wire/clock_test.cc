@@ -2,7 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <string>
 #include <thread>
+#include <vector>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 namespace uroce::wire {
 namespace {
@@ -96,6 +102,147 @@ TEST(ClockBatch, TheSystemClockAndCalibrationsIgnoreBatches) {
     sink = sink + 1;
   });
   EXPECT_GT(took, 0u);
+}
+
+
+// --- TickClock: a fake counter and a reference that counts its readings ---
+
+std::atomic<uint64_t> g_ticks{0};
+uint64_t FakeTicks() { return g_ticks.load(std::memory_order_relaxed); }
+
+class CountingClock final : public Clock {
+ public:
+  uint64_t NowNs() const override {
+    readings.fetch_add(1, std::memory_order_relaxed);
+    return manual.NowNs();
+  }
+  ManualClock manual{1'000'000'000};
+  mutable std::atomic<int> readings{0};
+};
+
+// Moves the reference by `ns` and the counter by `ticks_per_ns` ticks for each nanosecond.
+void Advance(CountingClock& ref, uint64_t ns, uint64_t ticks_per_ns = 3) {
+  ref.manual.Advance(ns);
+  g_ticks.fetch_add(ns * ticks_per_ns);
+}
+
+// Reads the clock every `step` for `total` nanoseconds of reference time, expecting it within `within` of the
+// reference and never going back.
+void FollowFor(const TickClock& clock, CountingClock& ref, uint64_t total, uint64_t step, uint64_t within) {
+  uint64_t last = 0;
+  for (uint64_t t = 0; t < total; t += step) {
+    Advance(ref, step);
+    const uint64_t now = clock.NowNs();
+    const uint64_t want = ref.manual.NowNs();
+    EXPECT_LE(now > want ? now - want : want - now, within) << "at " << t;
+    EXPECT_GE(now, last);
+    last = now;
+  }
+}
+
+TEST(TickClock, ReadsTheReferenceUntilCalibratedThenTheCounterAlone) {
+  g_ticks = 5'000;
+  CountingClock ref;
+  const TickClock clock(ref, FakeTicks);
+  EXPECT_EQ(clock.NowNs(), ref.manual.NowNs());
+  EXPECT_FALSE(clock.calibrated());
+  Advance(ref, TickClock::kCalibrateNs);
+  EXPECT_EQ(clock.NowNs(), ref.manual.NowNs());  // this reading calibrates
+  ASSERT_TRUE(clock.calibrated());
+  const int readings = ref.readings.load();
+  FollowFor(clock, ref, TickClock::kCalibrateNs / 2, 100, 1);  // 3 ticks a nanosecond: exact
+  EXPECT_EQ(ref.readings.load(), readings);  // 10,000 readings, none of them the reference's
+  EXPECT_TRUE(clock.trusted());
+}
+
+TEST(TickClock, ReanchorsEveryIntervalAndKeepsFollowing) {
+  g_ticks = 0;
+  CountingClock ref;
+  const TickClock clock(ref, FakeTicks);
+  Advance(ref, TickClock::kCalibrateNs);
+  clock.NowNs();
+  const int readings = ref.readings.load();
+  FollowFor(clock, ref, 10 * TickClock::kReanchorNs, 100'000, 1);
+  // Re-anchorings after 2, 4, 8, 16, 32 ms, then one per interval (each reads the reference three times to take
+  // the tightest reading), not one per reading.
+  EXPECT_GE(ref.readings.load() - readings, 3 * 12);
+  EXPECT_LE(ref.readings.load() - readings, 3 * 16);
+  EXPECT_TRUE(clock.trusted());
+}
+
+TEST(TickClock, ACounterWhoseRateMovesIsGivenUp) {
+  g_ticks = 0;
+  CountingClock ref;
+  const TickClock clock(ref, FakeTicks);
+  Advance(ref, TickClock::kCalibrateNs);
+  clock.NowNs();
+  // The counter now runs at twice its rate: until the next re-anchoring the clock runs ahead, then it is given up.
+  uint64_t last = 0;
+  for (uint64_t t = 0; t < 2 * TickClock::kReanchorNs; t += 1'000'000) {
+    Advance(ref, 1'000'000, 6);
+    const uint64_t now = clock.NowNs();
+    EXPECT_GE(now, last);
+    last = now;
+  }
+  EXPECT_FALSE(clock.trusted());
+  // From then on the reference's time, never earlier than what was read before.
+  Advance(ref, TickClock::kReanchorNs, 6);
+  EXPECT_EQ(clock.NowNs(), ref.manual.NowNs());
+}
+
+TEST(TickClock, ACounterThatGoesBackIsGivenUp) {
+  g_ticks = 1'000'000'000;
+  CountingClock ref;
+  const TickClock clock(ref, FakeTicks);
+  Advance(ref, TickClock::kCalibrateNs);
+  clock.NowNs();
+  ASSERT_TRUE(clock.calibrated());
+  const uint64_t before = clock.NowNs();
+  g_ticks = 1'000;  // another CPU's counter, far behind
+  ref.manual.Advance(1'000);
+  EXPECT_EQ(clock.NowNs(), ref.manual.NowNs());
+  EXPECT_GE(ref.manual.NowNs(), before);
+  EXPECT_FALSE(clock.trusted());
+}
+
+#if defined(__x86_64__)
+uint64_t Tsc() { return __rdtsc(); }
+
+// This machine's own counter against its own clock, read from four threads at once across several re-anchorings.
+TEST(TickClock, TheTimeStampCounterFollowsTheSystemClock) {
+  const Clock& system = SystemClock::Instance();
+  const TickClock clock(system, Tsc);
+  const uint64_t end = system.NowNs() + 4 * TickClock::kReanchorNs;
+  std::atomic<uint64_t> worst_off{0};
+  std::atomic<int> went_back{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      uint64_t last = 0;
+      for (uint64_t before = system.NowNs(); before < end; before = system.NowNs()) {
+        const uint64_t now = clock.NowNs();
+        const uint64_t after = system.NowNs();
+        if (now < last) went_back.fetch_add(1);
+        last = now;
+        // Within tolerance of the system's readings around it (a reading may be up to the last one returned).
+        const uint64_t off = now < before ? before - now : now > after ? now - after : 0;
+        uint64_t worst = worst_off.load();
+        while (off > worst && !worst_off.compare_exchange_weak(worst, off)) {
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(clock.calibrated());
+  EXPECT_TRUE(clock.trusted());
+  EXPECT_EQ(went_back.load(), 0);
+  EXPECT_LT(worst_off.load(), TickClock::kToleranceNs + TickClock::kReanchorNs / TickClock::kToleranceParts);
+}
+#endif
+
+TEST(SystemClock, NamesItsSource) {
+  const std::string source = SystemClock::SourceName();
+  EXPECT_TRUE(source == "kernel" || source == "ticks" || source == "kernel (tick counter given up)") << source;
 }
 
 }  // namespace
