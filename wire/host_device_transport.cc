@@ -24,11 +24,6 @@ namespace {
 // unless we may force it.
 constexpr int kPeerBufferBytes = 4 << 20;
 
-// While rings exist, a polling thread that may not wait looks at its sockets at most this often: an epoll_wait costs
-// more than a ring's whole hand-off, and with the service forwarding into a ring too, the sockets carry only new peer
-// connections, hang-ups, wake-ups for a sleeper and the fallback paths.
-constexpr uint64_t kSocketLookEveryNs = 20'000;
-
 // epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
 constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagControl = uint64_t(-3),
                    kTagListen = uint64_t(-4);
@@ -273,7 +268,7 @@ int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns
   int got = DrainRings(handler);
   if (rings_ && timeout_ns == 0) {
     const uint64_t now = BatchedClock::Instance().NowNs();  // an application's look has read it already
-    if (now - sockets_seen_ns_ < kSocketLookEveryNs) return got;
+    if (now - sockets_seen_ns_ < socket_look_every_ns_) return got;
     sockets_seen_ns_ = now;
   }
   const int r = ReceiveReady(handler, 0);

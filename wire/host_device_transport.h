@@ -78,6 +78,12 @@ class HostDeviceTransport final : public Transport {
   int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
   void Wake() override;
 
+  // A polling thread that may not wait looks at its sockets at most every kSocketLookEveryNs times `scale` (a
+  // machine that runs `scale` times slower than an ordinary one; 1 or more). Call before the first Poll.
+  void StretchSocketLooks(double scale) {
+    socket_look_every_ns_ = uint64_t(double(kSocketLookEveryNs) * (scale > 1 ? scale : 1));
+  }
+
   uint64_t malformed() const { return malformed_.load(std::memory_order_relaxed); }
   // Packets for a process of this host that could not be handed over (no such process, its connection full).
   uint64_t peer_drops() const { return peer_drops_.load(std::memory_order_relaxed); }
@@ -87,6 +93,10 @@ class HostDeviceTransport final : public Transport {
 
   static constexpr unsigned kBatch = 64;
   static constexpr size_t kMaxForwarded = 9216 + 64;
+  // While rings exist, a polling thread that may not wait looks at its sockets at most this often: an epoll_wait
+  // costs more than a ring's whole hand-off, and with the service forwarding into a ring too, the sockets carry only
+  // new peer connections, hang-ups, wake-ups for a sleeper and the fallback paths.
+  static constexpr uint64_t kSocketLookEveryNs = 20'000;
 
  private:
   // Our connection to another process of the host (sending side).
@@ -152,6 +162,7 @@ class HostDeviceTransport final : public Transport {
   bool rings_ = false;            // some inbound connection has a ring
   unsigned ring_polls_ = 0;       // zero-timeout polls since the sockets were last looked at
   uint64_t sockets_seen_ns_ = 0;
+  uint64_t socket_look_every_ns_ = kSocketLookEveryNs;
   std::mutex peers_mu_;           // our connections to the other processes
   std::map<uint8_t, std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Peer>> retired_;  // replaced, kept to the end (another thread may still send on them)
