@@ -683,7 +683,8 @@ void Engine::ProgressLoop() {
   }
 }
 
-void Engine::QpReadyToReceive() {
+void Engine::QpReadyToReceive(const std::optional<wire::UdpEndpoint>& peer, uint32_t peer_qpn) {
+  if (peer && host_transport_ != nullptr) host_transport_->ConnectAhead(*peer, peer_qpn);
   const uint64_t now = wire::SystemClock::Instance().NowNs();
   const uint64_t before = first_packets_until_ns_.exchange(now + kFirstPacketsSpinNs, std::memory_order_relaxed);
   // A progress thread blocked in Poll looks again; one that spins already finds the new time at its next turn.

@@ -129,7 +129,10 @@ class Engine {
   // application thread for ~4 ms until the load balancer moved it; the requester heard no ACK while it ran, went back
   // early and cut its window each time. ib_write_bw 64 KiB, perftest's 5,000 messages: early retransmissions in 5 of
   // 10 runs (up to 9) without the spin, in 0 of 10 with it (and in 0 of 8 with a spin of 5 ms).
-  void QpReadyToReceive();
+  // `peer` (the QP's destination, when it has one: RC, UC, XRC) is also where its packets will go: on the host
+  // device, the connection to a peer of the host is made now, not with the first packet (HostDeviceTransport::
+  // ConnectAhead).
+  void QpReadyToReceive(const std::optional<wire::UdpEndpoint>& peer = std::nullopt, uint32_t peer_qpn = 0);
   static constexpr uint64_t kFirstPacketsSpinNs = 20'000'000;
   // How many times the receive side went from the progress thread to applications (printed as progress_handovers).
   uint64_t handovers() const { return handovers_.load(std::memory_order_relaxed); }

@@ -325,7 +325,13 @@ int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
     mask &= ~uint32_t{IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY};
   if (int err = dev.ModifyQp(ToQp(qp)->emu, ToEmu(*attr), mask)) return err;
   if (attr_mask & IBV_QP_STATE) qp->state = attr->qp_state;
-  if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTR) Ctx(qp->context)->engine->QpReadyToReceive();
+  if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTR) {
+    std::optional<wire::UdpEndpoint> peer;
+    if ((attr_mask & IBV_QP_AV) && (attr_mask & IBV_QP_DEST_QPN) && attr->ah_attr.is_global) {
+      peer = wire::UdpEndpoint{wire::IpAddress::FromBytes(attr->ah_attr.grh.dgid.raw), wire::kRoceV2UdpPort};
+    }
+    Ctx(qp->context)->engine->QpReadyToReceive(peer, attr->dest_qp_num);
+  }
   return 0;
 }
 

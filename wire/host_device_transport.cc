@@ -329,6 +329,16 @@ HostDeviceTransport::Peer* HostDeviceTransport::PeerFor(uint8_t owner, bool reco
   return p;
 }
 
+void HostDeviceTransport::ConnectAhead(const UdpEndpoint& dst, uint32_t qpn) {
+  if (same_host_ == SameHostPath::kUdp || dst.addr != local_.addr || dst.port != local_.port) return;
+  const uint8_t owner = OwnerOf24(qpn);
+  if (owner == 0) return;
+  Peer* peer = PeerFor(owner, false);
+  if (peer == nullptr || same_host_ != SameHostPath::kSharedMemory) return;
+  std::lock_guard lock(peer->mu);
+  if (!peer->offer_answered) TakeRingOffer(*peer);  // usually not there yet: the first send takes it
+}
+
 void HostDeviceTransport::TakeRingOffer(Peer& peer) {
   ControlMessage m;
   std::vector<int> fds;

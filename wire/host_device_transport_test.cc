@@ -205,6 +205,26 @@ TEST_F(HostDeviceTransportTest, OnceTheReceiverOffersItsRingPacketsGoThroughShar
   EXPECT_EQ(b.transport->malformed(), 0u);
 }
 
+TEST_F(HostDeviceTransportTest, ConnectingAheadPutsTheFirstPacketInTheRing) {
+  Member a, b, c;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002);
+  Join(c, 3, 40003);
+  // A QP of a enters RTR towards a QP of b: a connects now; b accepts and offers its ring at its next look.
+  a.transport->ConnectAhead({address_, kRoceV2UdpPort}, WithOwner24(2, 0x11));
+  EXPECT_TRUE(ReceiveNumbered(*b.transport, 1, 50'000'000).empty());
+  SendNumbered(*a.transport, address_, 0, 1, 100);
+  EXPECT_EQ(a.transport->ring_sent(), 1u);  // not on the connection, as a first packet was without
+  EXPECT_EQ(ReceiveNumbered(*b.transport, 1, 0), (std::vector<uint32_t>{0}));
+  // Another host's address, or the UDP way: nothing to connect to.
+  c.transport->ConnectAhead({IpAddress::V4(0x0a000001), kRoceV2UdpPort}, WithOwner24(2, 0x11));
+  Member d;
+  Join(d, 4, 40004, SameHostPath::kUdp);
+  d.transport->ConnectAhead({address_, kRoceV2UdpPort}, WithOwner24(2, 0x11));
+  EXPECT_TRUE(ReceiveNumbered(*b.transport, 1, 50'000'000).empty());  // no connection came to accept
+  EXPECT_EQ(c.transport->peer_sent() + d.transport->peer_sent(), 0u);
+}
+
 TEST_F(HostDeviceTransportTest, ASleepingReceiverIsWokenByItsDoorbell) {
   Member a, b;
   Join(a, 1, 40001);
