@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #if defined(__x86_64__)
+#include <sys/prctl.h>
 #include <x86intrin.h>
 #endif
 
@@ -39,7 +40,9 @@ const TickClock* ChosenTickClock() {
       cheapest = std::min(cheapest, now - before);
       before = now;
     }
-    if (cheapest >= SystemClock::kSlowReadingNs) return new TickClock(*new KernelClock, ReadTsc);
+    if (cheapest >= SystemClock::kSlowReadingNs && SystemClock::TickCounterAllowed()) {
+      return new TickClock(*new KernelClock, ReadTsc);
+    }
 #endif
     return nullptr;
   }();
@@ -56,6 +59,15 @@ uint64_t SystemClock::NowNs() const {
 SystemClock& SystemClock::Instance() {
   static SystemClock clock;
   return clock;
+}
+
+bool SystemClock::TickCounterAllowed() {
+#if defined(__x86_64__)
+  int tsc_mode = 0;
+  return !(prctl(PR_GET_TSC, &tsc_mode) == 0 && tsc_mode == PR_TSC_SIGSEGV);
+#else
+  return false;
+#endif
 }
 
 const char* SystemClock::SourceName() {

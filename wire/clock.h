@@ -24,8 +24,11 @@ class SystemClock final : public Clock {
   uint64_t NowNs() const override;
   static SystemClock& Instance();
   static constexpr uint64_t kSlowReadingNs = 300;  // the vDSO's readings cost 20-50 ns
-  // "vdso" or "ticks" (the clock found slow and the tick counter used), for the device's counters and logs.
+  // "kernel", "ticks" (the kernel's found slow and the tick counter used) or "kernel (tick counter given up)".
   static const char* SourceName();
+  // Whether this process may read the tick counter: an x86 CPU, and RDTSC not made to fault for it (prctl
+  // PR_SET_TSC, PR_TSC_SIGSEGV: such a process keeps the kernel's clock, however slow).
+  static bool TickCounterAllowed();
 };
 
 // CLOCK_MONOTONIC read from a free-running tick counter (x86's TSC), calibrated against a reference clock: a reading

@@ -7,6 +7,9 @@
 #include <thread>
 #include <vector>
 #if defined(__x86_64__)
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <x86intrin.h>
 #endif
 
@@ -237,6 +240,22 @@ TEST(TickClock, TheTimeStampCounterFollowsTheSystemClock) {
   EXPECT_TRUE(clock.trusted());
   EXPECT_EQ(went_back.load(), 0);
   EXPECT_LT(worst_off.load(), TickClock::kToleranceNs + TickClock::kReanchorNs / TickClock::kToleranceParts);
+}
+#endif
+
+#if defined(__x86_64__)
+TEST(SystemClock, AProcessWhoseTickCounterFaultsKeepsTheKernelsClock) {
+  EXPECT_TRUE(SystemClock::TickCounterAllowed());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (prctl(PR_SET_TSC, PR_TSC_SIGSEGV) != 0) _exit(2);
+    _exit(SystemClock::TickCounterAllowed() ? 1 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 #endif
 
