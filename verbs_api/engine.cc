@@ -491,6 +491,7 @@ int Engine::Start(const EngineConfig& config) {
   // spinning on memory) wait for its end; stretched to ~50 ms in a TCG guest, that was ib_write_lat's p99.9 (16 ms).
   receive_after_send_ns_ = Scaled(kReceiveAfterSendNs);
   keeps_posting_ns_ = Scaled(PollPattern::kThinkNs / 2);
+  yield_when_idle_ = time_scale_ >= kEmulatedScale;
   progress_ = std::thread([this] { ProgressLoop(); });
   stats_ = config.stats;
   // A program may exit without closing the device: the ACKs still held leave (its peer's last messages would be
@@ -679,9 +680,9 @@ void Engine::ProgressLoop() {
     if (n > 0 || !spin) {  // an empty spinning look took no time worth a reading
       now = clock.NowNs();
       now_fresh = true;
-    } else {
-      // Nothing came: give the CPU away before looking again. On 2 CPUs with two spinning applications, an
-      // application thread queued behind this one waited out a time slice (milliseconds in a TCG guest).
+    } else if (yield_when_idle_) {
+      // Nothing came: give the CPU away before looking again. In a TCG guest on 2 vCPUs with two spinning
+      // applications, an application thread queued behind this one waited out a time slice (milliseconds there).
       sched_yield();
     }
     dev->SendHeldAcks(now);
