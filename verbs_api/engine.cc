@@ -491,7 +491,7 @@ int Engine::Start(const EngineConfig& config) {
   // spinning on memory) wait for its end; stretched to ~50 ms in a TCG guest, that was ib_write_lat's p99.9 (16 ms).
   receive_after_send_ns_ = Scaled(kReceiveAfterSendNs);
   keeps_posting_ns_ = Scaled(PollPattern::kThinkNs / 2);
-  yield_when_idle_ = time_scale_ >= kEmulatedScale;
+  yield_when_idle_ = time_scale_ >= PollPattern::kEmulatedScale;
   progress_ = std::thread([this] { ProgressLoop(); });
   stats_ = config.stats;
   // A program may exit without closing the device: the ACKs still held leave (its peer's last messages would be

@@ -12,7 +12,8 @@ bool PollPattern::OnEmptyPoll(uint64_t now) {
     // time slice; in a VM, the host taking the vCPU), not a program that polls rarely: it keeps its engagement. In a
     // TCG guest each such gap had cost ~kEngageNs more of the progress thread receiving and two handovers, each a
     // thread woken on 2 busy vCPUs: milliseconds of ib_send_lat's tail.
-    const bool forgive = engaged_.load(std::memory_order_relaxed) && held_.load(std::memory_order_relaxed) &&
+    const bool forgive = forgive_gaps_ && engaged_.load(std::memory_order_relaxed) &&
+                         held_.load(std::memory_order_relaxed) &&
                          now - last_forgiven_ns_.load(std::memory_order_relaxed) > forgive_every_ns_;
     if (forgive) {
       last_forgiven_ns_.store(now, std::memory_order_relaxed);

@@ -38,30 +38,44 @@ TEST(PollPatternTest, OnePreemptionDoesNotDisengageAPingPong) {
   uint64_t t = 1'000'000 * kUs;
   for (int i = 0; i < 50; ++i) Round(p, t, 1 * kUs, 5 * kUs);
   // Preempted between the completion and the next poll by a thread that ran for 45 us (a longer loss is a gap in the
-  // streak of empty polls: AThreadHoldingTheReceiveSideKeepsItThroughOneLongGapNowAndThen).
+  // streak of empty polls: OnAnOrdinaryMachineALongGapStartsTheStreakAgain, and on an emulated machine
+  // OnAnEmulatedMachineAThreadHoldingTheReceiveSideKeepsItThroughOneLongGapNowAndThen).
   EXPECT_TRUE(Round(p, t, 45 * kUs, 5 * kUs));
   EXPECT_LT(p.think_ns(), PollPattern::kThinkNs);
   for (int i = 0; i < 20; ++i) EXPECT_TRUE(Round(p, t, 1 * kUs, 5 * kUs));
 }
 
-TEST(PollPatternTest, AThreadHoldingTheReceiveSideKeepsItThroughOneLongGapNowAndThen) {
+TEST(PollPatternTest, OnAnEmulatedMachineAThreadHoldingTheReceiveSideKeepsItThroughOneLongGapNowAndThen) {
+  PollPattern p;
+  const double scale = PollPattern::kEmulatedScale;
+  p.SetTimeScale(scale);
+  const auto scaled = [scale](uint64_t ns) { return uint64_t(double(ns) * scale); };
+  uint64_t t = 1'000'000 * kUs;
+  for (int i = 0; i < 100; ++i) Round(p, t, 1 * kUs, 5 * kUs);
+  ASSERT_TRUE(Round(p, t, 1 * kUs, 5 * kUs));
+  // Preempted for three streak gaps in the middle of its polling: still engaged at its next poll.
+  t += 3 * scaled(PollPattern::kStreakGapNs);
+  EXPECT_TRUE(p.OnEmptyPoll(t));
+  for (int i = 0; i < 20; ++i) EXPECT_TRUE(Round(p, t, 1 * kUs, 5 * kUs));
+  // A second long gap soon after is a program that polls rarely now: the streak starts again.
+  t += 3 * scaled(PollPattern::kStreakGapNs);
+  EXPECT_FALSE(p.OnEmptyPoll(t));
+  EXPECT_FALSE(Round(p, t, 1 * kUs, scaled(PollPattern::kEngageNs) / 2));
+  EXPECT_TRUE(Round(p, t, 1 * kUs, scaled(PollPattern::kEngageNs)));
+  // Long after the last forgiven gap, another is forgiven.
+  for (uint64_t end = t + scaled(PollPattern::kForgiveGapEveryNs); t < end;) ASSERT_TRUE(Round(p, t, 1 * kUs, 5 * kUs));
+  t += 3 * scaled(PollPattern::kStreakGapNs);
+  EXPECT_TRUE(p.OnEmptyPoll(t));
+}
+
+TEST(PollPatternTest, OnAnOrdinaryMachineALongGapStartsTheStreakAgain) {
   PollPattern p;
   uint64_t t = 1'000'000 * kUs;
   for (int i = 0; i < 50; ++i) Round(p, t, 1 * kUs, 5 * kUs);
   ASSERT_TRUE(Round(p, t, 1 * kUs, 5 * kUs));
-  // Preempted for three streak gaps in the middle of its polling: still engaged at its next poll.
-  t += 3 * PollPattern::kStreakGapNs;
-  EXPECT_TRUE(p.OnEmptyPoll(t));
-  for (int i = 0; i < 20; ++i) EXPECT_TRUE(Round(p, t, 1 * kUs, 5 * kUs));
-  // A second long gap soon after is a program that polls rarely now: the streak starts again.
   t += 3 * PollPattern::kStreakGapNs;
   EXPECT_FALSE(p.OnEmptyPoll(t));
-  EXPECT_FALSE(Round(p, t, 1 * kUs, PollPattern::kEngageNs / 2));
   EXPECT_TRUE(Round(p, t, 1 * kUs, PollPattern::kEngageNs));
-  // Long after the last forgiven gap, another is forgiven.
-  for (uint64_t end = t + PollPattern::kForgiveGapEveryNs; t < end;) ASSERT_TRUE(Round(p, t, 1 * kUs, 5 * kUs));
-  t += 3 * PollPattern::kStreakGapNs;
-  EXPECT_TRUE(p.OnEmptyPoll(t));
 }
 
 TEST(PollPatternTest, AProgramThatWaitsElsewhereAfterEachCompletionDisengagesAndProbesRarely) {
