@@ -8,9 +8,9 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sched.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -585,8 +585,7 @@ std::string Engine::CountersText() const {
   }
   text += "time_scale_percent " + std::to_string(uint64_t(time_scale_ * 100)) + "\n";
   // 1: the clock is read from the CPU's tick counter, the kernel's readings being system calls (wire::TickClock).
-  const bool from_ticks = std::string_view(wire::SystemClock::SourceName()) == "ticks";
-  text += "clock_from_tick_counter " + std::to_string(from_ticks) + "\n";
+  text += "clock_from_tick_counter " + std::to_string(wire::SystemClock::ReadsTickCounter()) + "\n";
   if (host_transport_ != nullptr) {
     text += "host_device_owner " + std::to_string(membership_->owner()) + "\nhost_device_peer_sent " +
             std::to_string(host_transport_->peer_sent()) + "\nhost_device_ring_sent " +

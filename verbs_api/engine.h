@@ -247,10 +247,9 @@ class Engine {
   uint64_t keeps_posting_ns_ = PollPattern::kThinkNs / 2;  // ReceiveAfterSend, scaled
   // A spinning progress thread that found nothing yields its CPU before looking again: only on a machine that runs
   // PollPattern::kEmulatedScale times slower than an ordinary one or more (an emulator, where a lost time slice is
-  // milliseconds).
-  // Not elsewhere: there it gained nothing measurable, and with it perftest's UC ib_send_bw under a flood on 2 cores
-  // (which waits for every message, so one lost hangs it) hung in one rehearsal of the suite: a receiving progress
-  // thread that gives its CPU away may let its socket overflow.
+  // milliseconds). Not elsewhere: there it gained nothing measurable, and with it perftest's UC ib_send_bw under a
+  // flood on 2 cores (which waits for every message, so one lost hangs it) hung in one rehearsal of the suite: a
+  // receiving progress thread that gives its CPU away may let its socket overflow.
   bool yield_when_idle_ = false;
   uint64_t Scaled(uint64_t ns) const { return uint64_t(double(ns) * time_scale_); }
   std::atomic<uint64_t> app_timers_due_ns_{0};

@@ -5,11 +5,11 @@
 // A thread engages when it has polled empty CQs without a gap above kStreakGapNs for kEngageNs (a program that polls
 // once and then sleeps never does; on an emulated machine, one that held the receive side keeps its streak through
 // one such gap every kForgiveGapEveryNs, a preemption), and when it comes back to poll soon after a completion: its
-// think time, from a poll that returned completions to the next empty poll, averaged, is under kThinkNs. A program that polls a CQ and
-// then waits elsewhere (spinning on memory for an RDMA WRITE that would arrive after its completion) must not engage:
-// nobody would receive for it until the lease ended. ib_write_lat polls its send CQ and then spins on memory, but
-// the peer's WRITE arrives before the ACK that completes its own (held ACKs, emu::Device::AckTiming::kHeld), so its
-// think times stay short.
+// think time, from a poll that returned completions to the next empty poll, averaged, is under kThinkNs. A program
+// that polls a CQ and then waits elsewhere (spinning on memory for an RDMA WRITE that would arrive after its
+// completion) must not engage: nobody would receive for it until the lease ended. ib_write_lat polls its send CQ and
+// then spins on memory, but the peer's WRITE arrives before the ACK that completes its own (held ACKs,
+// emu::Device::AckTiming::kHeld), so its think times stay short.
 //
 // The think time leaves out the time spent inside data-path verbs (OnTimeInside). Think times are sampled only while
 // the application holds the receive side. Measured while the progress thread receives they mean nothing: its

@@ -32,15 +32,9 @@ uint64_t ReadTsc() { return __rdtsc(); }
 const TickClock* ChosenTickClock() {
   static const TickClock* const chosen = []() -> const TickClock* {
 #if defined(__x86_64__)
-    // The cheapest of consecutive readings' gaps is what one reading costs.
-    uint64_t cheapest = UINT64_MAX;
-    uint64_t before = KernelMonotonicNs();
-    for (int i = 0; i < 16; ++i) {
-      const uint64_t now = KernelMonotonicNs();
-      cheapest = std::min(cheapest, now - before);
-      before = now;
-    }
-    if (cheapest >= SystemClock::kSlowReadingNs && SystemClock::TickCounterAllowed()) {
+    // Two readings with nothing between them, at their cheapest: what one reading costs.
+    const KernelClock kernel;
+    if (CheapestNs(kernel, 16, [] {}) >= SystemClock::kSlowReadingNs && SystemClock::TickCounterAllowed()) {
       return new TickClock(*new KernelClock, ReadTsc);
     }
 #endif
@@ -70,10 +64,9 @@ bool SystemClock::TickCounterAllowed() {
 #endif
 }
 
-const char* SystemClock::SourceName() {
+bool SystemClock::ReadsTickCounter() {
   const TickClock* ticks = ChosenTickClock();
-  if (ticks == nullptr) return "kernel";
-  return ticks->trusted() ? "ticks" : "kernel (tick counter given up)";
+  return ticks != nullptr && ticks->trusted();
 }
 
 TickClock::TickClock(const Clock& reference, TickSource ticks)

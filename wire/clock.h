@@ -24,8 +24,8 @@ class SystemClock final : public Clock {
   uint64_t NowNs() const override;
   static SystemClock& Instance();
   static constexpr uint64_t kSlowReadingNs = 300;  // the vDSO's readings cost 20-50 ns
-  // "kernel", "ticks" (the kernel's found slow and the tick counter used) or "kernel (tick counter given up)".
-  static const char* SourceName();
+  // Whether readings come from the tick counter now: the kernel's were found slow, and the counter is still trusted.
+  static bool ReadsTickCounter();
   // Whether this process may read the tick counter: an x86 CPU, and RDTSC not made to fault for it (prctl
   // PR_SET_TSC, PR_TSC_SIGSEGV: such a process keeps the kernel's clock, however slow).
   static bool TickCounterAllowed();

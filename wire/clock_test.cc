@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <atomic>
-#include <string>
+#include <optional>
 #include <thread>
 #include <vector>
 #if defined(__x86_64__)
@@ -107,7 +110,6 @@ TEST(ClockBatch, TheSystemClockAndCalibrationsIgnoreBatches) {
   EXPECT_GT(took, 0u);
 }
 
-
 // --- TickClock: a fake counter and a reference that counts its readings ---
 
 std::atomic<uint64_t> g_ticks{0};
@@ -143,6 +145,20 @@ void FollowFor(const TickClock& clock, CountingClock& ref, uint64_t total, uint6
   }
 }
 
+// A TickClock on the fake counter that has just calibrated (3 ticks a nanosecond from `first_ticks`).
+class CalibratedTickClock : public ::testing::Test {
+ protected:
+  void Calibrate(uint64_t first_ticks) {
+    g_ticks = first_ticks;
+    clock_.emplace(ref_, FakeTicks);
+    Advance(ref_, TickClock::kCalibrateNs);
+    clock_->NowNs();
+    ASSERT_TRUE(clock_->calibrated());
+  }
+  CountingClock ref_;
+  std::optional<TickClock> clock_;
+};
+
 TEST(TickClock, ReadsTheReferenceUntilCalibratedThenTheCounterAlone) {
   g_ticks = 5'000;
   CountingClock ref;
@@ -158,54 +174,41 @@ TEST(TickClock, ReadsTheReferenceUntilCalibratedThenTheCounterAlone) {
   EXPECT_TRUE(clock.trusted());
 }
 
-TEST(TickClock, ReanchorsEveryIntervalAndKeepsFollowing) {
-  g_ticks = 0;
-  CountingClock ref;
-  const TickClock clock(ref, FakeTicks);
-  Advance(ref, TickClock::kCalibrateNs);
-  clock.NowNs();
-  const int readings = ref.readings.load();
-  FollowFor(clock, ref, 10 * TickClock::kReanchorNs, 100'000, 1);
+TEST_F(CalibratedTickClock, ReanchorsEveryIntervalAndKeepsFollowing) {
+  Calibrate(0);
+  const int readings = ref_.readings.load();
+  FollowFor(*clock_, ref_, 10 * TickClock::kReanchorNs, 100'000, 1);
   // Re-anchorings after 2, 4, 8, 16, 32 ms, then one per interval (each reads the reference three times to take
   // the tightest reading), not one per reading.
-  EXPECT_GE(ref.readings.load() - readings, 3 * 12);
-  EXPECT_LE(ref.readings.load() - readings, 3 * 16);
-  EXPECT_TRUE(clock.trusted());
+  EXPECT_GE(ref_.readings.load() - readings, 3 * 12);
+  EXPECT_LE(ref_.readings.load() - readings, 3 * 16);
+  EXPECT_TRUE(clock_->trusted());
 }
 
-TEST(TickClock, ACounterWhoseRateMovesIsGivenUp) {
-  g_ticks = 0;
-  CountingClock ref;
-  const TickClock clock(ref, FakeTicks);
-  Advance(ref, TickClock::kCalibrateNs);
-  clock.NowNs();
+TEST_F(CalibratedTickClock, ACounterWhoseRateMovesIsGivenUp) {
+  Calibrate(0);
   // The counter now runs at twice its rate: until the next re-anchoring the clock runs ahead, then it is given up.
   uint64_t last = 0;
   for (uint64_t t = 0; t < 2 * TickClock::kReanchorNs; t += 1'000'000) {
-    Advance(ref, 1'000'000, 6);
-    const uint64_t now = clock.NowNs();
+    Advance(ref_, 1'000'000, 6);
+    const uint64_t now = clock_->NowNs();
     EXPECT_GE(now, last);
     last = now;
   }
-  EXPECT_FALSE(clock.trusted());
+  EXPECT_FALSE(clock_->trusted());
   // From then on the reference's time, never earlier than what was read before.
-  Advance(ref, TickClock::kReanchorNs, 6);
-  EXPECT_EQ(clock.NowNs(), ref.manual.NowNs());
+  Advance(ref_, TickClock::kReanchorNs, 6);
+  EXPECT_EQ(clock_->NowNs(), ref_.manual.NowNs());
 }
 
-TEST(TickClock, ACounterThatGoesBackIsGivenUp) {
-  g_ticks = 1'000'000'000;
-  CountingClock ref;
-  const TickClock clock(ref, FakeTicks);
-  Advance(ref, TickClock::kCalibrateNs);
-  clock.NowNs();
-  ASSERT_TRUE(clock.calibrated());
-  const uint64_t before = clock.NowNs();
+TEST_F(CalibratedTickClock, ACounterThatGoesBackIsGivenUp) {
+  Calibrate(1'000'000'000);
+  const uint64_t before = clock_->NowNs();
   g_ticks = 1'000;  // another CPU's counter, far behind
-  ref.manual.Advance(1'000);
-  EXPECT_EQ(clock.NowNs(), ref.manual.NowNs());
-  EXPECT_GE(ref.manual.NowNs(), before);
-  EXPECT_FALSE(clock.trusted());
+  ref_.manual.Advance(1'000);
+  EXPECT_EQ(clock_->NowNs(), ref_.manual.NowNs());
+  EXPECT_GE(ref_.manual.NowNs(), before);
+  EXPECT_FALSE(clock_->trusted());
 }
 
 #if defined(__x86_64__)
@@ -259,9 +262,19 @@ TEST(SystemClock, AProcessWhoseTickCounterFaultsKeepsTheKernelsClock) {
 }
 #endif
 
-TEST(SystemClock, NamesItsSource) {
-  const std::string source = SystemClock::SourceName();
-  EXPECT_TRUE(source == "kernel" || source == "ticks" || source == "kernel (tick counter given up)") << source;
+TEST(SystemClock, ReadsTheKernelsClockWhereItIsCheap) {
+  // What a CLOCK_MONOTONIC reading costs here, at its cheapest.
+  uint64_t cheapest = UINT64_MAX;
+  for (int i = 0; i < 16; ++i) {
+    timespec a{}, b{};
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    cheapest = std::min<uint64_t>(cheapest, uint64_t(b.tv_sec - a.tv_sec) * 1'000'000'000u + b.tv_nsec - a.tv_nsec);
+  }
+  if (cheapest >= SystemClock::kSlowReadingNs / 2) {
+    GTEST_SKIP() << "the kernel's clock costs " << cheapest << " ns a reading here";
+  }
+  EXPECT_FALSE(SystemClock::ReadsTickCounter());
 }
 
 }  // namespace
