@@ -20,6 +20,8 @@
 #                                 pml cm/mtl ofi over verbs;ofi_rxm: mpi_check's ping-pong, allreduce, alltoall
 #   fi_pingpong on one address    (root) libfabric's verbs provider (non-loopback interfaces only): msg and rdm pairs
 #                                 of two processes sharing one veth address
+#   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm, unmodified: two processes binding the device's one
+#                                 address, found through its netdev in sysfs; on a veth address and on 127.0.0.1
 #   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
 #                                 pair fails instead of hanging, and the next open starts a new service
 #   dead_process_is_a_dead_peer   one side of an rdma_verify pair killed (-9): the other fails with RETRY_EXC_ERR
@@ -259,6 +261,33 @@ case_libfabric_one_address() {
   junit_check "$name" "$problems"
 }
 
+# case_pyverbs_rdmacm: rdma-core's own rdmacm tests (python3-pyverbs), unmodified, in a namespace: they take the
+# device's IP address from the first address of its netdev (/sys/class/infiniband/uroce0/device/net/, which the
+# host device lists), fork two processes that both bind it, and connect them (RC, UD, multicast joins and leaves,
+# reads, writes, rejects). Once on the namespace's veth address, once on the host device's default (127.0.0.1, the
+# namespace's own lo). pyverbs counts a player that died of a signal as a pass, so a fault handler makes such a death
+# print "Fatal Python error", which fails the case.
+case_pyverbs_rdmacm() {
+  local name="pyverbs rdmacm tests: two processes on one address" tests="$WORK/pyverbs/tests" problems="" where
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  if [ ! -d /usr/share/doc/rdma-core/tests ]; then junit_fail "$name" "python3-pyverbs is not installed"; return; fi
+  mkdir -p "$WORK/pyverbs"
+  cp -r /usr/share/doc/rdma-core/tests "$tests" && gunzip -f "$tests"/*.gz
+  two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  for where in "$ADDR_A" 127.0.0.1; do
+    local log="$WORK/pyverbs/rdmacm.$where" rc=0
+    (cd "$WORK/pyverbs" && ip netns exec "$HOST_A" env PYTHONFAULTHANDLER=1 timeout "$TIMEOUT" \
+      "$UROCE" run --host-device --addr "$where" -- /usr/bin/python3 tests/run_tests.py --dev uroce0 --gid 0 -v \
+      test_rdmacm) >"$log" 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] || problems+="on $where: exit status $rc: $(tail -n 5 "$log")"$'\n'
+    grep -q '^Ran 10 tests' "$log" || problems+="on $where: not the 10 cases of test_rdmacm: $(tail -n 3 "$log")"$'\n'
+    ! grep -q 'skipped' "$log" || problems+="on $where: skipped: $(grep -m 1 skipped "$log")"$'\n'
+    ! grep -q 'Fatal Python error' "$log" || problems+="on $where: a player died: $(grep -m 3 -A 3 Fatal "$log")"$'\n'
+  done
+  two_hosts_down
+  junit_check "$name" "$problems"
+}
+
 case_sixty_four_processes() {
   local addr log="$WORK/64" problems
   addr=$(random_loopback)
@@ -407,6 +436,7 @@ main() {
   case_mpi_two_hosts ofi
   case_libfabric_one_address msg
   case_libfabric_one_address rdm
+  case_pyverbs_rdmacm
   case_service_killed_is_device_fatal
   case_dead_process_is_a_dead_peer
   case_bad_control_messages

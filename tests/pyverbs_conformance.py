@@ -54,8 +54,8 @@ EXPECTED_SKIPS = [
     (r"tests\.test_mr\.DmaBuf.*",
      r"Allocating dmabuf is not supported by /dev/dri/renderD\d+|Device /dev/dri/renderD\d+ is not present",
      "dma-buf MRs (`ibv_reg_dmabuf_mr`) | not supported"),
-    # pyverbs finds the device's IP address through /sys/class/infiniband/<dev>/device/net/, which a userspace device
-    # has no entry in; the same scenarios run with rdmacm-utils and perftest -R in tests/rdmacm_clients_test.
+    # pyverbs finds the device's IP address through /sys/class/infiniband/<dev>/device/net/, which the per-process
+    # device (this run's) has no entry in; tests/host_device_test.sh runs them on the host device, which has one.
     (r"tests\.test_rdmacm\..*", r"Device uroce0 doesn't have net interface",
      "rdma-core's pyverbs rdmacm tests look for the device's netdev in sysfs"),
     # A host condition, not the device's: the row says so, and the cases pass where pages are reserved.

@@ -113,7 +113,7 @@ std::pair<std::string, std::string> OnlineCpus() {
   return {mask, list};
 }
 
-int WriteTree(const std::string& root, const std::optional<wire::IpAddress>& address) {
+int WriteTree(const std::string& root, const std::optional<wire::IpAddress>& address, bool host_device) {
   const std::string dev = root + "/sys/devices/virtual/infiniband/uroce0";
   const std::string port = dev + "/ports/1";
   const std::string uverbs = root + "/sys/devices/virtual/infiniband_verbs/uverbs0";
@@ -159,6 +159,13 @@ int WriteTree(const std::string& root, const std::optional<wire::IpAddress>& add
   for (const auto& [path, text] : files) {
     if (int err = WriteFile(path, text)) return err;
   }
+  // The netdev of a host device (the address is the host's, shared by its processes, as a RoCE device's netdev
+  // is): rdma-core's pyverbs rdmacm tests take the device's IP address from the first address of
+  // device/net/<name>, and both of their processes bind it. A per-process device lists none: its address is its
+  // own, which a second process cannot bind.
+  if (host_device && !netdev.name.empty()) {
+    if (int err = MakeFolders(dev + "/device/net/" + netdev.name)) return err;
+  }
   for (unsigned i = 0; i < kGidSlots; ++i) {
     std::array<uint8_t, 16> gid{};
     if (i == 0 && address) gid = address->bytes();
@@ -196,16 +203,22 @@ Netdev NetdevOf(const wire::IpAddress& address) {
 }
 
 int WriteDeviceTree(const std::string& root) {
-  if (auto engine = Engine::Running()) return WriteTree(root, engine->address());
+  if (auto engine = Engine::Running()) return WriteTree(root, engine->address(), engine->membership() != nullptr);
   EngineConfig config;  // no engine yet: the pinned address, if any
   std::string error;
-  const bool pinned = LoadEngineConfig(&config, &error) == 0 && !config.address_prefix_len;
-  return WriteTree(root, pinned ? config.address : std::nullopt);
+  const bool loaded = LoadEngineConfig(&config, &error) == 0;
+  const bool pinned = loaded && !config.address_prefix_len;
+  const bool host_device = loaded && config.host_device;
+  // The host device's address defaults to 127.0.0.1 (Engine::StartOnHostDevice).
+  const std::optional<wire::IpAddress> address =
+      pinned && config.address ? config.address
+                               : (host_device ? std::optional(wire::IpAddress::V4(0x7f000001)) : std::nullopt);
+  return WriteTree(root, address, host_device);
 }
 
-void RefreshDeviceTree(const wire::IpAddress& address) {
+void RefreshDeviceTree(const wire::IpAddress& address, bool host_device) {
   if (const char* tree = ShimTree()) {
-    WriteTree(tree, address);
+    WriteTree(tree, address, host_device);
   } else {
     ShimTree(/*make=*/true);  // written with the running engine's address
   }

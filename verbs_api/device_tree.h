@@ -12,6 +12,7 @@
 //   sys/devices/virtual/infiniband/uroce0/{node_type,node_guid,sys_image_guid,node_desc,fw_ver,hw_rev}
 //       ports/1/{state,phys_state,link_layer,rate,lid,sm_lid,lmc,sm_sl,cap_mask,pkeys/0,gids/0..15}
 //       ports/1/gid_attrs/{types,ndevs}/0 (the populated entry)   device/{numa_node,local_cpus,local_cpulist}
+//       device/net/<netdev of the address>/ (the host device only)
 //   sys/devices/virtual/infiniband_verbs/uverbs0/{ibdev,abi_version,dev}
 //   dev/infiniband/{uverbs0,rdma_cm}
 //   counters   (the engine's counters while it runs, as UROCE_STATS prints them: `uroce stats` reads them)
@@ -33,12 +34,13 @@ struct Netdev {
 Netdev NetdevOf(const wire::IpAddress& address);
 
 // Writes (or rewrites: every file is replaced whole, so a reader never sees half of one) the tree under `root`,
-// creating folders as needed. The GID is the running engine's address, else the pinned UROCE_ADDR, else the zero
-// GID until the device opens. 0 or an errno.
+// creating folders as needed. The GID is the running engine's address, else the pinned UROCE_ADDR (on the host
+// device: else 127.0.0.1, its default), else the zero GID until the device opens. 0 or an errno.
 int WriteDeviceTree(const std::string& root);
 
-// The engine started on `address`: rewrites the tree the discovery shim made for this process, if it made one.
-void RefreshDeviceTree(const wire::IpAddress& address);
+// The engine started on `address` (on the host device: `host_device`): rewrites the tree the discovery shim made for
+// this process, if it made one.
+void RefreshDeviceTree(const wire::IpAddress& address, bool host_device);
 
 // Replaces the file `counters` at the root of this process's tree (if the shim made one) with `text`: the running
 // engine's counters, for `uroce stats`.

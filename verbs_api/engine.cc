@@ -359,7 +359,7 @@ std::shared_ptr<Engine> Engine::Acquire() {
   }
   // The discovery shim's files of this process, made now if they were not (the live counters go there), with GID 0
   // now that it is known. Outside g_engine_mu: the shim writes them through WriteDeviceTree, which takes it.
-  RefreshDeviceTree(e->address());
+  RefreshDeviceTree(e->address(), e->membership() != nullptr);
   e->WriteLiveCounters(wire::SystemClock::Instance().NowNs());
   return e;
 }
