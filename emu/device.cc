@@ -324,6 +324,11 @@ int Device::DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups) 
     }
     qp->mutable_attributes().qp_state = QpState::kReset;
     qp->requester().Charge();  // what it had in flight no longer counts against its path
+    // The completions it left in its CQs go with it, as on mlx4/mlx5 (their destroy_qp cleans both CQs): once
+    // ibv_destroy_qp(3) returns, an application may have freed what their wr_ids point to, and a program that
+    // keeps polling a CQ it shares with other QPs would be handed them.
+    for (CompletionQueue* cq : {qp->init().send_cq, qp->init().recv_cq})
+      if (cq != nullptr) cq->RemoveQp(qp->qpn());
     qps_.erase(it);
   }
   Transmit(out);

@@ -475,6 +475,28 @@ TEST(Qp, ResetRemovesTheQpsCompletionsAndKeepsOthers) {
   EXPECT_EQ(c[0].qp_num, other->qpn());
 }
 
+// So does a destroyed QP (as mlx4/mlx5's destroy_qp cleans its CQs): the application may have freed what the wr_ids
+// point to, while it goes on polling a CQ it shares with other QPs.
+TEST(Qp, DestroyRemovesTheQpsCompletionsAndKeepsOthers) {
+  UcPair t;
+  Buffer dst = testing::Register(*t.b->device, t.pb, 64, kLocalAll);
+  QueuePair* other = testing::CreateConnectedQp(*t.b->device, QpType::kUc, t.pb, t.cb, nullptr, 0);
+  testing::Connect(*t.b->device, other, *t.a->device, t.qa->qpn(), kLocalAll);
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 64)}}), 0);
+  ASSERT_EQ(t.b->device->PostRecv(other, RecvWr{2, {dst.At(0, 64)}}), 0);
+  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{3, {dst.At(0, 64)}}), 0);
+  QpAttributes a;
+  a.qp_state = QpState::kErr;
+  ASSERT_EQ(t.b->device->ModifyQp(other, a, attr::kState), 0);
+  ASSERT_EQ(t.b->device->ModifyQp(t.qb, a, attr::kState), 0);
+  ASSERT_EQ(t.cb->depth(), 3u);  // three flushed receives
+  ASSERT_EQ(t.b->device->DestroyQp(t.qb), 0);
+  auto c = Drain(t.cb);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 2u);
+  EXPECT_EQ(c[0].qp_num, other->qpn());
+}
+
 TEST(Qp, PostSendBeforeRtsIsEinval) {
   Fabric f;
   Node& n = f.AddNode();
