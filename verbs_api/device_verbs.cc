@@ -43,26 +43,36 @@ bool EventQueue<T>::Push(const T& item) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-    items_.push_back(item);
+    items_.push_back(Entry{item});
   }
   wire::SignalEventFd(fd_);
   return true;
 }
 
 template <typename T>
-int EventQueue<T>::Pop(T* item) {
-  uint64_t v;
+int EventQueue<T>::Pop(T* item, const std::function<void(const T&)>& reported) {
   for (;;) {
-    const ssize_t n = read(fd_, &v, sizeof v);
-    if (n == sizeof v) break;
+    uint64_t v;
+    const ssize_t n = read(fd_, &v, sizeof v);  // one unit (EFD_SEMAPHORE): one entry
     if (n < 0 && errno == EINTR) continue;
-    return n < 0 ? errno : EIO;
+    if (n != sizeof v) return n < 0 ? errno : EIO;
+    std::lock_guard lock(mu_);
+    if (items_.empty()) return EAGAIN;
+    const Entry e = items_.front();
+    items_.pop_front();
+    if (e.withdrawn) continue;  // its unit is taken: look for the next
+    if (reported) reported(e.item);
+    *item = e.item;
+    return 0;
   }
+}
+
+template <typename T>
+void EventQueue<T>::Withdraw(const std::function<bool(const T&)>& gone, const std::function<void()>& after) {
   std::lock_guard lock(mu_);
-  if (items_.empty()) return EAGAIN;
-  *item = items_.front();
-  items_.pop_front();
-  return 0;
+  for (Entry& e : items_)
+    if (!e.withdrawn && gone(e.item)) e.withdrawn = true;
+  after();
 }
 
 template class EventQueue<ibv_async_event>;

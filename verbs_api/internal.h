@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -33,12 +34,23 @@ class EventQueue {
   bool Push(const T& item);
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   // Blocks (unless the fd is O_NONBLOCK) until an item is available. 0 or errno (EAGAIN when non-blocking and empty).
-  int Pop(T* item);
+  // `reported`, if given, runs on the item under the queue's lock: the kernel's count of an object's events handed to
+  // the application, which its destroy waits to see acknowledged.
+  int Pop(T* item, const std::function<void(const T&)>& reported = {});
+  // Withdraws every waiting item `gone` is true for, as the kernel does with the undelivered events of an object it
+  // destroys: the application never gets them. Then runs `after` under the same lock, so that it reads the
+  // reported count of the object's events as it stands once no more can be handed out. A withdrawn item keeps its
+  // unit of the eventfd, which Pop passes over (a reader woken for it finds nothing, as with the kernel's).
+  void Withdraw(const std::function<bool(const T&)>& gone, const std::function<void()>& after);
 
  private:
+  struct Entry {
+    T item;
+    bool withdrawn = false;
+  };
   int fd_ = -1;
   std::mutex mu_;
-  std::deque<T> items_;
+  std::deque<Entry> items_;
   std::atomic<uint64_t> dropped_{0};
 };
 
@@ -65,6 +77,51 @@ inline Context* ToContext(ibv_context* c) {
   return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
 }
 inline Context* Ctx(ibv_context* c) { return ToContext(c); }
+
+// What an async event is about (ibv_get_async_event(3): which member of `element` it sets).
+enum class EventElement { kQp, kCq, kSrq, kPort };
+inline EventElement ElementOf(ibv_event_type type) {
+  switch (type) {
+    case IBV_EVENT_CQ_ERR:
+      return EventElement::kCq;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return EventElement::kQp;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      return EventElement::kSrq;
+    default:
+      return EventElement::kPort;  // port and device events name no object
+  }
+}
+
+// Destroying a QP or SRQ (ibv_get_async_event(3)): its events still waiting are withdrawn, and those handed out
+// (`reported`, read under the queue's lock once nothing more can be) must have been acknowledged on the object's
+// mutex and cond (ibv_ack_async_event) before it goes: the application may still be handling one.
+template <typename Object>
+void WaitForAcknowledgements(EventQueue<ibv_async_event>& events, Object* object, EventElement kind,
+                             const uint32_t& reported, pthread_mutex_t* mu, pthread_cond_t* cond,
+                             const unsigned int& completed) {
+  uint32_t handed_out = 0;
+  events.Withdraw(
+      [&](const ibv_async_event& e) {
+        if (ElementOf(e.event_type) != kind) return false;
+        const void* about = kind == EventElement::kQp    ? static_cast<const void*>(e.element.qp)
+                            : kind == EventElement::kSrq ? static_cast<const void*>(e.element.srq)
+                                                         : static_cast<const void*>(e.element.cq);
+        return about == object;
+      },
+      [&] { handed_out = reported; });
+  pthread_mutex_lock(mu);
+  while (completed != handed_out) pthread_cond_wait(cond, mu);
+  pthread_mutex_unlock(mu);
+}
 
 // Verbs return errno values; those returning pointers set errno and return NULL (ibv_*(3) RETURN VALUE).
 template <typename T>
@@ -98,6 +155,10 @@ struct Cq {
   emu::CompletionQueue* emu;
   uint64_t wc_flags;          // IBV_WC_EX_WITH_* requested at create_cq_ex
   emu::Completion current{};  // the entry start_poll/next_poll made current
+  // Events handed to the application (under the lock of the queue that held them), which ibv_destroy_cq waits to see
+  // acknowledged (ibv_ack_cq_events, ibv_ack_async_event), as ibv_get_cq_event(3) and ibv_get_async_event(3) say.
+  uint32_t comp_events_reported;
+  uint32_t async_events_reported;
 };
 inline Cq* ToCq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Cq* ToCq(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }
@@ -106,6 +167,7 @@ struct Qp {
   ibv_qp_ex qpx;  // qp_base first
   emu::QueuePair* emu;
   void* send_ops = nullptr;  // ibv_wr_* batch state (qp_ex_ops.cc); non-null iff created with send ops
+  uint32_t events_reported = 0;  // async events handed to the application (as Cq's)
 };
 inline Qp* ToQp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
 
@@ -119,6 +181,7 @@ inline Ah* ToAh(ibv_ah* a) { return reinterpret_cast<Ah*>(a); }
 struct Srq {
   ibv_srq srq;
   emu::SharedReceiveQueue* emu;
+  uint32_t events_reported = 0;  // async events handed to the application (as Cq's)
 };
 inline Srq* ToSrq(ibv_srq* s) { return reinterpret_cast<Srq*>(s); }
 

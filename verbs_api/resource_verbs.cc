@@ -19,6 +19,23 @@ namespace {
 // A thread found `cq` empty. When applications hold the receive side (verbs_api/engine.h) it receives and processes
 // what is queued itself; otherwise it gives the CPU away once, because the progress thread that would fill the CQ
 // may be waiting for it (2 cores, several spinning threads). Returns the datagrams it processed (> 0: look again).
+// ibv_get_async_event hands `e` out: it counts for its object (internal.h, Cq::async_events_reported).
+void CountReported(const ibv_async_event& e) {
+  switch (ElementOf(e.event_type)) {
+    case EventElement::kCq:
+      ++ToCq(e.element.cq)->async_events_reported;
+      break;
+    case EventElement::kQp:
+      ++ToQp(e.element.qp)->events_reported;
+      break;
+    case EventElement::kSrq:
+      ++ToSrq(e.element.srq)->events_reported;
+      break;
+    case EventElement::kPort:
+      break;
+  }
+}
+
 int DriveOnEmptyCq(Cq* cq) {
   Engine& engine = *Ctx(cq->cqx.context)->engine;
   const int n = engine.DriveFromApplication();
@@ -411,6 +428,18 @@ int ibv_resize_cq(ibv_cq* cq, int cqe) {
 int ibv_destroy_cq(ibv_cq* cq) {
   Cq* c = ToCq(cq);
   if (int err = Ctx(cq->context)->dev().DestroyCq(c->emu)) return err;
+  // Its completion events not yet handed out never will be; those that were must be acknowledged first
+  // (ibv_get_cq_event(3)), and so must its async events (ibv_get_async_event(3)).
+  if (cq->channel) {
+    uint32_t handed_out = 0;
+    ToChannel(cq->channel)->events.Withdraw([cq](ibv_cq* const& e) { return e == cq; },
+                                            [&] { handed_out = c->comp_events_reported; });
+    pthread_mutex_lock(&cq->mutex);
+    while (cq->comp_events_completed != handed_out) pthread_cond_wait(&cq->cond, &cq->mutex);
+    pthread_mutex_unlock(&cq->mutex);
+  }
+  WaitForAcknowledgements(Ctx(cq->context)->async_events, cq, EventElement::kCq, c->async_events_reported,
+                          &cq->mutex, &cq->cond, cq->async_events_completed);
   if (cq->channel) __atomic_sub_fetch(&cq->channel->refcnt, 1, __ATOMIC_RELAXED);
   pthread_cond_destroy(&cq->cond);
   pthread_mutex_destroy(&cq->mutex);
@@ -420,7 +449,7 @@ int ibv_destroy_cq(ibv_cq* cq) {
 
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   ibv_cq* got = nullptr;
-  if (int err = ToChannel(channel)->events.Pop(&got)) {
+  if (int err = ToChannel(channel)->events.Pop(&got, [](ibv_cq* const& c) { ++ToCq(c)->comp_events_reported; })) {
     errno = err;
     return -1;
   }
@@ -438,7 +467,7 @@ void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
 
 // --- async events ---
 int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
-  if (int err = Ctx(context)->async_events.Pop(event)) {
+  if (int err = Ctx(context)->async_events.Pop(event, CountReported)) {
     errno = err;
     return -1;
   }
@@ -446,31 +475,30 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
 }
 
 void ibv_ack_async_event(ibv_async_event* event) {
-  switch (event->event_type) {
-    case IBV_EVENT_CQ_ERR: {
+  // The object's mutex and cond, as rdma-core's: its destroy waits on them (WaitForAcknowledgements).
+  auto acknowledge = [](pthread_mutex_t* mu, pthread_cond_t* cond, unsigned int* completed) {
+    pthread_mutex_lock(mu);
+    ++*completed;
+    pthread_cond_signal(cond);
+    pthread_mutex_unlock(mu);
+  };
+  switch (ElementOf(event->event_type)) {
+    case EventElement::kCq: {
       ibv_cq* cq = event->element.cq;
-      pthread_mutex_lock(&cq->mutex);
-      ++cq->async_events_completed;
-      pthread_cond_signal(&cq->cond);
-      pthread_mutex_unlock(&cq->mutex);
+      acknowledge(&cq->mutex, &cq->cond, &cq->async_events_completed);
       break;
     }
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+    case EventElement::kQp: {
       ibv_qp* qp = event->element.qp;
-      pthread_mutex_lock(&qp->mutex);
-      ++qp->events_completed;
-      pthread_cond_signal(&qp->cond);
-      pthread_mutex_unlock(&qp->mutex);
+      acknowledge(&qp->mutex, &qp->cond, &qp->events_completed);
       break;
     }
-    default:
+    case EventElement::kSrq: {
+      ibv_srq* srq = event->element.srq;
+      acknowledge(&srq->mutex, &srq->cond, &srq->events_completed);
+      break;
+    }
+    case EventElement::kPort:
       break;
   }
 }

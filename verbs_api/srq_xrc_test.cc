@@ -7,10 +7,12 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "verbs_api/verbs_test_env.h"
@@ -218,6 +220,52 @@ TEST(SrqVerbs, RcOnSrqDeliversAndRaisesLimitEventOnAsyncFd) {
   ASSERT_EQ(ibv_destroy_qp(receiver), 0);
   ASSERT_EQ(ibv_destroy_srq(srq), 0);
   ASSERT_EQ(ibv_dereg_mr(mr), 0);
+}
+
+// ibv_get_async_event(3): destroying a QP withdraws its events not yet read, and waits until those read have been
+// acknowledged (the application may still be handling one; the kernel and rdma-core do the same). UCX's async thread
+// handles LAST_WQE_REACHED while its endpoints are destroyed.
+TEST(SrqVerbs, DestroyingAQpWithdrawsItsUnreadEventsAndWaitsForTheAcknowledgementOfTheRead) {
+  Env e;
+  ibv_srq* srq = BasicSrq(e);
+  ASSERT_NE(srq, nullptr);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = e.cq;
+  qa.cap = {16, 0, 1, 0, 0};
+  qa.qp_type = IBV_QPT_RC;
+  qa.srq = srq;
+  ibv_qp* a = ibv_create_qp(e.pd, &qa);
+  ibv_qp* b = ibv_create_qp(e.pd, &qa);
+  ASSERT_TRUE(a && b);
+  Connect(e, a, b->qp_num);
+  Connect(e, b, a->qp_num);
+  ibv_qp_attr err{};
+  err.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(a, &err, IBV_QP_STATE), 0);  // LAST_WQE_REACHED for a, then for b
+  ASSERT_EQ(ibv_modify_qp(b, &err, IBV_QP_STATE), 0);
+  ASSERT_EQ(ibv_destroy_qp(a), 0);  // a's event, unread, goes with it: nothing to wait for
+  const int flags = fcntl(e.ctx->async_fd, F_GETFL);
+  ASSERT_EQ(fcntl(e.ctx->async_fd, F_SETFL, flags | O_NONBLOCK), 0);
+  ibv_async_event ev{};
+  ASSERT_EQ(ibv_get_async_event(e.ctx, &ev), 0);
+  EXPECT_EQ(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
+  EXPECT_EQ(ev.element.qp, b);
+  EXPECT_EQ(ibv_get_async_event(e.ctx, &ev), -1);  // a's is not handed out after its QP
+  EXPECT_EQ(errno, EAGAIN);
+  // b's event is in the application's hands: its destroy waits for the acknowledgement (under ASan, a destroy that
+  // freed b at once would make the acknowledgement below a use after free).
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&] {
+    EXPECT_EQ(ibv_destroy_qp(b), 0);
+    destroyed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(destroyed.load());
+  ibv_ack_async_event(&ev);
+  destroyer.join();
+  EXPECT_TRUE(destroyed.load());
+  ASSERT_EQ(fcntl(e.ctx->async_fd, F_SETFL, flags), 0);
+  ASSERT_EQ(ibv_destroy_srq(srq), 0);
 }
 
 std::string TempFile() {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -171,6 +172,34 @@ TEST(VerbsLoopback, CqOverrunRaisesCqErrAsyncEvent) {
   ibv_destroy_qp(a);
   ibv_dereg_mr(mr);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// ibv_get_cq_event(3): destroying a CQ withdraws its completion events not yet read from its channel, so that
+// nobody is handed a CQ that is gone.
+TEST(VerbsLoopback, DestroyingACqWithdrawsItsUnreadCompletionEvents) {
+  Env e;
+  ibv_comp_channel* ch = ibv_create_comp_channel(e.ctx);
+  ASSERT_NE(ch, nullptr);
+  ibv_cq* cq = ibv_create_cq(e.ctx, 16, nullptr, ch, 0);
+  ibv_qp* a = UdQp(e, cq);
+  ASSERT_NE(a, nullptr);
+  std::vector<uint8_t> src(16);
+  ibv_mr* mr = ibv_reg_mr(e.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_ah* ah = AhTo(e);
+  ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
+  SendUd(e, a, ah, 0xffffff, mr, 16, IBV_SEND_SIGNALED);  // its completion raises the event
+  pollfd pfd{ch->fd, POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 5000), 1);
+  ibv_destroy_ah(ah);
+  ASSERT_EQ(ibv_destroy_qp(a), 0);
+  ASSERT_EQ(ibv_destroy_cq(cq), 0);  // the event was never read: nothing to wait for
+  ASSERT_EQ(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK), 0);
+  ibv_cq* got = nullptr;
+  void* context = nullptr;
+  EXPECT_EQ(ibv_get_cq_event(ch, &got, &context), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  ibv_dereg_mr(mr);
+  EXPECT_EQ(ibv_destroy_comp_channel(ch), 0);
 }
 
 TEST(VerbsLoopback, DestroyingABusyCqOrPdIsEbusy) {
