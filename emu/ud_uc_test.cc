@@ -452,49 +452,48 @@ TEST(Qp, ErrorStateFlushesReceivesAndPostsCompleteFlushed) {
   EXPECT_EQ(c[0].status, WcStatus::kWrFlushErr);
 }
 
-// A QP moved to RESET takes the completions it left in its CQ with it (as mlx4/mlx5 do): after RESET → RTS the first
-// completion an application polls is of the QP's new work, not a flush of the old (pyverbs test_mr's rereg tests).
-TEST(Qp, ResetRemovesTheQpsCompletionsAndKeepsOthers) {
+// b's CQ holds three flushed receives: two of qb's (wr_id 1 and 3) around one of `other`'s (wr_id 2), a second QP of
+// b on the same CQ.
+class QpCompletionsInASharedCq : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    other = testing::CreateConnectedQp(*t.b->device, QpType::kUc, t.pb, t.cb, nullptr, 0);
+    testing::Connect(*t.b->device, other, *t.a->device, t.qa->qpn(), kLocalAll);
+    ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 64)}}), 0);
+    ASSERT_EQ(t.b->device->PostRecv(other, RecvWr{2, {dst.At(0, 64)}}), 0);
+    ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{3, {dst.At(0, 64)}}), 0);
+    QpAttributes a;
+    a.qp_state = QpState::kErr;
+    ASSERT_EQ(t.b->device->ModifyQp(other, a, attr::kState), 0);
+    ASSERT_EQ(t.b->device->ModifyQp(t.qb, a, attr::kState), 0);
+    ASSERT_EQ(t.cb->depth(), 3u);
+  }
+  // What is left in the CQ is other's completion alone.
+  void ExpectOnlyOthers() {
+    auto c = Drain(t.cb);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].wr_id, 2u);
+    EXPECT_EQ(c[0].qp_num, other->qpn());
+  }
   UcPair t;
   Buffer dst = testing::Register(*t.b->device, t.pb, 64, kLocalAll);
-  QueuePair* other = testing::CreateConnectedQp(*t.b->device, QpType::kUc, t.pb, t.cb, nullptr, 0);
-  testing::Connect(*t.b->device, other, *t.a->device, t.qa->qpn(), kLocalAll);
-  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 64)}}), 0);
-  ASSERT_EQ(t.b->device->PostRecv(other, RecvWr{2, {dst.At(0, 64)}}), 0);
-  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{3, {dst.At(0, 64)}}), 0);
+  QueuePair* other = nullptr;
+};
+
+// A QP moved to RESET takes the completions it left in its CQ with it (as mlx4/mlx5 do): after RESET → RTS the first
+// completion an application polls is of the QP's new work, not a flush of the old (pyverbs test_mr's rereg tests).
+TEST_F(QpCompletionsInASharedCq, ResetRemovesTheQpsCompletionsAndKeepsOthers) {
   QpAttributes a;
-  a.qp_state = QpState::kErr;
-  ASSERT_EQ(t.b->device->ModifyQp(other, a, attr::kState), 0);
-  ASSERT_EQ(t.b->device->ModifyQp(t.qb, a, attr::kState), 0);
-  ASSERT_EQ(t.cb->depth(), 3u);  // three flushed receives
   a.qp_state = QpState::kReset;
   ASSERT_EQ(t.b->device->ModifyQp(t.qb, a, attr::kState), 0);
-  auto c = Drain(t.cb);
-  ASSERT_EQ(c.size(), 1u);
-  EXPECT_EQ(c[0].wr_id, 2u);
-  EXPECT_EQ(c[0].qp_num, other->qpn());
+  ExpectOnlyOthers();
 }
 
 // So does a destroyed QP (as mlx4/mlx5's destroy_qp cleans its CQs): the application may have freed what the wr_ids
 // point to, while it goes on polling a CQ it shares with other QPs.
-TEST(Qp, DestroyRemovesTheQpsCompletionsAndKeepsOthers) {
-  UcPair t;
-  Buffer dst = testing::Register(*t.b->device, t.pb, 64, kLocalAll);
-  QueuePair* other = testing::CreateConnectedQp(*t.b->device, QpType::kUc, t.pb, t.cb, nullptr, 0);
-  testing::Connect(*t.b->device, other, *t.a->device, t.qa->qpn(), kLocalAll);
-  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{1, {dst.At(0, 64)}}), 0);
-  ASSERT_EQ(t.b->device->PostRecv(other, RecvWr{2, {dst.At(0, 64)}}), 0);
-  ASSERT_EQ(t.b->device->PostRecv(t.qb, RecvWr{3, {dst.At(0, 64)}}), 0);
-  QpAttributes a;
-  a.qp_state = QpState::kErr;
-  ASSERT_EQ(t.b->device->ModifyQp(other, a, attr::kState), 0);
-  ASSERT_EQ(t.b->device->ModifyQp(t.qb, a, attr::kState), 0);
-  ASSERT_EQ(t.cb->depth(), 3u);  // three flushed receives
+TEST_F(QpCompletionsInASharedCq, DestroyRemovesTheQpsCompletionsAndKeepsOthers) {
   ASSERT_EQ(t.b->device->DestroyQp(t.qb), 0);
-  auto c = Drain(t.cb);
-  ASSERT_EQ(c.size(), 1u);
-  EXPECT_EQ(c[0].wr_id, 2u);
-  EXPECT_EQ(c[0].qp_num, other->qpn());
+  ExpectOnlyOthers();
 }
 
 TEST(Qp, PostSendBeforeRtsIsEinval) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 
 #include "emu/device.h"
 #include "verbs_api/engine.h"
@@ -101,23 +102,42 @@ inline EventElement ElementOf(ibv_event_type type) {
   }
 }
 
-// Destroying a QP or SRQ (ibv_get_async_event(3)): its events still waiting are withdrawn, and those handed out
-// (`reported`, read under the queue's lock once nothing more can be) must have been acknowledged on the object's
-// mutex and cond (ibv_ack_async_event) before it goes: the application may still be handling one.
-template <typename Object>
-void WaitForAcknowledgements(EventQueue<ibv_async_event>& events, Object* object, EventElement kind,
-                             const uint32_t& reported, pthread_mutex_t* mu, pthread_cond_t* cond,
-                             const unsigned int& completed) {
+// The object an async event names; nullptr for a port or device event.
+inline const void* ObjectOf(const ibv_async_event& e) {
+  switch (ElementOf(e.event_type)) {
+    case EventElement::kQp:
+      return e.element.qp;
+    case EventElement::kCq:
+      return e.element.cq;
+    case EventElement::kSrq:
+      return e.element.srq;
+    case EventElement::kPort:
+      break;
+  }
+  return nullptr;
+}
+
+// Destroying a QP, CQ or SRQ (ibv_get_async_event(3), ibv_get_cq_event(3)) withdraws `object`'s events still waiting
+// in `events`, and returns how many were handed out: `reported`, read under the queue's lock, once no more can be.
+template <typename T>
+uint32_t WithdrawEvents(EventQueue<T>& events, const void* object, const uint32_t& reported) {
   uint32_t handed_out = 0;
   events.Withdraw(
-      [&](const ibv_async_event& e) {
-        if (ElementOf(e.event_type) != kind) return false;
-        const void* about = kind == EventElement::kQp    ? static_cast<const void*>(e.element.qp)
-                            : kind == EventElement::kSrq ? static_cast<const void*>(e.element.srq)
-                                                         : static_cast<const void*>(e.element.cq);
-        return about == object;
+      [object](const T& e) {
+        if constexpr (std::is_same_v<T, ibv_async_event>) {
+          return ObjectOf(e) == object;
+        } else {
+          return static_cast<const void*>(e) == object;  // a completion channel's events are their CQs
+        }
       },
       [&] { handed_out = reported; });
+  return handed_out;
+}
+
+// ... and waits on the object's mutex and cond until the application has acknowledged `handed_out` of them
+// (ibv_ack_async_event, ibv_ack_cq_events): it may still be handling one.
+inline void WaitForAcknowledgements(pthread_mutex_t* mu, pthread_cond_t* cond, const unsigned int& completed,
+                                    uint32_t handed_out) {
   pthread_mutex_lock(mu);
   while (completed != handed_out) pthread_cond_wait(cond, mu);
   pthread_mutex_unlock(mu);

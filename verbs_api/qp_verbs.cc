@@ -361,8 +361,8 @@ int ibv_destroy_qp(ibv_qp* qp) {
   std::vector<wire::IpAddress> groups;
   if (int err = ctx->dev().DestroyQp(ToQp(qp)->emu, &groups)) return err;
   for (const wire::IpAddress& group : groups) ctx->engine->LeaveMulticast(group);
-  WaitForAcknowledgements(ctx->async_events, qp, EventElement::kQp, ToQp(qp)->events_reported, &qp->mutex, &qp->cond,
-                          qp->events_completed);
+  WaitForAcknowledgements(&qp->mutex, &qp->cond, qp->events_completed,
+                          WithdrawEvents(ctx->async_events, qp, ToQp(qp)->events_reported));
   ReleaseSendOps(ToQp(qp));  // send ops API (qp_ex_ops.cc)
   pthread_cond_destroy(&qp->cond);
   pthread_mutex_destroy(&qp->mutex);

@@ -16,9 +16,6 @@ using namespace uroce::verbs;
 
 namespace {
 
-// A thread found `cq` empty. When applications hold the receive side (verbs_api/engine.h) it receives and processes
-// what is queued itself; otherwise it gives the CPU away once, because the progress thread that would fill the CQ
-// may be waiting for it (2 cores, several spinning threads). Returns the datagrams it processed (> 0: look again).
 // ibv_get_async_event hands `e` out: it counts for its object (internal.h, Cq::async_events_reported).
 void CountReported(const ibv_async_event& e) {
   switch (ElementOf(e.event_type)) {
@@ -36,6 +33,9 @@ void CountReported(const ibv_async_event& e) {
   }
 }
 
+// A thread found `cq` empty. When applications hold the receive side (verbs_api/engine.h) it receives and processes
+// what is queued itself; otherwise it gives the CPU away once, because the progress thread that would fill the CQ
+// may be waiting for it (2 cores, several spinning threads). Returns the datagrams it processed (> 0: look again).
 int DriveOnEmptyCq(Cq* cq) {
   Engine& engine = *Ctx(cq->cqx.context)->engine;
   const int n = engine.DriveFromApplication();
@@ -428,18 +428,14 @@ int ibv_resize_cq(ibv_cq* cq, int cqe) {
 int ibv_destroy_cq(ibv_cq* cq) {
   Cq* c = ToCq(cq);
   if (int err = Ctx(cq->context)->dev().DestroyCq(c->emu)) return err;
-  // Its completion events not yet handed out never will be; those that were must be acknowledged first
-  // (ibv_get_cq_event(3)), and so must its async events (ibv_get_async_event(3)).
+  // Its completion events and async events not yet handed out never will be; those that were must be acknowledged
+  // first (ibv_get_cq_event(3), ibv_get_async_event(3)).
   if (cq->channel) {
-    uint32_t handed_out = 0;
-    ToChannel(cq->channel)->events.Withdraw([cq](ibv_cq* const& e) { return e == cq; },
-                                            [&] { handed_out = c->comp_events_reported; });
-    pthread_mutex_lock(&cq->mutex);
-    while (cq->comp_events_completed != handed_out) pthread_cond_wait(&cq->cond, &cq->mutex);
-    pthread_mutex_unlock(&cq->mutex);
+    WaitForAcknowledgements(&cq->mutex, &cq->cond, cq->comp_events_completed,
+                            WithdrawEvents(ToChannel(cq->channel)->events, cq, c->comp_events_reported));
   }
-  WaitForAcknowledgements(Ctx(cq->context)->async_events, cq, EventElement::kCq, c->async_events_reported,
-                          &cq->mutex, &cq->cond, cq->async_events_completed);
+  WaitForAcknowledgements(&cq->mutex, &cq->cond, cq->async_events_completed,
+                          WithdrawEvents(Ctx(cq->context)->async_events, cq, c->async_events_reported));
   if (cq->channel) __atomic_sub_fetch(&cq->channel->refcnt, 1, __ATOMIC_RELAXED);
   pthread_cond_destroy(&cq->cond);
   pthread_mutex_destroy(&cq->mutex);
@@ -475,7 +471,7 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
 }
 
 void ibv_ack_async_event(ibv_async_event* event) {
-  // The object's mutex and cond, as rdma-core's: its destroy waits on them (WaitForAcknowledgements).
+  // The object's mutex and cond, as rdma-core's: its destroy waits on them (WaitForAcknowledgements, internal.h).
   auto acknowledge = [](pthread_mutex_t* mu, pthread_cond_t* cond, unsigned int* completed) {
     pthread_mutex_lock(mu);
     ++*completed;

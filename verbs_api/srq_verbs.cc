@@ -236,8 +236,8 @@ int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
 #undef ibv_destroy_srq
 int ibv_destroy_srq(ibv_srq* srq) {
   if (int err = Dev(srq->context).DestroySrq(ToSrq(srq)->emu)) return err;  // EBUSY while a QP uses it
-  WaitForAcknowledgements(Ctx(srq->context)->async_events, srq, EventElement::kSrq, ToSrq(srq)->events_reported,
-                          &srq->mutex, &srq->cond, srq->events_completed);
+  WaitForAcknowledgements(&srq->mutex, &srq->cond, srq->events_completed,
+                          WithdrawEvents(Ctx(srq->context)->async_events, srq, ToSrq(srq)->events_reported));
   pthread_cond_destroy(&srq->cond);
   pthread_mutex_destroy(&srq->mutex);
   free(ToSrq(srq));

@@ -35,6 +35,16 @@ ibv_srq* BasicSrq(Env& e, uint32_t max_wr = 16) {
   return ibv_create_srq(e.pd, &a);
 }
 
+// An RC QP on the environment's CQ, taking its receives from `srq` (nullptr: a send-only one of its own).
+ibv_qp* RcQp(Env& e, ibv_srq* srq) {
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = e.cq;
+  qa.cap = {16, 0, 1, 0, 0};
+  qa.qp_type = IBV_QPT_RC;
+  qa.srq = srq;
+  return ibv_create_qp(e.pd, &qa);
+}
+
 int PostSrq(ibv_srq* srq, ibv_mr* mr, uint32_t len, uint64_t id) {
   ibv_sge sge{reinterpret_cast<uintptr_t>(mr->addr), len, mr->lkey};
   ibv_recv_wr wr{}, *bad = nullptr;
@@ -159,13 +169,8 @@ TEST(SrqVerbs, RcOnSrqDeliversAndRaisesLimitEventOnAsyncFd) {
   Env e;
   ibv_srq* srq = BasicSrq(e);
   ASSERT_NE(srq, nullptr);
-  ibv_qp_init_attr qa{};
-  qa.send_cq = qa.recv_cq = e.cq;
-  qa.cap = {16, 0, 1, 0, 0};
-  qa.qp_type = IBV_QPT_RC;
-  ibv_qp* sender = ibv_create_qp(e.pd, &qa);
-  qa.srq = srq;
-  ibv_qp* receiver = ibv_create_qp(e.pd, &qa);
+  ibv_qp* sender = RcQp(e, nullptr);
+  ibv_qp* receiver = RcQp(e, srq);
   ASSERT_TRUE(sender && receiver);
   Connect(e, sender, receiver->qp_num);
   Connect(e, receiver, sender->qp_num);
@@ -229,13 +234,8 @@ TEST(SrqVerbs, DestroyingAQpWithdrawsItsUnreadEventsAndWaitsForTheAcknowledgemen
   Env e;
   ibv_srq* srq = BasicSrq(e);
   ASSERT_NE(srq, nullptr);
-  ibv_qp_init_attr qa{};
-  qa.send_cq = qa.recv_cq = e.cq;
-  qa.cap = {16, 0, 1, 0, 0};
-  qa.qp_type = IBV_QPT_RC;
-  qa.srq = srq;
-  ibv_qp* a = ibv_create_qp(e.pd, &qa);
-  ibv_qp* b = ibv_create_qp(e.pd, &qa);
+  ibv_qp* a = RcQp(e, srq);
+  ibv_qp* b = RcQp(e, srq);
   ASSERT_TRUE(a && b);
   Connect(e, a, b->qp_num);
   Connect(e, b, a->qp_num);
