@@ -209,10 +209,8 @@ int WriteDeviceTree(const std::string& root) {
   const bool loaded = LoadEngineConfig(&config, &error) == 0;
   const bool pinned = loaded && !config.address_prefix_len;
   const bool host_device = loaded && config.host_device;
-  // The host device's address defaults to 127.0.0.1 (Engine::StartOnHostDevice).
-  const std::optional<wire::IpAddress> address =
-      pinned && config.address ? config.address
-                               : (host_device ? std::optional(wire::IpAddress::V4(0x7f000001)) : std::nullopt);
+  std::optional<wire::IpAddress> address = pinned ? config.address : std::nullopt;
+  if (host_device && !address) address = EngineConfig().HostDeviceAddress();  // its default
   return WriteTree(root, address, host_device);
 }
 

@@ -512,7 +512,7 @@ int Engine::Start(const EngineConfig& config) {
 }
 
 int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound) {
-  *bound = config.address.value_or(wire::IpAddress::V4(0x7f000001));
+  *bound = config.HostDeviceAddress();
   if (config.address_prefix_len) {
     fprintf(stderr, "uroce: UROCE_DEVICE=host takes one address, not a prefix (UROCE_ADDR=%s/...)\n",
             bound->ToString().c_str());

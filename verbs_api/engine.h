@@ -63,6 +63,8 @@ struct EngineConfig {
   // the network namespace that does the same, through the host's device service (docs/ARCHITECTURE.md, "The host
   // device"). process (the default): the device owns an address of its own.
   bool host_device = false;
+  // The address a host device takes: `address`, else 127.0.0.1.
+  wire::IpAddress HostDeviceAddress() const { return address.value_or(wire::IpAddress::V4(0x7f000001)); }
   // UROCE_SAME_HOST=shm|unix|udp: on the host device, how packets between two processes of the host travel
   // (wire/host_device_transport.h): shared-memory rings (default), the peers' UNIX connections, or real UDP through
   // the service, so that tcpdump sees them.
