@@ -96,6 +96,7 @@ int Device::RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), implicit ? 0 : iova, length, access, 0, 0};
   mr.implicit = implicit;
   *out = core_.mutable_keys().Register(mr);
+  core_.PublishDirect(*out);
   return 0;
 }
 
@@ -107,14 +108,20 @@ int Device::ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64
   const MemoryRegion* cur = core_.keys().Find(lkey);
   if (cur == nullptr) return EINVAL;
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), iova, length, access, 0, 0};
+  // Other processes stop reaching the old region before it changes (ibv_rereg_mr(3): as a deregistration).
+  if (core_.config.direct != nullptr) core_.config.direct->WithdrawRegion(cur->rkey);
   if (!core_.mutable_keys().Update(lkey, mr)) return EINVAL;
   *out = *core_.keys().Find(lkey);
+  core_.PublishDirect(*out);
   return 0;
 }
 
 int Device::DeregisterMr(uint32_t lkey) {
   std::unique_lock lock(objects_mu_);
   WriterLock keys(core_.keys_mu());
+  // IBTA 10.6.3.2: once deregistered, the region is no longer accessed, by another process's copy either.
+  const MemoryRegion* mr = core_.keys().Find(lkey);
+  if (mr != nullptr && core_.config.direct != nullptr) core_.config.direct->WithdrawRegion(mr->rkey);
   return core_.mutable_keys().Deregister(lkey) ? 0 : EINVAL;
 }
 
@@ -292,6 +299,7 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
   if (next == QpState::kRts && cur != QpState::kRts) qp->requester().Start(/*from_sqd=*/cur == QpState::kSqd);
   if (next == QpState::kSqd && cur == QpState::kRts) qp->requester().StartDraining(a.en_sqd_async_notify);
   if (cur == QpState::kSqd && next == QpState::kRts) a.sq_draining = false;
+  core_.PublishDirect(*qp);  // its state, peer or rights may have changed
   if (next == QpState::kErr && cur != QpState::kErr) {
     // What it had in flight no longer counts against its path's window (as DeviceCore::EnterError does): otherwise
     // the other requesters towards that peer wait for room until this QP is reset or destroyed.
@@ -323,6 +331,7 @@ int Device::DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups) 
       m = m->second.empty() ? multicast_.erase(m) : std::next(m);
     }
     qp->mutable_attributes().qp_state = QpState::kReset;
+    core_.PublishDirect(*qp, /*gone=*/true);
     qp->requester().Charge();  // what it had in flight no longer counts against its path
     // The completions it left in its CQs go with it, as on mlx4/mlx5 (their destroy_qp cleans both CQs): once
     // ibv_destroy_qp(3) returns, an application may have freed what their wr_ids point to, and a program that

@@ -52,6 +52,8 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"rc_rnr_naks_sent", &DeviceCounters::rc_rnr_naks_sent},
     {"rc_path_waits", &DeviceCounters::rc_path_waits},
     {"rc_congestion_signals", &DeviceCounters::rc_congestion_signals},
+    {"rc_direct_writes", &DeviceCounters::rc_direct_writes},
+    {"rc_direct_reads", &DeviceCounters::rc_direct_reads},
 };
 
 }  // namespace
@@ -218,6 +220,21 @@ bool DeviceCore::GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t off
   return got == len;
 }
 
+bool DeviceCore::ScatterRange(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t len,
+                              std::vector<std::span<uint8_t>>& pieces) {
+  pieces.clear();
+  uint64_t got = 0;
+  for (const Sge& sge : sg_list) {
+    if (got == len) break;
+    const uint64_t n = std::min<uint64_t>(sge.length, len - got);
+    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr, n, access::kLocalWrite);
+    if (!r.ok()) return false;
+    pieces.emplace_back(r.host, n);
+    got += n;
+  }
+  return got == len;
+}
+
 WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset,
                              std::span<const uint8_t> data) {
   ReaderLock lock(keys_mu_);
@@ -357,6 +374,7 @@ void DeviceCore::EnterError(QueuePair& qp) {
 }
 
 void DeviceCore::Flush(QueuePair& qp) {
+  PublishDirect(qp);  // the error state executes nothing more (IBTA 10.3.1)
   // A QP that takes its WQEs from an SRQ consumes no more of them once in the error state: the consumer learns it may
   // detach with IBV_EVENT_QP_LAST_WQE_REACHED (IBTA 10.3.1 / 11.6.3.1; the SRQ's own WQEs are not flushed).
   if (qp.init().srq != nullptr || qp.type() == QpType::kXrcRecv)
@@ -416,6 +434,30 @@ void DeviceCore::FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus st
   CompleteSend(qp, wr, status);
   QpAttributes& a = qp.mutable_attributes();
   a.qp_state = a.cur_qp_state = QpState::kSqe;
+}
+
+void DeviceCore::PublishDirect(const QueuePair& qp, bool gone) {
+  if (config.direct == nullptr || qp.type() != QpType::kRc) return;
+  const QpAttributes& a = qp.attributes();
+  const QpState s = a.qp_state;
+  // A responder executes requests in RTR, RTS and SQD (IBTA 10.3.1); an RDMA READ needs responder resources.
+  uint32_t rights = 0;
+  if (a.qp_access_flags & access::kRemoteWrite) rights |= wire::direct_rights::kWrite;
+  if ((a.qp_access_flags & access::kRemoteRead) && a.max_dest_rd_atomic > 0) rights |= wire::direct_rights::kRead;
+  if (gone || rights == 0 || (s != QpState::kRtr && s != QpState::kRts && s != QpState::kSqd)) {
+    config.direct->WithdrawQp(qp.qpn());
+    return;
+  }
+  config.direct->PublishQp({qp.qpn(), a.dest_qp_num, qp.init().pd->handle(), rights});
+}
+
+void DeviceCore::PublishDirect(const MemoryRegion& mr) {
+  if (config.direct == nullptr) return;
+  uint32_t rights = 0;
+  if (mr.access & access::kRemoteWrite) rights |= wire::direct_rights::kWrite;
+  if (mr.access & access::kRemoteRead) rights |= wire::direct_rights::kRead;
+  if (rights == 0 || mr.implicit) return;
+  config.direct->PublishRegion({mr.rkey, mr.pd->handle(), rights, mr.iova, mr.length, mr.host});
 }
 
 }  // namespace uroce::emu

@@ -36,6 +36,7 @@
 #include "emu/work_request.h"
 #include "wire/address.h"
 #include "wire/clock.h"
+#include "wire/direct_access.h"
 #include "wire/packet.h"
 #include "wire/transport.h"
 
@@ -85,6 +86,10 @@ struct DeviceConfig {
   // decided what, what a timer did), for a developer following a packet's fate (UROCE_TRACE=1 prints it on stderr).
   // Empty: off, and nothing is formatted.
   std::function<void(std::string_view line)> trace;
+  // Direct access (wire/direct_access.h): RDMA WRITE and READ towards another process of the host device carried out
+  // in its memory without a packet, where its published table allows them; and where we publish ours. Null: every
+  // operation is packets (the per-process device; captures, fault injection, UROCE_DIRECT=0).
+  wire::DirectAccess* direct = nullptr;
 };
 
 // "0x00abcd": a QPN or PSN as the trace and the counters print them.
@@ -153,6 +158,8 @@ struct DeviceCounters {
   uint64_t rc_rnr_naks_sent = 0;
   uint64_t rc_path_waits = 0;          // a requester stopped because the window towards its peer was full
   uint64_t rc_congestion_signals = 0;  // losses, timeouts and CNPs that cut a path's window
+  uint64_t rc_direct_writes = 0;  // RDMA WRITEs carried out in another process's memory (DeviceConfig::direct)
+  uint64_t rc_direct_reads = 0;   // RDMA READs likewise
   CmCounters cm;  // the connection manager's, filled in by Device::counters()
 };
 
@@ -270,6 +277,10 @@ class DeviceCore {
   // copy before the packet).
   bool GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
                    std::vector<std::span<const uint8_t>>& pieces) REQUIRES_SHARED(keys_mu_);
+  // Where the first `len` bytes received into the scatter list `sg_list` go (local write access needed), in order,
+  // valid while keys_mu is held (the caller holds it shared); false if an SGE is refused or the list is shorter.
+  bool ScatterRange(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t len,
+                    std::vector<std::span<uint8_t>>& pieces) REQUIRES_SHARED(keys_mu_);
   // Places `data` at byte `offset` of the scatter list (local write access needed): kSuccess, kLocLenErr or
   // kLocProtErr. Takes keys_mu.
   WcStatus Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset, std::span<const uint8_t> data);
@@ -304,6 +315,14 @@ class DeviceCore {
   void EnterError(QueuePair& qp);
   // The flush alone (ModifyQp to ERR): receive WQEs, the message being received, send WQEs not completed.
   void Flush(QueuePair& qp);
+
+  // --- direct access (DeviceConfig::direct) -------------------------------------------------------------------------
+  // Publishes what the other processes of the host may do through an RC QP (its state, peer, PD and remote rights) or
+  // withdraws it when it may no longer respond (RESET, INIT, ERR, destroyed: `gone`); returns once no other process
+  // copies through it any more. With the QP's lock held, after every change of its state or attributes.
+  void PublishDirect(const QueuePair& qp, bool gone = false);
+  // Likewise for a memory region: published when it grants remote access (an implicit ODP region never is).
+  void PublishDirect(const MemoryRegion& mr);
   // UD/UC: the WR completes with `status` and the send queue enters SQE (IBTA 10.3.1.5); receives go on.
   void FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus status);
 

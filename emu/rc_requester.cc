@@ -63,11 +63,44 @@ int RcRequester::Post(SendWr& wr, OutBatch& out) {
   if (info->kind == SendOpcodeInfo::Kind::kAtomic && (wr.TotalLength() != 8 || (wr.remote_addr & 7))) return EINVAL;
   RcRequesterState& r = state_;
   if (r.sq.size() >= qp_.attributes().cap.max_send_wr) return ENOMEM;
+  if (r.sq.empty() && core_.config.direct != nullptr && TryDirect(wr)) return 0;
   SendWqe w;
   w.wr = std::move(wr);
   r.sq.push_back(std::move(w));
   Progress(out);
   return 0;
+}
+
+bool RcRequester::TryDirect(const SendWr& wr) {
+  const bool write = wr.opcode == SendOpcode::kRdmaWrite;
+  if ((!write && wr.opcode != SendOpcode::kRdmaRead) || qp_.type() != QpType::kRc || qp_.state() != QpState::kRts)
+    return false;
+  const uint64_t length = wr.TotalLength();
+  if (length == 0 || length > kDirectMaxBytes || (!write && qp_.attributes().max_rd_atomic == 0)) return false;
+  bool done;
+  {
+    // Our own region cannot be deregistered while the copy reads or writes it (IBTA 10.6.3.2).
+    ReaderLock keys(core_.keys_mu());
+    const uint32_t dest = qp_.attributes().dest_qp_num;
+    if (write) {
+      thread_local std::vector<std::span<const uint8_t>> pieces;
+      done = core_.GatherRange(qp_, wr, 0, length, pieces) &&
+             core_.config.direct->Write(qp_.peer(), dest, qp_.qpn(), wr.rkey, wr.remote_addr, pieces, length);
+    } else {
+      thread_local std::vector<std::span<uint8_t>> pieces;
+      done = core_.ScatterRange(qp_, wr.sg_list, length, pieces) &&
+             core_.config.direct->Read(qp_.peer(), dest, qp_.qpn(), wr.rkey, wr.remote_addr, pieces, length);
+    }
+  }
+  if (!done) return false;
+  core_.Count(write ? &DeviceCounters::rc_direct_writes : &DeviceCounters::rc_direct_reads);
+  if (core_.tracing()) {
+    core_.Trace(std::string("qp ") + Hex24(qp_.qpn()) + (write ? " direct write " : " direct read ") +
+                std::to_string(length) + " bytes at rkey " + std::to_string(wr.rkey) + " of qp " +
+                Hex24(qp_.attributes().dest_qp_num));
+  }
+  core_.CompleteSend(qp_, wr, WcStatus::kSuccess);
+  return true;
 }
 
 void RcRequester::ArmRetransmit(uint64_t& now_ns) {

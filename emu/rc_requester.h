@@ -44,6 +44,10 @@ class RcRequester : private TransportObject {
   // the go-back-N past that (probes after 1, 3 and 7 waits); a real loss is answered by the first probe's NAK.
   static constexpr uint32_t kTailProbes = 2;
 
+  // The largest RDMA WRITE or READ carried out directly in another process's memory (DeviceConfig::direct); larger
+  // ones go as packets, so that one copy never holds the QP (and the target's revocations) for long.
+  static constexpr uint64_t kDirectMaxBytes = uint64_t{1} << 20;
+
   RcRequester(DeviceCore& core, QueuePair& qp) : TransportObject(core, qp) {}
 
   RcRequesterState& state() { return state_; }
@@ -102,6 +106,11 @@ class RcRequester : private TransportObject {
   uint64_t ProbeWaitNs(const PathWindow& path) const;
 
  private:
+  // Carries out `wr`, an RDMA WRITE or READ posted while nothing of the QP is outstanding, directly in the memory of
+  // its peer, another process of the host (DeviceConfig::direct), and completes it. False: it goes as packets, which
+  // give whatever error is due. The target's table allows only what its responder would execute, and with nothing
+  // outstanding no earlier message can be overtaken (IBTA 9.5: RC executes in order).
+  bool TryDirect(const SendWr& wr);
   // Arms the local ACK timer (and the early-retransmission probe) from now. `now_ns`: the time of this pass through
   // the requester, read here when still 0 (one clock reading serves a pass's timers and round-trip sample).
   void ArmRetransmit(uint64_t& now_ns);

@@ -47,6 +47,7 @@ Node& Fabric::AddNode(Mtu mtu) {
   cfg.address = ep.addr;
   cfg.active_mtu = mtu;
   cfg.node_guid = 0x0200'5eff'fe00'0000ull + nodes_.size();
+  if (configure_node) configure_node(nodes_.size(), cfg);
   node->device = std::make_unique<Device>(cfg, *node->transport, clock_);
   Node* raw = node.get();
   node->device->set_async_handler([raw](const AsyncEvent& e) { raw->events.push_back(e); });

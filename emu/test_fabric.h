@@ -74,6 +74,8 @@ class Fabric {
   explicit Fabric(DeviceConfig defaults = {}) : defaults_(std::move(defaults)), network_(clock_) {}
   // Adds a device at 10.0.0.<n+1>:4791 on the simulated network (an in-memory address, never a socket).
   Node& AddNode(Mtu mtu = Mtu::k4096);
+  // If set, changes the configuration of node `index` (0-based) before AddNode makes its device.
+  std::function<void(size_t index, DeviceConfig& config)> configure_node;
   wire::SimNetwork& network() { return network_; }
   wire::ManualClock& clock() { return clock_; }
   // Delivers datagrams and runs timers until nothing is in flight; returns the number of datagrams delivered.

@@ -12,6 +12,11 @@
 #                                 the receiver's ICRC checks: skipped for what a process vouched for, never for UDP)
 #   faults_through_the_rings      an rdma_verify pair whose packets cross the rings corrupted, lost, duplicated and
 #                                 reordered by the fault injectors: bytes intact, corruption caught by the ICRC
+#   direct_access                 RDMA WRITE and READ between two processes carried out in the target's memory
+#                                 (wire/direct_access.h): tests/direct_access_check (bytes, and every refusal as the
+#                                 responder's error completion), an rdma_verify pair of one operation at a time (WRITEs
+#                                 and READs direct, atomics as packets between them, every byte checked), and the same
+#                                 with --no-direct (none direct)
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
 #                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across
 #   sixty_four_processes          32 ibv_rc_pingpong pairs at once on one address; then, with processes holding the
@@ -40,6 +45,7 @@ WORK="${TEST_TMPDIR:-$(mktemp -d)}/host_device"
 PREFIX="$WORK/prefix"
 UROCE="$PREFIX/bin/uroce"
 RDMA_VERIFY="$PWD/tests/rdma_verify"
+DIRECT_CHECK="$PWD/tests/direct_access_check"
 TIMEOUT=60
 
 NSEXEC="$WORK/nsexec"
@@ -160,6 +166,41 @@ case_faults_through_the_rings() {
   junit_check faults_through_the_rings "$problems"
 }
 
+
+case_direct_access() {
+  local addr port log="$WORK/direct" problems="" server rc direct writes reads
+  addr=$(random_loopback)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" --stats -- "$DIRECT_CHECK" >"$log.check" 2>&1 ||
+    problems+="direct_access_check: exit $?: $(grep 'direct_access_check' "$log.check" | grep -v ': ok$')"$'\n'
+  awk '/^rc_direct_writes / && $2 > 0 {w = 1} /^rc_direct_reads / && $2 > 0 {r = 1} END {exit !(w && r)}' \
+    "$log.check" || problems+="direct_access_check: no WRITE or READ was carried out directly"$'\n'
+  for direct in on off; do
+    port=$(free_tcp_port)
+    local -a knob=()
+    [ "$direct" = on ] || knob=(--no-direct)
+    timeout "$TIMEOUT" "$UROCE" run --host-device "${knob[@]}" --addr "$addr" -- \
+      "$RDMA_VERIFY" --role=server --port="$port" --seed=6 >"$log.$direct.server" 2>&1 &
+    server=$!
+    wait_listening "$port" "$server"
+    rc=0
+    timeout "$TIMEOUT" "$UROCE" run --host-device "${knob[@]}" --addr "$addr" --stats -- \
+      "$RDMA_VERIFY" --role=client --port="$port" --host="$addr" --ops=2000 --window=1 --seed=6 \
+      >"$log.$direct.client" 2>&1 || rc=$?
+    wait "$server" || problems+="$direct: server exit status $?: $(tail -n 3 "$log.$direct.server")"$'\n'
+    [ "$rc" -eq 0 ] && grep -q "rdma_verify client: OK .* mismatches=0 server_mismatched_bytes=0" "$log.$direct.client" ||
+      problems+="$direct: client exit status $rc: $(grep 'rdma_verify client' "$log.$direct.client")"$'\n'
+    writes=$(awk '/^rc_direct_writes / {print $2}' "$log.$direct.client")
+    reads=$(awk '/^rc_direct_reads / {print $2}' "$log.$direct.client")
+    if [ "$direct" = on ]; then
+      [ "${writes:-0}" -gt 200 ] && [ "${reads:-0}" -gt 200 ] ||
+        problems+="on: only ${writes:-no} WRITEs and ${reads:-no} READs of 2000 operations direct"$'\n'
+    else
+      [ "${writes:-1}" -eq 0 ] && [ "${reads:-1}" -eq 0 ] ||
+        problems+="--no-direct: ${writes:-?} WRITEs and ${reads:-?} READs direct all the same"$'\n'
+    fi
+  done
+  junit_check direct_access "$problems"
+}
 
 case_two_hosts_eight_processes_each() {
   local name=two_hosts_eight_processes_each
@@ -430,6 +471,7 @@ main() {
   case_pairs_share_one_address
   case_same_host_paths
   case_faults_through_the_rings
+  case_direct_access
   case_two_hosts_eight_processes_each
   case_sixty_four_processes
   case_mpi_two_hosts ucx

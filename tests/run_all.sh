@@ -112,7 +112,7 @@ add_counts tools "$tools_counts"
 if [ "${UROCE_SKIP_SANITIZERS:-0}" != 1 ]; then
   # The engine's own tests (no Debian client processes) under ASan+UBSan and under TSan.
   run_bazel_tests asan "//wire/... + //emu/... + //verbs_api/... + //rdmacm/... + //service/..." --config=asan
-  run_bazel_tests tsan "//emu/... + //verbs_api/... + //rdmacm/... + //service/... + //wire:host_device_transport_test + //wire:packet_ring_test + //wire:uring_transport_test + //wire:udp_transport_test + //wire:socket_transport_test + //wire:sim_network_test + //wire:fault_transport_test + //wire:capture_transport_test" --config=tsan
+  run_bazel_tests tsan "//emu/... + //verbs_api/... + //rdmacm/... + //service/... + //wire:host_device_transport_test + //wire:direct_access_test + //wire:packet_ring_test + //wire:uring_transport_test + //wire:udp_transport_test + //wire:socket_transport_test + //wire:sim_network_test + //wire:fault_transport_test + //wire:capture_transport_test" --config=tsan
 fi
 
 # Fuzzing: a bounded libFuzzer run of the packet parser and of the emulated HCA (stateful: packets at live QPs, the CM

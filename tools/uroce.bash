@@ -9,6 +9,9 @@ uroce_run_options_help() {
                         does so in this network namespace, through the host's device service
       --same-host P     on the host device, how packets between its processes travel: shm (shared-memory rings,
                         the default), unix (UNIX sockets), udp (real UDP through the service, for tcpdump)
+      --no-direct       on the host device, RDMA WRITE and READ between its processes go as packets too (by
+                        default, on the shm path without capture or faults, the initiator carries them out in the
+                        target's registered memory)
       --mtu N           active MTU: 256, 512, 1024, 2048, 4096 (default: the interface's, at most 4096)
       --pcap FILE       record every packet sent and received
       --stats           print the device's counters (drops by reason, retransmissions, faults) at exit
@@ -35,6 +38,7 @@ uroce_parse_run_options() {
       --host-device) RUN_ENV+=("UROCE_DEVICE=host"); shift; continue ;;
       --trace) RUN_ENV+=("UROCE_TRACE=1"); shift; continue ;;
       --one-packet-per-datagram) RUN_ENV+=("UROCE_ONE_PACKET_PER_DATAGRAM=1"); shift; continue ;;
+      --no-direct) RUN_ENV+=("UROCE_DIRECT=0"); shift; continue ;;
       -h|--help)
         echo "usage: uroce run [options] -- COMMAND [ARGS...]"
         uroce_run_options_help

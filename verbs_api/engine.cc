@@ -111,6 +111,8 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
     } else {
       return *error = "bad same-host path '" + value + "' (shm, unix or udp)", EINVAL;
     }
+  } else if (key == "direct") {
+    c->direct = !(value == "0" || value == "no" || value == "false");
   } else if (key == "transport") {
     if (value == "uring" || value == "io_uring") {
       c->transport = TransportChoice::kUring;
@@ -312,7 +314,7 @@ int LoadEngineConfig(EngineConfig* config, std::string* error) {
   }
   static const char* kKeys[] = {"address", "port",          "mtu",       "pcap",
                                 "faults",  "stats",         "retry_forever", "transport",
-                                "one_packet_per_datagram", "trace", "device", "same_host"};
+                                "one_packet_per_datagram", "trace", "device", "same_host", "direct"};
   for (const char* key : kKeys) {
     std::string env = "UROCE_";
     for (const char* k = key; *k; ++k) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*k)));
@@ -453,6 +455,11 @@ int Engine::Start(const EngineConfig& config) {
   dc.node_guid = NodeGuid();
   dc.retry_cnt_7_infinite = config.retry_forever;
   if (membership_) dc.owner = membership_->owner();
+  // Direct access needs the packets it replaces to be nothing anybody watches or alters.
+  if (host_transport_ != nullptr && config.direct && faults_ == nullptr && pcap_ == nullptr &&
+      host_transport_->EnableDirectAccess() == 0) {
+    dc.direct = host_transport_;
+  }
   if (config.trace) {
     // The protocol's decisions, one line each, as they happen (stderr is unbuffered: lines from several threads
     // never mix within a line).
@@ -590,7 +597,8 @@ std::string Engine::CountersText() const {
     text += "host_device_owner " + std::to_string(membership_->owner()) + "\nhost_device_peer_sent " +
             std::to_string(host_transport_->peer_sent()) + "\nhost_device_ring_sent " +
             std::to_string(host_transport_->ring_sent()) + "\nhost_device_peer_drops " +
-            std::to_string(host_transport_->peer_drops()) + "\n";
+            std::to_string(host_transport_->peer_drops()) + "\nhost_device_direct_bytes " +
+            std::to_string(host_transport_->direct_bytes()) + "\n";
   }
   if (faults_ != nullptr) {
     text += faults_line("faults_send", faults_->send_counters());

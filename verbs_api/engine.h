@@ -69,11 +69,15 @@ struct EngineConfig {
   // (wire/host_device_transport.h): shared-memory rings (default), the peers' UNIX connections, or real UDP through
   // the service, so that tcpdump sees them.
   wire::SameHostPath same_host = wire::SameHostPath::kSharedMemory;
+  // UROCE_DIRECT=0: on the host device, RDMA WRITE and READ between two of its processes go as packets too. By
+  // default (with the shared-memory path, no capture and no fault injection) the initiator carries them out in the
+  // target's memory (wire/direct_access.h).
+  bool direct = true;
 };
 
 // Reads UROCE_ADDR, UROCE_PORT, UROCE_MTU, UROCE_PCAP, UROCE_FAULTS, UROCE_STATS, UROCE_RETRY_FOREVER,
-// UROCE_TRANSPORT, UROCE_ONE_PACKET_PER_DATAGRAM, UROCE_DEVICE, UROCE_SAME_HOST, and the config file named by
-// UROCE_CONFIG (default /etc/uroce.conf, if present): "key = value" lines with the same keys in lower case without
+// UROCE_TRANSPORT, UROCE_ONE_PACKET_PER_DATAGRAM, UROCE_DEVICE, UROCE_SAME_HOST, UROCE_DIRECT, and the config file
+// named by UROCE_CONFIG (default /etc/uroce.conf, if present): "key = value" lines with the same keys in lower case without
 // the prefix (address, port, mtu, ...); the environment wins.
 // Returns 0, or an errno with *error set to a message naming the variable or file line at fault: EINVAL for a bad
 // value or line, the open error (ENOENT, EACCES) for an unreadable UROCE_CONFIG.

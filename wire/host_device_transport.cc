@@ -1,6 +1,7 @@
 #include "wire/host_device_transport.h"
 
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 
 #include "wire/clock.h"
@@ -27,6 +29,8 @@ constexpr int kPeerBufferBytes = 4 << 20;
 // epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
 constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagControl = uint64_t(-3),
                    kTagListen = uint64_t(-4);
+// Our connection to another process, watched for its hang-up only (direct access): this bit | the Peer's address.
+constexpr uint64_t kTagPeer = uint64_t{1} << 62;
 
 }  // namespace
 
@@ -43,7 +47,7 @@ HostDeviceTransport::HostDeviceTransport(std::unique_ptr<Transport> sender, cons
       buffers_(size_t{kBatch} * kMaxForwarded) {}
 
 HostDeviceTransport::~HostDeviceTransport() {
-  for (int fd : {forward_fd_, wake_fd_, epoll_fd_, listen_fd_}) {
+  for (int fd : {forward_fd_, wake_fd_, epoll_fd_, listen_fd_, direct_table_fd_}) {
     if (fd >= 0) close(fd);
   }
   for (Inbound& in : inbound_) {
@@ -207,11 +211,13 @@ void HostDeviceTransport::Accept() {
     Inbound in;
     in.fd = fd;
     // Offer a ring (or say there is none, so that the sender stops asking): the memfd and our doorbell.
+    // With direct access on, our table comes along (wire/direct_access.h).
     if (same_host_ == SameHostPath::kSharedMemory) {
       OfferRing(
-          [fd](int ring_fd, uint64_t bytes, int doorbell) {
-            const int passed[2] = {ring_fd, doorbell};
-            return -SendControl(fd, {ControlType::kRingOffer, 0, bytes}, passed, MSG_DONTWAIT);
+          [fd, table = direct_table_fd_](int ring_fd, uint64_t bytes, int doorbell) {
+            const int passed[3] = {ring_fd, doorbell, table};
+            return -SendControl(fd, {ControlType::kRingOffer, 0, bytes},
+                                std::span<const int>(passed, table >= 0 ? 3 : 2), MSG_DONTWAIT);
           },
           &in.ring);
     }
@@ -249,6 +255,8 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
       }
     } else if (tag == kTagListen) {
       Accept();
+    } else if ((tag & ~(kTagPeer - 1)) == kTagPeer) {
+      PeerGone(reinterpret_cast<Peer*>(tag & (kTagPeer - 1)));
     } else if (tag == kTagForward) {
       const int r = ReceiveQueued(forward_fd_, handler, nullptr);
       if (r > 0) delivered += r;
@@ -324,7 +332,17 @@ HostDeviceTransport::Peer* HostDeviceTransport::PeerFor(uint8_t owner, bool reco
   }
   auto peer = std::make_unique<Peer>();
   peer->fd = fd;
+  ucred cred{};
+  socklen_t cred_len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) peer->pid = cred.pid;
   Peer* p = peer.get();
+  if (direct_table_ != nullptr) {
+    // Its hang-up takes its table out of use (PeerGone): a dead process's pid may be given to another.
+    epoll_event e{};
+    e.events = EPOLLRDHUP;
+    e.data.u64 = kTagPeer | reinterpret_cast<uint64_t>(p);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &e);
+  }
   peers_[owner] = std::move(peer);
   return p;
 }
@@ -345,10 +363,21 @@ void HostDeviceTransport::TakeRingOffer(Peer& peer) {
   const int rc = TakeControl(peer.fd, &m, &fds);
   if (rc == -EAGAIN) return;  // not yet: the receiver offers when its polling thread accepts us
   peer.offer_answered = true;
-  if (rc == 0 && m.type == ControlType::kRingOffer && m.status == 0 && fds.size() == 2 && TakeDoorbell(fds[1]) == 0 &&
-      PacketRing::Attach(fds[0], &peer.ring) == 0) {
+  if (rc == 0 && m.type == ControlType::kRingOffer && m.status == 0 && (fds.size() == 2 || fds.size() == 3) &&
+      TakeDoorbell(fds[1]) == 0 && PacketRing::Attach(fds[0], &peer.ring) == 0) {
     peer.doorbell = fds[1];
-    fds.pop_back();
+    // Its direct-access table, used only if it names the process at the other end of the connection as our pid
+    // namespace sees it (a process of another pid namespace cannot be named by pid from here).
+    std::unique_ptr<DirectTable> table;
+    // Stored, then the hang-up looked at: PeerGone sets `closed` before it clears the table, so one of the two
+    // clears it.
+    if (fds.size() == 3 && direct_table_ != nullptr && DirectTable::Attach(fds[2], &table) == 0 &&
+        table->pid() == peer.pid) {
+      peer.table_owned = std::move(table);
+      peer.table.store(peer.table_owned.get(), std::memory_order_seq_cst);
+      if (peer.closed.load(std::memory_order_seq_cst)) peer.table.store(nullptr, std::memory_order_seq_cst);
+    }
+    fds.erase(fds.begin() + 1);  // the doorbell is the peer's now
   }
   for (int fd : fds) close(fd);
 }
@@ -439,6 +468,92 @@ int HostDeviceTransport::Send(std::span<const OutDatagram> batch) {
     if (size_t(r) < j - (i - size_t(r))) return int(i);
   }
   return int(i);
+}
+
+// --- direct access (wire/direct_access.h) ------------------------------------------------------------------------
+
+int HostDeviceTransport::EnableDirectAccess() {
+  if (same_host_ != SameHostPath::kSharedMemory) return -ENOTSUP;
+  self_pid_ = getpid();
+  // Under Yama's ptrace_scope 1 only an ancestor may attach to us, and cross-memory attach asks what ptrace would:
+  // let the host's other processes in, as Open MPI's shared-memory transport does for the same copies (the kernel's
+  // other checks stay: same user, not setuid). Without Yama this fails with EINVAL and nothing is needed.
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  return DirectTable::Create(&direct_table_, &direct_table_fd_);
+}
+
+void HostDeviceTransport::PeerGone(Peer* peer) {
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->fd, nullptr);
+  peer->closed.store(true, std::memory_order_seq_cst);
+  peer->table.store(nullptr, std::memory_order_seq_cst);
+}
+
+DirectTable* HostDeviceTransport::DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, pid_t* pid) {
+  if (direct_table_ == nullptr || peer != local_ || direct_refused_.load(std::memory_order_relaxed)) return nullptr;
+  const uint8_t owner = OwnerOf24(dest_qpn);
+  if (owner == 0 || owner == owner_) return nullptr;
+  Peer* p = PeerFor(owner, false);
+  if (p == nullptr) return nullptr;
+  DirectTable* table = p->table.load(std::memory_order_acquire);
+  if (table == nullptr) {
+    std::lock_guard lock(p->mu);
+    if (!p->offer_answered) TakeRingOffer(*p);
+    table = p->table.load(std::memory_order_acquire);
+  }
+  *pid = p->pid;
+  return table;
+}
+
+bool HostDeviceTransport::DirectDone(int rc, uint64_t length) {
+  if (rc == 1) {
+    direct_bytes_.fetch_add(length, std::memory_order_relaxed);
+    return true;
+  }
+  if ((rc == -EPERM || rc == -ENOSYS) && !direct_refused_.exchange(true)) {
+    fprintf(stderr,
+            "uroce: cross-memory attach refused (%s): RDMA WRITE and READ between processes of this host go as "
+            "packets (kernel.yama.ptrace_scope, or a seccomp filter, forbids process_vm_writev)\n",
+            strerror(-rc));
+  }
+  return false;
+}
+
+template <typename Copy>
+bool HostDeviceTransport::DirectCopy(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey,
+                                     uint64_t va, uint64_t length, uint32_t right, const Copy& copy) {
+  pid_t pid = 0;
+  DirectTable* table = DirectTableFor(peer, dest_qpn, &pid);
+  if (table == nullptr) return false;
+  table->Enter(owner_, self_pid_);
+  const uint64_t there = table->Check(dest_qpn, src_qpn, rkey, va, length, right);
+  const int rc = there != 0 ? copy(pid, there) : 0;
+  table->Leave(owner_);
+  return DirectDone(rc, length);
+}
+
+bool HostDeviceTransport::Write(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey,
+                                uint64_t va, std::span<const std::span<const uint8_t>> pieces, uint64_t length) {
+  return DirectCopy(peer, dest_qpn, src_qpn, rkey, va, length, direct_rights::kWrite,
+                    [&](pid_t pid, uint64_t there) { return CopyToProcess(pid, there, pieces, length); });
+}
+
+bool HostDeviceTransport::Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey,
+                               uint64_t va, std::span<const std::span<uint8_t>> pieces, uint64_t length) {
+  return DirectCopy(peer, dest_qpn, src_qpn, rkey, va, length, direct_rights::kRead,
+                    [&](pid_t pid, uint64_t there) { return CopyFromProcess(pid, there, pieces, length); });
+}
+
+void HostDeviceTransport::PublishQp(const QpEntry& qp) {
+  if (direct_table_ != nullptr) direct_table_->PublishQp(qp);
+}
+void HostDeviceTransport::WithdrawQp(uint32_t qpn) {
+  if (direct_table_ != nullptr) direct_table_->WithdrawQp(qpn);
+}
+void HostDeviceTransport::PublishRegion(const Region& region) {
+  if (direct_table_ != nullptr) direct_table_->PublishRegion(region);
+}
+void HostDeviceTransport::WithdrawRegion(uint32_t rkey) {
+  if (direct_table_ != nullptr) direct_table_->WithdrawRegion(rkey);
 }
 
 }  // namespace uroce::wire

@@ -26,6 +26,10 @@
 //    listener and the accepted peer connections, a wake-up eventfd (also every ring's doorbell) and the control
 //    socket to the service, whose hang-up (the service died) is reported once through `on_service_lost`, from the
 //    polling thread.
+//  - Direct access (wire/direct_access.h, EnableDirectAccess): RDMA WRITE and READ towards another process of the
+//    host without a packet. Our DirectTable goes to each process that connects to us, with the ring offer; theirs
+//    comes to us with theirs. A peer connection that hangs up (that process is gone) takes its table out of use at
+//    once, before its pid could name another process.
 #pragma once
 
 #include <atomic>
@@ -37,6 +41,7 @@
 #include <vector>
 
 #include "wire/address.h"
+#include "wire/direct_access.h"
 #include "wire/packet_ring.h"
 #include "wire/service_protocol.h"
 #include "wire/transport.h"
@@ -50,7 +55,7 @@ enum class SameHostPath {
   kUdp,           // the network's way, through the service: every packet on real UDP, for tcpdump
 };
 
-class HostDeviceTransport final : public Transport {
+class HostDeviceTransport final : public Transport, public DirectAccess {
  public:
   // `forward_fd`: our end of the datagram socket the service forwards on (taken over: closed by the destructor).
   // `control_fd`: the connection to the service, only watched (not closed). `local`: address:4791 of the device.
@@ -69,6 +74,21 @@ class HostDeviceTransport final : public Transport {
   // ring, after any still queued on the forward socket. 0, or -errno of PacketRing::Create or of `offer` (the
   // forward socket stays the way in).
   int OfferServiceRing(const std::function<int(int ring_fd, uint64_t ring_bytes, int doorbell)>& offer);
+
+  // Makes our DirectTable, which every process that connects to us from now on receives with our ring offer, and
+  // carries one-sided operations towards those that offer theirs without packets (the shared-memory path only). Call
+  // after Init and before packets flow. 0, or -errno of DirectTable::Create; -ENOTSUP on another same-host path.
+  int EnableDirectAccess();
+
+  // DirectAccess (wire/direct_access.h).
+  bool Write(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va,
+             std::span<const std::span<const uint8_t>> pieces, uint64_t length) override;
+  bool Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va,
+            std::span<const std::span<uint8_t>> pieces, uint64_t length) override;
+  void PublishQp(const QpEntry& qp) override;
+  void WithdrawQp(uint32_t qpn) override;
+  void PublishRegion(const Region& region) override;
+  void WithdrawRegion(uint32_t rkey) override;
 
   UdpEndpoint local() const override { return local_; }
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override {
@@ -96,6 +116,8 @@ class HostDeviceTransport final : public Transport {
   uint64_t peer_sent() const { return peer_sent_.load(std::memory_order_relaxed); }
   // Of peer_sent, those written into a receiver's shared-memory ring.
   uint64_t ring_sent() const { return ring_sent_.load(std::memory_order_relaxed); }
+  // The bytes of one-sided operations carried out directly in another process's memory (emu counts the operations).
+  uint64_t direct_bytes() const { return direct_bytes_.load(std::memory_order_relaxed); }
 
   static constexpr unsigned kBatch = 64;
   static constexpr size_t kMaxForwarded = 9216 + 64;
@@ -113,6 +135,10 @@ class HostDeviceTransport final : public Transport {
     int doorbell = -1;
     bool offer_answered = false;  // its kRingOffer came (with a ring or without)
     std::atomic<bool> closed{false};  // it hung up: connect again (its number may belong to a newcomer by then)
+    pid_t pid = 0;                    // of the process at the other end (SO_PEERCRED, in our pid namespace)
+    // Its DirectTable, once its ring offer brought one that names the same process; null again once it hangs up.
+    std::unique_ptr<DirectTable> table_owned;
+    std::atomic<DirectTable*> table{nullptr};
     ~Peer();
   };
   // A connection from another process of the host, or the service's forward socket (receiving side; polling thread
@@ -151,6 +177,18 @@ class HostDeviceTransport final : public Transport {
   // Takes the peer's kRingOffer if it has come (its lock held).
   void TakeRingOffer(Peer& peer);
   Peer* PeerFor(uint8_t owner, bool reconnect);
+  // The table of the process that owns `dest_qpn` at `peer`, when direct access may go there; *pid its process.
+  DirectTable* DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, pid_t* pid);
+  // Write and Read: checks the access against the table of `dest_qpn`'s process and, if allowed, runs copy(pid,
+  // address there). Whether it was done.
+  template <typename Copy>
+  bool DirectCopy(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va,
+                  uint64_t length, uint32_t right, const Copy& copy);
+  // What a copy's result (CopyToProcess, CopyFromProcess, or 0 when the table refused) means: whether it was done.
+  // A refusal of cross-memory attach itself turns direct access off, said once on stderr.
+  bool DirectDone(int rc, uint64_t length);
+  // A peer connection hung up (polling thread): its table is no longer used.
+  void PeerGone(Peer* peer);
 
   std::unique_ptr<Transport> sender_;
   UdpEndpoint local_;
@@ -173,6 +211,11 @@ class HostDeviceTransport final : public Transport {
   std::map<uint8_t, std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Peer>> retired_;  // replaced, kept to the end (another thread may still send on them)
   std::atomic<uint64_t> malformed_{0}, peer_drops_{0}, peer_sent_{0}, ring_sent_{0};
+  std::unique_ptr<DirectTable> direct_table_;  // ours (EnableDirectAccess)
+  int direct_table_fd_ = -1;
+  pid_t self_pid_ = 0;
+  std::atomic<bool> direct_refused_{false};
+  std::atomic<uint64_t> direct_bytes_{0};
 };
 
 }  // namespace uroce::wire

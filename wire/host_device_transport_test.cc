@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -285,6 +286,60 @@ TEST_F(HostDeviceTransportTest, AReceiverWithoutRingsKeepsItsSendersOnTheConnect
   SendNumbered(*a.transport, address_, 1, 10, 100);
   EXPECT_EQ(a.transport->ring_sent(), 0u);
   EXPECT_EQ(ReceiveNumbered(*b.transport, 10, 1'000'000'000).size(), 10u);
+}
+
+TEST_F(HostDeviceTransportTest, DirectAccessGoesToATableThatCameWithTheRingOfferUntilItsProcessHangsUp) {
+  Member a, b;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002);
+  ASSERT_EQ(a.transport->EnableDirectAccess(), 0);
+  ASSERT_EQ(b.transport->EnableDirectAccess(), 0);
+  const uint32_t a_qpn = WithOwner24(1, 0x11), b_qpn = WithOwner24(2, 0x22), rkey = 0x4217;
+  uint8_t target[64] = {};
+  b.transport->PublishQp({b_qpn, a_qpn, 3, direct_rights::kWrite | direct_rights::kRead});
+  b.transport->PublishRegion({rkey, 3, direct_rights::kWrite, 0x9000, sizeof target, target});
+  const UdpEndpoint device{address_, kRoceV2UdpPort};
+  const uint8_t bytes[] = {1, 2, 3, 4};
+  const std::span<const uint8_t> pieces[] = {bytes};
+  // Before B has answered A's connection there is no table: packets.
+  a.transport->ConnectAhead(device, b_qpn);
+  EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9008, pieces, 4));
+  b.transport->Poll([](const InDatagram&) {}, 0);  // B accepts and offers its ring and table
+  bool written = false;
+  for (int i = 0; i < 100 && !written; ++i) {
+    written = a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9008, pieces, 4);
+    if (!written) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(written);
+  EXPECT_EQ(std::memcmp(target + 8, bytes, 4), 0);
+  EXPECT_EQ(a.transport->direct_bytes(), 4u);
+  // What B's table refuses is not written: another QP of A, a right the region lacks, a window's key; a key withdrawn.
+  EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn + 1, rkey, 0x9008, pieces, 4));
+  uint8_t back[4];
+  const std::span<uint8_t> into[] = {back};
+  EXPECT_FALSE(a.transport->Read(device, b_qpn, a_qpn, rkey, 0x9008, into, 4));
+  EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey + 0x100, 0x9008, pieces, 4));
+  // Towards another address, or ourselves: never.
+  EXPECT_FALSE(a.transport->Write({address_, 9}, b_qpn, a_qpn, rkey, 0x9008, pieces, 4));
+  EXPECT_FALSE(a.transport->Write(device, a_qpn, a_qpn, rkey, 0x9008, pieces, 4));
+  b.transport->WithdrawRegion(rkey);
+  EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9008, pieces, 4));
+  b.transport->PublishRegion({rkey, 3, direct_rights::kWrite, 0x9000, sizeof target, target});
+  EXPECT_TRUE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4));
+  // B goes: A notices the hang-up of its connection when it looks at its sockets, and uses B's table no more.
+  b.transport.reset();
+  for (int i = 0; i < 100 && a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4); ++i) {
+    a.transport->Poll([](const InDatagram&) {}, 1'000'000);
+  }
+  EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4));
+}
+
+TEST_F(HostDeviceTransportTest, NoDirectAccessOnTheUnixOrUdpPaths) {
+  Member a, b;
+  Join(a, 1, 40001, SameHostPath::kUnixSocket);
+  Join(b, 2, 40002, SameHostPath::kUdp);
+  EXPECT_EQ(a.transport->EnableDirectAccess(), -ENOTSUP);
+  EXPECT_EQ(b.transport->EnableDirectAccess(), -ENOTSUP);
 }
 
 }  // namespace

@@ -1,0 +1,320 @@
+// direct_access_check: RDMA WRITE and READ between two processes of the host device, which the initiator carries out
+// in the target's memory without a packet where the target's published table allows it (wire/direct_access.h). What
+// the application sees must be exactly what the responder gives: the bytes where they belong, and for every access
+// the responder would refuse, the same error completion (the table refuses it, the packets carry it, the responder
+// NAKs it). Written against the plain verbs API like any client; run it under `uroce run --host-device`.
+//
+// One process forks: the child is the target, the parent the initiator; each opens the device after the fork. Each
+// case connects a fresh RC QP pair (the same GID: one host device) and the target checks its own buffer afterwards:
+//   write_then_read      a WRITE of three SGEs, a READ of it back into two: bytes in both processes' buffers
+//   inline_write         a WRITE with IBV_SEND_INLINE
+//   bad_rkey             a WRITE with an R_Key the target never had: IBV_WC_REM_ACCESS_ERR, buffer unchanged
+//   out_of_bounds        a WRITE one byte past the region: IBV_WC_REM_ACCESS_ERR, buffer unchanged
+//   region_not_readable  a READ of a region registered without IBV_ACCESS_REMOTE_READ: IBV_WC_REM_ACCESS_ERR
+//   qp_not_writable      a WRITE through a target QP whose access flags allow only remote reads: REM_ACCESS_ERR
+//   other_pd             a WRITE to a region of another PD than the target QP's: IBV_WC_REM_ACCESS_ERR
+//   deregistered         a WRITE after the target deregistered the region (its memory kept): REM_ACCESS_ERR,
+//                        buffer unchanged
+//   target_in_error      a WRITE to a target QP moved to the error state: nothing executes, the initiator's retries
+//                        run out (IBV_WC_RETRY_EXC_ERR), buffer unchanged
+// Exit status 0 when every case passed; each case prints one line.
+#include <infiniband/verbs.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t kBufferBytes = 64 << 10;
+constexpr uint8_t kUntouched = 0x5a;
+
+// What the target tells the initiator about one case's QP and region.
+struct TargetInfo {
+  uint32_t qpn;
+  uint32_t rkey;
+  uint64_t addr;
+  uint64_t length;
+};
+
+enum class Case : int {
+  kWriteThenRead,
+  kInlineWrite,
+  kBadRkey,
+  kOutOfBounds,
+  kRegionNotReadable,
+  kQpNotWritable,
+  kOtherPd,
+  kDeregistered,
+  kTargetInError,
+  kCount,
+};
+
+const char* Name(Case c) {
+  static const char* names[] = {"write_then_read", "inline_write",   "bad_rkey",      "out_of_bounds",
+                                "region_not_readable", "qp_not_writable", "other_pd", "deregistered",
+                                "target_in_error"};
+  return names[int(c)];
+}
+
+void Die(const char* what) {
+  fprintf(stderr, "direct_access_check: %s: %s\n", what, strerror(errno));
+  exit(2);
+}
+
+void SendAll(int fd, const void* p, size_t n) {
+  if (write(fd, p, n) != ssize_t(n)) Die("write to the other process");
+}
+void ReceiveAll(int fd, void* p, size_t n) {
+  if (read(fd, p, n) != ssize_t(n)) Die("read from the other process");
+}
+
+struct Device {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_pd* other_pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_gid gid{};
+};
+
+Device Open() {
+  Device d;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr || n == 0) Die("no RDMA device");
+  d.ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (d.ctx == nullptr) Die("ibv_open_device");
+  d.pd = ibv_alloc_pd(d.ctx);
+  d.other_pd = ibv_alloc_pd(d.ctx);
+  d.cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+  if (d.pd == nullptr || d.other_pd == nullptr || d.cq == nullptr) Die("ibv_alloc_pd / ibv_create_cq");
+  if (ibv_query_gid(d.ctx, 1, 0, &d.gid) != 0) Die("ibv_query_gid");
+  return d;
+}
+
+ibv_qp* CreateQp(Device& d) {
+  ibv_qp_init_attr a{};
+  a.send_cq = a.recv_cq = d.cq;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 16;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 4;
+  a.cap.max_inline_data = 64;
+  ibv_qp* qp = ibv_create_qp(d.pd, &a);
+  if (qp == nullptr) Die("ibv_create_qp");
+  return qp;
+}
+
+// RESET -> INIT -> RTR -> RTS towards `peer_qpn` at our own GID (one host device), with `access` as the QP's remote
+// access flags. Short timeouts: a target in error costs (retry_cnt + 1) x 4 ms.
+void Connect(Device& d, ibv_qp* qp, uint32_t peer_qpn, int access) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = access;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) Die("to INIT");
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = peer_qpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 4;
+  a.min_rnr_timer = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = d.gid;
+  a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.port_num = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    Die("to RTR");
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 10;
+  a.retry_cnt = 1;
+  a.rnr_retry = 1;
+  a.sq_psn = 0;
+  a.max_rd_atomic = 4;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                        IBV_QP_MAX_QP_RD_ATOMIC))
+    Die("to RTS");
+}
+
+// The target's side of one case; writes whether its buffer holds what it should to `fd` at the end.
+void Target(Device& d, int fd, Case c) {
+  std::vector<uint8_t> buffer(kBufferBytes, kUntouched);
+  int mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (c == Case::kRegionNotReadable) mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  ibv_mr* mr = ibv_reg_mr(c == Case::kOtherPd ? d.other_pd : d.pd, buffer.data(), buffer.size(), mr_access);
+  if (mr == nullptr) Die("ibv_reg_mr");
+  ibv_qp* qp = CreateQp(d);
+  TargetInfo info{qp->qp_num, mr->rkey, uint64_t(uintptr_t(buffer.data())), buffer.size()};
+  SendAll(fd, &info, sizeof info);
+  uint32_t peer_qpn;
+  ReceiveAll(fd, &peer_qpn, sizeof peer_qpn);
+  const int qp_access = c == Case::kQpNotWritable ? IBV_ACCESS_REMOTE_READ
+                                                  : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  Connect(d, qp, peer_qpn, qp_access);
+  if (c == Case::kDeregistered && ibv_dereg_mr(mr) == 0) mr = nullptr;
+  if (c == Case::kTargetInError) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) Die("to ERR");
+  }
+  const char ready = 'r';
+  SendAll(fd, &ready, 1);
+  char done;
+  ReceiveAll(fd, &done, 1);  // the initiator has its completion
+  // What the buffer must hold: the pattern at 100.. for the cases that write it, else nothing changed.
+  bool ok = true;
+  for (size_t i = 0; i < buffer.size(); ++i) {
+    uint8_t want = kUntouched;
+    if (c == Case::kWriteThenRead && i >= 100 && i < 100 + 10000) want = uint8_t(i * 7 + 1);
+    if (c == Case::kInlineWrite && i >= 100 && i < 100 + 48) want = uint8_t(i * 7 + 1);
+    if (buffer[i] != want) {
+      fprintf(stderr, "direct_access_check: %s: target byte %zu is 0x%02x, want 0x%02x\n", Name(c), i, buffer[i], want);
+      ok = false;
+      break;
+    }
+  }
+  SendAll(fd, &ok, sizeof ok);
+  ibv_destroy_qp(qp);
+  if (mr != nullptr) ibv_dereg_mr(mr);
+}
+
+// Waits up to 10 s for one completion.
+bool PollOne(ibv_cq* cq, ibv_wc* wc) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < give_up) {
+    const int n = ibv_poll_cq(cq, 1, wc);
+    if (n < 0) Die("ibv_poll_cq");
+    if (n == 1) return true;
+  }
+  return false;
+}
+
+// The initiator's side of one case: "" or what went wrong.
+std::string Initiator(Device& d, int fd, Case c) {
+  TargetInfo t;
+  ReceiveAll(fd, &t, sizeof t);
+  ibv_qp* qp = CreateQp(d);
+  SendAll(fd, &qp->qp_num, sizeof qp->qp_num);
+  Connect(d, qp, t.qpn, 0);
+  std::vector<uint8_t> local(kBufferBytes, 0);
+  for (size_t i = 0; i < local.size(); ++i) local[i] = uint8_t((i + 100) * 7 + 1);  // the target's pattern at 100+i
+  ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (mr == nullptr) Die("ibv_reg_mr (initiator)");
+  char ready;
+  ReceiveAll(fd, &ready, 1);
+
+  std::string problem;
+  auto post = [&](ibv_wr_opcode op, ibv_sge* sges, int n, uint64_t remote, uint32_t rkey, int flags) {
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = 42;
+    wr.opcode = op;
+    wr.sg_list = sges;
+    wr.num_sge = n;
+    wr.send_flags = IBV_SEND_SIGNALED | flags;
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = rkey;
+    if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
+    ibv_wc wc{};
+    if (!PollOne(d.cq, &wc)) return std::string("no completion within 10 s");
+    return std::string(wc.status == IBV_WC_SUCCESS ? "" : ibv_wc_status_str(wc.status)) +
+           (wc.wr_id != 42 ? " (wrong wr_id)" : "");
+  };
+  auto expect = [&](const std::string& got, const char* want) {
+    if (got != want) problem += std::string("completion '") + got + "', want '" + want + "'; ";
+  };
+  const uint64_t at = t.addr + 100;
+  ibv_sge three[3] = {{uintptr_t(local.data()), 3000, mr->lkey},
+                      {uintptr_t(local.data()) + 3000, 5000, mr->lkey},
+                      {uintptr_t(local.data()) + 8000, 2000, mr->lkey}};
+  switch (c) {
+    case Case::kWriteThenRead: {
+      expect(post(IBV_WR_RDMA_WRITE, three, 3, at, t.rkey, 0), "");
+      std::vector<uint8_t> back(10000, 0);
+      ibv_mr* back_mr = ibv_reg_mr(d.pd, back.data(), back.size(), IBV_ACCESS_LOCAL_WRITE);
+      if (back_mr == nullptr) Die("ibv_reg_mr (read back)");
+      ibv_sge two[2] = {{uintptr_t(back.data()), 4096, back_mr->lkey},
+                        {uintptr_t(back.data()) + 4096, 10000 - 4096, back_mr->lkey}};
+      expect(post(IBV_WR_RDMA_READ, two, 2, at, t.rkey, 0), "");
+      if (std::memcmp(back.data(), local.data(), back.size()) != 0) problem += "READ returned other bytes; ";
+      ibv_dereg_mr(back_mr);
+      break;
+    }
+    case Case::kInlineWrite: {
+      ibv_sge inl = {uintptr_t(local.data()), 48, 0};
+      expect(post(IBV_WR_RDMA_WRITE, &inl, 1, at, t.rkey, IBV_SEND_INLINE), "");
+      break;
+    }
+    case Case::kBadRkey:
+      expect(post(IBV_WR_RDMA_WRITE, three, 1, at, t.rkey ^ 0x5500, 0), "remote access error");
+      break;
+    case Case::kOutOfBounds:
+      expect(post(IBV_WR_RDMA_WRITE, three, 1, t.addr + t.length - 2999, t.rkey, 0), "remote access error");
+      break;
+    case Case::kRegionNotReadable:
+      expect(post(IBV_WR_RDMA_READ, three, 1, at, t.rkey, 0), "remote access error");
+      break;
+    case Case::kQpNotWritable:
+    case Case::kOtherPd:
+    case Case::kDeregistered:
+      expect(post(IBV_WR_RDMA_WRITE, three, 1, at, t.rkey, 0), "remote access error");
+      break;
+    case Case::kTargetInError:
+      expect(post(IBV_WR_RDMA_WRITE, three, 1, at, t.rkey, 0), "transport retry counter exceeded");
+      break;
+    case Case::kCount:
+      break;
+  }
+  const char done = 'd';
+  SendAll(fd, &done, 1);
+  bool target_ok = false;
+  ReceiveAll(fd, &target_ok, sizeof target_ok);
+  if (!target_ok) problem += "the target's buffer is not what it should be; ";
+  ibv_destroy_qp(qp);
+  ibv_dereg_mr(mr);
+  return problem;
+}
+
+}  // namespace
+
+int main() {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  int pair[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) < 0) Die("socketpair");
+  const pid_t child = fork();
+  if (child < 0) Die("fork");
+  if (child == 0) {
+    close(pair[0]);
+    Device d = Open();
+    for (int c = 0; c < int(Case::kCount); ++c) Target(d, pair[1], Case(c));
+    ibv_close_device(d.ctx);  // (the rest goes with the process)
+    _exit(0);
+  }
+  close(pair[1]);
+  Device d = Open();
+  int failed = 0;
+  for (int c = 0; c < int(Case::kCount); ++c) {
+    const std::string problem = Initiator(d, pair[0], Case(c));
+    printf("direct_access_check: %s: %s\n", Name(Case(c)), problem.empty() ? "ok" : problem.c_str());
+    failed += !problem.empty();
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    printf("direct_access_check: the target process ended with status 0x%x\n", status);
+    ++failed;
+  }
+  printf("direct_access_check: %d of %d cases failed\n", failed, int(Case::kCount));
+  return failed == 0 ? 0 : 1;
+}

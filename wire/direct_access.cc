@@ -1,0 +1,243 @@
+#include "wire/direct_access.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+namespace uroce::wire {
+
+struct DirectTable::Layout {
+  struct Header {
+    uint64_t magic;
+    int32_t pid;
+    uint32_t qp_slots;
+    uint32_t region_slots;
+  };
+  struct alignas(64) Initiator {
+    std::atomic<uint64_t> entered;
+    std::atomic<uint64_t> left;
+    std::atomic<int32_t> pid;
+  };
+  struct QpSlot {
+    std::atomic<uint32_t> key;  // kQpValid | qpn, 0: empty
+    uint32_t peer_qpn, pd, rights;
+  };
+  struct RegionSlot {
+    std::atomic<uint64_t> key;  // kRegionValid | rkey, 0: empty
+    uint32_t pd, rights;
+    uint64_t iova, length, host;
+  };
+  static constexpr uint32_t kQpValid = 1u << 31;
+  static constexpr uint64_t kRegionValid = uint64_t{1} << 32;
+  static constexpr size_t kInitiatorsOffset = 64;
+  static constexpr size_t kQpOffset = kInitiatorsOffset + 256 * sizeof(Initiator);
+  static constexpr size_t kRegionOffset = kQpOffset + kQpSlots * sizeof(QpSlot);
+  static constexpr size_t kBytes = kRegionOffset + kRegionSlots * sizeof(RegionSlot);
+  static_assert(sizeof(Initiator) == 64 && sizeof(QpSlot) == 16 && sizeof(RegionSlot) == 40);
+  static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+
+  static Header* header(void* base) { return static_cast<Header*>(base); }
+  static Initiator* initiators(void* base) {
+    return reinterpret_cast<Initiator*>(static_cast<uint8_t*>(base) + kInitiatorsOffset);
+  }
+  static QpSlot* qps(void* base) { return reinterpret_cast<QpSlot*>(static_cast<uint8_t*>(base) + kQpOffset); }
+  static RegionSlot* regions(void* base) {
+    return reinterpret_cast<RegionSlot*>(static_cast<uint8_t*>(base) + kRegionOffset);
+  }
+};
+
+namespace {
+
+// Where a number's probe sequence starts: a multiplicative hash, since QPNs and keys count up from a random start.
+uint32_t Home(uint32_t number, uint32_t slots) { return (number * 0x9E3779B1u) % slots; }
+
+}  // namespace
+
+DirectTable::DirectTable(void* base, size_t bytes, bool owner) : base_(base), bytes_(bytes), owner_(owner) {}
+
+DirectTable::~DirectTable() { munmap(base_, bytes_); }
+
+int DirectTable::Create(std::unique_ptr<DirectTable>* table, int* fd) {
+  const int f = memfd_create("uroce-direct-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (f < 0) return -errno;
+  void* base = MAP_FAILED;
+  if (ftruncate(f, off_t(Layout::kBytes)) < 0 ||
+      fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
+      (base = mmap(nullptr, Layout::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0)) == MAP_FAILED) {
+    const int err = errno;
+    close(f);
+    return -err;
+  }
+  // A new file is zeroed: every slot empty, every counter 0.
+  *Layout::header(base) = {kMagic, int32_t(getpid()), kQpSlots, kRegionSlots};
+  table->reset(new DirectTable(base, Layout::kBytes, true));
+  *fd = f;
+  return 0;
+}
+
+int DirectTable::Attach(int fd, std::unique_ptr<DirectTable>* table) {
+  // Sealed against shrinking, or whoever holds another descriptor could cut it under our mapping (SIGBUS).
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return errno == EINVAL ? -EINVAL : -errno;
+  if ((seals & F_SEAL_SHRINK) == 0) return -EINVAL;
+  struct stat st;
+  if (fstat(fd, &st) < 0) return -errno;
+  if (st.st_size != off_t(Layout::kBytes)) return -EINVAL;
+  void* base = mmap(nullptr, Layout::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return -errno;
+  const Layout::Header h = *Layout::header(base);
+  if (h.magic != kMagic || h.qp_slots != kQpSlots || h.region_slots != kRegionSlots || h.pid <= 0) {
+    munmap(base, Layout::kBytes);
+    return -EINVAL;
+  }
+  table->reset(new DirectTable(base, Layout::kBytes, false));
+  return 0;
+}
+
+pid_t DirectTable::pid() const { return Layout::header(base_)->pid; }
+
+void DirectTable::WaitForCopies() {
+  Layout::Initiator* init = Layout::initiators(base_);
+  for (int n = 1; n < 256; ++n) {
+    const uint64_t entered = init[n].entered.load(std::memory_order_seq_cst);
+    for (unsigned spins = 0; init[n].left.load(std::memory_order_seq_cst) < entered; ++spins) {
+      // A copy takes microseconds; one that takes long belongs to a process that may have died inside it.
+      if (spins < 64) {
+        std::this_thread::yield();
+        continue;
+      }
+      const pid_t pid = init[n].pid.load(std::memory_order_relaxed);
+      if (pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH)) break;
+      usleep(50);
+    }
+  }
+}
+
+namespace {
+
+// The slot of `number`'s probe sequence (kProbe slots from its home) whose key is `key`: a key 0 finds a free one.
+template <typename Slot, typename Key>
+Slot* Probe(Slot* slots, uint32_t count, uint32_t number, Key key) {
+  const uint32_t home = Home(number, count);
+  for (uint32_t i = 0; i < DirectTable::kProbe; ++i) {
+    Slot& s = slots[(home + i) % count];
+    if (s.key.load(std::memory_order_seq_cst) == key) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+template <typename Slot>
+void DirectTable::Withdraw(std::unordered_map<uint32_t, uint32_t>& index, Slot* slots, uint32_t number) {
+  auto it = index.find(number);
+  if (it == index.end()) return;
+  slots[it->second].key.store(0, std::memory_order_seq_cst);
+  index.erase(it);
+  WaitForCopies();
+}
+
+bool DirectTable::PublishQp(const DirectAccess::QpEntry& qp) {
+  std::lock_guard lock(mu_);
+  Layout::QpSlot* slots = Layout::qps(base_);
+  if (auto it = qp_slot_.find(qp.qpn); it != qp_slot_.end()) {
+    const Layout::QpSlot& s = slots[it->second];
+    if (s.peer_qpn == qp.peer_qpn && s.pd == qp.pd && s.rights == qp.rights) return true;  // as published
+  }
+  Withdraw(qp_slot_, slots, qp.qpn);
+  Layout::QpSlot* s = Probe(slots, kQpSlots, qp.qpn, 0u);
+  if (s == nullptr) return false;
+  s->peer_qpn = qp.peer_qpn;
+  s->pd = qp.pd;
+  s->rights = qp.rights;
+  s->key.store(Layout::kQpValid | qp.qpn, std::memory_order_seq_cst);  // the fields before the key
+  qp_slot_[qp.qpn] = uint32_t(s - slots);
+  return true;
+}
+
+void DirectTable::WithdrawQp(uint32_t qpn) {
+  std::lock_guard lock(mu_);
+  Withdraw(qp_slot_, Layout::qps(base_), qpn);
+}
+
+bool DirectTable::PublishRegion(const DirectAccess::Region& region) {
+  std::lock_guard lock(mu_);
+  Layout::RegionSlot* slots = Layout::regions(base_);
+  Withdraw(region_slot_, slots, region.rkey);
+  Layout::RegionSlot* s = Probe(slots, kRegionSlots, region.rkey, uint64_t{0});
+  if (s == nullptr) return false;
+  s->pd = region.pd;
+  s->rights = region.rights;
+  s->iova = region.iova;
+  s->length = region.length;
+  s->host = reinterpret_cast<uint64_t>(region.host);
+  s->key.store(Layout::kRegionValid | region.rkey, std::memory_order_seq_cst);
+  region_slot_[region.rkey] = uint32_t(s - slots);
+  return true;
+}
+
+void DirectTable::WithdrawRegion(uint32_t rkey) {
+  std::lock_guard lock(mu_);
+  Withdraw(region_slot_, Layout::regions(base_), rkey);
+}
+
+void DirectTable::Enter(uint8_t me, pid_t self) {
+  Layout::Initiator& i = Layout::initiators(base_)[me];
+  if (i.pid.load(std::memory_order_relaxed) != self) i.pid.store(self, std::memory_order_relaxed);
+  i.entered.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void DirectTable::Leave(uint8_t me) { Layout::initiators(base_)[me].left.fetch_add(1, std::memory_order_seq_cst); }
+
+uint64_t DirectTable::Check(uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va, uint64_t length,
+                            uint32_t right) const {
+  const Layout::QpSlot* qp = Probe(Layout::qps(base_), kQpSlots, dest_qpn, Layout::kQpValid | dest_qpn);
+  // The QP executes only its peer's requests, and only those its access flags allow (IBTA 9.7.5.1.x, 10.6.3.2).
+  if (qp == nullptr || qp->peer_qpn != src_qpn || (qp->rights & right) == 0) return 0;
+  const Layout::RegionSlot* r = Probe(Layout::regions(base_), kRegionSlots, rkey, Layout::kRegionValid | rkey);
+  // The R_Key's region: the QP's PD, [va, va+length) inside it, the right granted (10.6.3.2).
+  if (r == nullptr || r->pd != qp->pd || (r->rights & right) == 0 || va < r->iova || length > r->length ||
+      va - r->iova > r->length - length)
+    return 0;
+  return r->host + (va - r->iova);
+}
+
+namespace {
+
+// At most this many pieces in one call (a send WR has at most max_send_sge; IOV_MAX is 1024).
+constexpr size_t kMaxPieces = 64;
+
+// process_vm_writev or process_vm_readv (`call`) of `pieces` here and [remote, remote+length) there: 1 when all
+// `length` bytes were copied, 0 when fewer, -errno.
+template <typename Piece, typename Call>
+int CrossCopy(Call call, pid_t pid, uint64_t remote, std::span<const Piece> pieces, uint64_t length) {
+  if (pieces.size() > kMaxPieces) return -EINVAL;
+  iovec local[kMaxPieces];
+  size_t n = 0;
+  for (const Piece& p : pieces) {
+    if (!p.empty()) local[n++] = {const_cast<uint8_t*>(p.data()), p.size()};
+  }
+  iovec there = {reinterpret_cast<void*>(remote), length};
+  const ssize_t r = call(pid, local, n, &there, 1, 0);
+  if (r < 0) return -errno;
+  return uint64_t(r) == length;
+}
+
+}  // namespace
+
+int CopyToProcess(pid_t pid, uint64_t remote, std::span<const std::span<const uint8_t>> pieces, uint64_t length) {
+  return CrossCopy(process_vm_writev, pid, remote, pieces, length);
+}
+
+int CopyFromProcess(pid_t pid, uint64_t remote, std::span<const std::span<uint8_t>> pieces, uint64_t length) {
+  return CrossCopy(process_vm_readv, pid, remote, pieces, length);
+}
+
+}  // namespace uroce::wire

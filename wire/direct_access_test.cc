@@ -1,0 +1,167 @@
+#include "wire/direct_access.h"
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace uroce::wire {
+namespace {
+
+constexpr uint32_t kQpn = 0x030011, kPeerQpn = 0x040022, kPd = 7, kRkey = 0x1234517;
+
+class DirectTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(DirectTable::Create(&owner_, &fd_), 0);
+    ASSERT_EQ(DirectTable::Attach(fd_, &peer_), 0);
+    ASSERT_TRUE(owner_->PublishQp({kQpn, kPeerQpn, kPd, direct_rights::kWrite | direct_rights::kRead}));
+    ASSERT_TRUE(owner_->PublishRegion({kRkey, kPd, direct_rights::kWrite, 0x10000, sizeof buffer_, buffer_}));
+  }
+  void TearDown() override { close(fd_); }
+
+  uint64_t Check(uint32_t dest, uint32_t src, uint32_t rkey, uint64_t va, uint64_t len, uint32_t right) {
+    peer_->Enter(4, getpid());
+    const uint64_t host = peer_->Check(dest, src, rkey, va, len, right);
+    peer_->Leave(4);
+    return host;
+  }
+
+  uint8_t buffer_[256] = {};
+  int fd_ = -1;
+  std::unique_ptr<DirectTable> owner_, peer_;
+};
+
+TEST_F(DirectTableTest, AnotherMappingSeesTheOwnersPid) { EXPECT_EQ(peer_->pid(), getpid()); }
+
+TEST_F(DirectTableTest, AllowsWhatTheResponderWouldExecute) {
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x10000, 256, direct_rights::kWrite), reinterpret_cast<uint64_t>(buffer_));
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x10010, 16, direct_rights::kWrite),
+            reinterpret_cast<uint64_t>(buffer_ + 0x10));
+}
+
+TEST_F(DirectTableTest, RefusesEveryCheckTheResponderMakes) {
+  // Not the QP's peer; an unknown QP; an unknown R_Key.
+  EXPECT_EQ(Check(kQpn, kPeerQpn + 1, kRkey, 0x10000, 8, direct_rights::kWrite), 0u);
+  EXPECT_EQ(Check(kQpn + 1, kPeerQpn, kRkey, 0x10000, 8, direct_rights::kWrite), 0u);
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey + 0x100, 0x10000, 8, direct_rights::kWrite), 0u);
+  // Bounds: before, past the end, a length that wraps.
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0xffff, 8, direct_rights::kWrite), 0u);
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x10000, 257, direct_rights::kWrite), 0u);
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x100f9, 8, direct_rights::kWrite), 0u);
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x10008, ~uint64_t{0}, direct_rights::kWrite), 0u);
+  // The region grants no remote read.
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x10000, 8, direct_rights::kRead), 0u);
+  // A region of another PD than the QP's.
+  ASSERT_TRUE(owner_->PublishRegion({kRkey + 0x100, kPd + 1, direct_rights::kWrite, 0, 64, buffer_}));
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey + 0x100, 0, 8, direct_rights::kWrite), 0u);
+  // A QP whose access flags allow no remote write.
+  ASSERT_TRUE(owner_->PublishQp({kQpn, kPeerQpn, kPd, direct_rights::kRead}));
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x10000, 8, direct_rights::kWrite), 0u);
+}
+
+TEST_F(DirectTableTest, WithdrawnEntriesAllowNothing) {
+  owner_->WithdrawRegion(kRkey);
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x10000, 8, direct_rights::kWrite), 0u);
+  ASSERT_TRUE(owner_->PublishRegion({kRkey, kPd, direct_rights::kWrite, 0x10000, sizeof buffer_, buffer_}));
+  owner_->WithdrawQp(kQpn);
+  EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey, 0x10000, 8, direct_rights::kWrite), 0u);
+  owner_->WithdrawQp(kQpn);  // twice: nothing
+}
+
+TEST_F(DirectTableTest, ManyEntriesEachFoundByItsOwnKey) {
+  for (uint32_t i = 1; i <= 1000; ++i) {
+    ASSERT_TRUE(owner_->PublishRegion({kRkey + (i << 8), kPd, direct_rights::kWrite, i << 12, 64, buffer_}));
+  }
+  for (uint32_t i = 1; i <= 1000; ++i) {
+    EXPECT_EQ(Check(kQpn, kPeerQpn, kRkey + (i << 8), (i << 12) + 8, 8, direct_rights::kWrite),
+              reinterpret_cast<uint64_t>(buffer_ + 8))
+        << i;
+  }
+}
+
+TEST_F(DirectTableTest, AWithdrawalWaitsForACopyInProgress) {
+  peer_->Enter(9, getpid());
+  ASSERT_NE(peer_->Check(kQpn, kPeerQpn, kRkey, 0x10000, 8, direct_rights::kWrite), 0u);
+  std::atomic<bool> withdrawn{false};
+  std::thread owner([&] {
+    owner_->WithdrawRegion(kRkey);
+    withdrawn = true;
+  });
+  // The copy has not left: the withdrawal must still be waiting after a while (it cannot return before Leave).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(withdrawn.load());
+  peer_->Leave(9);
+  owner.join();
+  EXPECT_TRUE(withdrawn.load());
+}
+
+TEST_F(DirectTableTest, AWithdrawalDoesNotWaitForAnInitiatorThatDied) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    peer_->Enter(11, getpid());  // and dies inside its copy
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  auto withdrawal = std::async(std::launch::async, [&] { owner_->WithdrawRegion(kRkey); });
+  EXPECT_EQ(withdrawal.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+}
+
+TEST_F(DirectTableTest, RefusesAFileThatIsNotATable) {
+  const int f = memfd_create("not-a-table", MFD_CLOEXEC);
+  ASSERT_GE(f, 0);
+  std::unique_ptr<DirectTable> t;
+  EXPECT_EQ(DirectTable::Attach(f, &t), -EINVAL);  // not sealed
+  close(f);
+}
+
+TEST(CrossMemoryCopy, WritesAndReadsAnotherProcessesMemory) {
+  // A child holds a buffer; we write into it and read it back through its pid.
+  static uint8_t shared_target[64];
+  std::memset(shared_target, 0, sizeof shared_target);
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(2);
+    if (read(done[0], &c, 1) != 1) _exit(2);  // until the parent has written and read
+    _exit(shared_target[5] == 'b' ? 0 : 1);  // the bytes arrived in the child's own memory
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  const uint8_t first[] = {'a', 'b', 'c'}, second[] = {'d', 'e'};
+  const std::span<const uint8_t> pieces[] = {first, second};
+  const int w = CopyToProcess(child, reinterpret_cast<uint64_t>(shared_target) + 4, pieces, 5);
+  if (w == -EPERM) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    GTEST_SKIP() << "process_vm_writev is refused here (ptrace rules)";
+  }
+  EXPECT_EQ(w, 1);
+  uint8_t back[5] = {};
+  const std::span<uint8_t> into[] = {back};
+  EXPECT_EQ(CopyFromProcess(child, reinterpret_cast<uint64_t>(shared_target) + 4, into, 5), 1);
+  EXPECT_EQ(std::memcmp(back, "abcde", 5), 0);
+  // An address the child has not mapped.
+  EXPECT_EQ(CopyFromProcess(child, 8, into, 5), -EFAULT);
+  ASSERT_EQ(write(done[1], &c, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+}  // namespace
+}  // namespace uroce::wire
