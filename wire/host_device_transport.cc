@@ -1,5 +1,6 @@
 #include "wire/host_device_transport.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/eventfd.h>
@@ -354,7 +355,14 @@ void HostDeviceTransport::ConnectAhead(const UdpEndpoint& dst, uint32_t qpn) {
   Peer* peer = PeerFor(owner, false);
   if (peer == nullptr || same_host_ != SameHostPath::kSharedMemory) return;
   std::lock_guard lock(peer->mu);
-  if (!peer->offer_answered) TakeRingOffer(*peer);  // usually not there yet: the first send takes it
+  if (!peer->offer_answered && direct_table_ != nullptr && owner != owner_) {
+    // With direct access, wait for the offer (its table): a WRITE or READ goes directly only when nothing of its QP
+    // is outstanding, so a stream whose first operations went as packets (ib_write_bw keeps 128 in flight) would
+    // stay packets to its end. The other process's polling thread answers at once unless it is starved.
+    pollfd p{peer->fd, POLLIN, 0};
+    poll(&p, 1, kOfferWaitMs);
+  }
+  if (!peer->offer_answered) TakeRingOffer(*peer);  // without direct access usually not there yet: the first send
 }
 
 void HostDeviceTransport::TakeRingOffer(Peer& peer) {

@@ -108,6 +108,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // now, so that its ring is offered before the first packet instead of after it (the first packets of a pair went
   // through the connection while the receiver accepted it and offered its ring: ~0.3-2 ms of a ping-pong's first
   // round trip here, 10-15 ms in a TCG guest). Nothing if it is not, or not there (the first packet tries again).
+  // With direct access on, waits up to kOfferWaitMs for the offer.
   void ConnectAhead(const UdpEndpoint& dst, uint32_t qpn);
 
   uint64_t malformed() const { return malformed_.load(std::memory_order_relaxed); }
@@ -125,6 +126,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // costs more than a ring's whole hand-off, and with the service forwarding into a ring too, the sockets carry only
   // new peer connections, hang-ups, wake-ups for a sleeper and the fallback paths.
   static constexpr uint64_t kSocketLookEveryNs = 20'000;
+  // How long ConnectAhead waits for the ring offer (with its DirectTable) when direct access is on.
+  static constexpr int kOfferWaitMs = 50;
 
  private:
   // Our connection to another process of the host (sending side).
