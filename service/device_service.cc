@@ -40,9 +40,15 @@ DeviceService::DeviceService(asio::io_context& io, const wire::IpAddress& addres
       linger_(linger),
       acceptor_(io),
       udp_(io),
-      linger_timer_(io) {}
+      linger_timer_(io) {
+  owner_socket_.fill(-1);
+}
 
-DeviceService::~DeviceService() = default;
+DeviceService::~DeviceService() {
+  for (int fd : owner_socket_) {
+    if (fd >= 0) close(fd);
+  }
+}
 
 int DeviceService::Start() {
   boost::system::error_code ec;
@@ -59,10 +65,26 @@ int DeviceService::Start() {
   }
   acceptor_.assign(listen_fd);
   wire::UdpEndpoint local;
-  const int fd = wire::OpenRoceUdpSocket({address_, udp_port_}, kUdpBufferBytes, &local);
+  // Our socket heads a new SO_REUSEPORT group (the kernel steering, AttachOwnerSteering). One of our own sockets
+  // still bound there (processes of a service that was killed, before they close theirs) would make ours join
+  // that group at another index: so the port must be free first, as one bind without SO_REUSEPORT says; it is
+  // waited for up to 0.5 s (those processes close theirs as soon as they see the service gone).
+  int fd = -EADDRINUSE;
+  for (int tries = 0; tries < 25 && fd == -EADDRINUSE; ++tries) {
+    if (tries > 0) usleep(20'000);
+    const int probe = wire::OpenRoceUdpSocket({address_, udp_port_}, 0, &local);
+    if (probe < 0) {
+      fd = probe;
+      continue;
+    }
+    close(probe);
+    fd = wire::OpenRoceUdpSocket({address_, udp_port_}, kUdpBufferBytes, &local, /*reuse_port=*/true);
+  }
   if (fd < 0) {
     udp_error_ = -fd;
   } else {
+    // Without the kernel's steering (an old kernel) every packet comes here and is forwarded, as before.
+    steering_ = wire::AttachOwnerSteering(fd, steer_to_) == 0;
     // Runs from a peer host's UDP_SEGMENT sends arrive whole (UDP_GRO): one receive for up to 64 of its packets.
     bool gso = false, gro = false;
     wire::EnableUdpOffloads(fd, &gso, &gro);
@@ -158,7 +180,20 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std
       fds.front() = -1;
       by_owner_[owner] = &p;
       ++counters_.processes_joined;
-      return Reply(p, ControlType::kWelcome, 0, owner);
+      // Its own socket, if the kernel steers: handed over with the welcome, steered to once the process says it
+      // receives there (kSteer): until then, and for one that never says so, we forward.
+      const int udp = steering_ ? SteeredSocket(owner) : -1;
+      wire::SendControl(p.control.native_handle(), {ControlType::kWelcome, 0, owner}, udp, MSG_DONTWAIT);
+      return;
+    }
+    case ControlType::kSteer: {
+      if (p.owner == 0 || !steering_ || owner_socket_[p.owner] < 0) return refuse(EINVAL, ControlType::kReply);
+      if (steer_to_[p.owner] == 0) {
+        steer_to_[p.owner] = socket_index_[p.owner];
+        Steer();
+        ++counters_.steered;
+      }
+      return Reply(p, ControlType::kReply, 0, m.value);
     }
     case ControlType::kListen: {
       if (p.owner == 0) return refuse(EINVAL, ControlType::kReply);
@@ -195,6 +230,10 @@ void DeviceService::Reply(Process& p, wire::ControlType type, int32_t status, ui
 void DeviceService::Leave(Process& p) {
   if (p.owner != 0) {
     by_owner_[p.owner] = nullptr;
+    if (steer_to_[p.owner] != 0) {
+      steer_to_[p.owner] = 0;  // its late packets come here, and meet no route
+      Steer();
+    }
     for (auto it = listeners_.begin(); it != listeners_.end();) {
       it = it->second == p.owner ? listeners_.erase(it) : std::next(it);
     }
@@ -204,6 +243,31 @@ void DeviceService::Leave(Process& p) {
   p.control.close(ec);
   --processes_;
   ArmLingerIfIdle();
+}
+
+int DeviceService::SteeredSocket(uint8_t owner) {
+  int& fd = owner_socket_[owner];
+  if (fd < 0) {
+    wire::UdpEndpoint local;
+    const int made = wire::OpenRoceUdpSocket({address_, udp_port_}, kUdpBufferBytes, &local, /*reuse_port=*/true);
+    if (made < 0) return made;
+    fd = made;
+    socket_index_[owner] = group_size_++;
+    bool gso = false, gro = false;
+    wire::EnableUdpOffloads(fd, &gso, &gro);
+  } else {
+    // What was steered to the number's former holder before its death was seen: not for the newcomer.
+    uint8_t byte;
+    while (recv(fd, &byte, 1, MSG_DONTWAIT | MSG_TRUNC) >= 0) {
+    }
+  }
+  return fd;
+}
+
+void DeviceService::Steer() {
+  // A failure leaves the former program, which steers a departed owner's packets to its socket (lost, as a dead
+  // process's) or a newcomer's to the service (forwarded): nothing is misdelivered.
+  wire::AttachOwnerSteering(udp_fd_, steer_to_);
 }
 
 uint8_t DeviceService::NextOwner() {
@@ -297,7 +361,7 @@ std::string DeviceService::CountersText() const {
   return "received " + std::to_string(c.received) + "\nforwarded " + std::to_string(c.forwarded) + "\nno_route " +
          std::to_string(c.no_route) + "\nprocess_full " + std::to_string(c.process_full) + "\nrings " +
          std::to_string(c.rings) + "\nbad_control " + std::to_string(c.bad_control) + "\nprocesses_joined " +
-         std::to_string(c.processes_joined) + "\n";
+         std::to_string(c.processes_joined) + "\nsteered " + std::to_string(c.steered) + "\n";
 }
 
 }  // namespace uroce::service

@@ -40,6 +40,7 @@ struct ServiceCounters {
   uint64_t rings = 0;            // processes that had us forward into a ring of theirs (kRingOffer)
   uint64_t bad_control = 0;      // control messages refused
   uint64_t processes_joined = 0;
+  uint64_t steered = 0;  // processes given a UDP socket of their own, to which the kernel steers their packets
 };
 
 class DeviceService {
@@ -84,6 +85,11 @@ class DeviceService {
   int DrainUdp();
   void Forward(const wire::InDatagram& d);
   Process* RouteTo(std::span<const uint8_t> packet);
+  // The kernel's steering (wire::AttachOwnerSteering): whether it is on, set up at Start; the UDP socket of owner
+  // number `owner` (made at its first join, drained of a former holder's packets at a later one) for the process
+  // that now has it, or -errno; and the program for the owners that have a process now.
+  int SteeredSocket(uint8_t owner);
+  void Steer();
   uint8_t NextOwner();
   void ArmLingerIfIdle();
 
@@ -104,6 +110,14 @@ class DeviceService {
   wire::DatagramReceiver receiver_;
   wire::UdpCounterSet udp_counters_;
   std::vector<Process*> unpublished_;  // processes whose rings have records not yet published (DrainUdp)
+  // Steering. The group's sockets are never closed before the service leaves: a socket leaves an SO_REUSEPORT group
+  // when its last descriptor closes, and the kernel then moves the group's last socket into its place, which the
+  // service could not follow (the process holds a descriptor too); so each index stays what it was bound as.
+  bool steering_ = false;
+  std::array<int, 256> owner_socket_;        // by owner number: its socket's descriptor, -1 before its first join
+  std::array<uint16_t, 256> socket_index_{};  // by owner number: that socket's index in the group (0: none yet)
+  std::array<uint16_t, 256> steer_to_{};      // by owner number: where packets go now (0: the service's socket)
+  uint16_t group_size_ = 1;                   // the service's own socket is index 0
 };
 
 }  // namespace uroce::service

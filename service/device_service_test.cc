@@ -26,13 +26,15 @@ namespace {
 struct FakeProcess {
   int control = -1;
   int forward = -1;  // our end of the pair the service forwards on
+  int steered = -1;  // the UDP socket the welcome brought, when the service has the kernel steer
   uint8_t owner = 0;
 
   ~FakeProcess() { Close(); }
   void Close() {
-    if (control >= 0) close(control);
-    if (forward >= 0) close(forward);
-    control = forward = -1;
+    for (int fd : {control, forward, steered}) {
+      if (fd >= 0) close(fd);
+    }
+    control = forward = steered = -1;
   }
 
   // Joins; returns the kWelcome's status.
@@ -46,7 +48,10 @@ struct FakeProcess {
     forward = pair[0];
     EXPECT_EQ(wire::SendControl(control, {wire::ControlType::kHello, 0, uint64_t(getpid())}, pair[1]), 0);
     close(pair[1]);
-    const wire::ControlMessage welcome = Receive();
+    wire::ControlMessage welcome;
+    std::vector<int> fds;
+    EXPECT_EQ(wire::ReceiveControl(control, 5000, &welcome, &fds), 0);
+    if (fds.size() == 1) steered = fds[0];
     EXPECT_EQ(welcome.type, wire::ControlType::kWelcome);
     owner = uint8_t(welcome.value);
     return welcome.status;
@@ -78,6 +83,15 @@ struct FakeProcess {
   bool NothingForwarded() {
     uint8_t b[16];
     return recv(forward, b, sizeof b, MSG_DONTWAIT) < 0 && errno == EAGAIN;
+  }
+  // The next datagram the kernel steered to our own socket (empty after `wait_ms`).
+  std::vector<uint8_t> NextSteered(int wait_ms = 5000) {
+    pollfd p{steered, POLLIN, 0};
+    if (steered < 0 || poll(&p, 1, wait_ms) != 1) return {};
+    std::vector<uint8_t> bytes(10000);
+    const ssize_t n = recv(steered, bytes.data(), bytes.size(), 0);
+    bytes.resize(size_t(n > 0 ? n : 0));
+    return bytes;
   }
 };
 
@@ -282,6 +296,43 @@ TEST_F(DeviceServiceTest, AProcessThatOffersARingGetsItsPacketsThereRunsSplitInt
   EXPECT_EQ(tags, (std::vector<uint8_t>{2, 3, 4, 5}));
   EXPECT_TRUE(a.NothingForwarded()) << "nothing more on the socket once the ring is there";
   close(doorbell);
+}
+
+TEST_F(DeviceServiceTest, OnceAProcessAsksTheKernelSteersItsPacketsToItsOwnSocketPastTheService) {
+  FakeProcess a, b;
+  ASSERT_EQ(a.Join(address_), 0);
+  ASSERT_EQ(b.Join(address_), 0);
+  if (a.steered < 0) GTEST_SKIP() << "this kernel has no SO_ATTACH_REUSEPORT_CBPF: the service forwards everything";
+  ASSERT_GE(b.steered, 0);
+  // Until it asks, the service forwards (a process that never takes its socket loses nothing).
+  SendToService(DataPacket(wire::WithOwner24(a.owner, 0x11), 1));
+  EXPECT_EQ(a.NextForwarded(), DataPacket(wire::WithOwner24(a.owner, 0x11), 1));
+  EXPECT_EQ(a.Request(wire::ControlType::kSteer, 0), 0);
+  EXPECT_EQ(b.Request(wire::ControlType::kSteer, 0), 0);
+  SendToService(DataPacket(wire::WithOwner24(a.owner, 0x11), 2));
+  SendToService(DataPacket(wire::WithOwner24(b.owner, 0x22), 3));
+  EXPECT_EQ(a.NextSteered(), DataPacket(wire::WithOwner24(a.owner, 0x11), 2));
+  EXPECT_EQ(b.NextSteered(), DataPacket(wire::WithOwner24(b.owner, 0x22), 3));
+  EXPECT_TRUE(a.NothingForwarded());
+  EXPECT_TRUE(b.NothingForwarded());
+  // What names no owner stays the service's to route: a new connection goes to its listener, forwarded.
+  const uint64_t sid = wire::ServiceIdOf(wire::kPortSpaceTcp, 7472);
+  ASSERT_EQ(b.Request(wire::ControlType::kListen, sid), 0);
+  SendToService(ReqPacket(sid));
+  EXPECT_EQ(b.NextForwarded(), ReqPacket(sid));
+  EXPECT_TRUE(b.NextSteered(100).empty());
+  // A process gone: its packets are no longer steered anywhere (here: to the service, no route), and the others' are.
+  const uint8_t gone = a.owner;
+  a.Close();
+  for (int i = 0; i < 500 && b.Request(wire::ControlType::kListen, wire::ServiceIdOf(wire::kPortSpaceTcp, 9)) != 0; ++i)
+    usleep(1000);
+  SendToService(DataPacket(wire::WithOwner24(gone, 0x11), 4));
+  SendToService(DataPacket(wire::WithOwner24(b.owner, 0x22), 5));
+  EXPECT_EQ(b.NextSteered(), DataPacket(wire::WithOwner24(b.owner, 0x22), 5));
+  EXPECT_TRUE(b.NextSteered(100).empty());
+  EXPECT_TRUE(b.NothingForwarded());
+  // Asking twice, or without a socket, is refused or nothing new.
+  EXPECT_EQ(b.Request(wire::ControlType::kSteer, 0), 0);
 }
 
 }  // namespace

@@ -18,7 +18,8 @@
 #                                 and READs direct, atomics as packets between them, every byte checked), and the same
 #                                 with --no-direct (none direct)
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
-#                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across
+#                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across; what comes
+#                                 from the other host reaches each process on its own socket (the kernel steers it)
 #   sixty_four_processes          32 ibv_rc_pingpong pairs at once on one address; then, with processes holding the
 #                                 device open and idle, the service uses no CPU (at most 2 clock ticks in 3 s)
 #   openmpi across two hosts      (root) an Open MPI job of 2 x 4 ranks across the two namespaces, pml ucx and
@@ -211,7 +212,7 @@ case_two_hosts_eight_processes_each() {
   # namespaces are new: every TCP port is free in them.
   local -a pids=() names=() ports=()
   for i in 1 2 3 4; do
-    ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" -- \
+    ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" --stats -- \
       "$RDMA_VERIFY" --role=server --port=$((20000 + i)) --seed=$i --qp-timeout=18 >"$log.verify_server$i" 2>&1 &
     pids+=($!); names+=("verify_server$i"); ports+=($((20000 + i)))
     ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" -- \
@@ -230,6 +231,12 @@ case_two_hosts_eight_processes_each() {
   done
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}" || problems+="${names[$i]}: exit $?: $(tail -n 5 "$log.${names[$i]}")"$'\n'
+  done
+  # What came from the other host reached each server on its own socket, steered by the kernel past the service
+  # (wire::AttachOwnerSteering): none of them saw fewer than the 1000 operations' requests.
+  for i in 1 2 3 4; do
+    awk '/^host_device_steered_received / && $2 >= 1000 {ok = 1} END {exit !ok}' "$log.verify_server$i" ||
+      problems+="verify_server$i: not steered to its own socket: $(grep -h '^host_device_steered_' "$log.verify_server$i")"$'\n'
   done
   local gids
   gids=$(grep -h "local address" "$log".pingpong_* | sed 's/.*GID //' | sort -u | tr '\n' ' ')

@@ -8,7 +8,7 @@ uroce_run_options_help() {
       --host-device     share the host device of the address (default 127.0.0.1) with every other process that
                         does so in this network namespace, through the host's device service
       --same-host P     on the host device, how packets between its processes travel: shm (shared-memory rings,
-                        the default), unix (UNIX sockets), udp (real UDP through the service, for tcpdump)
+                        the default), unix (UNIX sockets), udp (real UDP to UDP 4791, for tcpdump)
       --no-direct       on the host device, RDMA WRITE and READ between its processes go as packets too (by
                         default, on the shm path without capture or faults, the initiator carries them out in the
                         target's registered memory)

@@ -544,6 +544,7 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   auto transport = std::make_unique<wire::HostDeviceTransport>(
       std::move(sender), wire::UdpEndpoint{*bound, wire::kRoceV2UdpPort}, membership->owner(),
       membership->TakeForwardFd(), membership->control_fd(), [this] { OnServiceLost(); }, config.same_host);
+  transport->AdoptSteeredSocket(membership->TakeSteeredFd());
   if (int rc = transport->Init(); rc < 0) {
     fprintf(stderr, "uroce: cannot take packets from this host's other processes on %s: %s\n",
             wire::HostDevicePeerName(*bound, membership->owner()).c_str(), strerror(-rc));
@@ -553,6 +554,8 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   HostDeviceMembership* joined = membership.get();
   transport->OfferServiceRing(
       [joined](int ring_fd, uint64_t bytes, int doorbell) { return joined->OfferRing(ring_fd, bytes, doorbell); });
+  // And what the kernel can steer to our own socket goes there, past the service.
+  if (transport->has_steered_socket()) membership->Steer();
   host_transport_ = transport.get();
   transport_ = std::move(transport);
   membership_ = std::move(membership);
@@ -597,7 +600,8 @@ std::string Engine::CountersText() const {
     text += "host_device_owner " + std::to_string(membership_->owner()) + "\nhost_device_peer_sent " +
             std::to_string(host_transport_->peer_sent()) + "\nhost_device_ring_sent " +
             std::to_string(host_transport_->ring_sent()) + "\nhost_device_peer_drops " +
-            std::to_string(host_transport_->peer_drops()) + "\nhost_device_direct_bytes " +
+            std::to_string(host_transport_->peer_drops()) + "\nhost_device_steered_received " +
+            std::to_string(host_transport_->steered_received()) + "\nhost_device_direct_bytes " +
             std::to_string(host_transport_->direct_bytes()) + "\n";
   }
   if (faults_ != nullptr) {

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "wire/unix_socket.h"
 
@@ -108,6 +109,7 @@ int ConnectService(const wire::IpAddress& address) {
 HostDeviceMembership::~HostDeviceMembership() {
   if (control_fd_ >= 0) close(control_fd_);
   if (forward_fd_ >= 0) close(forward_fd_);
+  if (steered_fd_ >= 0) close(steered_fd_);
 }
 
 int HostDeviceMembership::TryJoin(const wire::IpAddress& address, std::string* error) {
@@ -126,8 +128,17 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, std::string* e
   const int sent = wire::SendControl(fd, {wire::ControlType::kHello, 0, uint64_t(getpid())}, pair[1]);
   close(pair[1]);
   wire::ControlMessage welcome;
+  std::vector<int> passed;  // with the welcome: our own UDP socket, when the kernel steers
   // The service closed (it was leaving) is -EAGAIN: try again.
-  int rc = sent < 0 ? -EAGAIN : wire::ReceiveControl(fd, 5000, &welcome);
+  int rc = sent < 0 ? -EAGAIN : wire::ReceiveControl(fd, 5000, &welcome, &passed);
+  struct ClosePassed {
+    std::vector<int>& fds;
+    ~ClosePassed() {
+      for (int f : fds) {
+        if (f >= 0) close(f);
+      }
+    }
+  } close_passed{passed};
   if (rc == 0 && welcome.type != wire::ControlType::kWelcome) rc = -EPROTO;
   if (rc == 0 && welcome.status != 0) {
     const int err = welcome.status;
@@ -146,6 +157,10 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, std::string* e
   control_fd_ = fd;
   forward_fd_ = pair[0];
   owner_ = static_cast<uint8_t>(welcome.value);
+  if (passed.size() == 1) {
+    steered_fd_ = passed[0];
+    passed[0] = -1;
+  }
   return 0;
 }
 

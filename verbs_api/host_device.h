@@ -33,12 +33,22 @@ class HostDeviceMembership {
   // on, ringing `doorbell` (an eventfd) when we sleep, instead of on the datagram socket. 0 or an errno (EINVAL: the
   // service could not map it; EPIPE: the service is gone).
   int OfferRing(int ring_fd, uint64_t ring_bytes, int doorbell);
+  // Asks the service to have the kernel steer our packets from other hosts to the UDP socket the welcome brought
+  // (TakeSteeredFd), which the transport now receives on. 0 or an errno (EINVAL: none was given; EPIPE).
+  int Steer() { return Request(wire::ControlType::kSteer, 0); }
 
   int control_fd() const { return control_fd_; }
   // Ours to hand to the transport, which then owns it.
   int TakeForwardFd() {
     const int fd = forward_fd_;
     forward_fd_ = -1;
+    return fd;
+  }
+  // The UDP socket the service handed us with the welcome, where the kernel steers our packets from other hosts
+  // (wire::AttachOwnerSteering), or -1 when it does not steer. Ours to hand to the transport, which then owns it.
+  int TakeSteeredFd() {
+    const int fd = steered_fd_;
+    steered_fd_ = -1;
     return fd;
   }
   uint8_t owner() const { return owner_; }
@@ -49,6 +59,7 @@ class HostDeviceMembership {
 
   int control_fd_ = -1;
   int forward_fd_ = -1;
+  int steered_fd_ = -1;
   uint8_t owner_ = 0;
   std::mutex request_mu_;  // one control request at a time
 };

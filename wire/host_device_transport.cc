@@ -29,7 +29,10 @@ constexpr int kPeerBufferBytes = 4 << 20;
 
 // epoll tags of the fixed descriptors; accepted connections are tagged with their descriptor (>= 0).
 constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagControl = uint64_t(-3),
-                   kTagListen = uint64_t(-4);
+                   kTagListen = uint64_t(-4), kTagSteered = uint64_t(-5);
+// The steered socket's receives: up to this many recvmmsg entries, each a datagram or a UDP_GRO run.
+constexpr unsigned kSteeredBatch = 16;
+constexpr size_t kMaxDatagram = 9216;
 // Our connection to another process, watched for its hang-up only (direct access): this bit | the Peer's address.
 constexpr uint64_t kTagPeer = uint64_t{1} << 62;
 
@@ -48,7 +51,7 @@ HostDeviceTransport::HostDeviceTransport(std::unique_ptr<Transport> sender, cons
       buffers_(size_t{kBatch} * kMaxForwarded) {}
 
 HostDeviceTransport::~HostDeviceTransport() {
-  for (int fd : {forward_fd_, wake_fd_, epoll_fd_, listen_fd_, direct_table_fd_}) {
+  for (int fd : {forward_fd_, wake_fd_, epoll_fd_, listen_fd_, direct_table_fd_, steered_fd_}) {
     if (fd >= 0) close(fd);
   }
   for (Inbound& in : inbound_) {
@@ -80,6 +83,12 @@ int HostDeviceTransport::Init() {
   if (int rc = add(forward_fd_, EPOLLIN, kTagForward)) return rc;
   if (int rc = add(wake_fd_, EPOLLIN, kTagWake)) return rc;
   if (int rc = add(listen_fd_, EPOLLIN, kTagListen)) return rc;
+  if (steered_fd_ >= 0) {
+    bool gso = false, gro = false;
+    EnableUdpOffloads(steered_fd_, &gso, &gro);
+    if (int rc = steered_receiver_.Init(kSteeredBatch, kMaxDatagram, gro); rc < 0) return rc;
+    if (int rc = add(steered_fd_, EPOLLIN, kTagSteered)) return rc;
+  }
   if (control_fd_ >= 0) {
     if (int rc = add(control_fd_, EPOLLRDHUP, kTagControl)) return rc;  // hang-up only: replies are read elsewhere
   }
@@ -248,8 +257,17 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
     if (tag == kTagWake) {
       uint64_t v;
       [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof v);
+    } else if (tag == kTagSteered) {
+      const int r = steered_fd_ >= 0 ? ReceiveSteered(handler) : 0;  // closed by an earlier event of this batch
+      if (r > 0) delivered += r;
     } else if (tag == kTagControl) {
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, control_fd_, nullptr);
+      if (steered_fd_ >= 0) {
+        // The service is gone: our socket leaves its port group, so that the next service finds the port free.
+        epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, steered_fd_, nullptr);
+        close(steered_fd_);
+        steered_fd_ = -1;
+      }
       if (!service_lost_) {
         service_lost_ = true;
         if (on_service_lost_) on_service_lost_();
@@ -273,8 +291,19 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
   return delivered;
 }
 
+int HostDeviceTransport::ReceiveSteered(const DatagramHandler& handler) {
+  const int n = steered_receiver_.Receive(steered_fd_, handler, local_, steered_counters_);
+  if (n <= 0) return 0;
+  steered_received_.fetch_add(uint64_t(n), std::memory_order_relaxed);
+  steered_until_ns_ = BatchedClock::Instance().NowNs() + kSteeredActiveNs;
+  return n;
+}
+
 int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
   int got = DrainRings(handler);
+  if (steered_fd_ >= 0 && timeout_ns == 0 && BatchedClock::Instance().NowNs() < steered_until_ns_) {
+    got += ReceiveSteered(handler);
+  }
   if (rings_ && timeout_ns == 0) {
     const uint64_t now = BatchedClock::Instance().NowNs();  // an application's look has read it already
     if (now - sockets_seen_ns_ < socket_look_every_ns_) return got;

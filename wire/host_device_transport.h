@@ -45,6 +45,7 @@
 #include "wire/packet_ring.h"
 #include "wire/service_protocol.h"
 #include "wire/transport.h"
+#include "wire/udp_socket.h"
 
 namespace uroce::wire {
 
@@ -52,7 +53,7 @@ namespace uroce::wire {
 enum class SameHostPath {
   kSharedMemory,  // PacketRings, offered by each receiver (the default)
   kUnixSocket,    // the peer connection itself: one sendmmsg per run, one wake-up per receive
-  kUdp,           // the network's way, through the service: every packet on real UDP, for tcpdump
+  kUdp,           // the network's way: every packet on real UDP to the device's UDP 4791, for tcpdump
 };
 
 class HostDeviceTransport final : public Transport, public DirectAccess {
@@ -66,6 +67,12 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   ~HostDeviceTransport() override;
   HostDeviceTransport(const HostDeviceTransport&) = delete;
   HostDeviceTransport& operator=(const HostDeviceTransport&) = delete;
+
+  // The UDP socket the service handed us (HostDeviceMembership::TakeSteeredFd), to which the kernel steers our
+  // packets from other hosts (wire::AttachOwnerSteering): taken over. Call before Init; without one, the service
+  // forwards them.
+  void AdoptSteeredSocket(int fd) { steered_fd_ = fd; }
+  bool has_steered_socket() const { return steered_fd_ >= 0; }
 
   // 0, or -errno: of eventfd(2), epoll_create1(2), or of binding our peer name (-EADDRINUSE: someone holds it).
   int Init();
@@ -117,6 +124,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   uint64_t peer_sent() const { return peer_sent_.load(std::memory_order_relaxed); }
   // Of peer_sent, those written into a receiver's shared-memory ring.
   uint64_t ring_sent() const { return ring_sent_.load(std::memory_order_relaxed); }
+  // Datagrams from other hosts the kernel steered to our own socket (not through the service).
+  uint64_t steered_received() const { return steered_received_.load(std::memory_order_relaxed); }
   // The bytes of one-sided operations carried out directly in another process's memory (emu counts the operations).
   uint64_t direct_bytes() const { return direct_bytes_.load(std::memory_order_relaxed); }
 
@@ -165,6 +174,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // Drains one inbound connection's ring, the connection's own packets first (Inbound::socket_drained).
   int DrainRing(Inbound& in, uint64_t now, const DatagramHandler& handler);
   int ReceiveReady(const DatagramHandler& handler, int timeout_ms);
+  // What the kernel steered to our socket (one receive's worth: a recvmmsg of UDP_GRO runs). How many delivered.
+  int ReceiveSteered(const DatagramHandler& handler);
   void Accept();
   void CloseInbound(int fd, const DatagramHandler& handler);
   // The owner a datagram goes to directly, or 0 (to the network, the service included).
@@ -214,6 +225,14 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   std::map<uint8_t, std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Peer>> retired_;  // replaced, kept to the end (another thread may still send on them)
   std::atomic<uint64_t> malformed_{0}, peer_drops_{0}, peer_sent_{0}, ring_sent_{0};
+  int steered_fd_ = -1;  // AdoptSteeredSocket
+  DatagramReceiver steered_receiver_;
+  UdpCounterSet steered_counters_;
+  // While packets come steered, a polling thread that may not wait receives from the socket at every look (as the
+  // per-process device does), not only when it looks at its sockets (kSocketLookEveryNs).
+  uint64_t steered_until_ns_ = 0;
+  static constexpr uint64_t kSteeredActiveNs = 1'000'000;
+  std::atomic<uint64_t> steered_received_{0};
   std::unique_ptr<DirectTable> direct_table_;  // ours (EnableDirectAccess)
   int direct_table_fd_ = -1;
   pid_t self_pid_ = 0;

@@ -1,5 +1,6 @@
 #include "wire/service_protocol.h"
 
+#include <linux/filter.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -62,6 +63,26 @@ PacketRoute RouteOf(std::span<const uint8_t> packet) {
   return ToOwner(OwnerOf24(qpn));
 }
 
+int AttachOwnerSteering(int fd, const std::array<uint16_t, 256>& index_of_owner) {
+  // A = the BTH's DestQP (payload bytes 5..7: a 32-bit load at 4, whose top byte is reserved); the multicast QPN
+  // (never an owner's) and every owner without a socket: 0. Then one test per owner that has one.
+  std::vector<sock_filter> code = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 4),
+      BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xffffff),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kMulticastQpn, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, 0),
+      BPF_STMT(BPF_ALU | BPF_RSH | BPF_K, 16),
+  };
+  for (unsigned owner = 1; owner < 256; ++owner) {
+    if (index_of_owner[owner] == 0) continue;
+    code.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, owner, 0, 1));
+    code.push_back(BPF_STMT(BPF_RET | BPF_K, index_of_owner[owner]));
+  }
+  code.push_back(BPF_STMT(BPF_RET | BPF_K, 0));
+  const sock_fprog prog{static_cast<unsigned short>(code.size()), code.data()};
+  return setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) == 0 ? 0 : -errno;
+}
+
 // Layout: version u8 | flags u8 (bit 0: congestion experienced) | reserved u16 | src (16 address bytes, port u16) |
 // dst (the same) | reserved u16.
 void ForwardHeader::Encode(uint8_t out[kSize]) const {
@@ -101,7 +122,7 @@ std::optional<ControlMessage> ControlMessage::Decode(std::span<const uint8_t> in
   std::memcpy(&version, in.data() + 4, 2);
   std::memcpy(&t, in.data() + 6, 2);
   if (magic != kControlMagic || version != kControlVersion) return std::nullopt;
-  if (t < static_cast<uint16_t>(ControlType::kHello) || t > static_cast<uint16_t>(ControlType::kRingOffer)) {
+  if (t < static_cast<uint16_t>(ControlType::kHello) || t > static_cast<uint16_t>(ControlType::kSteer)) {
     return std::nullopt;
   }
   ControlMessage m;
@@ -175,15 +196,19 @@ int TakeControl(int fd, ControlMessage* out, std::vector<int>* fds) {
   return 0;
 }
 
-int ReceiveControl(int fd, int timeout_ms, ControlMessage* out) {
+int ReceiveControl(int fd, int timeout_ms, ControlMessage* out, std::vector<int>* fds) {
   pollfd p{fd, POLLIN, 0};
   int r;
   while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
   }
   if (r == 0) return -ETIMEDOUT;
-  std::vector<int> fds;
-  const int rc = TakeControl(fd, out, &fds);
-  for (int passed : fds) close(passed);
+  std::vector<int> passed;
+  const int rc = TakeControl(fd, out, &passed);
+  if (fds != nullptr && rc == 0) {
+    *fds = std::move(passed);
+  } else {
+    for (int f : passed) close(f);
+  }
   if (rc == -EPROTO) return -EPROTO;
   return rc < 0 ? -EAGAIN : 0;
 }

@@ -11,6 +11,7 @@
 // the listening process registered (kListen).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -42,6 +43,15 @@ struct PacketRoute {
 };
 PacketRoute RouteOf(std::span<const uint8_t> packet);
 
+// Steering of arriving packets by the kernel (the service's design for packets from other hosts): the service and
+// each of its processes have a UDP socket bound to the device's address:4791 in one SO_REUSEPORT group, and a classic
+// BPF program of the group (SO_ATTACH_REUSEPORT_CBPF) picks the socket of a packet's owner: the top byte of its BTH
+// DestQP (UDP payload byte 5) when `index_of_owner` gives it a socket (its index in the group: the order the sockets
+// were bound in), else index 0 (the service's, which routes what is left: CM MADs, owners without a socket). A packet
+// too short to have a BTH also goes to 0 (the program's load fails: it returns 0). Attached through `fd`, any socket of
+// the group. 0, or -errno of setsockopt (-EINVAL: a kernel without it).
+int AttachOwnerSteering(int fd, const std::array<uint16_t, 256>& index_of_owner);
+
 // The header in front of each datagram the service forwards to a process: the addresses the packet had on the wire
 // (the ICRC covers them, and a UD receive reports the source), and whether the service's socket was congested. The
 // same header is in front of each datagram one process hands another. Layout: version u8 (1) | flags u8 (1:
@@ -68,13 +78,18 @@ inline constexpr uint16_t kControlVersion = 1;
 inline constexpr size_t kControlSize = 24;
 enum class ControlType : uint16_t {
   kHello = 1,     // process -> service, with SCM_RIGHTS: the datagram socket to forward on; value = pid
-  kWelcome = 2,   // service -> process: status, value = owner number
+  // service -> process: status, value = owner number; with SCM_RIGHTS, when the kernel steers (AttachOwnerSteering),
+  // the process's own UDP socket on the device's address:4791, where its packets from other hosts arrive
+  kWelcome = 2,
   kListen = 3,    // process -> service: route REQs for service ID `value` to me
   kUnlisten = 4,  // process -> service: no longer
   kReply = 5,     // service -> process: status of a kListen / kUnlisten
   // process -> process, on a peer connection (wire/host_device_transport.h), from the receiving end: value = the
   // ring's data bytes; with SCM_RIGHTS: the PacketRing's memfd and the receiver's doorbell (an eventfd).
   kRingOffer = 6,
+  // process -> service, once it receives on the UDP socket the welcome brought: steer my packets there from now on
+  // (kReply: 0, or EINVAL when it was given none)
+  kSteer = 7,
 };
 struct ControlMessage {
   ControlType type = ControlType::kHello;
@@ -96,9 +111,10 @@ int SendControl(int fd, const ControlMessage& m, int passed_fd = -1, int flags =
 // -EPROTO for bytes that are not a control message or were cut short (descriptors that came along are closed);
 // another -errno of recvmsg(2).
 int TakeControl(int fd, ControlMessage* out, std::vector<int>* fds);
-// Waits up to `timeout_ms` for one control message on `fd` and decodes it (descriptors that came along are closed).
-// 0; -EAGAIN when the other end closed; -ETIMEDOUT; -EPROTO for bytes that are not a control message.
-int ReceiveControl(int fd, int timeout_ms, ControlMessage* out);
+// Waits up to `timeout_ms` for one control message on `fd` and decodes it. The descriptors that came along go to
+// *fds (close-on-exec, the caller's to close), or are closed when `fds` is null. 0; -EAGAIN when the other end
+// closed; -ETIMEDOUT; -EPROTO for bytes that are not a control message.
+int ReceiveControl(int fd, int timeout_ms, ControlMessage* out, std::vector<int>* fds = nullptr);
 
 // The abstract UNIX socket name (unix(7), without the leading NUL) of the device service for `address`: abstract
 // names are per network namespace, as the device is.

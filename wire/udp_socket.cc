@@ -96,7 +96,7 @@ int OpenKernelUdpSocket(int family, int extra_flags) {
   return static_cast<int>(syscall(SYS_socket, family, SOCK_DGRAM | SOCK_CLOEXEC | extra_flags, IPPROTO_UDP));
 }
 
-int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* local) {
+int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* local, bool reuse_port) {
   const int family = SocketFamily(bind);
   sockaddr_storage sa;
   socklen_t sa_len;
@@ -104,6 +104,8 @@ int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* lo
   const int fd = OpenKernelUdpSocket(family);
   if (fd < 0) return -errno;
   int r = SetOptions(fd, family, buffer_bytes, bind.addr.is_unspecified());
+  const int one = 1;
+  if (r == 0 && reuse_port && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0) r = -errno;
   if (r == 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sa_len) < 0) r = -errno;
   sa_len = sizeof sa;
   if (r == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &sa_len) < 0) r = -errno;

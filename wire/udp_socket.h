@@ -92,8 +92,10 @@ class UdpCounterSet {
 
 // Opens a UDP socket (blocking, close-on-exec) with the options above, bound to `bind` (port 0: an ephemeral port),
 // and stores the bound endpoint in *local. `buffer_bytes` is the SO_RCVBUF / SO_SNDBUF wanted (0: the system
-// default). Returns the descriptor, or -errno (-EADDRINUSE, -EADDRNOTAVAIL, -EAFNOSUPPORT, ...).
-int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* local);
+// default). `reuse_port`: SO_REUSEPORT, so that the socket joins the group of those bound to `bind` with it (the
+// host's device service and its processes, wire/service_protocol.h's AttachOwnerSteering). Returns the descriptor,
+// or -errno (-EADDRINUSE, -EADDRNOTAVAIL, -EAFNOSUPPORT, ...).
+int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* local, bool reuse_port = false);
 
 // Asks for UDP_SEGMENT sends and UDP_GRO receives on `fd`; *gso and *gro tell which the kernel has.
 void EnableUdpOffloads(int fd, bool* gso, bool* gro);
