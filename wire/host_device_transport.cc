@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -60,8 +61,9 @@ HostDeviceTransport::~HostDeviceTransport() {
 }
 
 HostDeviceTransport::Peer::~Peer() {
-  if (fd >= 0) close(fd);
-  if (doorbell >= 0) close(doorbell);
+  for (int f : {fd, doorbell, pidfd}) {
+    if (f >= 0) close(f);
+  }
 }
 
 int HostDeviceTransport::Init() {
@@ -409,7 +411,7 @@ void HostDeviceTransport::TakeRingOffer(Peer& peer) {
     // Stored, then the hang-up looked at: PeerGone sets `closed` before it clears the table, so one of the two
     // clears it.
     if (fds.size() == 3 && direct_table_ != nullptr && DirectTable::Attach(fds[2], &table) == 0 &&
-        table->pid() == peer.pid) {
+        table->pid() == peer.pid && WatchExit(peer)) {
       peer.table_owned = std::move(table);
       peer.table.store(peer.table_owned.get(), std::memory_order_seq_cst);
       if (peer.closed.load(std::memory_order_seq_cst)) peer.table.store(nullptr, std::memory_order_seq_cst);
@@ -519,8 +521,30 @@ int HostDeviceTransport::EnableDirectAccess() {
   return DirectTable::Create(&direct_table_, &direct_table_fd_);
 }
 
+size_t HostDeviceTransport::direct_peers() {
+  std::lock_guard lock(peers_mu_);
+  size_t n = 0;
+  for (const auto& [owner, peer] : peers_) n += peer->table.load(std::memory_order_relaxed) != nullptr;
+  return n;
+}
+
+bool HostDeviceTransport::WatchExit(Peer& peer) {
+  const int pidfd = int(syscall(SYS_pidfd_open, peer.pid, 0));
+  if (pidfd < 0) return errno == ENOSYS;  // a kernel before 5.3: the connection's hang-up only; ESRCH: gone already
+  epoll_event e{};
+  e.events = EPOLLIN;  // readable once the process has exited
+  e.data.u64 = kTagPeer | reinterpret_cast<uint64_t>(&peer);
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, pidfd, &e) < 0) {
+    close(pidfd);
+    return false;
+  }
+  peer.pidfd = pidfd;
+  return true;
+}
+
 void HostDeviceTransport::PeerGone(Peer* peer) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->fd, nullptr);
+  if (peer->pidfd >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->pidfd, nullptr);
   peer->closed.store(true, std::memory_order_seq_cst);
   peer->table.store(nullptr, std::memory_order_seq_cst);
 }

@@ -28,8 +28,8 @@
 //    polling thread.
 //  - Direct access (wire/direct_access.h, EnableDirectAccess): RDMA WRITE and READ towards another process of the
 //    host without a packet. Our DirectTable goes to each process that connects to us, with the ring offer; theirs
-//    comes to us with theirs. A peer connection that hangs up (that process is gone) takes its table out of use at
-//    once, before its pid could name another process.
+//    comes to us with theirs. A peer that exits (its pidfd) or hangs up takes its table out of use at once, before
+//    its pid could name another process.
 #pragma once
 
 #include <atomic>
@@ -126,6 +126,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   uint64_t ring_sent() const { return ring_sent_.load(std::memory_order_relaxed); }
   // Datagrams from other hosts the kernel steered to our own socket (not through the service).
   uint64_t steered_received() const { return steered_received_.load(std::memory_order_relaxed); }
+  // The processes of the host whose DirectTable we use now.
+  size_t direct_peers();
   // The bytes of one-sided operations carried out directly in another process's memory (emu counts the operations).
   uint64_t direct_bytes() const { return direct_bytes_.load(std::memory_order_relaxed); }
 
@@ -148,7 +150,10 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
     bool offer_answered = false;  // its kRingOffer came (with a ring or without)
     std::atomic<bool> closed{false};  // it hung up: connect again (its number may belong to a newcomer by then)
     pid_t pid = 0;                    // of the process at the other end (SO_PEERCRED, in our pid namespace)
-    // Its DirectTable, once its ring offer brought one that names the same process; null again once it hangs up.
+    // Its DirectTable, once its ring offer brought one that names the same process; null again once it hangs up or
+    // exits. Its exit is seen through a pidfd (pidfd_open(2)) in our epoll: the connection's hang-up alone comes late
+    // when a child it forked holds its end, and a pid may be given to another process once its owner is gone.
+    int pidfd = -1;
     std::unique_ptr<DirectTable> table_owned;
     std::atomic<DirectTable*> table{nullptr};
     ~Peer();
@@ -201,7 +206,10 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // What a copy's result (CopyToProcess, CopyFromProcess, or 0 when the table refused) means: whether it was done.
   // A refusal of cross-memory attach itself turns direct access off, said once on stderr.
   bool DirectDone(int rc, uint64_t length);
-  // A peer connection hung up (polling thread): its table is no longer used.
+  // Watches the peer's process for its exit (a pidfd in our epoll, tagged as its connection's hang-up is): whether
+  // its table may be used (false: the process is gone already, or the watch could not be set).
+  bool WatchExit(Peer& peer);
+  // A peer connection hung up or its process exited (polling thread): its table is no longer used.
   void PeerGone(Peer* peer);
 
   std::unique_ptr<Transport> sender_;

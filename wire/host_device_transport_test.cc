@@ -1,7 +1,9 @@
 #include "wire/host_device_transport.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -332,6 +334,64 @@ TEST_F(HostDeviceTransportTest, DirectAccessGoesToATableThatCameWithTheRingOffer
     a.transport->Poll([](const InDatagram&) {}, 1'000'000);
   }
   EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4));
+}
+
+TEST_F(HostDeviceTransportTest, ATableGoesOutOfUseWhenItsProcessExitsThoughAChildHoldsItsConnection) {
+  Member a;
+  Join(a, 1, 40001);
+  ASSERT_EQ(a.transport->EnableDirectAccess(), 0);
+  const uint32_t a_qpn = WithOwner24(1, 0x11), b_qpn = WithOwner24(2, 0x22), rkey = 0x4217;
+  static uint8_t target[64];
+  int go[2], ready[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t b_pid = fork();
+  ASSERT_GE(b_pid, 0);
+  if (b_pid == 0) {
+    // Process B: publishes, answers A's connection, and when told, forks a child that keeps every descriptor of B
+    // (its end of A's connection among them) and exits.
+    Member b;
+    Join(b, 2, 40002);
+    if (b.transport->EnableDirectAccess() != 0) _exit(2);
+    b.transport->PublishQp({b_qpn, a_qpn, 3, direct_rights::kWrite});
+    b.transport->PublishRegion({rkey, 3, direct_rights::kWrite, 0x9000, sizeof target, target});
+    char c = 'r';
+    if (write(ready[1], &c, 1) != 1) _exit(2);
+    pollfd p{go[0], POLLIN, 0};
+    while (poll(&p, 1, 0) == 0) b.transport->Poll([](const InDatagram&) {}, 1'000'000);
+    const pid_t holder = fork();
+    if (holder == 0) {
+      sleep(10);
+      _exit(0);
+    }
+    if (write(ready[1], &holder, sizeof holder) != sizeof holder) _exit(2);
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  const UdpEndpoint device{address_, kRoceV2UdpPort};
+  const uint8_t bytes[] = {1, 2, 3, 4};
+  const std::span<const uint8_t> pieces[] = {bytes};
+  a.transport->ConnectAhead(device, b_qpn);
+  bool written = false;
+  for (int i = 0; i < 2000 && !written; ++i) {
+    written = a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4);
+    if (!written) usleep(1000);
+  }
+  ASSERT_TRUE(written);
+  EXPECT_EQ(a.transport->direct_peers(), 1u);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  pid_t holder = 0;
+  ASSERT_EQ(read(ready[0], &holder, sizeof holder), ssize_t(sizeof holder));
+  int status = 0;
+  ASSERT_EQ(waitpid(b_pid, &status, 0), b_pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  // B is gone; its child still holds B's end of the connection, so no hang-up comes: B's exit itself must be seen.
+  for (int i = 0; i < 200 && a.transport->direct_peers() > 0; ++i) a.transport->Poll([](const InDatagram&) {}, 10'000'000);
+  EXPECT_EQ(a.transport->direct_peers(), 0u);
+  EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4));
+  kill(holder, SIGKILL);
+  for (int fd : {go[0], go[1], ready[0], ready[1]}) close(fd);
 }
 
 TEST_F(HostDeviceTransportTest, NoDirectAccessOnTheUnixOrUdpPaths) {
