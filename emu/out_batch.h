@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <span>
@@ -93,7 +94,11 @@ struct OutBatch {
     // A spec the engine builds is always complete: the only failure is a fault reading the payload.
     auto n = wire::EncodePacketGathered(spec, pieces, p.bytes, CopyGuarded);
     if (!n) return false;
-    wire::SealIcrc(t.OutgoingFlow(dst, src_port), p.bytes);
+    if (t.IcrcIsRead(dst, spec.bth.dest_qp)) {
+      wire::SealIcrc(t.OutgoingFlow(dst, src_port), p.bytes);
+    } else {
+      std::memset(p.bytes.data() + p.bytes.size() - 4, 0, 4);  // unread (another process of the host), but defined
+    }
     packets.push_back(std::move(p));
     return true;
   }

@@ -459,6 +459,8 @@ int Engine::Start(const EngineConfig& config) {
   if (host_transport_ != nullptr && config.direct && faults_ == nullptr && pcap_ == nullptr &&
       host_transport_->EnableDirectAccess() == 0) {
     dc.direct = host_transport_;
+    // Nor does anyone read the ICRC of what goes to another process of the host: it is not computed.
+    host_transport_->LeaveUnreadIcrcsUnsealed();
   }
   if (config.trace) {
     // The protocol's decisions, one line each, as they happen (stderr is unbuffered: lines from several threads

@@ -42,6 +42,7 @@
 
 #include "wire/address.h"
 #include "wire/direct_access.h"
+#include "wire/headers.h"
 #include "wire/packet_ring.h"
 #include "wire/service_protocol.h"
 #include "wire/transport.h"
@@ -102,6 +103,15 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
     return sender_->OutgoingFlow(dst, src_port);
   }
   int Send(std::span<const OutDatagram> batch) override;
+  // Unread (false) towards another process of the host once LeaveUnreadIcrcsUnsealed was called: what a data
+  // packet's DestQP routes to a process goes process to process and is vouched for; CM MADs and multicast leave by UDP.
+  bool IcrcIsRead(const UdpEndpoint& dst, uint32_t dest_qpn) const override {
+    if (!icrc_unread_to_peers_ || dst != local_) return true;
+    return OwnerOf24(dest_qpn) == 0 || dest_qpn == kMulticastQpn;
+  }
+  // Packets for another process of the host go without an ICRC (IcrcIsRead): for when nothing captures or alters
+  // them (the engine asks it with direct access). The shared-memory path only.
+  void LeaveUnreadIcrcsUnsealed() { icrc_unread_to_peers_ = same_host_ == SameHostPath::kSharedMemory; }
   int Poll(const DatagramHandler& handler, int64_t timeout_ns) override;
   void Wake() override;
 
@@ -241,6 +251,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   uint64_t steered_until_ns_ = 0;
   static constexpr uint64_t kSteeredActiveNs = 1'000'000;
   std::atomic<uint64_t> steered_received_{0};
+  bool icrc_unread_to_peers_ = false;  // LeaveUnreadIcrcsUnsealed (set before packets flow)
   std::unique_ptr<DirectTable> direct_table_;  // ours (EnableDirectAccess)
   int direct_table_fd_ = -1;
   pid_t self_pid_ = 0;

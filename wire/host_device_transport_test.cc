@@ -394,6 +394,24 @@ TEST_F(HostDeviceTransportTest, ATableGoesOutOfUseWhenItsProcessExitsThoughAChil
   for (int fd : {go[0], go[1], ready[0], ready[1]}) close(fd);
 }
 
+TEST_F(HostDeviceTransportTest, OnlyWhatGoesToAnotherProcessOfTheHostMayLeaveItsIcrcUnsealed) {
+  Member a, u;
+  Join(a, 1, 40001);
+  Join(u, 3, 40003, SameHostPath::kUnixSocket);
+  const UdpEndpoint device{address_, kRoceV2UdpPort};
+  const uint32_t data_qpn = WithOwner24(2, 0x11);
+  EXPECT_TRUE(a.transport->IcrcIsRead(device, data_qpn));  // not asked for: sealed
+  a.transport->LeaveUnreadIcrcsUnsealed();
+  u.transport->LeaveUnreadIcrcsUnsealed();
+  EXPECT_FALSE(a.transport->IcrcIsRead(device, data_qpn));
+  EXPECT_FALSE(a.transport->IcrcIsRead(device, WithOwner24(1, 0x12)));  // our own: through our ring too
+  EXPECT_TRUE(a.transport->IcrcIsRead(device, kGsiQpn));                 // CM MADs: by UDP to the service
+  EXPECT_TRUE(a.transport->IcrcIsRead(device, kMulticastQpn));
+  EXPECT_TRUE(a.transport->IcrcIsRead(device, 0x11));                    // no owner: not a process of the host
+  EXPECT_TRUE(a.transport->IcrcIsRead({address_, 9}, data_qpn));         // another port: another device
+  EXPECT_TRUE(u.transport->IcrcIsRead(device, data_qpn));                // only on the shared-memory path
+}
+
 TEST_F(HostDeviceTransportTest, NoDirectAccessOnTheUnixOrUdpPaths) {
   Member a, b;
   Join(a, 1, 40001, SameHostPath::kUnixSocket);

@@ -91,6 +91,16 @@ class Transport {
   // time, as always) takes it. The engine disarms while application threads drive progress themselves
   // (docs/ARCHITECTURE.md, "Progress"). Called between Polls; transports that arm nothing ignore it.
   virtual void SetReceiveArmed(bool armed) { (void)armed; }
+
+  // Whether anyone will read the ICRC of a datagram to `dst` for QP `dest_qpn`. false when it goes through a
+  // shared-memory ring to another process of the host, which takes it on this process's word
+  // (InDatagram::icrc_vouched), and nothing captures or alters it: the sender may leave it unsealed, as Linux leaves
+  // the checksums of what it loops back uncomputed. Thread-safe.
+  virtual bool IcrcIsRead(const UdpEndpoint& dst, uint32_t dest_qpn) const {
+    (void)dst;
+    (void)dest_qpn;
+    return true;
+  }
 };
 
 }  // namespace uroce::wire
