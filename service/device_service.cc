@@ -150,15 +150,7 @@ void DeviceService::ReadControl(std::shared_ptr<Process> p) {
 
 void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std::vector<int>& fds) {
   using wire::ControlType;
-  // What came along and is not kept (set to -1 when kept) is closed on the way out.
-  struct CloseRest {
-    std::vector<int>& fds;
-    ~CloseRest() {
-      for (int fd : fds) {
-        if (fd >= 0) close(fd);
-      }
-    }
-  } close_rest{fds};
+  const wire::UntakenDescriptors close_untaken(fds);  // what came along and is not kept is closed on the way out
   const int passed_fd = fds.empty() ? -1 : fds.front();
   auto refuse = [&](int err, ControlType reply) {
     ++counters_.bad_control;

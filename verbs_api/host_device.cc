@@ -131,14 +131,7 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, std::string* e
   std::vector<int> passed;  // with the welcome: our own UDP socket, when the kernel steers
   // The service closed (it was leaving) is -EAGAIN: try again.
   int rc = sent < 0 ? -EAGAIN : wire::ReceiveControl(fd, 5000, &welcome, &passed);
-  struct ClosePassed {
-    std::vector<int>& fds;
-    ~ClosePassed() {
-      for (int f : fds) {
-        if (f >= 0) close(f);
-      }
-    }
-  } close_passed{passed};
+  const wire::UntakenDescriptors close_untaken(passed);
   if (rc == 0 && welcome.type != wire::ControlType::kWelcome) rc = -EPROTO;
   if (rc == 0 && welcome.status != 0) {
     const int err = welcome.status;

@@ -196,6 +196,12 @@ int TakeControl(int fd, ControlMessage* out, std::vector<int>* fds) {
   return 0;
 }
 
+UntakenDescriptors::~UntakenDescriptors() {
+  for (int fd : fds_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
 int ReceiveControl(int fd, int timeout_ms, ControlMessage* out, std::vector<int>* fds) {
   pollfd p{fd, POLLIN, 0};
   int r;

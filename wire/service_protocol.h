@@ -111,6 +111,19 @@ int SendControl(int fd, const ControlMessage& m, int passed_fd = -1, int flags =
 // -EPROTO for bytes that are not a control message or were cut short (descriptors that came along are closed);
 // another -errno of recvmsg(2).
 int TakeControl(int fd, ControlMessage* out, std::vector<int>* fds);
+// Closes, when it goes, each descriptor of `fds` still there: those that came with a control message and were not
+// taken (a taker sets its entry to -1).
+class UntakenDescriptors {
+ public:
+  explicit UntakenDescriptors(std::vector<int>& fds) : fds_(fds) {}
+  ~UntakenDescriptors();
+  UntakenDescriptors(const UntakenDescriptors&) = delete;
+  UntakenDescriptors& operator=(const UntakenDescriptors&) = delete;
+
+ private:
+  std::vector<int>& fds_;
+};
+
 // Waits up to `timeout_ms` for one control message on `fd` and decodes it. The descriptors that came along go to
 // *fds (close-on-exec, the caller's to close), or are closed when `fds` is null. 0; -EAGAIN when the other end
 // closed; -ETIMEDOUT; -EPROTO for bytes that are not a control message.
