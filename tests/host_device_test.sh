@@ -17,6 +17,8 @@
 #                                 responder's error completion), an rdma_verify pair of one operation at a time (WRITEs
 #                                 and READs direct, atomics as packets between them, every byte checked), and the same
 #                                 with --no-direct (none direct)
+#   ucx_direct                    UCX's ucx_perftest put and get (rc_verbs) between two processes on one address:
+#                                 a framework's WRITEs and READs carried out by direct access
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
 #                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across; what comes
 #                                 from the other host reaches each process on its own socket (the kernel steers it)
@@ -201,6 +203,31 @@ case_direct_access() {
     fi
   done
   junit_check direct_access "$problems"
+}
+
+# case_ucx_direct: UCX's ucx_perftest put and get (64 KiB, rc_verbs) between two processes sharing one address: a
+# framework's RDMA WRITEs and READs (its fences, unsignaled WRs, completions) carried out by direct access.
+case_ucx_direct() {
+  local addr log="$WORK/ucx" problems="" test port server rc counter
+  addr=$(random_loopback)
+  for test in ucp_put_bw ucp_get; do
+    port=$(free_tcp_port)
+    UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=uroce0:1 timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+      ucx_perftest -p "$port" >"$log.$test.server" 2>&1 &
+    server=$!
+    wait_listening "$port" "$server"
+    rc=0
+    UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=uroce0:1 timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" \
+      --stats -- ucx_perftest -p "$port" "$addr" -t "$test" -s 65536 -n 1000 >"$log.$test.client" 2>&1 || rc=$?
+    wait "$server" || problems+="$test: server exit status $?: $(tail -n 5 "$log.$test.server")"$'\n'
+    [ "$rc" -eq 0 ] && grep -q '^Final:' "$log.$test.client" ||
+      problems+="$test: client exit status $rc: $(grep -v '^[a-z_]* [0-9]*$' "$log.$test.client" | tail -n 5)"$'\n'
+    counter=rc_direct_writes
+    [ "$test" = ucp_put_bw ] || counter=rc_direct_reads
+    awk -v c="$counter" '$1 == c && $2 >= 1000 {ok = 1} END {exit !ok}' "$log.$test.client" ||
+      problems+="$test: $(grep -h "^$counter " "$log.$test.client") (want one per message at least)"$'\n'
+  done
+  junit_check "ucx_perftest put and get over direct access" "$problems"
 }
 
 case_two_hosts_eight_processes_each() {
@@ -479,6 +506,7 @@ main() {
   case_same_host_paths
   case_faults_through_the_rings
   case_direct_access
+  case_ucx_direct
   case_two_hosts_eight_processes_each
   case_sixty_four_processes
   case_mpi_two_hosts ucx
