@@ -717,7 +717,8 @@ uint64_t Device::SendHeldUnreliableLocked(uint64_t now, OutBatch& out) {
 // The RC requesters with a timer armed, each under its own lock. Those that still have one afterwards are listed
 // again; a timer armed meanwhile (another QP's progress, another thread) lists its QP in core_.timed_qps() already.
 uint64_t Device::RunRequesterTimersLocked(uint64_t now, OutBatch& out) {
-  std::vector<uint32_t> timed;
+  thread_local std::vector<uint32_t> timed;  // as SendHeldAcksLocked's list: storage exchanged, not allocated
+  timed.clear();
   {
     MutexLock lock(core_.timers_mu());
     timed.swap(core_.timed_qps());
@@ -737,7 +738,7 @@ uint64_t Device::RunRequesterTimersLocked(uint64_t now, OutBatch& out) {
   }
   {
     MutexLock lock(core_.timers_mu());
-    timed = core_.timed_qps();
+    timed.assign(core_.timed_qps().begin(), core_.timed_qps().end());
   }
   uint64_t next = 0;
   for (uint32_t qpn : timed) {

@@ -61,10 +61,14 @@ struct OutBatch {
   // When the RC responders of the datagram being processed send their ACKs (Device::OnDatagram says).
   AckTiming ack_timing = AckTiming::kNow;
 
-  OutBatch() = default;
+  // The list of packets too is this thread's spare one when it has it (two allocations per message otherwise: the
+  // post's batch and the receive's).
+  OutBatch() {
+    if (std::vector<Packet>* spare = SparePackets()) packets.swap(*spare);
+  }
   OutBatch(const OutBatch&) = delete;
   OutBatch& operator=(const OutBatch&) = delete;
-  // The packets' buffers go back to this thread's spares.
+  // The packets' buffers go back to this thread's spares, and the emptied list too.
   ~OutBatch() {
     std::vector<Bytes>* spare = Spare();
     if (spare == nullptr) return;
@@ -72,6 +76,9 @@ struct OutBatch {
       if (spare->size() >= kSpareBuffers) break;
       spare->push_back(std::move(p.bytes));
     }
+    packets.clear();
+    std::vector<Packet>* list = SparePackets();
+    if (list != nullptr && list->capacity() < packets.capacity()) list->swap(packets);
   }
 
   // Encodes, seals the ICRC for the flow the transport will really use, and queues. False, and nothing queued, when
@@ -118,6 +125,16 @@ struct OutBatch {
     };
     static thread_local Spares spares;
     return gone ? nullptr : &spares.buffers;
+  }
+  // This thread's spare list of packets (nullptr once its thread_local objects are destroyed, as Spare).
+  static std::vector<Packet>* SparePackets() {
+    static thread_local bool gone = false;
+    struct List {
+      std::vector<Packet> packets;
+      ~List() { gone = true; }
+    };
+    static thread_local List list;
+    return gone ? nullptr : &list.packets;
   }
   static Bytes TakeBuffer() {
     std::vector<Bytes>* spare = Spare();

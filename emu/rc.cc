@@ -59,7 +59,10 @@ void Device::WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out) {
 }
 
 void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
-  std::vector<DeviceCore::HeldAck> held;
+  // This thread's list, whose storage goes to the core in exchange for the core's (NoteAckHeld fills it again):
+  // a vector made here per pass was an allocation per ping-pong message.
+  thread_local std::vector<DeviceCore::HeldAck> held;
+  held.clear();
   {
     MutexLock lock(core_.acks_mu());
     held.swap(core_.acks_held());  // what leaves is done with; the rest goes back (NoteAckHeld)
@@ -76,6 +79,7 @@ void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
     }
     core_.NoteAckHeld(h.qpn, responder.held_due_ns());
   }
+  held.clear();
   MutexLock lock(core_.acks_mu());
   uint64_t next = 0;
   for (const DeviceCore::HeldAck& h : core_.acks_held()) next = wire::EarlierDeadline(next, h.due_ns);

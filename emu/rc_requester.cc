@@ -482,7 +482,7 @@ struct RcRequester::SendPass {
   bool idle_before;
   bool sent = false;
   uint64_t now_ns = 0;  // read once, when first needed (TimeRoundTrip, ArmRetransmit)
-  std::vector<std::span<const uint8_t>> payload;  // the next packet's bytes, in registered memory
+  std::vector<std::span<const uint8_t>>& payload;  // the next packet's bytes, in registered memory (pass_payload_)
 };
 
 void RcRequester::Progress(OutBatch& out) {
@@ -495,7 +495,7 @@ void RcRequester::Progress(OutBatch& out) {
                   MutexLock lock(core_.paths_mu());
                   return core_.PathOfLocked(qp_);
                 }(),
-                MtuBytes(a.path_mtu), qp_.peer(), qp_.source_port(), Idle()};
+                MtuBytes(a.path_mtu), qp_.peer(), qp_.source_port(), Idle(), false, 0, pass_payload_};
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
     const PassStep step = w.is_local() && !w.started() ? RunLocalOp(w) : SendFromCursor(w, pass, out);

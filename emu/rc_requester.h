@@ -200,6 +200,8 @@ class RcRequester : private TransportObject {
   void SendReadRequest(SendWqe& w, uint32_t from_pkt, OutBatch& out);
 
   RcRequesterState state_;
+  // SendPass::payload's storage, kept from pass to pass (under the QP's lock): a ping-pong's every post allocated it.
+  std::vector<std::span<const uint8_t>> pass_payload_;
 };
 
 }  // namespace uroce::emu
