@@ -15,6 +15,7 @@
 #include "wire/opcode.h"
 #include "wire/packet.h"
 #include "wire/service_protocol.h"
+#include "wire/scratch_list.h"
 
 namespace uroce::emu {
 namespace {
@@ -717,13 +718,12 @@ uint64_t Device::SendHeldUnreliableLocked(uint64_t now, OutBatch& out) {
 // The RC requesters with a timer armed, each under its own lock. Those that still have one afterwards are listed
 // again; a timer armed meanwhile (another QP's progress, another thread) lists its QP in core_.timed_qps() already.
 uint64_t Device::RunRequesterTimersLocked(uint64_t now, OutBatch& out) {
-  thread_local std::vector<uint32_t> timed;  // as SendHeldAcksLocked's list: storage exchanged, not allocated
-  timed.clear();
+  wire::ScratchList<uint32_t> timed;  // as SendHeldAcksLocked's list: storage exchanged, not allocated
   {
     MutexLock lock(core_.timers_mu());
-    timed.swap(core_.timed_qps());
+    timed->swap(core_.timed_qps());
   }
-  for (uint32_t qpn : timed) {
+  for (uint32_t qpn : *timed) {
     QueuePair* qp = FindQpLocked(qpn);
     if (qp == nullptr) continue;
     std::lock_guard lock(qp->mutex());
@@ -738,10 +738,10 @@ uint64_t Device::RunRequesterTimersLocked(uint64_t now, OutBatch& out) {
   }
   {
     MutexLock lock(core_.timers_mu());
-    timed.assign(core_.timed_qps().begin(), core_.timed_qps().end());
+    timed->assign(core_.timed_qps().begin(), core_.timed_qps().end());
   }
   uint64_t next = 0;
-  for (uint32_t qpn : timed) {
+  for (uint32_t qpn : *timed) {
     if (QueuePair* qp = FindQpLocked(qpn)) {
       std::lock_guard lock(qp->mutex());
       next = wire::EarlierDeadline(next, qp->requester().NextDeadline());

@@ -14,6 +14,7 @@
 #include "emu/out_batch.h"
 #include "wire/frame.h"
 #include "wire/opcode.h"
+#include "wire/scratch_list.h"
 
 namespace uroce::emu {
 
@@ -61,13 +62,12 @@ void Device::WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out) {
 void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
   // This thread's list, whose storage goes to the core in exchange for the core's (NoteAckHeld fills it again):
   // a vector made here per pass was an allocation per ping-pong message.
-  thread_local std::vector<DeviceCore::HeldAck> held;
-  held.clear();
+  wire::ScratchList<DeviceCore::HeldAck> held;
   {
     MutexLock lock(core_.acks_mu());
-    held.swap(core_.acks_held());  // what leaves is done with; the rest goes back (NoteAckHeld)
+    held->swap(core_.acks_held());  // what leaves is done with; the rest goes back (NoteAckHeld)
   }
-  for (const DeviceCore::HeldAck& h : held) {
+  for (const DeviceCore::HeldAck& h : *held) {
     QueuePair* qp = FindQpLocked(h.qpn);
     if (qp == nullptr) continue;  // destroyed since
     std::lock_guard lock(qp->mutex());
@@ -79,7 +79,6 @@ void Device::SendHeldAcksLocked(uint64_t due_by_ns, OutBatch& out) {
     }
     core_.NoteAckHeld(h.qpn, responder.held_due_ns());
   }
-  held.clear();
   MutexLock lock(core_.acks_mu());
   uint64_t next = 0;
   for (const DeviceCore::HeldAck& h : core_.acks_held()) next = wire::EarlierDeadline(next, h.due_ns);

@@ -15,6 +15,7 @@
 #include "wire/frame.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
+#include "wire/scratch_list.h"
 
 namespace uroce::emu {
 namespace {
@@ -83,13 +84,13 @@ bool RcRequester::TryDirect(const SendWr& wr) {
     ReaderLock keys(core_.keys_mu());
     const uint32_t dest = qp_.attributes().dest_qp_num;
     if (write) {
-      thread_local std::vector<std::span<const uint8_t>> pieces;
-      done = core_.GatherRange(qp_, wr, 0, length, pieces) &&
-             core_.config.direct->Write(qp_.peer(), dest, qp_.qpn(), wr.rkey, wr.remote_addr, pieces, length);
+      wire::ScratchList<std::span<const uint8_t>> pieces;
+      done = core_.GatherRange(qp_, wr, 0, length, *pieces) &&
+             core_.config.direct->Write(qp_.peer(), dest, qp_.qpn(), wr.rkey, wr.remote_addr, *pieces, length);
     } else {
-      thread_local std::vector<std::span<uint8_t>> pieces;
-      done = core_.ScatterRange(qp_, wr.sg_list, length, pieces) &&
-             core_.config.direct->Read(qp_.peer(), dest, qp_.qpn(), wr.rkey, wr.remote_addr, pieces, length);
+      wire::ScratchList<std::span<uint8_t>> pieces;
+      done = core_.ScatterRange(qp_, wr.sg_list, length, *pieces) &&
+             core_.config.direct->Read(qp_.peer(), dest, qp_.qpn(), wr.rkey, wr.remote_addr, *pieces, length);
     }
   }
   if (!done) return false;

@@ -1,5 +1,7 @@
 #include "wire/capture_transport.h"
 
+#include "wire/scratch_list.h"
+
 #include <time.h>
 
 #include <cerrno>
@@ -32,8 +34,10 @@ int64_t CaptureTransport::WallClockOffsetNs(const Clock& clock) {
 }
 
 void CaptureTransport::Record(const Flow& flow, std::span<const uint8_t> udp_payload) {
-  // One buffer per thread: Send may run on several threads at once, and a frame is at most 64 KiB + headers.
-  thread_local std::vector<uint8_t> frame;
+  // One buffer per thread: Send may run on several threads at once (and from the engine's exit handler), and a
+  // frame is at most 64 KiB + headers.
+  ScratchList<uint8_t> scratch;
+  std::vector<uint8_t>& frame = *scratch;
   const bool v6 = !(flow.src.addr.is_v4() && flow.dst.addr.is_v4());
   frame.resize(IpUdpFrameLength(v6, udp_payload.size()));
   const size_t length = BuildIpUdpFrame(flow, udp_payload, frame);
