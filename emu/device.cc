@@ -110,7 +110,7 @@ int Device::ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64
   if (cur == nullptr) return EINVAL;
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), iova, length, access, 0, 0};
   // Other processes stop reaching the old region before it changes (ibv_rereg_mr(3): as a deregistration).
-  if (core_.config.direct != nullptr) core_.config.direct->WithdrawRegion(cur->rkey);
+  core_.WithdrawDirect(*cur);
   if (!core_.mutable_keys().Update(lkey, mr)) return EINVAL;
   *out = *core_.keys().Find(lkey);
   core_.PublishDirect(*out);
@@ -121,8 +121,7 @@ int Device::DeregisterMr(uint32_t lkey) {
   std::unique_lock lock(objects_mu_);
   WriterLock keys(core_.keys_mu());
   // IBTA 10.6.3.2: once deregistered, the region is no longer accessed, by another process's copy either.
-  const MemoryRegion* mr = core_.keys().Find(lkey);
-  if (mr != nullptr && core_.config.direct != nullptr) core_.config.direct->WithdrawRegion(mr->rkey);
+  if (const MemoryRegion* mr = core_.keys().Find(lkey)) core_.WithdrawDirect(*mr);
   return core_.mutable_keys().Deregister(lkey) ? 0 : EINVAL;
 }
 

@@ -436,14 +436,23 @@ void DeviceCore::FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus st
   a.qp_state = a.cur_qp_state = QpState::kSqe;
 }
 
+namespace {
+
+// The remote rights of emu access flags, as a direct-access table holds them (atomics are never direct).
+uint32_t DirectRights(uint32_t access_flags) {
+  return ((access_flags & access::kRemoteWrite) ? wire::direct_rights::kWrite : 0) |
+         ((access_flags & access::kRemoteRead) ? wire::direct_rights::kRead : 0);
+}
+
+}  // namespace
+
 void DeviceCore::PublishDirect(const QueuePair& qp, bool gone) {
   if (config.direct == nullptr || qp.type() != QpType::kRc) return;
   const QpAttributes& a = qp.attributes();
   const QpState s = a.qp_state;
   // A responder executes requests in RTR, RTS and SQD (IBTA 10.3.1); an RDMA READ needs responder resources.
-  uint32_t rights = 0;
-  if (a.qp_access_flags & access::kRemoteWrite) rights |= wire::direct_rights::kWrite;
-  if ((a.qp_access_flags & access::kRemoteRead) && a.max_dest_rd_atomic > 0) rights |= wire::direct_rights::kRead;
+  uint32_t rights = DirectRights(a.qp_access_flags);
+  if (a.max_dest_rd_atomic == 0) rights &= ~wire::direct_rights::kRead;
   if (gone || rights == 0 || (s != QpState::kRtr && s != QpState::kRts && s != QpState::kSqd)) {
     config.direct->WithdrawQp(qp.qpn());
     return;
@@ -453,11 +462,13 @@ void DeviceCore::PublishDirect(const QueuePair& qp, bool gone) {
 
 void DeviceCore::PublishDirect(const MemoryRegion& mr) {
   if (config.direct == nullptr) return;
-  uint32_t rights = 0;
-  if (mr.access & access::kRemoteWrite) rights |= wire::direct_rights::kWrite;
-  if (mr.access & access::kRemoteRead) rights |= wire::direct_rights::kRead;
+  const uint32_t rights = DirectRights(mr.access);
   if (rights == 0 || mr.implicit) return;
   config.direct->PublishRegion({mr.rkey, mr.pd->handle(), rights, mr.iova, mr.length, mr.host});
+}
+
+void DeviceCore::WithdrawDirect(const MemoryRegion& mr) {
+  if (config.direct != nullptr) config.direct->WithdrawRegion(mr.rkey);
 }
 
 }  // namespace uroce::emu

@@ -321,8 +321,10 @@ class DeviceCore {
   // withdraws it when it may no longer respond (RESET, INIT, ERR, destroyed: `gone`); returns once no other process
   // copies through it any more. With the QP's lock held, after every change of its state or attributes.
   void PublishDirect(const QueuePair& qp, bool gone = false);
-  // Likewise for a memory region: published when it grants remote access (an implicit ODP region never is).
+  // Likewise for a memory region: published when it grants remote access (an implicit ODP region never is); and
+  // withdrawn before it changes or goes (returns once no other process copies through it).
   void PublishDirect(const MemoryRegion& mr);
+  void WithdrawDirect(const MemoryRegion& mr);
   // UD/UC: the WR completes with `status` and the send queue enters SQE (IBTA 10.3.1.5); receives go on.
   void FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus status);
 

@@ -53,14 +53,10 @@ class TableAccess final : public wire::DirectAccess {
     peer->own_->Leave(1);
     return host != 0 && !refuse_copies;
   }
-  void PublishQp(const QpEntry& qp) override {
-    ++qp_publications;
-    own_->PublishQp(qp);
-  }
+  void PublishQp(const QpEntry& qp) override { own_->PublishQp(qp); }
   void WithdrawQp(uint32_t qpn) override { own_->WithdrawQp(qpn); }
   void PublishRegion(const Region& r) override { own_->PublishRegion(r); }
   void WithdrawRegion(uint32_t rkey) override { own_->WithdrawRegion(rkey); }
-  int qp_publications = 0;
 
  private:
   std::unique_ptr<wire::DirectTable> own_;

@@ -244,9 +244,7 @@ int DeviceService::SteeredSocket(uint8_t owner) {
     const int made = wire::OpenRoceUdpSocket({address_, udp_port_}, kUdpBufferBytes, &local, /*reuse_port=*/true);
     if (made < 0) return made;
     fd = made;
-    socket_index_[owner] = group_size_++;
-    bool gso = false, gro = false;
-    wire::EnableUdpOffloads(fd, &gso, &gro);
+    socket_index_[owner] = group_size_++;  // UDP_GRO: the process asks for it before it asks to be steered
   } else {
     // What was steered to the number's former holder before its death was seen: not for the newcomer.
     uint8_t byte;

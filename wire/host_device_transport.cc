@@ -33,8 +33,8 @@ constexpr uint64_t kTagForward = uint64_t(-1), kTagWake = uint64_t(-2), kTagCont
                    kTagListen = uint64_t(-4), kTagSteered = uint64_t(-5);
 // The steered socket's receives: up to this many recvmmsg entries, each a datagram or a UDP_GRO run.
 constexpr unsigned kSteeredBatch = 16;
-constexpr size_t kMaxDatagram = 9216;
-// Our connection to another process, watched for its hang-up only (direct access): this bit | the Peer's address.
+// Another process we use the direct-access table of, watched for its exit (its pidfd) and its connection's hang-up:
+// this bit | the Peer's address.
 constexpr uint64_t kTagPeer = uint64_t{1} << 62;
 
 }  // namespace
@@ -303,13 +303,13 @@ int HostDeviceTransport::ReceiveSteered(const DatagramHandler& handler) {
 
 int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
   int got = DrainRings(handler);
-  if (steered_fd_ >= 0 && timeout_ns == 0 && BatchedClock::Instance().NowNs() < steered_until_ns_) {
-    got += ReceiveSteered(handler);
-  }
-  if (rings_ && timeout_ns == 0) {
+  if (timeout_ns == 0) {
     const uint64_t now = BatchedClock::Instance().NowNs();  // an application's look has read it already
-    if (now - sockets_seen_ns_ < socket_look_every_ns_) return got;
-    sockets_seen_ns_ = now;
+    if (steered_fd_ >= 0 && now < steered_until_ns_) got += ReceiveSteered(handler);
+    if (rings_) {
+      if (now - sockets_seen_ns_ < socket_look_every_ns_) return got;
+      sockets_seen_ns_ = now;
+    }
   }
   const int r = ReceiveReady(handler, 0);
   if (r < 0) return got > 0 ? got : r;
@@ -354,7 +354,8 @@ HostDeviceTransport::Peer* HostDeviceTransport::PeerFor(uint8_t owner, bool reco
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un sun;
   const socklen_t len = AbstractUnixAddress(HostDevicePeerName(local_.addr, owner), &sun);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sun), len) < 0 || !PeerIsUsOrRoot(fd)) {
+  pid_t pid = 0;
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sun), len) < 0 || !PeerIsUsOrRoot(fd, &pid)) {
     // No such process (now), or a stranger holds its name: try again with the next packet.
     if (fd >= 0) close(fd);
     return nullptr;
@@ -364,9 +365,7 @@ HostDeviceTransport::Peer* HostDeviceTransport::PeerFor(uint8_t owner, bool reco
   }
   auto peer = std::make_unique<Peer>();
   peer->fd = fd;
-  ucred cred{};
-  socklen_t cred_len = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) peer->pid = cred.pid;
+  peer->pid = pid;
   Peer* p = peer.get();
   if (direct_table_ != nullptr) {
     // Its hang-up takes its table out of use (PeerGone): a dead process's pid may be given to another.

@@ -142,7 +142,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   uint64_t direct_bytes() const { return direct_bytes_.load(std::memory_order_relaxed); }
 
   static constexpr unsigned kBatch = 64;
-  static constexpr size_t kMaxForwarded = 9216 + 64;
+  static constexpr size_t kMaxDatagram = 9216;                 // a RoCEv2 packet of a 9000-byte MTU, with room
+  static constexpr size_t kMaxForwarded = kMaxDatagram + 64;  // and a ForwardHeader in front
   // While rings exist, a polling thread that may not wait looks at its sockets at most this often: an epoll_wait
   // costs more than a ring's whole hand-off, and with the service forwarding into a ring too, the sockets carry only
   // new peer connections, hang-ups, wake-ups for a sleeper and the fallback paths.

@@ -16,10 +16,12 @@ socklen_t AbstractUnixAddress(std::string_view name, sockaddr_un* sun) {
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
 }
 
-bool PeerIsUsOrRoot(int fd) {
+bool PeerIsUsOrRoot(int fd, pid_t* pid) {
   ucred cred{};
   socklen_t len = sizeof cred;
-  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && (cred.uid == geteuid() || cred.uid == 0);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  if (pid != nullptr) *pid = cred.pid;
+  return cred.uid == geteuid() || cred.uid == 0;
 }
 
 }  // namespace uroce::wire

@@ -15,6 +15,7 @@ socklen_t AbstractUnixAddress(std::string_view name, sockaddr_un* sun);
 
 // Whether the process at the other end of the connected UNIX socket `fd` runs as our effective user or root
 // (SO_PEERCRED): abstract names carry no permissions, so anyone of the network namespace may hold or dial one.
-bool PeerIsUsOrRoot(int fd);
+// `pid`, if given: that process's pid, as our pid namespace sees it.
+bool PeerIsUsOrRoot(int fd, pid_t* pid = nullptr);
 
 }  // namespace uroce::wire
