@@ -1,15 +1,15 @@
 #include "wire/direct_access.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <thread>
+
+#include "wire/sealed_memfd.h"
 
 namespace uroce::wire {
 
@@ -60,44 +60,30 @@ uint32_t Home(uint32_t number, uint32_t slots) { return (number * 0x9E3779B1u) %
 
 }  // namespace
 
-DirectTable::DirectTable(void* base, size_t bytes, bool owner) : base_(base), bytes_(bytes), owner_(owner) {}
+DirectTable::DirectTable(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
 
 DirectTable::~DirectTable() { munmap(base_, bytes_); }
 
 int DirectTable::Create(std::unique_ptr<DirectTable>* table, int* fd) {
-  const int f = memfd_create("uroce-direct-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (f < 0) return -errno;
-  void* base = MAP_FAILED;
-  if (ftruncate(f, off_t(Layout::kBytes)) < 0 ||
-      fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
-      (base = mmap(nullptr, Layout::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0)) == MAP_FAILED) {
-    const int err = errno;
-    close(f);
-    return -err;
-  }
+  void* base = nullptr;
+  if (int rc = CreateSealedMemfd("uroce-direct-table", Layout::kBytes, &base, fd); rc < 0) return rc;
   // A new file is zeroed: every slot empty, every counter 0.
   *Layout::header(base) = {kMagic, int32_t(getpid()), kQpSlots, kRegionSlots};
-  table->reset(new DirectTable(base, Layout::kBytes, true));
-  *fd = f;
+  table->reset(new DirectTable(base, Layout::kBytes));
   return 0;
 }
 
 int DirectTable::Attach(int fd, std::unique_ptr<DirectTable>* table) {
-  // Sealed against shrinking, or whoever holds another descriptor could cut it under our mapping (SIGBUS).
-  const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0) return errno == EINVAL ? -EINVAL : -errno;
-  if ((seals & F_SEAL_SHRINK) == 0) return -EINVAL;
-  struct stat st;
-  if (fstat(fd, &st) < 0) return -errno;
-  if (st.st_size != off_t(Layout::kBytes)) return -EINVAL;
-  void* base = mmap(nullptr, Layout::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) return -errno;
-  const Layout::Header h = *Layout::header(base);
-  if (h.magic != kMagic || h.qp_slots != kQpSlots || h.region_slots != kRegionSlots || h.pid <= 0) {
-    munmap(base, Layout::kBytes);
+  void* base = nullptr;
+  size_t bytes = 0;
+  if (int rc = MapSealedMemfd(fd, &base, &bytes); rc < 0) return rc;
+  const Layout::Header* h = bytes == Layout::kBytes ? Layout::header(base) : nullptr;
+  if (h == nullptr || h->magic != kMagic || h->qp_slots != kQpSlots || h->region_slots != kRegionSlots ||
+      h->pid <= 0) {
+    munmap(base, bytes);
     return -EINVAL;
   }
-  table->reset(new DirectTable(base, Layout::kBytes, false));
+  table->reset(new DirectTable(base, Layout::kBytes));
   return 0;
 }
 

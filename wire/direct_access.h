@@ -132,7 +132,7 @@ class DirectTable {
 
  private:
   struct Layout;
-  DirectTable(void* base, size_t bytes, bool owner);
+  DirectTable(void* base, size_t bytes);
   // Waits until every owner number has left the copies it had entered (as the file comment says).
   void WaitForCopies();
   // Clears the key of `number`'s slot (if published), forgets it, and waits for the copies.
@@ -141,7 +141,6 @@ class DirectTable {
 
   void* base_;
   size_t bytes_;
-  bool owner_;
   // The owner's own index of where each number and key sits (the shared slots are only ever read by others).
   std::mutex mu_;
   std::unordered_map<uint32_t, uint32_t> qp_slot_;      // qpn -> slot

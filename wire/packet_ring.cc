@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "wire/sealed_memfd.h"
+
 namespace uroce::wire {
 
 PacketRing::PacketRing(uint8_t* base, size_t map_bytes, size_t data_bytes)
@@ -19,15 +21,9 @@ PacketRing::~PacketRing() { munmap(base_, map_bytes_); }
 int PacketRing::Create(size_t data_bytes, std::unique_ptr<PacketRing>* ring, int* fd) {
   if (data_bytes < (size_t{64} << 10) || (data_bytes & (data_bytes - 1)) != 0) return -EINVAL;
   const size_t map_bytes = kDataOffset + data_bytes;
-  const int f = memfd_create("uroce-packet-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (f < 0) return -errno;
-  void* base = MAP_FAILED;
-  if (ftruncate(f, off_t(map_bytes)) < 0 || fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
-      (base = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0)) == MAP_FAILED) {
-    const int err = errno;
-    close(f);
-    return -err;
-  }
+  void* base = nullptr;
+  int f = -1;
+  if (int rc = CreateSealedMemfd("uroce-packet-ring", map_bytes, &base, &f); rc < 0) return rc;
   auto* bytes = static_cast<uint8_t*>(base);
   const uint64_t header[2] = {kMagic, data_bytes};
   std::memcpy(bytes, header, sizeof header);  // head, tail and sleeping start at 0 (a new file is zeroed)
@@ -37,17 +33,13 @@ int PacketRing::Create(size_t data_bytes, std::unique_ptr<PacketRing>* ring, int
 }
 
 int PacketRing::Attach(int fd, std::unique_ptr<PacketRing>* ring) {
-  // Only a file sealed against shrinking: whoever holds another descriptor of it could otherwise cut it under our
-  // mapping, and the next access would kill this process with SIGBUS (memfd_create(2), "file sealing").
-  const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0) return errno == EINVAL ? -EINVAL : -errno;  // EINVAL: not a memfd
-  if ((seals & F_SEAL_SHRINK) == 0) return -EINVAL;
-  struct stat st;
-  if (fstat(fd, &st) < 0) return -errno;
-  if (st.st_size <= off_t(kDataOffset)) return -EINVAL;
-  const size_t map_bytes = size_t(st.st_size);
-  void* base = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) return -errno;
+  void* base = nullptr;
+  size_t map_bytes = 0;
+  if (int rc = MapSealedMemfd(fd, &base, &map_bytes); rc < 0) return rc;
+  if (map_bytes <= kDataOffset) {
+    munmap(base, map_bytes);
+    return -EINVAL;
+  }
   uint64_t header[2];
   std::memcpy(header, base, sizeof header);
   const size_t data_bytes = size_t(header[1]);
