@@ -9,6 +9,7 @@
 #include "emu/out_batch.h"
 #include "emu/qp_state_machine.h"
 #include "wire/bytes.h"
+#include "wire/direct_access.h"
 #include "wire/frame.h"
 #include "wire/headers.h"
 #include "wire/icrc.h"
@@ -344,6 +345,60 @@ int Device::DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups) 
   return 0;
 }
 
+void Device::ReceiveDirectSendLocked(const wire::InDatagram& d) {
+  const std::optional<wire::DirectSend> h = wire::DirectSend::Decode(d.payload);
+  auto it = h ? qps_.find(h->dest_qpn) : qps_.end();
+  if (it == qps_.end()) {
+    core_.Count(&DeviceCounters::rc_direct_sends_dropped);
+    return;
+  }
+  QueuePair& qp = *it->second;
+  std::lock_guard lock(qp.mutex());
+  DirectReceives& w = qp.direct_receives();
+  const QpState s = qp.state();
+  // Checked against this incarnation's window by the QP's peer, as the next WQE (DirectTable::ClaimReceive); in the
+  // error state only those the flush waits for.
+  const bool taking = s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd ||
+                      (s == QpState::kErr && w.flush_waiting && w.direct_taken < w.flush_after);
+  if (!w.open || w.epoch != h->epoch || !taking || h->src_qpn != qp.attributes().dest_qp_num ||
+      h->index != w.packets_taken + w.direct_taken || qp.receive_queue().empty()) {
+    core_.Count(&DeviceCounters::rc_direct_sends_dropped);
+    return;
+  }
+  RecvWr wr = std::move(qp.receive_queue().front());
+  qp.receive_queue().pop_front();
+  ++w.direct_taken;
+  const std::span<const uint8_t> bytes = d.payload.subspan(wire::DirectSend::kSize);
+  const WcStatus status = core_.Scatter(qp, wr.sg_list, 0, bytes);
+  Completion c;
+  if (status == WcStatus::kSuccess) {
+    c.qp_num = qp.qpn();
+    c.src_qp = h->src_qpn;
+    c.byte_len = uint32_t(bytes.size());
+    c.solicited = h->solicited;
+    if (h->with_imm) {
+      c.imm_data = h->imm;
+      c.wc_flags |= wc_flags::kWithImm;
+    }
+    c.wr_id = wr.wr_id;
+    c.opcode = WcOpcode::kRecv;
+  } else {
+    // Its own keys refused the bytes: as for a packet's (RcResponder::PlaceSend), the WQE completes in error and the
+    // QP enters the error state; the initiator, told success already, learns it from its next message.
+    c = DeviceCore::ReceiveError(qp, wr.wr_id, status);
+  }
+  core_.Complete(qp.init().recv_cq, c);
+  core_.Count(&DeviceCounters::rc_direct_sends_received);
+  if (w.flush_waiting && w.direct_taken >= w.flush_after) {
+    w.flush_waiting = false;
+    core_.FlushReceiveQueue(qp);
+  } else if (status != WcStatus::kSuccess) {
+    core_.EnterError(qp);
+  } else {
+    core_.PublishReceives(qp);
+  }
+}
+
 static bool IsMulticastGroup(const wire::IpAddress& a) {
   if (a.is_v4()) return (a.v4() >> 28) == 0xE;  // 224.0.0.0/4
   return a.bytes()[0] == 0xFF;                   // ff00::/8
@@ -428,13 +483,15 @@ int Device::PostRecv(QueuePair* qp, RecvWr&& wr) {
   // Receives of a QP on an SRQ are posted to the SRQ; XRC QPs have no receive queue (ibv_post_recv(3), Annex A14).
   if (qp->init().srq != nullptr || qp->type() == QpType::kXrcSend || qp->type() == QpType::kXrcRecv) return EINVAL;
   if (wr.sg_list.size() > qp->attributes().cap.max_recv_sge) return EINVAL;
-  if (qp->state() == QpState::kErr) {
+  // Posted in the error state: flushed at once, unless the flush waits for direct SENDs (then it takes this too).
+  if (qp->state() == QpState::kErr && !qp->direct_receives().flush_waiting) {
     const Completion c = DeviceCore::ReceiveError(*qp, wr.wr_id, WcStatus::kWrFlushErr);
     core_.Complete(qp->init().recv_cq, c);
     return 0;
   }
   if (qp->receive_queue().size() >= qp->attributes().cap.max_recv_wr) return ENOMEM;
   qp->receive_queue().push_back(std::move(wr));
+  if (qp->direct_receives().open) core_.PublishReceives(*qp);
   return 0;
 }
 
@@ -475,6 +532,7 @@ void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
 }
 
 void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi) {
+  if (d.direct_send) return ReceiveDirectSendLocked(d);
   core_.Count(&DeviceCounters::rx_packets);
   core_.Count(&DeviceCounters::rx_bytes, d.payload.size());
   auto parsed = wire::ParsePacket(d.payload);

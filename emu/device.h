@@ -157,6 +157,9 @@ class Device {
   // may go, 0 when none is.
   uint64_t SendHeldLocked(QueuePair& qp, uint64_t now, OutBatch& out);
   void OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi);
+  // A direct SEND from another process of the host (wire/direct_access.h): the WQE it was checked against takes it
+  // and completes; one for a QP reset, destroyed or reopened since is dropped (counted).
+  void ReceiveDirectSendLocked(const wire::InDatagram& d);
   // Its steps: the ICRC (counted when it fails); CNPs, QP1 and multicast; the named QP's validation and delivery.
   bool IcrcVerifies(const wire::InDatagram& d);
   void ReceiveCnpLocked(const wire::InDatagram& d, const wire::PacketView& p);

@@ -54,6 +54,9 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"rc_congestion_signals", &DeviceCounters::rc_congestion_signals},
     {"rc_direct_writes", &DeviceCounters::rc_direct_writes},
     {"rc_direct_reads", &DeviceCounters::rc_direct_reads},
+    {"rc_direct_sends", &DeviceCounters::rc_direct_sends},
+    {"rc_direct_sends_received", &DeviceCounters::rc_direct_sends_received},
+    {"rc_direct_sends_dropped", &DeviceCounters::rc_direct_sends_dropped},
 };
 
 }  // namespace
@@ -360,6 +363,10 @@ std::optional<RecvWr> DeviceCore::TakeReceiveWqe(QueuePair& qp) {
   if (rq.empty()) return std::nullopt;
   RecvWr wr = std::move(rq.front());
   rq.pop_front();
+  if (qp.direct_receives().open) {
+    ++qp.direct_receives().packets_taken;
+    PublishReceives(qp);
+  }
   return wr;
 }
 
@@ -379,6 +386,24 @@ void DeviceCore::Flush(QueuePair& qp) {
   // detach with IBV_EVENT_QP_LAST_WQE_REACHED (IBTA 10.3.1 / 11.6.3.1; the SRQ's own WQEs are not flushed).
   if (qp.init().srq != nullptr || qp.type() == QpType::kXrcRecv)
     Raise({AsyncEventType::kQpLastWqeReached, &qp});
+  DirectReceives& w = qp.direct_receives();
+  // Direct SENDs their initiators saw succeed may still be in our ring (the withdrawal above waited until no
+  // initiator checks against the QP, so the count is final): they complete first, in order, as the ACKed
+  // messages they stand for would have, and the flush of the receive side follows them (Device::ReceiveDirectSend).
+  if (w.open && !w.flush_waiting) {
+    const uint64_t counted = config.direct->DirectSends(qp.qpn());
+    if (counted > w.direct_taken) {
+      w.flush_waiting = true;
+      w.flush_after = counted;
+    }
+  }
+  if (!w.flush_waiting) FlushReceiveQueue(qp);
+  qp.requester().Flush();  // send WQEs not yet completed (RC)
+  for (const HeldSend& h : qp.held_sends()) CompleteSend(qp, h.wr, WcStatus::kWrFlushErr);  // UC/UD, paused
+  qp.held_sends().clear();
+}
+
+void DeviceCore::FlushReceiveQueue(QueuePair& qp) {
   // IBTA 10.3.1 / ibv_modify_qp(3): in the error state outstanding WRs complete with IBV_WC_WR_FLUSH_ERR, in the
   // order they were posted: the WQE of the message being received left the head of the queue before the others.
   if (qp.inbound().rqe) {
@@ -392,9 +417,6 @@ void DeviceCore::Flush(QueuePair& qp) {
     Complete(qp.init().recv_cq, c);
   }
   rq.clear();
-  qp.requester().Flush();  // send WQEs not yet completed (RC)
-  for (const HeldSend& h : qp.held_sends()) CompleteSend(qp, h.wr, WcStatus::kWrFlushErr);  // UC/UD, paused
-  qp.held_sends().clear();
 }
 
 bool DeviceCore::HoldUnreliableSend(QueuePair& qp, SendWr& wr, const wire::IpAddress& peer, int* err) {
@@ -446,18 +468,47 @@ uint32_t DirectRights(uint32_t access_flags) {
 
 }  // namespace
 
-void DeviceCore::PublishDirect(const QueuePair& qp, bool gone) {
+void DeviceCore::PublishDirect(QueuePair& qp, bool gone) {
   if (config.direct == nullptr || qp.type() != QpType::kRc) return;
   const QpAttributes& a = qp.attributes();
   const QpState s = a.qp_state;
+  DirectReceives& w = qp.direct_receives();
   // A responder executes requests in RTR, RTS and SQD (IBTA 10.3.1); an RDMA READ needs responder resources.
   uint32_t rights = DirectRights(a.qp_access_flags);
   if (a.max_dest_rd_atomic == 0) rights &= ~wire::direct_rights::kRead;
+  if (qp.init().srq == nullptr) rights |= wire::direct_rights::kSend;
   if (gone || rights == 0 || (s != QpState::kRtr && s != QpState::kRts && s != QpState::kSqd)) {
     config.direct->WithdrawQp(qp.qpn());
+    // The window outlives the error state (Flush counts what was sent into it), not RESET or the QP itself.
+    if (w.open && (gone || s == QpState::kReset)) {
+      config.direct->CloseReceives(qp.qpn());
+      w = DirectReceives{};
+    }
     return;
   }
+  if ((rights & wire::direct_rights::kSend) && !w.open) {
+    w = DirectReceives{};
+    w.open = true;
+    w.epoch = direct_epochs_.fetch_add(1, std::memory_order_relaxed) + 1;
+    config.direct->OpenReceives(qp.qpn(), w.epoch);
+    PublishReceives(qp);
+  }
   config.direct->PublishQp({qp.qpn(), a.dest_qp_num, qp.init().pd->handle(), rights});
+}
+
+void DeviceCore::PublishReceives(QueuePair& qp) {
+  DirectReceives& w = qp.direct_receives();
+  if (!w.open) return;
+  const auto& rq = qp.receive_queue();
+  const uint64_t front = w.packets_taken + w.direct_taken;
+  const uint64_t end = front + std::min<uint64_t>(rq.size(), wire::kReceiveWindow);
+  uint64_t first = std::max(w.published, front);
+  uint32_t lengths[wire::kReceiveWindow];
+  size_t n = 0;
+  for (uint64_t i = first; i < end; ++i)
+    lengths[n++] = uint32_t(std::min<uint64_t>(rq[i - front].TotalLength(), UINT32_MAX));
+  config.direct->PublishReceives(qp.qpn(), w.packets_taken, first, {lengths, n});
+  w.published = std::max(w.published, end);
 }
 
 void DeviceCore::PublishDirect(const MemoryRegion& mr) {

@@ -160,6 +160,9 @@ struct DeviceCounters {
   uint64_t rc_congestion_signals = 0;  // losses, timeouts and CNPs that cut a path's window
   uint64_t rc_direct_writes = 0;  // RDMA WRITEs carried out in another process's memory (DeviceConfig::direct)
   uint64_t rc_direct_reads = 0;   // RDMA READs likewise
+  uint64_t rc_direct_sends = 0;   // SENDs put into another process's ring as direct SENDs
+  uint64_t rc_direct_sends_received = 0;  // direct SENDs that took a receive WQE here
+  uint64_t rc_direct_sends_dropped = 0;   // direct SENDs for a QP reset, destroyed or reopened since (or malformed)
   CmCounters cm;  // the connection manager's, filled in by Device::counters()
 };
 
@@ -313,14 +316,22 @@ class DeviceCore {
   // --- the error state ---------------------------------------------------------------------------------------------
   // The QP enters the error state and its outstanding work completes flushed (IBTA 10.3.1, 11.6.2).
   void EnterError(QueuePair& qp);
-  // The flush alone (ModifyQp to ERR): receive WQEs, the message being received, send WQEs not completed.
+  // The flush alone (ModifyQp to ERR): receive WQEs, the message being received, send WQEs not completed. The
+  // receive side waits for the direct SENDs counted into the QP's window (DirectReceives::flush_waiting).
   void Flush(QueuePair& qp);
+  // The receive side's flush: the message being received, then the receive queue.
+  void FlushReceiveQueue(QueuePair& qp);
 
   // --- direct access (DeviceConfig::direct) -------------------------------------------------------------------------
   // Publishes what the other processes of the host may do through an RC QP (its state, peer, PD and remote rights) or
   // withdraws it when it may no longer respond (RESET, INIT, ERR, destroyed: `gone`); returns once no other process
   // copies through it any more. With the QP's lock held, after every change of its state or attributes.
-  void PublishDirect(const QueuePair& qp, bool gone = false);
+  // An RC QP with a receive queue of its own also opens its receive window there (PublishReceives) when it first may
+  // respond, and closes it at RESET and when destroyed (not in the error state: see Flush).
+  void PublishDirect(QueuePair& qp, bool gone = false);
+  // Shows the QP's receive queue as it is now in its window: the lengths of WQEs not yet shown, how many WQEs
+  // messages that came as packets have taken. With the QP's lock held, after every post and take.
+  void PublishReceives(QueuePair& qp);
   // Likewise for a memory region: published when it grants remote access (an implicit ODP region never is); and
   // withdrawn before it changes or goes (returns once no other process copies through it).
   void PublishDirect(const MemoryRegion& mr);
@@ -331,6 +342,7 @@ class DeviceCore {
  private:
   // The locks of what the transport objects of all QPs share, and what each guards (the accessors above). Order:
   // keys_mu_ -> paths_mu_ -> timers_mu_ or acks_mu_ (file comment).
+  std::atomic<uint32_t> direct_epochs_{0};  // receive windows opened (DirectReceives::epoch)
   mutable ReadWriteLock keys_mu_;
   KeyTable keys_ GUARDED_BY(keys_mu_);
   mutable Mutex paths_mu_;

@@ -53,12 +53,54 @@ class TableAccess final : public wire::DirectAccess {
     peer->own_->Leave(1);
     return host != 0 && !refuse_copies;
   }
+  // A direct SEND goes into the peer's "ring": `ring`, which the test hands to the peer's device (DeliverRing) where
+  // the peer's thread would read it.
+  bool SendMessage(const wire::UdpEndpoint&, wire::DirectSend& send, std::span<const std::span<const uint8_t>> pieces,
+                   uint64_t) override {
+    peer->own_->Enter(1, getpid());
+    uint32_t slot = 0;
+    const bool claimed = !refuse_copies && peer->own_->ClaimReceive(&send, TotalOf(pieces), &slot);
+    if (claimed) {
+      std::vector<uint8_t> record(wire::DirectSend::kSize);
+      send.Encode(record.data());
+      for (auto p : pieces) record.insert(record.end(), p.begin(), p.end());
+      peer->ring.push_back(std::move(record));
+      peer->own_->CountSend(slot);
+    }
+    peer->own_->Leave(1);
+    return claimed;
+  }
   void PublishQp(const QpEntry& qp) override { own_->PublishQp(qp); }
   void WithdrawQp(uint32_t qpn) override { own_->WithdrawQp(qpn); }
   void PublishRegion(const Region& r) override { own_->PublishRegion(r); }
   void WithdrawRegion(uint32_t rkey) override { own_->WithdrawRegion(rkey); }
+  void OpenReceives(uint32_t qpn, uint32_t epoch) override { own_->OpenReceives(qpn, epoch); }
+  void PublishReceives(uint32_t qpn, uint64_t packets_taken, uint64_t first,
+                       std::span<const uint32_t> lengths) override {
+    own_->PublishReceives(qpn, packets_taken, first, lengths);
+  }
+  uint64_t DirectSends(uint32_t qpn) override { return own_->DirectSends(qpn); }
+  void CloseReceives(uint32_t qpn) override { own_->CloseReceives(qpn); }
+
+  // What peers sent into our ring, oldest first; handed to `device` as the polling thread would.
+  std::vector<std::vector<uint8_t>> ring;
+  void DeliverRing(Device& device) {
+    for (const auto& record : ring) {
+      wire::InDatagram d;
+      d.direct_send = true;
+      d.payload = record;
+      device.OnDatagram(d, Device::AckTiming::kNow);
+    }
+    ring.clear();
+  }
 
  private:
+  static uint64_t TotalOf(std::span<const std::span<const uint8_t>> pieces) {
+    uint64_t n = 0;
+    for (auto p : pieces) n += p.size();
+    return n;
+  }
+
   std::unique_ptr<wire::DirectTable> own_;
 };
 
@@ -125,6 +167,19 @@ struct DirectPair {
     EXPECT_EQ(done.size(), 1u);
     return done.empty() ? WcStatus::kGeneralErr : done[0].status;
   }
+  void PostReceive(uint64_t id, uint64_t offset, uint32_t length) {
+    RecvWr r;
+    r.wr_id = id;
+    r.sg_list = {target.At(offset, length)};
+    ASSERT_EQ(b->device->PostRecv(qb, std::move(r)), 0);
+  }
+  SendWr Send(uint64_t id, uint64_t offset, uint32_t length, SendOpcode op = SendOpcode::kSend) {
+    SendWr wr = Op(id, op, {local.At(offset, length)}, 0);
+    wr.imm_data = 0x01020304;
+    return wr;
+  }
+  // b's thread reads its ring.
+  void DeliverDirect() { access_b.DeliverRing(*b->device); }
   uint64_t Direct(Node* n, bool writes) {
     const DeviceCounters c = n->device->counters();
     return writes ? c.rc_direct_writes : c.rc_direct_reads;
@@ -154,12 +209,12 @@ TEST(DirectAccess, AWriteAndAReadThatWouldSucceedCompleteAtOnceWithoutAPacket) {
 
 TEST(DirectAccess, AnOperationPostedBehindOutstandingWorkGoesAsPacketsInOrder) {
   DirectPair p;
-  // A receive for the SEND, which stays outstanding until its ACK: the WRITE behind it must not overtake it.
+  // A receive for the WRITE with immediate (never direct), which stays outstanding until its ACK: the WRITE behind
+  // it must not overtake it.
   RecvWr r;
   r.wr_id = 9;
-  r.sg_list = {p.target.At(4096, 64)};
   ASSERT_EQ(p.b->device->PostRecv(p.qb, std::move(r)), 0);
-  SendWr send = p.Op(1, SendOpcode::kSend, {p.local.At(0, 32)}, 0);
+  SendWr send = p.Op(1, SendOpcode::kRdmaWriteWithImm, {p.local.At(0, 32)}, 0);
   ASSERT_EQ(p.a->device->PostSend(p.qa, std::move(send)), 0);
   ASSERT_EQ(p.a->device->PostSend(p.qa, p.Op(2, SendOpcode::kRdmaWrite, {p.local.At(0, 32)}, 0)), 0);
   EXPECT_EQ(p.Direct(p.a, true), 0u);
@@ -252,6 +307,157 @@ TEST(DirectAccess, AtomicsAndWritesWithImmediateAreNeverDirect) {
   EXPECT_EQ(done[1].status, WcStatus::kSuccess);
   EXPECT_EQ(p.Direct(p.a, true), 0u);
   EXPECT_EQ(Drain(p.cb).size(), 1u);  // the immediate's receive completion
+}
+
+TEST(DirectSend, ASendIntoAPostedReceiveCompletesAtOnceAndTheTargetPlacesItWhenItReadsItsRing) {
+  DirectPair p;
+  p.PostReceive(7, 256, 128);
+  ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(1, 40, 100, SendOpcode::kSendWithImm)), 0);
+  // Completed by the post itself, without a packet.
+  auto done = Drain(p.ca);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].wr_id, 1u);
+  EXPECT_EQ(done[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(p.a->transport->log().empty());
+  EXPECT_EQ(p.a->device->counters().rc_direct_sends, 1u);
+  EXPECT_TRUE(Drain(p.cb).empty());  // not before b has read it
+  p.DeliverDirect();
+  done = Drain(p.cb);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].wr_id, 7u);
+  EXPECT_EQ(done[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(done[0].opcode, WcOpcode::kRecv);
+  EXPECT_EQ(done[0].byte_len, 100u);
+  EXPECT_EQ(done[0].src_qp, p.qa->qpn());
+  EXPECT_EQ(done[0].qp_num, p.qb->qpn());
+  EXPECT_EQ(done[0].imm_data, 0x01020304u);
+  EXPECT_TRUE(done[0].wc_flags & wc_flags::kWithImm);
+  EXPECT_EQ(std::memcmp(p.target.bytes.data() + 256, p.local.bytes.data() + 40, 100), 0);
+  EXPECT_EQ(p.b->device->counters().rc_direct_sends_received, 1u);
+}
+
+TEST(DirectSend, WithoutAReceiveOrIntoOneTooShortItGoesAsPacketsAndGetsTheRespondersAnswer) {
+  DirectPair p;
+  // No receive posted: packets, and the responder's RNR NAK makes a retry until one is posted.
+  SendWr first = p.Send(1, 0, 64);
+  ASSERT_EQ(p.a->device->PostSend(p.qa, std::move(first)), 0);
+  EXPECT_EQ(p.a->device->counters().rc_direct_sends, 0u);
+  EXPECT_FALSE(p.a->transport->log().empty());
+  p.PostReceive(8, 0, 64);
+  p.fabric.Pump();
+  auto done = Drain(p.ca);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::kSuccess);
+  ASSERT_EQ(Drain(p.cb).size(), 1u);
+  // A receive shorter than the message: packets again, and the responder's error on both sides.
+  p.PostReceive(9, 0, 16);
+  EXPECT_EQ(p.Outcome(p.Send(2, 0, 64)), WcStatus::kRemInvReqErr);
+  EXPECT_EQ(p.a->device->counters().rc_direct_sends, 0u);
+  done = Drain(p.cb);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].wr_id, 9u);
+  EXPECT_EQ(done[0].status, WcStatus::kLocLenErr);
+}
+
+TEST(DirectSend, DirectAndPacketMessagesTakeTheReceivesInTheOrderTheyWereSent) {
+  DirectPair p;
+  for (uint64_t i = 0; i < 24; ++i) p.PostReceive(100 + i, i * 64, 64);
+  // 16 direct SENDs fill the window b showed; the 17th finds no WQE shown and goes as packets, which b reads after
+  // the ring's records (the order of one ring); a WRITE with immediate (never direct) takes the 18th.
+  for (uint64_t i = 0; i < 17; ++i) ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(i, i * 8, 8)), 0);
+  EXPECT_EQ(p.a->device->counters().rc_direct_sends, uint64_t{wire::kReceiveWindow});
+  ASSERT_EQ(p.a->device->PostSend(p.qa, p.Op(17, SendOpcode::kRdmaWriteWithImm, {p.local.At(0, 8)}, 4000)), 0);
+  p.DeliverDirect();
+  p.fabric.Pump();
+  // Nothing outstanding, and b's window moved on: direct again.
+  ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(18, 18 * 8, 8)), 0);
+  EXPECT_EQ(p.a->device->counters().rc_direct_sends, uint64_t{wire::kReceiveWindow} + 1);
+  p.DeliverDirect();
+  const auto done = Drain(p.cb);
+  ASSERT_EQ(done.size(), 19u);
+  for (uint64_t i = 0; i < 19; ++i) {
+    EXPECT_EQ(done[i].wr_id, 100 + i) << i;
+    EXPECT_EQ(done[i].status, WcStatus::kSuccess) << i;
+    EXPECT_EQ(done[i].opcode, i == 17 ? WcOpcode::kRecvRdmaWithImm : WcOpcode::kRecv) << i;
+    if (i != 17) EXPECT_EQ(std::memcmp(p.target.bytes.data() + i * 64, p.local.bytes.data() + i * 8, 8), 0) << i;
+  }
+  EXPECT_EQ(Drain(p.ca).size(), 19u);
+  EXPECT_EQ(p.b->device->counters().rc_direct_sends_dropped, 0u);
+}
+
+TEST(DirectSend, TheErrorStateCompletesWhatWasSentDirectlyBeforeItFlushesTheRest) {
+  DirectPair p;
+  for (uint64_t i = 0; i < 4; ++i) p.PostReceive(10 + i, i * 64, 64);
+  ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(1, 0, 32)), 0);
+  ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(2, 32, 32)), 0);
+  ASSERT_EQ(Drain(p.ca).size(), 2u);  // a saw both succeed
+  QpAttributes err;
+  err.qp_state = QpState::kErr;
+  ASSERT_EQ(p.b->device->ModifyQp(p.qb, err, attr::kState), 0);
+  // The flush of the receives waits for the two in b's ring; a receive posted meanwhile is flushed after them.
+  EXPECT_TRUE(Drain(p.cb).empty());
+  p.PostReceive(14, 0, 64);
+  ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(3, 0, 8)), 0);  // no longer direct: b's QP withdrew
+  EXPECT_EQ(p.a->device->counters().rc_direct_sends, 2u);
+  p.DeliverDirect();
+  const auto done = Drain(p.cb);
+  ASSERT_EQ(done.size(), 5u);
+  for (uint64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(done[i].wr_id, 10 + i) << i;
+    EXPECT_EQ(done[i].status, i < 2 ? WcStatus::kSuccess : WcStatus::kWrFlushErr) << i;
+  }
+  EXPECT_EQ(std::memcmp(p.target.bytes.data() + 64, p.local.bytes.data() + 32, 32), 0);
+  // Once flushed, a receive posted in the error state is flushed at once.
+  p.PostReceive(15, 0, 64);
+  ASSERT_EQ(Drain(p.cb).size(), 1u);
+}
+
+TEST(DirectSend, ADirectSendForAQpResetOrDestroyedSinceIsDropped) {
+  for (bool destroy : {false, true}) {
+    DirectPair p;
+    p.PostReceive(10, 0, 64);
+    ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(1, 0, 32)), 0);
+    std::vector<uint8_t> before = p.target.bytes;
+    if (destroy) {
+      ASSERT_EQ(p.b->device->DestroyQp(p.qb), 0);
+    } else {
+      QpAttributes reset;
+      reset.qp_state = QpState::kReset;
+      ASSERT_EQ(p.b->device->ModifyQp(p.qb, reset, attr::kState), 0);
+    }
+    p.DeliverDirect();
+    EXPECT_TRUE(Drain(p.cb).empty()) << destroy;
+    EXPECT_EQ(p.target.bytes, before) << destroy;
+    EXPECT_EQ(p.b->device->counters().rc_direct_sends_dropped, 1u) << destroy;
+  }
+}
+
+TEST(DirectSend, AReceiveWhoseRegionWasDeregisteredCompletesInErrorAtTheTarget) {
+  DirectPair p;
+  Buffer other = testing::Register(*p.b->device, p.pb, 256, access::kLocalWrite);
+  RecvWr r;
+  r.wr_id = 5;
+  r.sg_list = {other.At(0, 64)};
+  ASSERT_EQ(p.b->device->PostRecv(p.qb, std::move(r)), 0);
+  ASSERT_EQ(p.b->device->DeregisterMr(other.mr.lkey), 0);  // b's own error: its WQE names a key gone
+  ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(1, 0, 32)), 0);
+  p.DeliverDirect();
+  const auto done = Drain(p.cb);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::kLocProtErr);
+  QpAttributes a;
+  ASSERT_EQ(p.b->device->QueryQp(p.qb, &a), 0);
+  EXPECT_EQ(a.qp_state, QpState::kErr);
+}
+
+TEST(DirectSend, ASendWithInvalidateNeverGoesDirect) {
+  DirectPair p;
+  p.PostReceive(10, 0, 64);
+  SendWr inv = p.Send(1, 0, 8, SendOpcode::kSendWithInv);
+  inv.invalidate_rkey = 0x1234;
+  ASSERT_EQ(p.a->device->PostSend(p.qa, std::move(inv)), 0);
+  EXPECT_EQ(p.a->device->counters().rc_direct_sends, 0u);
+  EXPECT_FALSE(p.a->transport->log().empty());
 }
 
 }  // namespace

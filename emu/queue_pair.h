@@ -70,6 +70,21 @@ struct HeldSend {
   wire::IpAddress peer;
 };
 
+// The window of an RC QP's receive queue that other processes of the host see for direct SENDs into it
+// (DeviceConfig::direct, DeviceCore::PublishReceives, wire/direct_access.h). Counts run from the window's opening
+// (the QP's first RTR since RESET); WQE number `packets_taken + direct_taken` is the queue's front.
+struct DirectReceives {
+  bool open = false;
+  uint32_t epoch = 0;
+  uint64_t packets_taken = 0;  // WQEs taken by messages that came as packets
+  uint64_t direct_taken = 0;   // and by direct SENDs
+  uint64_t published = 0;      // WQEs whose length the window shows
+  // In the error state, the receive queue's flush waits until the direct SENDs counted into the window before it
+  // (their initiators saw them succeed) have taken their WQEs: up to this count.
+  bool flush_waiting = false;
+  uint64_t flush_after = 0;
+};
+
 class QueuePair {
  public:
   QueuePair(DeviceCore& core, uint32_t qpn, const QpInitAttributes& init)
@@ -99,6 +114,7 @@ class QueuePair {
   std::deque<RecvWr>& receive_queue() { return rq_; }
   std::deque<HeldSend>& held_sends() { return held_sends_; }
   InboundMessage& inbound() { return inbound_; }
+  DirectReceives& direct_receives() { return direct_receives_; }
   RcRequester& requester() { return requester_; }
   RcCompleter& completer() { return completer_; }
   RcResponder& responder() { return responder_; }
@@ -134,6 +150,7 @@ class QueuePair {
   std::deque<RecvWr> rq_;
   std::deque<HeldSend> held_sends_;
   InboundMessage inbound_;
+  DirectReceives direct_receives_;
   RcRequester requester_;
   RcCompleter completer_;
   RcResponder responder_;

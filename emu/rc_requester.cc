@@ -15,6 +15,7 @@
 #include "wire/frame.h"
 #include "wire/headers.h"
 #include "wire/opcode.h"
+#include "wire/direct_access.h"
 #include "wire/scratch_list.h"
 
 namespace uroce::emu {
@@ -73,9 +74,10 @@ int RcRequester::Post(SendWr& wr, OutBatch& out) {
 }
 
 bool RcRequester::TryDirect(const SendWr& wr) {
+  if (qp_.type() != QpType::kRc || qp_.state() != QpState::kRts) return false;
+  if (wr.opcode == SendOpcode::kSend || wr.opcode == SendOpcode::kSendWithImm) return TryDirectSend(wr);
   const bool write = wr.opcode == SendOpcode::kRdmaWrite;
-  if ((!write && wr.opcode != SendOpcode::kRdmaRead) || qp_.type() != QpType::kRc || qp_.state() != QpState::kRts)
-    return false;
+  if (!write && wr.opcode != SendOpcode::kRdmaRead) return false;
   const uint64_t length = wr.TotalLength();
   if (length == 0 || length > kDirectMaxBytes || (!write && qp_.attributes().max_rd_atomic == 0)) return false;
   bool done;
@@ -99,6 +101,32 @@ bool RcRequester::TryDirect(const SendWr& wr) {
     core_.Trace(std::string("qp ") + Hex24(qp_.qpn()) + (write ? " direct write " : " direct read ") +
                 std::to_string(length) + " bytes at rkey " + std::to_string(wr.rkey) + " of qp " +
                 Hex24(qp_.attributes().dest_qp_num));
+  }
+  core_.CompleteSend(qp_, wr, WcStatus::kSuccess);
+  return true;
+}
+
+bool RcRequester::TryDirectSend(const SendWr& wr) {
+  const uint64_t length = wr.TotalLength();
+  if (length > kDirectSendMaxBytes) return false;
+  wire::DirectSend send;
+  send.dest_qpn = qp_.attributes().dest_qp_num;
+  send.src_qpn = qp_.qpn();
+  send.with_imm = wr.opcode == SendOpcode::kSendWithImm;
+  send.imm = wr.imm_data;
+  send.solicited = (wr.flags & send_flags::kSolicited) != 0;
+  bool done;
+  {
+    ReaderLock keys(core_.keys_mu());  // our pieces stay registered while they are copied into the ring
+    wire::ScratchList<std::span<const uint8_t>> pieces;
+    done = core_.GatherRange(qp_, wr, 0, length, *pieces) &&
+           core_.config.direct->SendMessage(qp_.peer(), send, *pieces, length);
+  }
+  if (!done) return false;
+  core_.Count(&DeviceCounters::rc_direct_sends);
+  if (core_.tracing()) {
+    core_.Trace(std::string("qp ") + Hex24(qp_.qpn()) + " direct send " + std::to_string(length) +
+                " bytes into receive WQE " + std::to_string(send.index) + " of qp " + Hex24(send.dest_qpn));
   }
   core_.CompleteSend(qp_, wr, WcStatus::kSuccess);
   return true;

@@ -47,6 +47,10 @@ class RcRequester : private TransportObject {
   // The largest RDMA WRITE or READ carried out directly in another process's memory (DeviceConfig::direct); larger
   // ones go as packets, so that one copy never holds the QP (and the target's revocations) for long.
   static constexpr uint64_t kDirectMaxBytes = uint64_t{1} << 20;
+  // The largest SEND carried into another process's ring as a direct SEND: its bytes are copied into the ring and
+  // out of it (the target places them), so a large one gains nothing over packets and would take room a window of
+  // packets needs.
+  static constexpr uint64_t kDirectSendMaxBytes = uint64_t{64} << 10;
 
   RcRequester(DeviceCore& core, QueuePair& qp) : TransportObject(core, qp) {}
 
@@ -111,6 +115,9 @@ class RcRequester : private TransportObject {
   // give whatever error is due. The target's table allows only what its responder would execute, and with nothing
   // outstanding no earlier message can be overtaken (IBTA 9.5: RC executes in order).
   bool TryDirect(const SendWr& wr);
+  // A SEND (with immediate) likewise, as a direct SEND into the peer's ring once its receive window shows the WQE it
+  // will take, long enough (wire/direct_access.h); completed at once. SEND with invalidate always goes as packets.
+  bool TryDirectSend(const SendWr& wr);
   // Arms the local ACK timer (and the early-retransmission probe) from now. `now_ns`: the time of this pass through
   // the requester, read here when still 0 (one clock reading serves a pass's timers and round-trip sample).
   void ArmRetransmit(uint64_t& now_ns);

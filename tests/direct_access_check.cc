@@ -1,4 +1,4 @@
-// direct_access_check: RDMA WRITE and READ between two processes of the host device, which the initiator carries out
+// direct_access_check: RDMA WRITE, READ and SEND between two processes of the host device, which the initiator carries out
 // in the target's memory without a packet where the target's published table allows it (wire/direct_access.h). What
 // the application sees must be exactly what the responder gives: the bytes where they belong, and for every access
 // the responder would refuse, the same error completion (the table refuses it, the packets carry it, the responder
@@ -17,7 +17,13 @@
 //                        buffer unchanged
 //   target_in_error      a WRITE to a target QP moved to the error state: nothing executes, the initiator's retries
 //                        run out (IBV_WC_RETRY_EXC_ERR), buffer unchanged
+//   sends                a SEND of three SGEs, an inline SEND with immediate data and a SEND of no bytes into three
+//                        receives of two SGEs (direct SENDs): the bytes, byte_len, imm_data, src_qp of each
+//   send_too_long        a SEND longer than the receive: IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_LEN_ERR at the target
+//   sends_then_error     two SENDs complete; then the target moves its QP to the error state before polling: both
+//                        arrive (in order, bytes in place), the third receive is flushed
 // Exit status 0 when every case passed; each case prints one line.
+#include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -35,6 +41,11 @@ namespace {
 
 constexpr size_t kBufferBytes = 64 << 10;
 constexpr uint8_t kUntouched = 0x5a;
+// The SEND cases' receives: WQE i takes [kReceiveAt + i * kReceiveStride, + kReceiveBytes) of the target's buffer, in
+// two SGEs; the SENDs carry the initiator's bytes from its offset 0.
+constexpr size_t kReceiveAt = 20000, kReceiveStride = 12000, kReceiveBytes = 11000;
+constexpr uint32_t kImm = 0x11223344;
+constexpr size_t kSendBytes[3] = {10000, 48, 0};
 
 // What the target tells the initiator about one case's QP and region.
 struct TargetInfo {
@@ -54,13 +65,16 @@ enum class Case : int {
   kOtherPd,
   kDeregistered,
   kTargetInError,
+  kSends,
+  kSendTooLong,
+  kSendsThenError,
   kCount,
 };
 
 const char* Name(Case c) {
   static const char* names[] = {"write_then_read", "inline_write",   "bad_rkey",      "out_of_bounds",
                                 "region_not_readable", "qp_not_writable", "other_pd", "deregistered",
-                                "target_in_error"};
+                                "target_in_error", "sends", "send_too_long", "sends_then_error"};
   return names[int(c)];
 }
 
@@ -169,16 +183,62 @@ void Target(Device& d, int fd, Case c) {
     a.qp_state = IBV_QPS_ERR;
     if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) Die("to ERR");
   }
+  const bool sends = c == Case::kSends || c == Case::kSendTooLong || c == Case::kSendsThenError;
+  const int receives = c == Case::kSendTooLong ? 1 : 3;
+  for (int i = 0; sends && i < receives; ++i) {
+    const uintptr_t at = uintptr_t(buffer.data()) + kReceiveAt + i * kReceiveStride;
+    const uint32_t total = c == Case::kSendTooLong ? 100 : kReceiveBytes;
+    ibv_sge two[2] = {{at, 4000, mr->lkey}, {at + 4000, total - 4000, mr->lkey}};
+    if (c == Case::kSendTooLong) two[0].length = 100;
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 1000 + i;
+    wr.sg_list = two;
+    wr.num_sge = c == Case::kSendTooLong ? 1 : 2;
+    if (ibv_post_recv(qp, &wr, &bad)) Die("ibv_post_recv");
+  }
   const char ready = 'r';
   SendAll(fd, &ready, 1);
   char done;
   ReceiveAll(fd, &done, 1);  // the initiator has its completion
-  // What the buffer must hold: the pattern at 100.. for the cases that write it, else nothing changed.
   bool ok = true;
+  if (c == Case::kSendsThenError) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) Die("to ERR");
+  }
+  // The receive completions, in order: what each SEND must have given.
+  for (int i = 0; sends && i < receives; ++i) {
+    ibv_wc wc{};
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int n = 0;
+    while (n == 0 && std::chrono::steady_clock::now() < give_up) n = ibv_poll_cq(d.cq, 1, &wc);
+    ibv_wc_status want = IBV_WC_SUCCESS;
+    if (c == Case::kSendTooLong) want = IBV_WC_LOC_LEN_ERR;
+    if (c == Case::kSendsThenError && i == 2) want = IBV_WC_WR_FLUSH_ERR;
+    const bool imm = c == Case::kSends && i == 1;
+    if (n != 1 || wc.wr_id != uint64_t(1000 + i) || wc.status != want ||
+        (want == IBV_WC_SUCCESS &&
+         (wc.opcode != IBV_WC_RECV || wc.byte_len != kSendBytes[i] || wc.qp_num != qp->qp_num ||
+          wc.src_qp != peer_qpn || bool(wc.wc_flags & IBV_WC_WITH_IMM) != imm || (imm && ntohl(wc.imm_data) != kImm)))) {
+      fprintf(stderr,
+              "direct_access_check: %s: receive %d: %d completions, wr_id %llu, status %s, opcode %d, byte_len %u, "
+              "src_qp 0x%x, wc_flags 0x%x, imm 0x%x\n",
+              Name(c), i, n, (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status), wc.opcode, wc.byte_len,
+              wc.src_qp, wc.wc_flags, ntohl(wc.imm_data));
+      ok = false;
+    }
+  }
+  // What the buffer must hold: the pattern at 100.. for the cases that write it, else nothing changed.
   for (size_t i = 0; i < buffer.size(); ++i) {
     uint8_t want = kUntouched;
     if (c == Case::kWriteThenRead && i >= 100 && i < 100 + 10000) want = uint8_t(i * 7 + 1);
     if (c == Case::kInlineWrite && i >= 100 && i < 100 + 48) want = uint8_t(i * 7 + 1);
+    // A receive completed in error (IBV_WC_LOC_LEN_ERR) may hold any part of the message: its bytes are undefined.
+    if (c == Case::kSendTooLong && i >= kReceiveAt && i < kReceiveAt + 100) continue;
+    for (int k = 0; k < 2 && (c == Case::kSends || c == Case::kSendsThenError); ++k) {
+      const size_t at = kReceiveAt + k * kReceiveStride;  // the initiator's byte j is (j + 100) * 7 + 1
+      if (i >= at && i < at + kSendBytes[k]) want = uint8_t((i - at + 100) * 7 + 1);
+    }
     if (buffer[i] != want) {
       fprintf(stderr, "direct_access_check: %s: target byte %zu is 0x%02x, want 0x%02x\n", Name(c), i, buffer[i], want);
       ok = false;
@@ -231,6 +291,19 @@ std::string Initiator(Device& d, int fd, Case c) {
     return std::string(wc.status == IBV_WC_SUCCESS ? "" : ibv_wc_status_str(wc.status)) +
            (wc.wr_id != 42 ? " (wrong wr_id)" : "");
   };
+  auto post_imm = [&](ibv_sge* sges, int n, int flags) {
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = 42;
+    wr.opcode = IBV_WR_SEND_WITH_IMM;
+    wr.imm_data = htonl(kImm);
+    wr.sg_list = sges;
+    wr.num_sge = n;
+    wr.send_flags = IBV_SEND_SIGNALED | flags;
+    if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
+    ibv_wc wc{};
+    if (!PollOne(d.cq, &wc)) return std::string("no completion within 10 s");
+    return std::string(wc.status == IBV_WC_SUCCESS ? "" : ibv_wc_status_str(wc.status));
+  };
   auto expect = [&](const std::string& got, const char* want) {
     if (got != want) problem += std::string("completion '") + got + "', want '" + want + "'; ";
   };
@@ -273,6 +346,23 @@ std::string Initiator(Device& d, int fd, Case c) {
     case Case::kTargetInError:
       expect(post(IBV_WR_RDMA_WRITE, three, 1, at, t.rkey, 0), "transport retry counter exceeded");
       break;
+    case Case::kSends: {
+      expect(post(IBV_WR_SEND, three, 3, 0, 0, 0), "");
+      ibv_sge inl = {uintptr_t(local.data()), uint32_t(kSendBytes[1]), 0};
+      expect(post_imm(&inl, 1, IBV_SEND_INLINE), "");
+      expect(post(IBV_WR_SEND, nullptr, 0, 0, 0, 0), "");
+      break;
+    }
+    case Case::kSendTooLong:
+      expect(post(IBV_WR_SEND, three, 1, 0, 0, 0), "remote invalid request error");
+      break;
+    case Case::kSendsThenError: {
+      ibv_sge first = {uintptr_t(local.data()), uint32_t(kSendBytes[0]), mr->lkey};
+      ibv_sge second = {uintptr_t(local.data()), uint32_t(kSendBytes[1]), mr->lkey};
+      expect(post(IBV_WR_SEND, &first, 1, 0, 0, 0), "");
+      expect(post(IBV_WR_SEND, &second, 1, 0, 0, 0), "");
+      break;
+    }
     case Case::kCount:
       break;
   }

@@ -12,7 +12,7 @@
 #                                 the receiver's ICRC checks: skipped for what a process vouched for, never for UDP)
 #   faults_through_the_rings      an rdma_verify pair whose packets cross the rings corrupted, lost, duplicated and
 #                                 reordered by the fault injectors: bytes intact, corruption caught by the ICRC
-#   direct_access                 RDMA WRITE and READ between two processes carried out in the target's memory
+#   direct_access                 RDMA WRITE, READ and SEND between two processes carried out without packets
 #                                 (wire/direct_access.h): tests/direct_access_check (bytes, and every refusal as the
 #                                 responder's error completion), an rdma_verify pair of one operation at a time (WRITEs
 #                                 and READs direct, atomics as packets between them, every byte checked), and the same
@@ -175,8 +175,9 @@ case_direct_access() {
   addr=$(random_loopback)
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" --stats -- "$DIRECT_CHECK" >"$log.check" 2>&1 ||
     problems+="direct_access_check: exit $?: $(grep 'direct_access_check' "$log.check" | grep -v ': ok$')"$'\n'
-  awk '/^rc_direct_writes / && $2 > 0 {w = 1} /^rc_direct_reads / && $2 > 0 {r = 1} END {exit !(w && r)}' \
-    "$log.check" || problems+="direct_access_check: no WRITE or READ was carried out directly"$'\n'
+  awk '/^rc_direct_writes / && $2 > 0 {w = 1} /^rc_direct_reads / && $2 > 0 {r = 1}
+       /^rc_direct_sends_received / && $2 > 0 {s = 1} END {exit !(w && r && s)}' "$log.check" ||
+    problems+="direct_access_check: no WRITE, READ or SEND was carried out directly"$'\n'
   for direct in on off; do
     port=$(free_tcp_port)
     local -a knob=()

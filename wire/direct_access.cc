@@ -34,13 +34,25 @@ struct DirectTable::Layout {
     uint32_t pd, rights;
     uint64_t iova, length, host;
   };
+  struct alignas(64) ReceiveSlot {
+    // The owner's lines.
+    std::atomic<uint32_t> key;  // kQpValid | qpn, 0: empty
+    std::atomic<uint32_t> epoch;
+    std::atomic<uint64_t> posted;
+    std::atomic<uint64_t> packets_taken;
+    std::atomic<uint32_t> lengths[kReceiveWindow];
+    // The initiator's.
+    alignas(64) std::atomic<uint64_t> sends;
+  };
   static constexpr uint32_t kQpValid = 1u << 31;
   static constexpr uint64_t kRegionValid = uint64_t{1} << 32;
   static constexpr size_t kInitiatorsOffset = 64;
   static constexpr size_t kQpOffset = kInitiatorsOffset + 256 * sizeof(Initiator);
   static constexpr size_t kRegionOffset = kQpOffset + kQpSlots * sizeof(QpSlot);
-  static constexpr size_t kBytes = kRegionOffset + kRegionSlots * sizeof(RegionSlot);
-  static_assert(sizeof(Initiator) == 64 && sizeof(QpSlot) == 16 && sizeof(RegionSlot) == 40);
+  static constexpr size_t kReceiveOffset = (kRegionOffset + kRegionSlots * sizeof(RegionSlot) + 63) & ~size_t{63};
+  static constexpr size_t kBytes = kReceiveOffset + kReceiveSlots * sizeof(ReceiveSlot);
+  static_assert(sizeof(Initiator) == 64 && sizeof(QpSlot) == 16 && sizeof(RegionSlot) == 40 &&
+                sizeof(ReceiveSlot) == 192);
   static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
   static Header* header(void* base) { return static_cast<Header*>(base); }
@@ -50,6 +62,9 @@ struct DirectTable::Layout {
   static QpSlot* qps(void* base) { return reinterpret_cast<QpSlot*>(static_cast<uint8_t*>(base) + kQpOffset); }
   static RegionSlot* regions(void* base) {
     return reinterpret_cast<RegionSlot*>(static_cast<uint8_t*>(base) + kRegionOffset);
+  }
+  static ReceiveSlot* receives(void* base) {
+    return reinterpret_cast<ReceiveSlot*>(static_cast<uint8_t*>(base) + kReceiveOffset);
   }
 };
 
@@ -174,6 +189,44 @@ void DirectTable::WithdrawRegion(uint32_t rkey) {
   Withdraw(region_slot_, Layout::regions(base_), rkey);
 }
 
+bool DirectTable::OpenReceives(uint32_t qpn, uint32_t epoch) {
+  std::lock_guard lock(mu_);
+  Layout::ReceiveSlot* slots = Layout::receives(base_);
+  Withdraw(receive_slot_, slots, qpn);
+  Layout::ReceiveSlot* s = Probe(slots, kReceiveSlots, qpn, 0u);
+  if (s == nullptr) return false;
+  s->epoch.store(epoch, std::memory_order_relaxed);
+  s->posted.store(0, std::memory_order_relaxed);
+  s->packets_taken.store(0, std::memory_order_relaxed);
+  s->sends.store(0, std::memory_order_relaxed);
+  s->key.store(Layout::kQpValid | qpn, std::memory_order_seq_cst);  // the fields before the key
+  receive_slot_[qpn] = uint32_t(s - slots);
+  return true;
+}
+
+void DirectTable::PublishReceives(uint32_t qpn, uint64_t packets_taken, uint64_t first,
+                                  std::span<const uint32_t> lengths) {
+  std::lock_guard lock(mu_);
+  auto it = receive_slot_.find(qpn);
+  if (it == receive_slot_.end()) return;
+  Layout::ReceiveSlot& s = Layout::receives(base_)[it->second];
+  for (size_t i = 0; i < lengths.size(); ++i)
+    s.lengths[(first + i) % kReceiveWindow].store(lengths[i], std::memory_order_relaxed);
+  s.packets_taken.store(packets_taken, std::memory_order_release);
+  s.posted.store(first + lengths.size(), std::memory_order_release);  // after the lengths it shows
+}
+
+uint64_t DirectTable::DirectSends(uint32_t qpn) {
+  std::lock_guard lock(mu_);
+  auto it = receive_slot_.find(qpn);
+  return it == receive_slot_.end() ? 0 : Layout::receives(base_)[it->second].sends.load(std::memory_order_seq_cst);
+}
+
+void DirectTable::CloseReceives(uint32_t qpn) {
+  std::lock_guard lock(mu_);
+  Withdraw(receive_slot_, Layout::receives(base_), qpn);
+}
+
 void DirectTable::Enter(uint8_t me, pid_t self) {
   Layout::Initiator& i = Layout::initiators(base_)[me];
   if (i.pid.load(std::memory_order_relaxed) != self) i.pid.store(self, std::memory_order_relaxed);
@@ -193,6 +246,54 @@ uint64_t DirectTable::Check(uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, 
       va - r->iova > r->length - length)
     return 0;
   return r->host + (va - r->iova);
+}
+
+bool DirectTable::ClaimReceive(DirectSend* send, uint64_t length, uint32_t* slot) const {
+  const Layout::QpSlot* qp =
+      Probe(Layout::qps(base_), kQpSlots, send->dest_qpn, Layout::kQpValid | send->dest_qpn);
+  if (qp == nullptr || qp->peer_qpn != send->src_qpn || (qp->rights & direct_rights::kSend) == 0) return false;
+  Layout::ReceiveSlot* slots = Layout::receives(base_);
+  Layout::ReceiveSlot* s = Probe(slots, kReceiveSlots, send->dest_qpn, Layout::kQpValid | send->dest_qpn);
+  if (s == nullptr) return false;
+  // Stable while we look: packets_taken moves only for messages of ours (none in flight), `sends` only by us, and
+  // the owner rewrites WQE i's length only for WQE i + kReceiveWindow, after it has taken WQE i.
+  const uint64_t index = s->packets_taken.load(std::memory_order_acquire) + s->sends.load(std::memory_order_relaxed);
+  if (index >= s->posted.load(std::memory_order_acquire) ||
+      s->lengths[index % kReceiveWindow].load(std::memory_order_relaxed) < length)
+    return false;
+  send->epoch = s->epoch.load(std::memory_order_relaxed);
+  send->index = index;
+  *slot = uint32_t(s - slots);
+  return true;
+}
+
+void DirectTable::CountSend(uint32_t slot) {
+  Layout::ReceiveSlot& s = Layout::receives(base_)[slot % kReceiveSlots];
+  s.sends.store(s.sends.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+}
+
+void DirectSend::Encode(uint8_t out[kSize]) const {
+  std::memset(out, 0, kSize);
+  out[0] = 'S';
+  out[1] = uint8_t((with_imm ? 1 : 0) | (solicited ? 2 : 0));
+  std::memcpy(out + 4, &dest_qpn, 4);
+  std::memcpy(out + 8, &src_qpn, 4);
+  std::memcpy(out + 12, &epoch, 4);
+  std::memcpy(out + 16, &index, 8);
+  std::memcpy(out + 24, &imm, 4);
+}
+
+std::optional<DirectSend> DirectSend::Decode(std::span<const uint8_t> in) {
+  if (in.size() < kSize || in[0] != 'S' || (in[1] & ~3) != 0) return std::nullopt;
+  DirectSend d;
+  d.with_imm = (in[1] & 1) != 0;
+  d.solicited = (in[1] & 2) != 0;
+  std::memcpy(&d.dest_qpn, in.data() + 4, 4);
+  std::memcpy(&d.src_qpn, in.data() + 8, 4);
+  std::memcpy(&d.epoch, in.data() + 12, 4);
+  std::memcpy(&d.index, in.data() + 16, 8);
+  std::memcpy(&d.imm, in.data() + 24, 4);
+  return d;
 }
 
 namespace {

@@ -21,6 +21,16 @@
 // its entry counted and waits for it. An initiator that died inside a copy is not waited for (its pid, which it
 // writes beside its counters, is gone).
 //
+// SENDs (RC, into a QP's own receive queue) go the same way, but the target still completes them: each QP publishes
+// a window of its receive queue (DirectTable's receive slots: the lengths of its next kReceiveWindow WQEs and how
+// many it has taken for messages that came as packets); the initiator checks that the WQE its SEND would take exists
+// and is long enough, and writes the SEND (a DirectSend and its bytes) into the target's packet ring instead of
+// packets; the target takes the WQE, places the bytes and completes it when it reads the ring, in order with the
+// packets around it. Like the responder's ACK, the initiator's success then means the target will deliver: what
+// could still refuse the message there (the length, no WQE) was checked, and a receive WQE's own keys are the
+// target's to keep valid (ibv_dereg_mr(3) of a region with WQEs posted into it is the target's error, and the SEND's
+// WQE then completes in error there, IBV_WC_LOC_PROT_ERR).
+//
 // Error contract (as liburing's): functions that can fail return 0 or a count on success, -errno on failure.
 #pragma once
 
@@ -31,6 +41,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <unordered_map>
 
@@ -42,7 +53,29 @@ namespace uroce::wire {
 namespace direct_rights {
 inline constexpr uint32_t kWrite = 1u << 0;
 inline constexpr uint32_t kRead = 1u << 1;
+// The QP receives into a queue of its own whose window it publishes (DirectTable::OpenReceives): SENDs may be direct.
+inline constexpr uint32_t kSend = 1u << 2;
 }  // namespace direct_rights
+
+// How many of a QP's next receive WQEs its window shows.
+inline constexpr uint32_t kReceiveWindow = 16;
+
+// A direct SEND as the target's packet ring carries it, ahead of its bytes (kSize bytes, host byte order: both ends
+// are on one host).
+struct DirectSend {
+  static constexpr size_t kSize = 32;
+  uint32_t dest_qpn = 0;
+  uint32_t src_qpn = 0;
+  uint32_t epoch = 0;   // the window's it was checked against (a SEND into another incarnation of the QP is dropped)
+  uint64_t index = 0;   // the receive WQE it takes, counted from the window's opening
+  uint32_t imm = 0;     // as the IMMDt carries it
+  bool with_imm = false;
+  bool solicited = false;
+
+  void Encode(uint8_t out[kSize]) const;
+  // nullopt for bytes that are not one (short, bad marker).
+  static std::optional<DirectSend> Decode(std::span<const uint8_t> in);
+};
 
 // What the HCA (emu) sees of direct access: DeviceConfig::direct. Every method may be called from any thread.
 class DirectAccess {
@@ -76,6 +109,11 @@ class DirectAccess {
   // An RDMA READ of [va, va+length) into `pieces` of our memory; as Write.
   virtual bool Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va,
                     std::span<const std::span<uint8_t>> pieces, uint64_t length) = 0;
+  // A SEND (with immediate data when `send.with_imm`) of `length` bytes gathered from `pieces` into QP
+  // `send.dest_qpn` at `peer`, from our QP `send.src_qpn`: true when it is in the target's ring and its receive WQE
+  // is known to exist and be long enough (Send fills in the epoch and index); false when it must go as packets.
+  virtual bool SendMessage(const UdpEndpoint& peer, DirectSend& send,
+                           std::span<const std::span<const uint8_t>> pieces, uint64_t length) = 0;
 
   // Our side. Publishing a QP or region replaces what was published for its number or key. A withdrawal returns once
   // no other process copies through the entry any more; withdrawing what is not published does nothing.
@@ -83,6 +121,15 @@ class DirectAccess {
   virtual void WithdrawQp(uint32_t qpn) = 0;
   virtual void PublishRegion(const Region& region) = 0;
   virtual void WithdrawRegion(uint32_t rkey) = 0;
+  // A QP's receive window (as DirectTable's methods of the same names): opened with counters at 0 for a new
+  // incarnation `epoch`; the lengths of WQEs [first, first + lengths.size()) and how many WQEs messages that came as
+  // packets have taken; how many direct SENDs initiators have put into our ring for it; closed (returns once no other
+  // process looks at it any more).
+  virtual void OpenReceives(uint32_t qpn, uint32_t epoch) = 0;
+  virtual void PublishReceives(uint32_t qpn, uint64_t packets_taken, uint64_t first,
+                               std::span<const uint32_t> lengths) = 0;
+  virtual uint64_t DirectSends(uint32_t qpn) = 0;
+  virtual void CloseReceives(uint32_t qpn) = 0;
 };
 
 // One process's table in shared memory. The owner publishes and withdraws; the host's other processes look up and
@@ -91,14 +138,19 @@ class DirectAccess {
 //   64      per owner number 0..255: entered u64, left u64, pid i32 (of the process holding that number), padding
 //           (64 bytes each: initiators never share a cache line)
 //   then    QP slots: key u32 (1 << 31 | qpn, 0: empty), peer_qpn u32, pd u32, rights u32
-//   then    region slots (32 bytes): key u64 (1 << 32 | rkey, 0: empty), pd u32, rights u32, iova u64, length u64,
+//   then    region slots (40 bytes): key u64 (1 << 32 | rkey, 0: empty), pd u32, rights u32, iova u64, length u64,
 //           host u64
+//   then    receive slots (192 bytes), for QPs with direct_rights::kSend: key u32 (1 << 31 | qpn), epoch u32,
+//           posted u64, packets_taken u64, lengths u32[kReceiveWindow] (the owner's two cache lines); sends u64 (the
+//           initiator's line). WQE i (counted from the window's opening) exists when i < posted; its length is
+//           lengths[i % kReceiveWindow].
 // An entry lives in the slot its number hashes to or one of the kProbe after it.
 class DirectTable {
  public:
-  static constexpr uint64_t kMagic = 0x75726f63'44697231ULL;  // "urocDir1"
+  static constexpr uint64_t kMagic = 0x75726f63'44697232ULL;  // "urocDir2"
   static constexpr uint32_t kQpSlots = 4096;
   static constexpr uint32_t kRegionSlots = 8192;
+  static constexpr uint32_t kReceiveSlots = 4096;
   static constexpr uint32_t kProbe = 32;
 
   // The owner's side: a new table in a new sealed memfd, whose descriptor (close-on-exec, the caller's) is stored in
@@ -119,6 +171,14 @@ class DirectTable {
   void WithdrawQp(uint32_t qpn);
   bool PublishRegion(const DirectAccess::Region& region);
   void WithdrawRegion(uint32_t rkey);
+  // A receive window for QP `qpn` (counters 0; replaces one it had); false when no slot is free.
+  bool OpenReceives(uint32_t qpn, uint32_t epoch);
+  // WQEs [first, first + lengths.size()) have those lengths (first + size is the new `posted`; a WQE's length is
+  // written before the count that shows it); `packets_taken` WQEs went to messages that came as packets.
+  void PublishReceives(uint32_t qpn, uint64_t packets_taken, uint64_t first, std::span<const uint32_t> lengths);
+  // The direct SENDs initiators have counted into the window (CountSend).
+  uint64_t DirectSends(uint32_t qpn);
+  void CloseReceives(uint32_t qpn);
 
   // --- an initiator, owner number `me` (1..255) --------------------------------------------------------------------
   // Brackets every look-up and the copy that follows it: what Check found stays as it was until Leave. `self`: our
@@ -129,6 +189,13 @@ class DirectTable {
   // `rkey`: the owner's address of va, or 0.
   uint64_t Check(uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va, uint64_t length,
                  uint32_t right) const;
+  // Whether a SEND of `length` bytes from our QP `send->src_qpn` to the owner's QP `send->dest_qpn` finds a receive
+  // WQE that takes it: then its epoch and index are filled in, and the receive slot's number is stored in *slot for
+  // CountSend. Only the QP's one peer sends to it, and only with nothing of its own in flight (RC executes in order:
+  // every message it sent before has taken its WQE), so the next WQE is packets_taken + sends.
+  bool ClaimReceive(DirectSend* send, uint64_t length, uint32_t* slot) const;
+  // The SEND ClaimReceive allowed is in the owner's ring: counted, so the next takes the next WQE.
+  void CountSend(uint32_t slot);
 
  private:
   struct Layout;
@@ -145,6 +212,7 @@ class DirectTable {
   std::mutex mu_;
   std::unordered_map<uint32_t, uint32_t> qp_slot_;      // qpn -> slot
   std::unordered_map<uint32_t, uint32_t> region_slot_;  // rkey -> slot
+  std::unordered_map<uint32_t, uint32_t> receive_slot_;  // qpn -> slot
 };
 
 // Copies between our memory and another process's (process_vm_writev(2), process_vm_readv(2)): whether all `length`

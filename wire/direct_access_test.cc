@@ -125,6 +125,113 @@ TEST_F(DirectTableTest, RefusesAFileThatIsNotATable) {
   close(f);
 }
 
+// --- direct SENDs: the receive window -----------------------------------------------------------------------------
+
+class ReceiveWindowTest : public DirectTableTest {
+ protected:
+  void SetUp() override {
+    DirectTableTest::SetUp();
+    ASSERT_TRUE(owner_->PublishQp({kQpn, kPeerQpn, kPd, direct_rights::kSend}));
+    ASSERT_TRUE(owner_->OpenReceives(kQpn, 5));
+  }
+  // The initiator's claim of a SEND of `length` bytes: the WQE index, or -1 when it must go as packets.
+  int64_t Claim(uint64_t length, uint32_t src = kPeerQpn, bool count = true) {
+    DirectSend send;
+    send.dest_qpn = kQpn;
+    send.src_qpn = src;
+    uint32_t slot = 0;
+    peer_->Enter(4, getpid());
+    const bool ok = peer_->ClaimReceive(&send, length, &slot);
+    if (ok && count) peer_->CountSend(slot);
+    peer_->Leave(4);
+    if (ok) EXPECT_EQ(send.epoch, epoch_);
+    return ok ? int64_t(send.index) : -1;
+  }
+  uint32_t epoch_ = 5;
+};
+
+TEST_F(ReceiveWindowTest, ASendTakesTheNextShownWqeWhenItIsLongEnough) {
+  EXPECT_EQ(Claim(1), -1);  // nothing posted
+  const uint32_t lengths[] = {64, 16, 4096};
+  owner_->PublishReceives(kQpn, 0, 0, lengths);
+  EXPECT_EQ(Claim(65), -1);  // longer than WQE 0: the responder's error, by packets
+  EXPECT_EQ(Claim(64), 0);
+  EXPECT_EQ(Claim(16), 1);
+  EXPECT_EQ(Claim(0), 2);
+  EXPECT_EQ(Claim(1), -1);  // all three claimed
+  EXPECT_EQ(owner_->DirectSends(kQpn), 3u);
+}
+
+TEST_F(ReceiveWindowTest, OnlyTheQpsPeerMaySendAndOnlyIntoAQpThatReceivesDirectly) {
+  const uint32_t lengths[] = {64};
+  owner_->PublishReceives(kQpn, 0, 0, lengths);
+  EXPECT_EQ(Claim(8, kPeerQpn + 1), -1);
+  ASSERT_TRUE(owner_->PublishQp({kQpn, kPeerQpn, kPd, direct_rights::kWrite}));  // on an SRQ: no kSend
+  EXPECT_EQ(Claim(8), -1);
+  ASSERT_TRUE(owner_->PublishQp({kQpn, kPeerQpn, kPd, direct_rights::kSend}));
+  EXPECT_EQ(Claim(8), 0);
+  owner_->WithdrawQp(kQpn);  // the error state
+  EXPECT_EQ(Claim(8), -1);
+  EXPECT_EQ(owner_->DirectSends(kQpn), 1u);  // the window stays, with its count
+}
+
+TEST_F(ReceiveWindowTest, WqesTakenByPacketsMoveTheNextIndexOn) {
+  const uint32_t lengths[] = {8, 8, 8, 8};
+  owner_->PublishReceives(kQpn, 0, 0, lengths);
+  EXPECT_EQ(Claim(8), 0);
+  // WQE 1 went to a message that came as packets (the initiator's, before it sent again).
+  owner_->PublishReceives(kQpn, 1, 4, {});
+  EXPECT_EQ(Claim(8), 2);
+}
+
+TEST_F(ReceiveWindowTest, TheWindowShowsWhatTheOwnerPublishedAsItWraps) {
+  for (uint32_t i = 0; i < 3 * kReceiveWindow; ++i) {
+    const uint32_t length = 100 + i;
+    owner_->PublishReceives(kQpn, 0, i, {&length, 1});
+    EXPECT_EQ(Claim(length + 1), -1) << i;
+    EXPECT_EQ(Claim(length), int64_t(i)) << i;
+  }
+}
+
+TEST_F(ReceiveWindowTest, ReopeningStartsANewIncarnationAndClosingEndsIt) {
+  const uint32_t lengths[] = {8, 8};
+  owner_->PublishReceives(kQpn, 0, 0, lengths);
+  EXPECT_EQ(Claim(8), 0);
+  ASSERT_TRUE(owner_->OpenReceives(kQpn, 6));  // RESET and back: counts from 0 again
+  epoch_ = 6;
+  EXPECT_EQ(owner_->DirectSends(kQpn), 0u);
+  EXPECT_EQ(Claim(8), -1);
+  owner_->PublishReceives(kQpn, 0, 0, lengths);
+  EXPECT_EQ(Claim(8), 0);
+  owner_->CloseReceives(kQpn);
+  EXPECT_EQ(Claim(8), -1);
+  EXPECT_EQ(owner_->DirectSends(kQpn), 0u);
+}
+
+TEST(DirectSendRecord, EncodesAndDecodesEveryField) {
+  DirectSend d;
+  d.dest_qpn = 0x030011;
+  d.src_qpn = 0x040022;
+  d.epoch = 77;
+  d.index = (uint64_t{1} << 40) + 3;
+  d.imm = 0xdeadbeef;
+  d.with_imm = true;
+  d.solicited = true;
+  uint8_t bytes[DirectSend::kSize + 4];
+  d.Encode(bytes);
+  const auto back = DirectSend::Decode(bytes);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->dest_qpn, d.dest_qpn);
+  EXPECT_EQ(back->src_qpn, d.src_qpn);
+  EXPECT_EQ(back->epoch, d.epoch);
+  EXPECT_EQ(back->index, d.index);
+  EXPECT_EQ(back->imm, d.imm);
+  EXPECT_TRUE(back->with_imm && back->solicited);
+  EXPECT_FALSE(DirectSend::Decode(std::span<const uint8_t>(bytes, DirectSend::kSize - 1)));
+  bytes[0] = 'X';
+  EXPECT_FALSE(DirectSend::Decode(bytes));
+}
+
 TEST(CrossMemoryCopy, WritesAndReadsAnotherProcessesMemory) {
   // A child holds a buffer; we write into it and read it back through its pid.
   static uint8_t shared_target[64];

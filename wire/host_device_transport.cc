@@ -154,9 +154,15 @@ bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, 
     malformed_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
+  // A direct SEND comes only from another process of the host (in its ring or, before, on its connection).
+  if (header->direct_send && !from_peer) {
+    malformed_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   InDatagram d;
   d.src = header->src;
   d.dst = header->dst;
+  d.direct_send = header->direct_send;
   d.payload = bytes.subspan(ForwardHeader::kSize);
   d.timestamp_ns = now;
   d.congestion_experienced = header->congestion_experienced;
@@ -603,6 +609,37 @@ bool HostDeviceTransport::Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint3
                     [&](pid_t pid, uint64_t there) { return CopyFromProcess(pid, there, pieces, length); });
 }
 
+bool HostDeviceTransport::SendMessage(const UdpEndpoint& peer, DirectSend& send,
+                                      std::span<const std::span<const uint8_t>> pieces, uint64_t length) {
+  pid_t pid = 0;
+  DirectTable* table = DirectTableFor(peer, send.dest_qpn, &pid);
+  if (table == nullptr) return false;
+  Peer* p = PeerFor(OwnerOf24(send.dest_qpn), false);
+  if (p == nullptr) return false;
+  bool sent = false;
+  table->Enter(owner_, self_pid_);
+  uint32_t slot = 0;
+  if (table->ClaimReceive(&send, length, &slot)) {
+    ForwardHeader h;
+    h.src = local_;
+    h.dst = peer;
+    h.direct_send = true;
+    uint8_t header[ForwardHeader::kSize + DirectSend::kSize];
+    h.Encode(header);
+    send.Encode(header + ForwardHeader::kSize);
+    std::lock_guard lock(p->mu);
+    // Into the ring only (not a connection that came before it): a SEND that does not fit goes as packets.
+    if (p->ring && p->ring->WriteGathered(header, pieces)) {
+      table->CountSend(slot);  // counted once in the ring (the owner's flush waits for what is counted)
+      if (p->ring->Publish()) SignalEventFd(p->doorbell);
+      sent = true;
+    }
+  }
+  table->Leave(owner_);
+  if (sent) direct_bytes_.fetch_add(length, std::memory_order_relaxed);
+  return sent;
+}
+
 void HostDeviceTransport::PublishQp(const QpEntry& qp) {
   if (direct_table_ != nullptr) direct_table_->PublishQp(qp);
 }
@@ -614,6 +651,19 @@ void HostDeviceTransport::PublishRegion(const Region& region) {
 }
 void HostDeviceTransport::WithdrawRegion(uint32_t rkey) {
   if (direct_table_ != nullptr) direct_table_->WithdrawRegion(rkey);
+}
+void HostDeviceTransport::OpenReceives(uint32_t qpn, uint32_t epoch) {
+  if (direct_table_ != nullptr) direct_table_->OpenReceives(qpn, epoch);
+}
+void HostDeviceTransport::PublishReceives(uint32_t qpn, uint64_t packets_taken, uint64_t first,
+                                          std::span<const uint32_t> lengths) {
+  if (direct_table_ != nullptr) direct_table_->PublishReceives(qpn, packets_taken, first, lengths);
+}
+uint64_t HostDeviceTransport::DirectSends(uint32_t qpn) {
+  return direct_table_ != nullptr ? direct_table_->DirectSends(qpn) : 0;
+}
+void HostDeviceTransport::CloseReceives(uint32_t qpn) {
+  if (direct_table_ != nullptr) direct_table_->CloseReceives(qpn);
 }
 
 }  // namespace uroce::wire

@@ -93,10 +93,17 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
              std::span<const std::span<const uint8_t>> pieces, uint64_t length) override;
   bool Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va,
             std::span<const std::span<uint8_t>> pieces, uint64_t length) override;
+  bool SendMessage(const UdpEndpoint& peer, DirectSend& send, std::span<const std::span<const uint8_t>> pieces,
+                   uint64_t length) override;
   void PublishQp(const QpEntry& qp) override;
   void WithdrawQp(uint32_t qpn) override;
   void PublishRegion(const Region& region) override;
   void WithdrawRegion(uint32_t rkey) override;
+  void OpenReceives(uint32_t qpn, uint32_t epoch) override;
+  void PublishReceives(uint32_t qpn, uint64_t packets_taken, uint64_t first,
+                       std::span<const uint32_t> lengths) override;
+  uint64_t DirectSends(uint32_t qpn) override;
+  void CloseReceives(uint32_t qpn) override;
 
   UdpEndpoint local() const override { return local_; }
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override {

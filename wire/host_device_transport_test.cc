@@ -336,6 +336,84 @@ TEST_F(HostDeviceTransportTest, DirectAccessGoesToATableThatCameWithTheRingOffer
   EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4));
 }
 
+TEST_F(HostDeviceTransportTest, ADirectSendGoesIntoTheRingInOrderWithPacketsAndCountsInTheWindow) {
+  Member a, b;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002);
+  ASSERT_EQ(a.transport->EnableDirectAccess(), 0);
+  ASSERT_EQ(b.transport->EnableDirectAccess(), 0);
+  const uint32_t a_qpn = WithOwner24(1, 0x11), b_qpn = WithOwner24(2, 0x22);
+  b.transport->PublishQp({b_qpn, a_qpn, 3, direct_rights::kSend});
+  b.transport->OpenReceives(b_qpn, 9);
+  const uint32_t lengths[] = {16, 16};
+  b.transport->PublishReceives(b_qpn, 0, 0, lengths);
+  const UdpEndpoint device{address_, kRoceV2UdpPort};
+  const uint8_t head[] = {1, 2, 3}, tail[] = {4, 5};
+  const std::span<const uint8_t> pieces[] = {head, tail};
+  a.transport->ConnectAhead(device, b_qpn);
+  b.transport->Poll([](const InDatagram&) {}, 0);  // B accepts and offers its ring and table
+  DirectSend send;
+  send.dest_qpn = b_qpn;
+  send.src_qpn = a_qpn;
+  bool sent = false;
+  for (int i = 0; i < 100 && !sent; ++i) {
+    sent = a.transport->SendMessage(device, send, pieces, 5);
+    if (!sent) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(sent);
+  EXPECT_EQ(send.epoch, 9u);
+  EXPECT_EQ(send.index, 0u);
+  // A packet after it, then a second SEND: B reads them in that order.
+  const auto packet = DataPacket(b_qpn, 0x33);
+  const OutDatagram dg{device, 4000, packet};
+  ASSERT_EQ(a.transport->Send({&dg, 1}), 1);
+  DirectSend second = send;
+  ASSERT_TRUE(a.transport->SendMessage(device, second, pieces, 5));
+  EXPECT_EQ(second.index, 1u);
+  DirectSend third = send;
+  EXPECT_FALSE(a.transport->SendMessage(device, third, pieces, 5));  // no third WQE shown
+  EXPECT_EQ(b.transport->DirectSends(b_qpn), 2u);
+  std::vector<InDatagram> got;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (int i = 0; i < 50 && got.size() < 3; ++i) {
+    b.transport->Poll(
+        [&](const InDatagram& d) {
+          got.push_back(d);
+          payloads.emplace_back(d.payload.begin(), d.payload.end());
+        },
+        100'000'000);
+  }
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(got[0].direct_send);
+  EXPECT_FALSE(got[1].direct_send);
+  EXPECT_TRUE(got[2].direct_send);
+  EXPECT_EQ(payloads[1], packet);
+  for (size_t k : {size_t{0}, size_t{2}}) {
+    const auto d = DirectSend::Decode(payloads[k]);
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->index, k == 0 ? 0u : 1u);
+    EXPECT_EQ(std::vector<uint8_t>(payloads[k].begin() + DirectSend::kSize, payloads[k].end()),
+              (std::vector<uint8_t>{1, 2, 3, 4, 5}));
+  }
+}
+
+TEST_F(HostDeviceTransportTest, ADirectSendIsMalformedFromTheService) {
+  Member a;
+  Join(a, 1, 40001);
+  ForwardHeader h;
+  h.src = {address_, 4791};
+  h.dst = {address_, kRoceV2UdpPort};
+  h.direct_send = true;
+  std::vector<uint8_t> bytes(ForwardHeader::kSize + DirectSend::kSize + 4, 0);
+  h.Encode(bytes.data());
+  DirectSend{}.Encode(bytes.data() + ForwardHeader::kSize);
+  ASSERT_EQ(send(a.service_end, bytes.data(), bytes.size(), 0), ssize_t(bytes.size()));
+  int delivered = 0;
+  for (int i = 0; i < 5; ++i) a.transport->Poll([&](const InDatagram&) { ++delivered; }, 10'000'000);
+  EXPECT_EQ(delivered, 0);
+  EXPECT_EQ(a.transport->malformed(), 1u);
+}
+
 TEST_F(HostDeviceTransportTest, ATableGoesOutOfUseWhenItsProcessExitsThoughAChildHoldsItsConnection) {
   Member a;
   Join(a, 1, 40001);

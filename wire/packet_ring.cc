@@ -56,7 +56,13 @@ int PacketRing::Attach(int fd, std::unique_ptr<PacketRing>* ring) {
 }
 
 bool PacketRing::Write(std::span<const uint8_t> first, std::span<const uint8_t> second) {
-  const size_t length = first.size() + second.size();
+  const std::span<const uint8_t> rest[1] = {second};
+  return WriteGathered(first, rest);
+}
+
+bool PacketRing::WriteGathered(std::span<const uint8_t> first, std::span<const std::span<const uint8_t>> rest) {
+  size_t length = first.size();
+  for (const auto& piece : rest) length += piece.size();
   const size_t record = RecordBytes(length);
   if (record > data_bytes_ / 2) return false;  // a record and the padding before it always fit an empty ring
   const size_t offset = size_t(write_pos_ & (data_bytes_ - 1));
@@ -85,8 +91,11 @@ bool PacketRing::Write(std::span<const uint8_t> first, std::span<const uint8_t> 
   uint8_t* at = data() + at_offset;
   const uint32_t header[2] = {uint32_t(length), kRecordPacket};
   std::memcpy(at, header, sizeof header);
-  if (!first.empty()) std::memcpy(at + kRecordHeader, first.data(), first.size());
-  if (!second.empty()) std::memcpy(at + kRecordHeader + first.size(), second.data(), second.size());
+  uint8_t* to = at + kRecordHeader;
+  if (!first.empty()) to = static_cast<uint8_t*>(std::memcpy(to, first.data(), first.size())) + first.size();
+  for (const auto& piece : rest) {
+    if (!piece.empty()) to = static_cast<uint8_t*>(std::memcpy(to, piece.data(), piece.size())) + piece.size();
+  }
   write_pos_ += record;
   return true;
 }

@@ -69,6 +69,8 @@ class PacketRing {
   // Appends one record made of `first` then `second` (not yet visible to the consumer). false when it does not fit
   // now (the ring is full) or ever (larger than the ring).
   bool Write(std::span<const uint8_t> first, std::span<const uint8_t> second);
+  // The same, of `first` then each of `rest` in order.
+  bool WriteGathered(std::span<const uint8_t> first, std::span<const std::span<const uint8_t>> rest);
   // Makes the records written so far visible. Returns true when the consumer was asleep (or about to be): the
   // caller rings its doorbell.
   bool Publish();

@@ -88,7 +88,7 @@ int AttachOwnerSteering(int fd, const std::array<uint16_t, 256>& index_of_owner)
 void ForwardHeader::Encode(uint8_t out[kSize]) const {
   std::memset(out, 0, kSize);
   out[0] = 1;
-  out[1] = (congestion_experienced ? 1 : 0) | (icrc_vouched ? 2 : 0);
+  out[1] = (congestion_experienced ? 1 : 0) | (icrc_vouched ? 2 : 0) | (direct_send ? 4 : 0);
   PutEndpoint(src, out + 4);
   PutEndpoint(dst, out + 22);
 }
@@ -98,6 +98,7 @@ std::optional<ForwardHeader> ForwardHeader::Decode(std::span<const uint8_t> in) 
   ForwardHeader h;
   h.congestion_experienced = (in[1] & 1) != 0;
   h.icrc_vouched = (in[1] & 2) != 0;
+  h.direct_send = (in[1] & 4) != 0;
   h.src = GetEndpoint(in.data() + 4);
   h.dst = GetEndpoint(in.data() + 22);
   return h;

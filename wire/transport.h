@@ -49,6 +49,9 @@ struct InDatagram {
   // fault injector touched it): the receiver need not check it again, as Linux does not check the checksums of what
   // it loops back (CHECKSUM_UNNECESSARY). A receive-side injector that alters the packet clears it.
   bool icrc_vouched = false;
+  // Not a packet: a direct SEND from a process of this host (wire::DirectSend, then the message's bytes), which the
+  // sender checked against the receive window this device published (wire/direct_access.h).
+  bool direct_send = false;
 };
 
 // The header fields of a datagram as it will appear on the wire: what the ICRC is computed over.
