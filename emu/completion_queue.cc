@@ -64,18 +64,21 @@ int CompletionQueue::Poll(Completion* out, int max) {
   return n;
 }
 
-size_t CompletionQueue::RemoveQp(uint32_t qpn) {
+size_t CompletionQueue::RemoveQp(uint32_t qpn, std::vector<Completion>* removed) {
   std::lock_guard lock(mu_);
   size_t kept = head_;
   for (size_t i = head_; i != tail_; i = (i + 1) % ring_.size()) {
-    if (ring_[i].qp_num == qpn) continue;
+    if (ring_[i].qp_num == qpn) {
+      if (removed != nullptr) removed->push_back(ring_[i]);
+      continue;
+    }
     if (kept != i) ring_[kept] = ring_[i];
     kept = (kept + 1) % ring_.size();
   }
-  const size_t removed = (tail_ + ring_.size() - kept) % ring_.size();
+  const size_t dropped = (tail_ + ring_.size() - kept) % ring_.size();
   tail_ = kept;
-  count_.fetch_sub(uint32_t(removed), std::memory_order_relaxed);
-  return removed;
+  count_.fetch_sub(uint32_t(dropped), std::memory_order_relaxed);
+  return dropped;
 }
 
 bool CompletionQueue::Peek(Completion* out) const {

@@ -64,7 +64,8 @@ class CompletionQueue {
   // Drops every completion of QP `qpn`, keeping the others in order; returns how many were dropped. A QP moved to
   // RESET takes its completions with it, as mlx4/mlx5 do (their modify_qp to RESET cleans the CQs), so completions
   // flushed before the reset never surface as the first ones of the QP's next life.
-  size_t RemoveQp(uint32_t qpn);
+  // The dropped completions are appended to *removed when it is given.
+  size_t RemoveQp(uint32_t qpn, std::vector<Completion>* removed = nullptr);
   // Whether the CQ holds no completion, read without the lock: an application polling an empty CQ (its hot loop)
   // then neither locks nor copies. A completion pushed by another thread concurrently may be seen on the next look.
   bool Empty() const { return count_.load(std::memory_order_acquire) == 0; }

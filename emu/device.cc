@@ -289,8 +289,7 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
   if (next == QpState::kReset && cur != QpState::kReset) {
     // IBTA 10.3.1: a QP moved to RESET loses its queued work without completions, and (as on mlx4/mlx5) the
     // completions it left in its CQs.
-    for (CompletionQueue* cq : {qp->init().send_cq, qp->init().recv_cq})
-      if (cq != nullptr) cq->RemoveQp(qp->qpn());
+    CleanCqsLocked(*qp);
     qp->receive_queue().clear();
     qp->held_sends().clear();
     qp->inbound() = InboundMessage{};
@@ -308,6 +307,29 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
     core_.Flush(*qp);
   }
   return 0;
+}
+
+void Device::CleanCqsLocked(QueuePair& qp) {
+  std::vector<Completion> removed;
+  for (CompletionQueue* cq : {qp.init().send_cq, qp.init().recv_cq})
+    if (cq != nullptr) cq->RemoveQp(qp.qpn(), &removed);
+  auto& kept = qp.srq_completed();
+  SharedReceiveQueue* srq = qp.init().srq;
+  if (srq != nullptr) {
+    // The receive WQEs behind the receive completions dropped go back to the SRQ, as if never taken (mlx5 frees
+    // them in its CQ clean): the application's buffers stay posted, rather than lost with completions it can no
+    // longer poll. They are the newest the QP completed, in order: the last of those it kept.
+    std::vector<uint64_t> ids;
+    for (const Completion& c : removed)
+      if (c.opcode == WcOpcode::kRecv || c.opcode == WcOpcode::kRecvRdmaWithImm) ids.push_back(c.wr_id);
+    if (ids.size() <= kept.size()) {
+      const size_t first = kept.size() - ids.size();
+      bool same = true;
+      for (size_t i = 0; i < ids.size(); ++i) same = same && kept[first + i].wr_id == ids[i];
+      for (size_t i = 0; same && i < ids.size(); ++i) srq->Post(std::move(kept[first + i]));
+    }
+  }
+  kept.clear();
 }
 
 int Device::QueryQp(QueuePair* qp, QpAttributes* attr) {
@@ -337,8 +359,7 @@ int Device::DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups) 
     // The completions it left in its CQs go with it, as on mlx4/mlx5 (their destroy_qp cleans both CQs): once
     // ibv_destroy_qp(3) returns, an application may have freed what their wr_ids point to, and a program that
     // keeps polling a CQ it shares with other QPs would be handed them.
-    for (CompletionQueue* cq : {qp->init().send_cq, qp->init().recv_cq})
-      if (cq != nullptr) cq->RemoveQp(qp->qpn());
+    CleanCqsLocked(*qp);
     qps_.erase(it);
   }
   Transmit(out);

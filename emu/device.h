@@ -160,6 +160,10 @@ class Device {
   // A direct SEND from another process of the host (wire/direct_access.h): the WQE it was checked against takes it
   // and completes; one for a QP reset, destroyed or reopened since is dropped (counted).
   void ReceiveDirectSendLocked(const wire::InDatagram& d);
+  // A QP reset or destroyed: the completions it left in its CQs go (as on mlx4/mlx5), and the SRQ WQEs behind its
+  // dropped receive completions return to the SRQ (QueuePair::srq_completed). With the QP's lock or the object lock
+  // held exclusively.
+  void CleanCqsLocked(QueuePair& qp);
   // Its steps: the ICRC (counted when it fails); CNPs, QP1 and multicast; the named QP's validation and delivery.
   bool IcrcVerifies(const wire::InDatagram& d);
   void ReceiveCnpLocked(const wire::InDatagram& d, const wire::PacketView& p);

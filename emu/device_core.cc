@@ -370,6 +370,15 @@ std::optional<RecvWr> DeviceCore::TakeReceiveWqe(QueuePair& qp) {
   return wr;
 }
 
+void DeviceCore::KeepSrqWqe(QueuePair& qp, RecvWr&& wr) {
+  if (qp.init().srq == nullptr || qp.init().recv_cq == nullptr) return;
+  auto& kept = qp.srq_completed();
+  kept.push_back(std::move(wr));
+  // No more of its completions can be in the CQ than the CQ holds now.
+  const size_t in_cq = qp.init().recv_cq->depth();
+  while (kept.size() > in_cq) kept.pop_front();
+}
+
 // --- the error state -------------------------------------------------------------------------------------------------
 
 void DeviceCore::EnterError(QueuePair& qp) {
@@ -409,6 +418,7 @@ void DeviceCore::FlushReceiveQueue(QueuePair& qp) {
   if (qp.inbound().rqe) {
     const Completion c = ReceiveError(qp, qp.inbound().rqe->wr_id, WcStatus::kWrFlushErr);
     Complete(qp.init().recv_cq, c);
+    KeepSrqWqe(qp, std::move(*qp.inbound().rqe));
   }
   qp.inbound() = InboundMessage{};
   auto& rq = qp.receive_queue();

@@ -312,6 +312,8 @@ class DeviceCore {
   bool HasReceiveWqe(QueuePair& qp);
   // The next receive WQE (nullopt: none, or another QP took the SRQ's last one); the SRQ's limit event is raised here.
   std::optional<RecvWr> TakeReceiveWqe(QueuePair& qp);
+  // A receive WQE whose completion was just queued: kept if it came from the QP's SRQ (QueuePair::srq_completed).
+  void KeepSrqWqe(QueuePair& qp, RecvWr&& wr);
 
   // --- the error state ---------------------------------------------------------------------------------------------
   // The QP enters the error state and its outstanding work completes flushed (IBTA 10.3.1, 11.6.2).

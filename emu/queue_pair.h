@@ -115,6 +115,10 @@ class QueuePair {
   std::deque<HeldSend>& held_sends() { return held_sends_; }
   InboundMessage& inbound() { return inbound_; }
   DirectReceives& direct_receives() { return direct_receives_; }
+  // A QP on an SRQ: the WQEs it took from the SRQ whose receive completions may still be in its CQ (at most as many
+  // as the CQ holds), oldest first. When the QP is reset or destroyed with those completions unpolled, the CQ drops
+  // them and the WQEs go back to the SRQ (DeviceCore::KeepSrqWqe, Device::CleanCqsLocked).
+  std::deque<RecvWr>& srq_completed() { return srq_completed_; }
   RcRequester& requester() { return requester_; }
   RcCompleter& completer() { return completer_; }
   RcResponder& responder() { return responder_; }
@@ -151,6 +155,7 @@ class QueuePair {
   std::deque<HeldSend> held_sends_;
   InboundMessage inbound_;
   DirectReceives direct_receives_;
+  std::deque<RecvWr> srq_completed_;
   RcRequester requester_;
   RcCompleter completer_;
   RcResponder responder_;

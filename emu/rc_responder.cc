@@ -423,8 +423,9 @@ RequestOutcome RcResponder::PlaceSend(const Request& q) {
   const WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, q.p.payload);
   if (st == WcStatus::kSuccess) return RequestOutcome::kPass;
   const Completion c = DeviceCore::ReceiveError(qp_, m.rqe->wr_id, st);
-  m = InboundMessage{};
   core_.Complete(qp_.init().recv_cq, c);
+  core_.KeepSrqWqe(qp_, std::move(*m.rqe));
+  m = InboundMessage{};
   // Too long for the receive buffer is the sender's invalid request; a bad local key our operational error.
   return st == WcStatus::kLocLenErr ? RequestOutcome::kReceiveTooSmall : RequestOutcome::kReceiveUnusable;
 }
@@ -452,6 +453,7 @@ void RcResponder::CompleteMessage(const Request& q) {
     c.wr_id = m.rqe->wr_id;
     c.opcode = q.op == wire::Operation::kSend ? WcOpcode::kRecv : WcOpcode::kRecvRdmaWithImm;
     core_.Complete(qp_.init().recv_cq, c);
+    core_.KeepSrqWqe(qp_, std::move(*m.rqe));
   }
   m = InboundMessage{};
 }

@@ -239,6 +239,45 @@ TEST(Srq, EmptySrqMakesRcSenderRetryAfterRnrNak) {
   EXPECT_EQ(dst.bytes[99], 0x3c);
 }
 
+TEST(Srq, AQpResetOrDestroyedWithReceivesUnpolledGivesTheirWqesBackToTheSrq) {
+  for (bool destroy : {false, true}) {
+    SrqBench t;
+    auto [qa, qb] = t.RcPairOnSrq();
+    auto [qa2, qb2] = t.RcPairOnSrq();  // a second QP on the same SRQ and CQ
+    Buffer src = Register(*t.a->device, t.pa, 4096, kAll);
+    Buffer dst = Register(*t.b->device, t.pb, 4096, kAll);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(t.b->device->PostSrqRecv(t.srq, Recv(10 + i, dst, i * 256, 256)), 0);
+    // qb takes two, qb2 one; nobody polls.
+    ASSERT_EQ(t.a->device->PostSend(qa, Send(1, src, 0, 32)), 0);
+    ASSERT_EQ(t.a->device->PostSend(qa2, Send(2, src, 0, 32)), 0);
+    ASSERT_EQ(t.a->device->PostSend(qa, Send(3, src, 0, 32)), 0);
+    t.fabric.Pump();
+    EXPECT_EQ(t.srq->depth(), 1u);
+    if (destroy) {
+      ASSERT_EQ(t.b->device->DestroyQp(qb), 0);
+    } else {
+      QpAttributes reset;
+      reset.qp_state = QpState::kReset;
+      ASSERT_EQ(t.b->device->ModifyQp(qb, reset, attr::kState), 0);
+    }
+    // qb's two completions went with it (as on mlx5), and the WQEs behind them are posted again: none is lost.
+    EXPECT_EQ(t.srq->depth(), 3u) << destroy;
+    auto left = Drain(t.cb);
+    ASSERT_EQ(left.size(), 1u) << destroy;
+    EXPECT_EQ(left[0].qp_num, qb2->qpn());
+    EXPECT_EQ(left[0].wr_id, 11u);
+    // The WQEs given back receive again, in the order the SRQ holds them.
+    std::set<uint64_t> ids;
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(t.a->device->PostSend(qa2, Send(4 + i, src, 0, 16)), 0);
+    t.fabric.Pump();
+    for (const Completion& c : Drain(t.cb)) {
+      EXPECT_EQ(c.status, WcStatus::kSuccess);
+      ids.insert(c.wr_id);
+    }
+    EXPECT_EQ(ids, (std::set<uint64_t>{10, 12, 13})) << destroy;
+  }
+}
+
 // One XRC SRQ on node t, three target QPs (one per initiator); three initiators on two other nodes.
 TEST(Xrc, OneSrqServesSeveralTargetsFromSeveralInitiators) {
   Fabric f;

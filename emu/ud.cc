@@ -107,6 +107,7 @@ void UdTransport::Receive(const wire::InDatagram& d, const wire::PacketView& p) 
   c.status = core_.Scatter(qp_, rqe.sg_list, 0, grh);
   if (c.status == WcStatus::kSuccess) c.status = core_.Scatter(qp_, rqe.sg_list, kGrhSize, p.payload);
   core_.Complete(qp_.init().recv_cq, c);
+  core_.KeepSrqWqe(qp_, std::move(rqe));
   if (c.status != WcStatus::kSuccess) core_.EnterError(qp_);
 }
 
