@@ -848,12 +848,47 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     WakeAllPathWaitersLocked(out);
     next = wire::EarlierDeadline(next, SendHeldUnreliableLocked(now, out));
     next = wire::EarlierDeadline(next, RunRequesterTimersLocked(now, out));
+    next = wire::EarlierDeadline(next, FlushOverdueReceivesLocked(now));
     if (PathWaitersMayWakeLocked()) next = now;
     MutexLock lock(core_.timers_mu());
     core_.poller_deadline() = wire::EarlierDeadline(next, poller_returns_by_ns);
   }
   Transmit(out);
   return wire::EarlierDeadline(next, cm_.RunTimers());
+}
+
+uint64_t Device::FlushOverdueReceivesLocked(uint64_t now) {
+  std::vector<uint32_t> qpns;
+  {
+    MutexLock lock(core_.timers_mu());
+    if (core_.flush_waiting_qps().empty()) return 0;
+    qpns.swap(core_.flush_waiting_qps());
+  }
+  std::vector<uint32_t> still;
+  uint64_t next = 0;
+  for (uint32_t qpn : qpns) {
+    auto it = qps_.find(qpn);
+    if (it == qps_.end()) continue;  // destroyed since
+    QueuePair& qp = *it->second;
+    std::lock_guard lock(qp.mutex());
+    DirectReceives& w = qp.direct_receives();
+    if (!w.flush_waiting) continue;  // what it waited for came
+    if (now < w.flush_deadline_ns) {
+      still.push_back(qpn);
+      next = wire::EarlierDeadline(next, w.flush_deadline_ns);
+      continue;
+    }
+    // Counted, never read: what they stood for is lost with them, and the receive queue's flush goes on.
+    core_.Count(&DeviceCounters::rc_direct_sends_dropped, w.flush_after - w.direct_taken);
+    w.flush_waiting = false;
+    core_.FlushReceiveQueue(qp);
+  }
+  if (!still.empty()) {
+    MutexLock lock(core_.timers_mu());
+    auto& waiting = core_.flush_waiting_qps();
+    waiting.insert(waiting.end(), still.begin(), still.end());
+  }
+  return next;
 }
 
 uint64_t SendWr::TotalLength() const {

@@ -160,6 +160,9 @@ class Device {
   // A direct SEND from another process of the host (wire/direct_access.h): the WQE it was checked against takes it
   // and completes; one for a QP reset, destroyed or reopened since is dropped (counted).
   void ReceiveDirectSendLocked(const wire::InDatagram& d);
+  // RunTimers: the receive flushes that waited for direct SENDs past DeviceCore::kDirectFlushWaitNs go on; when the
+  // next of those waits ends (0: none). With the object lock held (shared).
+  uint64_t FlushOverdueReceivesLocked(uint64_t now);
   // A QP reset or destroyed: the completions it left in its CQs go (as on mlx4/mlx5), and the SRQ WQEs behind its
   // dropped receive completions return to the SRQ (QueuePair::srq_completed). With the QP's lock or the object lock
   // held exclusively.

@@ -404,6 +404,12 @@ void DeviceCore::Flush(QueuePair& qp) {
     if (counted > w.direct_taken) {
       w.flush_waiting = true;
       w.flush_after = counted;
+      w.flush_deadline_ns = Now() + uint64_t(double(kDirectFlushWaitNs) * std::max(1.0, config.time_scale));
+      {
+        MutexLock lock(timers_mu_);
+        flush_waiting_qps_.push_back(qp.qpn());
+      }
+      WakeForTimer(w.flush_deadline_ns);
     }
   }
   if (!w.flush_waiting) FlushReceiveQueue(qp);

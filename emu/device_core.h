@@ -220,6 +220,11 @@ class DeviceCore {
   // caller's poller_returns_by_ns; arming an earlier timer wakes the poller (WakeForTimer).
   Mutex& timers_mu() const RETURN_CAPABILITY(timers_mu_) { return timers_mu_; }
   std::vector<uint32_t>& timed_qps() REQUIRES(timers_mu_) { return timed_qps_; }
+  // QPNs whose receive flush waits for direct SENDs (DirectReceives::flush_waiting), visited by RunTimers. The
+  // records are in the ring before they are counted, so they come within a look of the ring; a wait this long
+  // (stretched by the time scale) means they never will.
+  static constexpr uint64_t kDirectFlushWaitNs = 100'000'000;
+  std::vector<uint32_t>& flush_waiting_qps() REQUIRES(timers_mu_) { return flush_waiting_qps_; }
   uint64_t& poller_deadline() REQUIRES(timers_mu_) { return poller_deadline_; }
 
   // Held ACKs (AckTiming::kHeld): the QPs holding one and when each must leave (a QP reset or destroyed since no
@@ -352,6 +357,7 @@ class DeviceCore {
   mutable Mutex timers_mu_;
   std::vector<uint32_t> held_qps_ GUARDED_BY(timers_mu_);
   std::vector<uint32_t> timed_qps_ GUARDED_BY(timers_mu_);
+  std::vector<uint32_t> flush_waiting_qps_ GUARDED_BY(timers_mu_);
   uint64_t poller_deadline_ GUARDED_BY(timers_mu_) = 0;
   mutable Mutex acks_mu_;
   std::vector<HeldAck> acks_held_ GUARDED_BY(acks_mu_);

@@ -412,6 +412,27 @@ TEST(DirectSend, TheErrorStateCompletesWhatWasSentDirectlyBeforeItFlushesTheRest
   ASSERT_EQ(Drain(p.cb).size(), 1u);
 }
 
+TEST(DirectSend, AFlushWaitingForDirectSendsThatNeverComeGoesOnAfterItsTime) {
+  DirectPair p;
+  for (uint64_t i = 0; i < 3; ++i) p.PostReceive(10 + i, i * 64, 64);
+  ASSERT_EQ(p.a->device->PostSend(p.qa, p.Send(1, 0, 32)), 0);
+  p.access_b.ring.clear();  // counted, but the record never reaches b (a ring found malformed, a peer that lied)
+  QpAttributes err;
+  err.qp_state = QpState::kErr;
+  ASSERT_EQ(p.b->device->ModifyQp(p.qb, err, attr::kState), 0);
+  EXPECT_TRUE(Drain(p.cb).empty());  // the flush waits for it...
+  const uint64_t start = p.fabric.clock().NowNs();
+  p.fabric.Pump();  // ... until its time is up (the timer moves the simulated clock)
+  EXPECT_GE(p.fabric.clock().NowNs() - start, DeviceCore::kDirectFlushWaitNs);
+  const auto done = Drain(p.cb);
+  ASSERT_EQ(done.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(done[i].wr_id, 10 + i);
+    EXPECT_EQ(done[i].status, WcStatus::kWrFlushErr);
+  }
+  EXPECT_EQ(p.b->device->counters().rc_direct_sends_dropped, 1u);
+}
+
 TEST(DirectSend, ADirectSendForAQpResetOrDestroyedSinceIsDropped) {
   for (bool destroy : {false, true}) {
     DirectPair p;

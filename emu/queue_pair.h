@@ -83,6 +83,9 @@ struct DirectReceives {
   // (their initiators saw them succeed) have taken their WQEs: up to this count.
   bool flush_waiting = false;
   uint64_t flush_after = 0;
+  // Records counted but never read (a peer that counted without writing, a ring found malformed) do not hold the
+  // flush past this time (DeviceCore::kDirectFlushWaitNs): Device::RunTimers flushes then.
+  uint64_t flush_deadline_ns = 0;
 };
 
 class QueuePair {
