@@ -368,19 +368,18 @@ int Device::DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups) 
 
 void Device::ReceiveDirectSendLocked(const wire::InDatagram& d) {
   const std::optional<wire::DirectSend> h = wire::DirectSend::Decode(d.payload);
-  auto it = h ? qps_.find(h->dest_qpn) : qps_.end();
-  if (it == qps_.end()) {
+  QueuePair* found = h ? FindQpLocked(h->dest_qpn) : nullptr;
+  if (found == nullptr) {
     core_.Count(&DeviceCounters::rc_direct_sends_dropped);
     return;
   }
-  QueuePair& qp = *it->second;
+  QueuePair& qp = *found;
   std::lock_guard lock(qp.mutex());
   DirectReceives& w = qp.direct_receives();
   const QpState s = qp.state();
   // Checked against this incarnation's window by the QP's peer, as the next WQE (DirectTable::ClaimReceive); in the
   // error state only those the flush waits for.
-  const bool taking = s == QpState::kRtr || s == QpState::kRts || s == QpState::kSqd ||
-                      (s == QpState::kErr && w.flush_waiting && w.direct_taken < w.flush_after);
+  const bool taking = ReceivesInState(s) || (s == QpState::kErr && w.flush_waiting && w.direct_taken < w.flush_after);
   if (!w.open || w.epoch != h->epoch || !taking || h->src_qpn != qp.attributes().dest_qp_num ||
       h->index != w.packets_taken + w.direct_taken || qp.receive_queue().empty()) {
     core_.Count(&DeviceCounters::rc_direct_sends_dropped);
@@ -393,14 +392,8 @@ void Device::ReceiveDirectSendLocked(const wire::InDatagram& d) {
   const WcStatus status = core_.Scatter(qp, wr.sg_list, 0, bytes);
   Completion c;
   if (status == WcStatus::kSuccess) {
-    c.qp_num = qp.qpn();
-    c.src_qp = h->src_qpn;
-    c.byte_len = uint32_t(bytes.size());
-    c.solicited = h->solicited;
-    if (h->with_imm) {
-      c.imm_data = h->imm;
-      c.wc_flags |= wc_flags::kWithImm;
-    }
+    c = DeviceCore::MessageCompletion(qp, bytes.size(), h->solicited,
+                                      h->with_imm ? std::optional<uint32_t>(h->imm) : std::nullopt);
     c.wr_id = wr.wr_id;
     c.opcode = WcOpcode::kRecv;
   } else {
@@ -867,9 +860,9 @@ uint64_t Device::FlushOverdueReceivesLocked(uint64_t now) {
   std::vector<uint32_t> still;
   uint64_t next = 0;
   for (uint32_t qpn : qpns) {
-    auto it = qps_.find(qpn);
-    if (it == qps_.end()) continue;  // destroyed since
-    QueuePair& qp = *it->second;
+    QueuePair* found = FindQpLocked(qpn);
+    if (found == nullptr) continue;  // destroyed since
+    QueuePair& qp = *found;
     std::lock_guard lock(qp.mutex());
     DirectReceives& w = qp.direct_receives();
     if (!w.flush_waiting) continue;  // what it waited for came

@@ -315,16 +315,24 @@ Completion DeviceCore::ReceiveError(const QueuePair& qp, uint64_t wr_id, WcStatu
   return c;
 }
 
-Completion DeviceCore::MessageCompletion(const QueuePair& qp, uint64_t byte_len, const wire::PacketView& last) {
+Completion DeviceCore::MessageCompletion(const QueuePair& qp, uint64_t byte_len, bool solicited,
+                                         std::optional<uint32_t> imm) {
   Completion c;
   c.qp_num = qp.qpn();
   c.src_qp = qp.attributes().dest_qp_num;
   c.byte_len = static_cast<uint32_t>(byte_len);
-  c.solicited = last.bth.solicited;  // SE on the last packet wakes a solicited-only CQ (IBTA 10.7.2.2)
-  if (last.imm) {
-    c.imm_data = last.imm->imm;
+  c.solicited = solicited;
+  if (imm) {
+    c.imm_data = *imm;
     c.wc_flags |= wc_flags::kWithImm;
   }
+  return c;
+}
+
+Completion DeviceCore::MessageCompletion(const QueuePair& qp, uint64_t byte_len, const wire::PacketView& last) {
+  // SE on the last packet wakes a solicited-only CQ (IBTA 10.7.2.2).
+  Completion c = MessageCompletion(qp, byte_len, last.bth.solicited,
+                                   last.imm ? std::optional<uint32_t>(last.imm->imm) : std::nullopt);
   if (last.ieth) {
     c.imm_data = last.ieth->rkey;  // ibv_wc.invalidated_rkey
     c.wc_flags |= wc_flags::kWithInv;
@@ -404,7 +412,7 @@ void DeviceCore::Flush(QueuePair& qp) {
     if (counted > w.direct_taken) {
       w.flush_waiting = true;
       w.flush_after = counted;
-      w.flush_deadline_ns = Now() + uint64_t(double(kDirectFlushWaitNs) * std::max(1.0, config.time_scale));
+      w.flush_deadline_ns = Now() + uint64_t(double(kDirectFlushWaitNs) * config.time_scale);
       {
         MutexLock lock(timers_mu_);
         flush_waiting_qps_.push_back(qp.qpn());

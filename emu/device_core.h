@@ -312,6 +312,9 @@ class DeviceCore {
   // The receive completion of a message ending with packet `last` (UC and RC responders): byte count, source QP,
   // solicited bit, immediate data or invalidated R_Key. The caller sets wr_id and opcode.
   static Completion MessageCompletion(const QueuePair& qp, uint64_t byte_len, const wire::PacketView& last);
+  // The same from its parts: the solicited bit, the immediate data (as the IMMDt carries it) if any. A direct SEND's.
+  static Completion MessageCompletion(const QueuePair& qp, uint64_t byte_len, bool solicited,
+                                      std::optional<uint32_t> imm);
 
   // --- the receive queue (the QP's own or its SRQ, srq.h) ------------------------------------------------------------
   bool HasReceiveWqe(QueuePair& qp);

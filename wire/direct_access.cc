@@ -235,23 +235,29 @@ void DirectTable::Enter(uint8_t me, pid_t self) {
 
 void DirectTable::Leave(uint8_t me) { Layout::initiators(base_)[me].left.fetch_add(1, std::memory_order_seq_cst); }
 
-uint64_t DirectTable::Check(uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va, uint64_t length,
-                            uint32_t right) const {
+bool DirectTable::Responds(uint32_t dest_qpn, uint32_t src_qpn, uint32_t right, uint32_t* pd) const {
   const Layout::QpSlot* qp = Probe(Layout::qps(base_), kQpSlots, dest_qpn, Layout::kQpValid | dest_qpn);
   // The QP executes only its peer's requests, and only those its access flags allow (IBTA 9.7.5.1.x, 10.6.3.2).
-  if (qp == nullptr || qp->peer_qpn != src_qpn || (qp->rights & right) == 0) return 0;
+  if (qp == nullptr || qp->peer_qpn != src_qpn || (qp->rights & right) == 0) return false;
+  if (pd != nullptr) *pd = qp->pd;
+  return true;
+}
+
+uint64_t DirectTable::Check(uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va, uint64_t length,
+                            uint32_t right) const {
+  uint32_t pd = 0;
+  if (!Responds(dest_qpn, src_qpn, right, &pd)) return 0;
   const Layout::RegionSlot* r = Probe(Layout::regions(base_), kRegionSlots, rkey, Layout::kRegionValid | rkey);
   // The R_Key's region: the QP's PD, [va, va+length) inside it, the right granted (10.6.3.2).
-  if (r == nullptr || r->pd != qp->pd || (r->rights & right) == 0 || va < r->iova || length > r->length ||
+  if (r == nullptr || r->pd != pd || (r->rights & right) == 0 || va < r->iova || length > r->length ||
       va - r->iova > r->length - length)
     return 0;
   return r->host + (va - r->iova);
 }
 
 bool DirectTable::ClaimReceive(DirectSend* send, uint64_t length, uint32_t* slot) const {
-  const Layout::QpSlot* qp =
-      Probe(Layout::qps(base_), kQpSlots, send->dest_qpn, Layout::kQpValid | send->dest_qpn);
-  if (qp == nullptr || qp->peer_qpn != send->src_qpn || (qp->rights & direct_rights::kSend) == 0) return false;
+  // Placed with the owner's own keys: the QP's PD does not matter here.
+  if (!Responds(send->dest_qpn, send->src_qpn, direct_rights::kSend, nullptr)) return false;
   Layout::ReceiveSlot* slots = Layout::receives(base_);
   Layout::ReceiveSlot* s = Probe(slots, kReceiveSlots, send->dest_qpn, Layout::kQpValid | send->dest_qpn);
   if (s == nullptr) return false;

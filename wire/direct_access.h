@@ -200,6 +200,8 @@ class DirectTable {
  private:
   struct Layout;
   DirectTable(void* base, size_t bytes);
+  // Whether the owner's QP `dest_qpn` executes `right` for our QP `src_qpn` (its peer); its PD in *pd if given.
+  bool Responds(uint32_t dest_qpn, uint32_t src_qpn, uint32_t right, uint32_t* pd) const;
   // Waits until every owner number has left the copies it had entered (as the file comment says).
   void WaitForCopies();
   // Clears the key of `number`'s slot (if published), forgets it, and waits for the copies.

@@ -554,7 +554,7 @@ void HostDeviceTransport::PeerGone(Peer* peer) {
   peer->table.store(nullptr, std::memory_order_seq_cst);
 }
 
-DirectTable* HostDeviceTransport::DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, pid_t* pid) {
+DirectTable* HostDeviceTransport::DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, Peer** found) {
   if (direct_table_ == nullptr || peer != local_ || direct_refused_.load(std::memory_order_relaxed)) return nullptr;
   const uint8_t owner = OwnerOf24(dest_qpn);
   if (owner == 0 || owner == owner_) return nullptr;
@@ -566,7 +566,7 @@ DirectTable* HostDeviceTransport::DirectTableFor(const UdpEndpoint& peer, uint32
     if (!p->offer_answered) TakeRingOffer(*p);
     table = p->table.load(std::memory_order_acquire);
   }
-  *pid = p->pid;
+  *found = p;
   return table;
 }
 
@@ -587,12 +587,12 @@ bool HostDeviceTransport::DirectDone(int rc, uint64_t length) {
 template <typename Copy>
 bool HostDeviceTransport::DirectCopy(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey,
                                      uint64_t va, uint64_t length, uint32_t right, const Copy& copy) {
-  pid_t pid = 0;
-  DirectTable* table = DirectTableFor(peer, dest_qpn, &pid);
+  Peer* p = nullptr;
+  DirectTable* table = DirectTableFor(peer, dest_qpn, &p);
   if (table == nullptr) return false;
   table->Enter(owner_, self_pid_);
   const uint64_t there = table->Check(dest_qpn, src_qpn, rkey, va, length, right);
-  const int rc = there != 0 ? copy(pid, there) : 0;
+  const int rc = there != 0 ? copy(p->pid, there) : 0;
   table->Leave(owner_);
   return DirectDone(rc, length);
 }
@@ -611,11 +611,9 @@ bool HostDeviceTransport::Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint3
 
 bool HostDeviceTransport::SendMessage(const UdpEndpoint& peer, DirectSend& send,
                                       std::span<const std::span<const uint8_t>> pieces, uint64_t length) {
-  pid_t pid = 0;
-  DirectTable* table = DirectTableFor(peer, send.dest_qpn, &pid);
+  Peer* p = nullptr;
+  DirectTable* table = DirectTableFor(peer, send.dest_qpn, &p);
   if (table == nullptr) return false;
-  Peer* p = PeerFor(OwnerOf24(send.dest_qpn), false);
-  if (p == nullptr) return false;
   bool sent = false;
   table->Enter(owner_, self_pid_);
   uint32_t slot = 0;

@@ -214,8 +214,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // Takes the peer's kRingOffer if it has come (its lock held).
   void TakeRingOffer(Peer& peer);
   Peer* PeerFor(uint8_t owner, bool reconnect);
-  // The table of the process that owns `dest_qpn` at `peer`, when direct access may go there; *pid its process.
-  DirectTable* DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, pid_t* pid);
+  // The table of the process that owns `dest_qpn` at `peer`, when direct access may go there; *found our connection
+  // to that process (its pid, its ring).
+  DirectTable* DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, Peer** found);
   // Write and Read: checks the access against the table of `dest_qpn`'s process and, if allowed, runs copy(pid,
   // address there). Whether it was done.
   template <typename Copy>

@@ -71,9 +71,11 @@ class HostDeviceTransportTest : public ::testing::Test {
                                                         owner, pair[0], -1, nullptr, path);
     ASSERT_EQ(m.transport->Init(), 0);
   }
-  static std::vector<InDatagram> PollAll(HostDeviceTransport& t, std::vector<std::vector<uint8_t>>* payloads) {
+  // Polls (at most 50 looks of up to 100 ms) until `want` datagrams have come; all that came, payloads copied.
+  static std::vector<InDatagram> PollFor(HostDeviceTransport& t, size_t want,
+                                         std::vector<std::vector<uint8_t>>* payloads) {
     std::vector<InDatagram> got;
-    for (int i = 0; i < 50 && got.empty(); ++i) {
+    for (int i = 0; i < 50 && got.size() < want; ++i) {
       t.Poll(
           [&](const InDatagram& d) {
             got.push_back(d);
@@ -94,7 +96,7 @@ TEST_F(HostDeviceTransportTest, APacketForAnotherProcessOfTheHostGoesStraightToI
   const OutDatagram out{{address_, kRoceV2UdpPort}, 0xc000, packet};
   ASSERT_EQ(a.transport->Send({&out, 1}), 1);
   std::vector<std::vector<uint8_t>> payloads;
-  const auto got = PollAll(*b.transport, &payloads);
+  const auto got = PollFor(*b.transport, 1, &payloads);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(payloads[0], packet);
   EXPECT_EQ(got[0].src, (UdpEndpoint{address_, 40001}));  // the flow A's ICRC was sealed for
@@ -110,7 +112,7 @@ TEST_F(HostDeviceTransportTest, APacketForAnotherProcessOfTheHostGoesStraightToI
   for (const OutDatagram* o : {&altered, &opaque}) {
     ASSERT_EQ(a.transport->Send({o, 1}), 1);
     payloads.clear();
-    const auto again = PollAll(*b.transport, &payloads);
+    const auto again = PollFor(*b.transport, 1, &payloads);
     ASSERT_EQ(again.size(), 1u);
     EXPECT_FALSE(again[0].icrc_vouched);
   }
@@ -148,15 +150,7 @@ TEST_F(HostDeviceTransportTest, WhatTheServiceForwardsIsDelivered) {
   ASSERT_EQ(send(a.service_end, junk, sizeof junk, 0), ssize_t(sizeof junk));
   ASSERT_EQ(send(a.service_end, bytes.data(), bytes.size(), 0), ssize_t(bytes.size()));
   std::vector<std::vector<uint8_t>> payloads;
-  std::vector<InDatagram> got;
-  for (int i = 0; i < 50 && got.size() < 2; ++i) {
-    a.transport->Poll(
-        [&](const InDatagram& d) {
-          got.push_back(d);
-          payloads.emplace_back(d.payload.begin(), d.payload.end());
-        },
-        100'000'000);
-  }
+  const std::vector<InDatagram> got = PollFor(*a.transport, 2, &payloads);
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0].src, h.src);
   EXPECT_FALSE(got[0].icrc_vouched);
@@ -373,16 +367,8 @@ TEST_F(HostDeviceTransportTest, ADirectSendGoesIntoTheRingInOrderWithPacketsAndC
   DirectSend third = send;
   EXPECT_FALSE(a.transport->SendMessage(device, third, pieces, 5));  // no third WQE shown
   EXPECT_EQ(b.transport->DirectSends(b_qpn), 2u);
-  std::vector<InDatagram> got;
   std::vector<std::vector<uint8_t>> payloads;
-  for (int i = 0; i < 50 && got.size() < 3; ++i) {
-    b.transport->Poll(
-        [&](const InDatagram& d) {
-          got.push_back(d);
-          payloads.emplace_back(d.payload.begin(), d.payload.end());
-        },
-        100'000'000);
-  }
+  const std::vector<InDatagram> got = PollFor(*b.transport, 3, &payloads);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_TRUE(got[0].direct_send);
   EXPECT_FALSE(got[1].direct_send);
