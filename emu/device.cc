@@ -274,7 +274,41 @@ void Device::Fail() {
       core_.EnterError(*qp);
     }
   }
+  {
+    // IBTA 10.3.1 leaves an SRQ's WQEs queued when one of its QPs enters the error state: its other QPs may still
+    // take them. A lost device has no other QPs, and a program waiting for a receive posted to an SRQ would wait for
+    // ever (ibv_srq_pingpong and ibv_xsrq_pingpong did, after the host's device service died), so they complete
+    // with IBV_WC_WR_FLUSH_ERR as the QPs' own receives do.
+    std::unique_lock objects(objects_mu_);
+    failed_ = true;
+    for (auto& [srqn, srq] : srqs_) FlushSrqLocked(*srq, srq->TakeAll());
+  }
   core_.Raise(AsyncEvent{AsyncEventType::kDeviceFatal});
+}
+
+void Device::FlushSrqLocked(SharedReceiveQueue& srq, std::deque<RecvWr> wrs) {
+  if (wrs.empty()) return;
+  CompletionQueue* cq = nullptr;
+  uint32_t qpn = 0;
+  bool found = false;
+  for (const auto& [n, qp] : qps_) {
+    const bool serves = srq.type() == SrqType::kXrc
+                            ? qp->type() == QpType::kXrcRecv && qp->init().xrcd == srq.xrcd()
+                            : qp->init().srq == &srq;
+    if (serves && (!found || n < qpn)) {
+      qpn = n;
+      cq = qp->init().recv_cq;
+      found = true;
+    }
+  }
+  if (srq.type() == SrqType::kXrc) {
+    cq = srq.cq();
+    if (!found) qpn = 0;
+  } else if (!found) {
+    for (RecvWr& wr : wrs) srq.Post(std::move(wr));
+    return;
+  }
+  for (const RecvWr& wr : wrs) core_.Complete(cq, DeviceCore::ReceiveError(qpn, wr.wr_id, WcStatus::kWrFlushErr));
 }
 
 int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {

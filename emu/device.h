@@ -88,7 +88,8 @@ class Device {
   int CreateQp(QpInitAttributes& init, QueuePair** out);
   int ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
   // The device is lost (its host's device service died: a catastrophic error, IBTA 11.6.2): every QP enters the
-  // error state and its outstanding work completes with IBV_WC_WR_FLUSH_ERR, then IBV_EVENT_DEVICE_FATAL is raised.
+  // error state and its outstanding work completes with IBV_WC_WR_FLUSH_ERR, the receives posted to its SRQs too
+  // (FlushSrqLocked; also those posted later), then IBV_EVENT_DEVICE_FATAL is raised.
   void Fail();
   int QueryQp(QueuePair* qp, QpAttributes* attr);
   // Drops one handle on the QP (an XRC target opened by OpenQp has several); the QP goes with the last, detached
@@ -200,6 +201,11 @@ class Device {
   // With the lock: the SRQ and domain named by `init` exist; takes a use of each (released by DestroyQp).
   int AttachSharedReceiveLocked(const QpInitAttributes& init);
   void DetachSharedReceiveLocked(const QpInitAttributes& init);
+  // With the lock, on a failed device: `wrs` (receives of `srq`) complete with IBV_WC_WR_FLUSH_ERR where a program
+  // polls for them: an XRC SRQ's in its own CQ (qp_num: a target QP of its domain, else 0), a basic SRQ's in the
+  // receive CQ of its QP with the lowest number (qp_num: that QP). With no QP on a basic SRQ nobody can poll for
+  // them: they stay queued.
+  void FlushSrqLocked(SharedReceiveQueue& srq, std::deque<RecvWr> wrs);
 
   // Shared: the tables below are read and the objects in them stay. Exclusive: the tables change.
   mutable ReadWriteLock objects_mu_;
@@ -216,6 +222,9 @@ class Device {
   uint32_t next_xrcd_ = 1;
   uint32_t next_pd_ = 1;
   uint32_t next_cq_ = 1;
+  // Fail() was called: receives posted to an SRQ from now on complete at once (FlushSrqLocked). Set with objects_mu_
+  // held exclusively and read with it shared, so that no post slips in between the drain and the flag.
+  bool failed_ = false;
   uint32_t next_qpn_ = 0x11;  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
   ConnectionManager cm_;  // its own lock, never taken with objects_mu_ held
 };

@@ -307,11 +307,15 @@ void DeviceCore::CompleteSend(QueuePair& qp, const SendWr& wr, WcStatus status) 
 }
 
 Completion DeviceCore::ReceiveError(const QueuePair& qp, uint64_t wr_id, WcStatus status) {
+  return ReceiveError(qp.qpn(), wr_id, status);
+}
+
+Completion DeviceCore::ReceiveError(uint32_t qp_num, uint64_t wr_id, WcStatus status) {
   Completion c;
   c.wr_id = wr_id;
   c.status = status;
   c.opcode = WcOpcode::kRecv;
-  c.qp_num = qp.qpn();
+  c.qp_num = qp_num;
   return c;
 }
 

@@ -309,6 +309,7 @@ class DeviceCore {
   void CompleteSend(QueuePair& qp, const SendWr& wr, WcStatus status);
   // A receive WQE completed in error (flushed, or its message failed): no data, just the status.
   static Completion ReceiveError(const QueuePair& qp, uint64_t wr_id, WcStatus status);
+  static Completion ReceiveError(uint32_t qp_num, uint64_t wr_id, WcStatus status);  // also without the QP
   // The receive completion of a message ending with packet `last` (UC and RC responders): byte count, source QP,
   // solicited bit, immediate data or invalidated R_Key. The caller sets wr_id and opcode.
   static Completion MessageCompletion(const QueuePair& qp, uint64_t byte_len, const wire::PacketView& last);

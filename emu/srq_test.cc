@@ -217,6 +217,64 @@ TEST(Srq, QpRulesDestroyBusyAndLastWqeReached) {
   EXPECT_EQ(d.DestroySrq(t.srq), 0);
 }
 
+// A lost device (Device::Fail, the host's device service gone) leaves nobody to take an SRQ's WQEs: they complete
+// with IBV_WC_WR_FLUSH_ERR in the receive CQ of the SRQ's QP, and so does a receive posted afterwards; a program
+// blocked on its SRQ's receives must not wait for ever.
+TEST(Srq, ALostDeviceFlushesTheReceivesOfItsSrqs) {
+  SrqBench t;
+  auto [qa, qb] = t.RcPairOnSrq();
+  Device& d = *t.b->device;
+  // A second QP on the SRQ, numbered after qb: the flush names the lowest.
+  QpInitAttributes init;
+  init.type = QpType::kRc;
+  init.cap = {4, 4, 1, 1, 0};
+  init.pd = t.pb;
+  init.send_cq = init.recv_cq = t.cb;
+  init.srq = t.srq;
+  QueuePair* later = nullptr;
+  ASSERT_EQ(d.CreateQp(init, &later), 0);
+  ASSERT_GT(later->qpn(), qb->qpn());
+  Buffer dst = Register(d, t.pb, 4096, kAll);
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_EQ(d.PostSrqRecv(t.srq, Recv(id, dst, id * 64, 64)), 0);
+  ASSERT_TRUE(Drain(t.cb).empty());
+
+  d.Fail();
+  std::vector<Completion> flushed = Drain(t.cb);
+  ASSERT_EQ(flushed.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(flushed[i].wr_id, i + 1);
+    EXPECT_EQ(flushed[i].status, WcStatus::kWrFlushErr);
+    EXPECT_EQ(flushed[i].opcode, WcOpcode::kRecv);
+    EXPECT_EQ(flushed[i].qp_num, qb->qpn());
+  }
+  EXPECT_TRUE(t.srq->empty());
+  EXPECT_EQ(CountEvents(*t.b, AsyncEventType::kDeviceFatal), 1);
+
+  ASSERT_EQ(d.PostSrqRecv(t.srq, Recv(4, dst, 0, 64)), 0);
+  flushed = Drain(t.cb);
+  ASSERT_EQ(flushed.size(), 1u);
+  EXPECT_EQ(flushed[0].wr_id, 4u);
+  EXPECT_EQ(flushed[0].status, WcStatus::kWrFlushErr);
+  EXPECT_TRUE(t.srq->empty());
+  // Still the man page's limits: a WR with too many SGEs is refused, not flushed.
+  RecvWr wide = Recv(5, dst, 0, 8);
+  for (int i = 0; i < 4; ++i) wide.sg_list.push_back(dst.At(64 * i, 8));
+  EXPECT_EQ(d.PostSrqRecv(t.srq, std::move(wide)), EINVAL);
+  EXPECT_TRUE(Drain(t.cb).empty());
+}
+
+// An SRQ without a QP has no CQ a program could poll for its receives: they stay queued on a lost device.
+TEST(Srq, ALostDeviceKeepsTheReceivesOfAnSrqWithoutQps) {
+  SrqBench t;
+  Device& d = *t.b->device;
+  Buffer dst = Register(d, t.pb, 4096, kAll);
+  ASSERT_EQ(d.PostSrqRecv(t.srq, Recv(1, dst, 0, 64)), 0);
+  d.Fail();
+  ASSERT_EQ(d.PostSrqRecv(t.srq, Recv(2, dst, 64, 64)), 0);
+  EXPECT_EQ(t.srq->depth(), 2u);
+  EXPECT_TRUE(Drain(t.cb).empty());
+}
+
 TEST(Srq, EmptySrqMakesRcSenderRetryAfterRnrNak) {
   SrqBench t;
   auto [qa, qb] = t.RcPairOnSrq();
@@ -392,6 +450,39 @@ void LinkXrc(Device& td, XrcDomain* xrcd, Device& id, XrcLink* out) {
   ASSERT_EQ(id.CreateQp(ini, &out->iq), 0);
   Connect(id, out->iq, td, out->tq->qpn());
   Connect(td, out->tq, id, out->iq->qpn());
+}
+
+// On a lost device an XRC SRQ's receives complete in the SRQ's own CQ (Annex A14), naming a target QP of its domain.
+TEST(Xrc, ALostDeviceFlushesTheReceivesOfAnXrcSrqIntoItsCq) {
+  Fabric f;
+  Node& t = f.AddNode(Mtu::k1024);
+  Node& i = f.AddNode(Mtu::k1024);
+  Device& td = *t.device;
+  XrcDomain* xrcd = nullptr;
+  ASSERT_EQ(td.OpenXrcd(std::nullopt, true, false, &xrcd), 0);
+  ProtectionDomain* tpd = td.AllocPd();
+  CompletionQueue *srq_cq = nullptr, *other_cq = nullptr;
+  ASSERT_EQ(td.CreateCq(16, &srq_cq), 0);
+  ASSERT_EQ(td.CreateCq(16, &other_cq), 0);
+  SrqAttributes sa{8, 1, 0};
+  SharedReceiveQueue* srq = nullptr;
+  ASSERT_EQ(td.CreateSrq(SrqType::kXrc, tpd, xrcd, srq_cq, sa, &srq), 0);
+  XrcLink link;
+  LinkXrc(td, xrcd, *i.device, &link);
+  Buffer dst = Register(td, tpd, 1024, kAll);
+  ASSERT_EQ(td.PostSrqRecv(srq, Recv(7, dst, 0, 256)), 0);
+  ASSERT_EQ(td.PostSrqRecv(srq, Recv(8, dst, 256, 256)), 0);
+
+  td.Fail();
+  const std::vector<Completion> flushed = Drain(srq_cq);
+  ASSERT_EQ(flushed.size(), 2u);
+  EXPECT_EQ(flushed[0].wr_id, 7u);
+  EXPECT_EQ(flushed[1].wr_id, 8u);
+  for (const Completion& c : flushed) {
+    EXPECT_EQ(c.status, WcStatus::kWrFlushErr);
+    EXPECT_EQ(c.qp_num, link.tq->qpn());
+  }
+  EXPECT_TRUE(Drain(other_cq).empty());
 }
 
 TEST(Xrc, RequestNamingAnotherDomainsSrqIsNaked) {

@@ -162,7 +162,9 @@ int Device::DestroySrq(SharedReceiveQueue* srq) {
 
 int Device::PostSrqRecv(SharedReceiveQueue* srq, RecvWr&& wr) {
   std::shared_lock objects(objects_mu_);  // the SRQ locks itself
-  return srq->Post(std::move(wr));
+  if (int err = srq->Post(std::move(wr)); err != 0 || !failed_) return err;
+  FlushSrqLocked(*srq, srq->TakeAll());  // a lost device takes no more (Fail)
+  return 0;
 }
 
 // --- XRC domains and shared target QPs ------------------------------------------------------------------------------

@@ -31,7 +31,8 @@
 #   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm, unmodified: two processes binding the device's one
 #                                 address, found through its netdev in sysfs; on a veth address and on 127.0.0.1
 #   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
-#                                 pair fails instead of hanging, and the next open starts a new service
+#                                 ibv_rc_pingpong pair and an ibv_xsrq_pingpong client waiting on receives posted to
+#                                 its XRC SRQ fail instead of hanging, and the next open starts a new service
 #   dead_process_is_a_dead_peer   one side of an rdma_verify pair killed (-9): the other fails with RETRY_EXC_ERR
 #   bad_control_messages          garbage on the service's socket gets errors, and the service serves on
 #
@@ -407,6 +408,18 @@ case_service_killed_is_device_fatal() {
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
     ibv_rc_pingpong -d uroce0 -g 0 -n 100000000 -p "$port" "$addr" >"$log.client" 2>&1 &
   local client=$!
+  # A client whose receives are posted to an XRC SRQ, waiting for replies from a server that waits for a second
+  # client first: IBTA leaves an SRQ's WQEs queued when a QP fails, so a lost device must flush them itself
+  # (emu::Device::Fail), or the client waits for ever. (The server waits in accept(2): not the device's to end.)
+  local srq_port
+  srq_port=$(free_tcp_port)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_xsrq_pingpong -d uroce0 -g 0 -c 2 -n 10 -p "$srq_port" >"$log.srq_server" 2>&1 &
+  local srq_server=$!
+  wait_listening "$srq_port" "$srq_server"
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_xsrq_pingpong -d uroce0 -g 0 -n 10 -p "$srq_port" "$addr" >"$log.srq_client" 2>&1 &
+  local srq_client=$!
   sleep 1
   local pid
   pid=$(service_pid "$addr")
@@ -415,13 +428,17 @@ case_service_killed_is_device_fatal() {
   else
     kill -9 "$pid"
   fi
-  # The pair fails, and soon: its QPs are flushed (no hang until the test's timeout).
-  local start=$SECONDS rc
-  wait "$client"; rc=$?
-  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || problems+="client exit status $rc after the service died"$'\n'
-  wait "$server"; rc=$?
-  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || problems+="server exit status $rc after the service died"$'\n'
-  [ $((SECONDS - start)) -le 20 ] || problems+="the pair took $((SECONDS - start)) s to fail"$'\n'
+  # The clients fail, and soon: their QPs and SRQs are flushed (no hang until the test's timeout).
+  local start=$SECONDS rc side
+  for side in client server srq_client; do
+    wait "${!side}"; rc=$?
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] ||
+      problems+="$side exit status $rc after the service died: $(tail -n 3 "$log.$side" | tr '\n' ' ')"$'\n'
+  done
+  [ $((SECONDS - start)) -le 20 ] || problems+="the clients took $((SECONDS - start)) s to fail"$'\n'
+  grep -q "Work completion error 5" "$log.srq_client" ||  # IBV_WC_WR_FLUSH_ERR
+    problems+="the SRQ client: $(tail -n 3 "$log.srq_client" | tr '\n' ' ')"$'\n'
+  kill "$srq_server" 2>/dev/null; wait "$srq_server" 2>/dev/null
   for _ in $(seq 1 50); do grep -q IBV_EVENT_DEVICE_FATAL "$log.watch" && break; sleep 0.1; done
   grep -q "event_type IBV_EVENT_DEVICE_FATAL" "$log.watch" ||
     problems+="ibv_asyncwatch saw no IBV_EVENT_DEVICE_FATAL: $(cat "$log.watch")"$'\n'
