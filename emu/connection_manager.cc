@@ -349,14 +349,8 @@ void ConnectionManager::SendLocked(const wire::IpAddress& peer, const wire::CmMa
 }
 
 void ConnectionManager::SendBytesLocked(const wire::IpAddress& peer, std::span<const uint8_t> mad, Work& w) {
-  // rdmacm.md 4.1: a UD SEND_ONLY from QP1 to QP1 with the GSI Q_Key, the full 256 bytes.
-  wire::PacketSpec spec;
-  spec.bth.opcode = wire::opcode::kUdSendOnly;
-  spec.bth.pkey = wire::kDefaultPkey;
-  spec.bth.dest_qp = wire::kGsiQpn;
-  spec.bth.psn = gsi_psn_;
+  const wire::PacketSpec spec = wire::GsiMadSpec(gsi_psn_);
   gsi_psn_ = (gsi_psn_ + 1) & 0xFFFFFF;
-  spec.deth = wire::Deth{wire::kGsiQkey, 0, wire::kGsiQpn};
   w.out.Add(transport_, spec, mad, wire::UdpEndpoint{peer, wire::kRoceV2UdpPort},
             wire::RoceSourcePort(wire::kGsiQpn, wire::kGsiQpn));
   ++counters_.mads_sent;
@@ -547,14 +541,8 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
   }
   auto listener = listeners_.find(m.service_id);
   if (listener == listeners_.end()) {
-    // cm_issue_rej: the received IDs swapped (a REQ has no remote comm ID: 0), its TID reused.
     ++counters_.rejected_no_listener;
-    wire::CmRej rej;
-    rej.local_comm_id = 0;
-    rej.remote_comm_id = m.local_comm_id;
-    rej.message_rejected = wire::CmMessageRef::kReq;
-    rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kInvalidServiceId);
-    SendLocked(peer, wire::CmMad{tid, 0, rej}, w);
+    SendLocked(peer, *wire::NoListenerAnswer(wire::CmMad{tid, 0, m}), w);  // REJ 8
     return;
   }
   Connection& c = AddPassiveLocked(CmState::kReqRcvd, listener->second, peer, m.local_comm_id, tid);
@@ -749,11 +737,7 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
   auto listener = listeners_.find(m.service_id);
   if (listener == listeners_.end()) {
     ++counters_.rejected_no_listener;
-    wire::CmSidrRep rep;
-    rep.request_id = m.request_id;
-    rep.status = wire::SidrStatus::kUnsupported;
-    rep.service_id = m.service_id;
-    SendLocked(peer, wire::CmMad{tid, 0, rep}, w);
+    SendLocked(peer, *wire::NoListenerAnswer(wire::CmMad{tid, 0, m}), w);  // SIDR_REP "unsupported"
     return;
   }
   Connection& c = AddPassiveLocked(CmState::kSidrReqRcvd, listener->second, peer, m.request_id, tid);

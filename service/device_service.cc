@@ -7,7 +7,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include "wire/cm_mad.h"
 #include "wire/event_fd.h"
+#include "wire/icrc.h"
+#include "wire/packet.h"
 #include "wire/udp_socket.h"
 #include "wire/unix_socket.h"
 
@@ -315,11 +318,33 @@ int DeviceService::DrainUdp() {
   return n;
 }
 
+void DeviceService::AnswerUnheardRequest(const wire::InDatagram& d) {
+  if (udp_fd_ < 0 || wire::RouteOf(d.payload).kind != wire::PacketRoute::Kind::kListener) return;
+  auto view = wire::ParsePacket(d.payload);
+  if (!view) return;
+  auto request = wire::ParseCmMad(view.value().payload);
+  if (!request) return;
+  const std::optional<wire::CmMad> answer = wire::NoListenerAnswer(request.value());
+  if (!answer) return;
+  const std::array<uint8_t, wire::kMadSize> mad = wire::EncodeCmMad(*answer);
+  const wire::PacketSpec spec = wire::GsiMadSpec(gsi_psn_++);
+  std::vector<uint8_t> packet(wire::EncodedLength(spec, mad.size()));
+  if (!wire::EncodePacket(spec, mad, packet)) return;
+  const wire::UdpEndpoint local{address_, udp_port_}, to{d.src.addr, udp_port_};
+  wire::SealIcrc(wire::Flow{local, to, 0}, packet);
+  sockaddr_storage sa;
+  socklen_t len;
+  if (wire::ToSockaddr(to, wire::SocketFamily(local), &sa, &len) != 0) return;
+  if (sendto(udp_fd_, packet.data(), packet.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&sa), len) >= 0)
+    ++counters_.refused;
+}
+
 void DeviceService::Forward(const wire::InDatagram& d) {
   ++counters_.received;
   Process* p = RouteTo(d.payload);
   if (p == nullptr) {
     ++counters_.no_route;
+    AnswerUnheardRequest(d);
     return;
   }
   wire::ForwardHeader h;
@@ -349,8 +374,8 @@ void DeviceService::Forward(const wire::InDatagram& d) {
 std::string DeviceService::CountersText() const {
   const ServiceCounters& c = counters_;
   return "received " + std::to_string(c.received) + "\nforwarded " + std::to_string(c.forwarded) + "\nno_route " +
-         std::to_string(c.no_route) + "\nprocess_full " + std::to_string(c.process_full) + "\nrings " +
-         std::to_string(c.rings) + "\nbad_control " + std::to_string(c.bad_control) + "\nprocesses_joined " +
+         std::to_string(c.no_route) + "\nrefused " + std::to_string(c.refused) + "\nprocess_full " +
+         std::to_string(c.process_full) + "\nrings " + std::to_string(c.rings) + "\nbad_control " + std::to_string(c.bad_control) + "\nprocesses_joined " +
          std::to_string(c.processes_joined) + "\nsteered " + std::to_string(c.steered) + "\n";
 }
 

@@ -41,6 +41,7 @@ struct ServiceCounters {
   uint64_t bad_control = 0;      // control messages refused
   uint64_t processes_joined = 0;
   uint64_t steered = 0;  // processes given a UDP socket of their own, to which the kernel steers their packets
+  uint64_t refused = 0;  // REQs and SIDR_REQs for a service ID nobody listens on, answered as the kernel's CM does
 };
 
 class DeviceService {
@@ -84,6 +85,12 @@ class DeviceService {
   // published. How many datagrams it took, or -errno (-EAGAIN: none queued).
   int DrainUdp();
   void Forward(const wire::InDatagram& d);
+  // A REQ or SIDR_REQ for a service ID none of our processes listens on gets the kernel CM's answer at once
+  // (wire::NoListenerAnswer: REJ "invalid service ID", SIDR_REP "unsupported"), so that rdma_connect fails with
+  // ECONNREFUSED rather than after its REQ's retries. Sent to the requester's device (its address, our UDP port):
+  // from our own host that is our own socket's group again, and the answer comes back here to be routed by its comm
+  // ID like any other. Nothing for other packets.
+  void AnswerUnheardRequest(const wire::InDatagram& d);
   Process* RouteTo(std::span<const uint8_t> packet);
   // The kernel's steering (wire::AttachOwnerSteering): whether it is on, set up at Start; the UDP socket of owner
   // number `owner` (made at its first join, drained of a former holder's packets at a later one) for the process
@@ -109,6 +116,7 @@ class DeviceService {
   ServiceCounters counters_;
   wire::DatagramReceiver receiver_;
   wire::UdpCounterSet udp_counters_;
+  uint32_t gsi_psn_ = 0;  // the PSN of the next MAD we send (AnswerUnheardRequest)
   std::vector<Process*> unpublished_;  // processes whose rings have records not yet published (DrainUdp)
   // Steering. The group's sockets are never closed before the service leaves: a socket leaves an SO_REUSEPORT group
   // when its last descriptor closes, and the kernel then moves the group's last socket into its place, which the

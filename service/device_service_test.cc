@@ -9,12 +9,15 @@
 
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "wire/cm_mad.h"
 #include "wire/headers.h"
+#include "wire/packet.h"
 #include "wire/packet_ring.h"
 #include "wire/udp_socket.h"
 #include "wire/unix_socket.h"
@@ -104,19 +107,33 @@ std::vector<uint8_t> DataPacket(uint32_t dest_qp, uint8_t tag) {
   return p;
 }
 
-std::vector<uint8_t> ReqPacket(uint64_t service_id) {
+// A MAD's packet (its ICRC left zero: the service does not check it).
+std::vector<uint8_t> MadPacket(const wire::CmMad& mad) {
   std::vector<uint8_t> p(wire::Bth::kSize + wire::Deth::kSize);
   wire::Bth bth;
   bth.opcode = 0x64;
   bth.dest_qp = wire::kGsiQpn;
   bth.Encode(p.data());
-  wire::CmReq req;
-  req.local_comm_id = 0x01020304;
-  req.service_id = service_id;
-  const auto mad = wire::EncodeCmMad(wire::CmMad{1, 0, req});
-  p.insert(p.end(), mad.begin(), mad.end());
+  const auto bytes = wire::EncodeCmMad(mad);
+  p.insert(p.end(), bytes.begin(), bytes.end());
   p.resize(p.size() + 4);
   return p;
+}
+
+std::vector<uint8_t> ReqPacket(uint64_t service_id, uint32_t comm_id = 0x01020304) {
+  wire::CmReq req;
+  req.local_comm_id = comm_id;
+  req.service_id = service_id;
+  return MadPacket(wire::CmMad{1, 0, req});
+}
+
+// The CM MAD a forwarded packet carries (nullopt: none).
+std::optional<wire::CmMad> MadOf(const std::vector<uint8_t>& packet) {
+  auto view = wire::ParsePacket(packet);
+  if (!view || view.value().bth.dest_qp != wire::kGsiQpn) return std::nullopt;
+  auto mad = wire::ParseCmMad(view.value().payload);
+  if (!mad) return std::nullopt;
+  return mad.value();
 }
 
 class DeviceServiceTest : public ::testing::Test {
@@ -180,7 +197,8 @@ TEST_F(DeviceServiceTest, NewConnectionsGoToTheListenerAndServiceIdsAreExclusive
   ASSERT_EQ(a.Join(address_), 0);
   ASSERT_EQ(b.Join(address_), 0);
   const uint64_t sid = wire::ServiceIdOf(wire::kPortSpaceTcp, 7471);
-  SendToService(ReqPacket(sid));  // nobody listens: dropped
+  SendToService(ReqPacket(sid, wire::WithOwner32(a.owner, 4)));  // nobody listens: refused (the next test)
+  ASSERT_TRUE(MadOf(a.NextForwarded()));
   EXPECT_EQ(b.Request(wire::ControlType::kListen, sid), 0);
   EXPECT_EQ(a.Request(wire::ControlType::kListen, sid), EADDRINUSE);
   SendToService(ReqPacket(sid));
@@ -191,6 +209,52 @@ TEST_F(DeviceServiceTest, NewConnectionsGoToTheListenerAndServiceIdsAreExclusive
   EXPECT_EQ(a.Request(wire::ControlType::kListen, sid), 0);
   SendToService(ReqPacket(sid));
   EXPECT_EQ(a.NextForwarded(), ReqPacket(sid));
+}
+
+// A REQ or SIDR_REQ for a service ID nobody listens on is answered as the kernel's CM answers it (REJ "invalid
+// service ID", SIDR_REP "unsupported"), sent back to the requester's device: ours, whose socket's answer comes back to
+// the service and goes on to the requesting process by its comm ID.
+TEST_F(DeviceServiceTest, ARequestNobodyListensForIsRefusedAsTheKernelsCmRefusesIt) {
+  FakeProcess a, b;
+  ASSERT_EQ(a.Join(address_), 0);
+  ASSERT_EQ(b.Join(address_), 0);
+  const uint64_t sid = wire::ServiceIdOf(wire::kPortSpaceTcp, 7472);
+  wire::CmReq req;
+  req.local_comm_id = wire::WithOwner32(a.owner, 0x123456);
+  req.service_id = sid;
+  SendToService(MadPacket(wire::CmMad{0xabc, 0, req}));
+  wire::ForwardHeader h;
+  auto rej = MadOf(a.NextForwarded(&h));
+  ASSERT_TRUE(rej);
+  EXPECT_EQ(rej->transaction_id, 0xabcu);
+  const auto* r = std::get_if<wire::CmRej>(&rej->message);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->remote_comm_id, req.local_comm_id);
+  EXPECT_EQ(r->local_comm_id, 0u);
+  EXPECT_EQ(r->message_rejected, wire::CmMessageRef::kReq);
+  EXPECT_EQ(r->reason, static_cast<uint16_t>(wire::CmRejectReason::kInvalidServiceId));
+  EXPECT_EQ(h.src, (wire::UdpEndpoint{address_, port_}));  // from the device, as a CM's answer comes
+
+  wire::CmSidrReq sidr;
+  sidr.request_id = wire::WithOwner32(b.owner, 0x42);
+  sidr.service_id = wire::ServiceIdOf(wire::kPortSpaceUdp, 7472);
+  SendToService(MadPacket(wire::CmMad{0xdef, 0, sidr}));
+  auto rep = MadOf(b.NextForwarded());
+  ASSERT_TRUE(rep);
+  EXPECT_EQ(rep->transaction_id, 0xdefu);
+  const auto* s = std::get_if<wire::CmSidrRep>(&rep->message);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->request_id, sidr.request_id);
+  EXPECT_EQ(s->status, wire::SidrStatus::kUnsupported);
+  EXPECT_TRUE(a.NothingForwarded());
+
+  // Only requests are answered: a REP for a comm ID nobody owns is dropped in silence.
+  wire::CmRep unmatched;
+  unmatched.remote_comm_id = wire::WithOwner32(0xfe, 1);
+  SendToService(MadPacket(wire::CmMad{1, 0, unmatched}));
+  SendToService(DataPacket(wire::WithOwner24(a.owner, 0x11), 0xa2));  // the order stays: this comes next
+  EXPECT_EQ(a.NextForwarded(), DataPacket(wire::WithOwner24(a.owner, 0x11), 0xa2));
+  EXPECT_TRUE(b.NothingForwarded());
 }
 
 TEST_F(DeviceServiceTest, ADeadProcessLosesItsRoutesAndItsNumberIsNotReusedAtOnce) {

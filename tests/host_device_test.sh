@@ -33,6 +33,9 @@
 #   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
 #                                 ibv_rc_pingpong pair and an ibv_xsrq_pingpong client waiting on receives posted to
 #                                 its XRC SRQ fail instead of hanging, and the next open starts a new service
+#   no_listener_is_refused        rdma_client and udaddy dialling the device's address where nobody listens: refused
+#                                 at once (REJ "invalid service ID", SIDR_REP "unsupported", which the service answers
+#                                 as the kernel's CM does), not after the REQ's retries (~25 s)
 #   dead_process_is_a_dead_peer   one side of an rdma_verify pair killed (-9): the other fails with RETRY_EXC_ERR
 #   bad_control_messages          garbage on the service's socket gets errors, and the service serves on
 #
@@ -449,6 +452,19 @@ case_service_killed_is_device_fatal() {
   junit_check service_killed_is_device_fatal "$problems"
 }
 
+case_no_listener_is_refused() {
+  local addr log="$WORK/refused" problems="" port start
+  addr=$(random_loopback)
+  port=$(free_tcp_port)
+  start=$SECONDS
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- rdma_client -s "$addr" -p "$port" >"$log.rc" 2>&1
+  grep -q "rdma_connect: Connection refused" "$log.rc" || problems+="rdma_client: $(tr '\n' ' ' <"$log.rc")"$'\n'
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- udaddy -s "$addr" -b "$addr" >"$log.ud" 2>&1
+  grep -q "RDMA_CM_EVENT_UNREACHABLE, error: 1" "$log.ud" || problems+="udaddy: $(tr '\n' ' ' <"$log.ud")"$'\n'
+  [ $((SECONDS - start)) -le 10 ] || problems+="refusing the two took $((SECONDS - start)) s"$'\n'
+  junit_check no_listener_is_refused "$problems"
+}
+
 case_dead_process_is_a_dead_peer() {
   local addr log="$WORK/dead" problems="" port
   addr=$(random_loopback)
@@ -533,6 +549,7 @@ main() {
   case_libfabric_one_address rdm
   case_pyverbs_rdmacm
   case_service_killed_is_device_fatal
+  case_no_listener_is_refused
   case_dead_process_is_a_dead_peer
   case_bad_control_messages
   junit_report host_device_test

@@ -161,12 +161,7 @@ class Flood {
       }
     }
     const auto body = EncodeCmMad(mad);
-    PacketSpec spec;
-    spec.bth.opcode = opcode::kUdSendOnly;
-    spec.bth.pkey = kDefaultPkey;
-    spec.bth.dest_qp = kGsiQpn;
-    spec.bth.psn = uint32_t(random_()) & 0xffffff;
-    spec.deth = Deth{.qkey = kGsiQkey, .src_qp = kGsiQpn};
+    const PacketSpec spec = GsiMadSpec(uint32_t(random_()));
     std::vector<uint8_t> bytes(EncodedLength(spec, body.size()));
     if (!EncodePacket(spec, body, bytes)) return {};
     SealIcrc(flow, bytes);

@@ -7,6 +7,8 @@
 #include <type_traits>
 
 #include "wire/bytes.h"
+#include "wire/opcode.h"
+#include "wire/packet.h"
 
 namespace uroce::wire {
 namespace {
@@ -399,6 +401,35 @@ std::array<uint8_t, kMadSize> EncodeCmMad(const CmMad& mad) {
   FieldIo<true> message_io(out.data() + kMadHeaderSize);
   std::visit([&](const auto& message) { Layout(message_io, message); }, mad.message);
   return out;
+}
+
+std::optional<CmMad> NoListenerAnswer(const CmMad& request) {
+  if (const auto* req = std::get_if<CmReq>(&request.message)) {
+    CmRej rej;
+    rej.local_comm_id = 0;  // the REQ's IDs swapped: it has no remote comm ID yet
+    rej.remote_comm_id = req->local_comm_id;
+    rej.message_rejected = CmMessageRef::kReq;
+    rej.reason = static_cast<uint16_t>(CmRejectReason::kInvalidServiceId);
+    return CmMad{request.transaction_id, 0, rej};
+  }
+  if (const auto* sidr = std::get_if<CmSidrReq>(&request.message)) {
+    CmSidrRep rep;
+    rep.request_id = sidr->request_id;
+    rep.status = SidrStatus::kUnsupported;
+    rep.service_id = sidr->service_id;
+    return CmMad{request.transaction_id, 0, rep};
+  }
+  return std::nullopt;
+}
+
+PacketSpec GsiMadSpec(uint32_t psn) {
+  PacketSpec spec;
+  spec.bth.opcode = opcode::kUdSendOnly;
+  spec.bth.pkey = kDefaultPkey;
+  spec.bth.dest_qp = kGsiQpn;
+  spec.bth.psn = psn & 0xFFFFFF;
+  spec.deth = Deth{kGsiQkey, 0, kGsiQpn};
+  return spec;
 }
 
 Expected<CmMad, MadError> ParseCmMad(std::span<const uint8_t> mad) {

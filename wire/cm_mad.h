@@ -248,6 +248,16 @@ std::string_view ToString(MadError e);
 std::array<uint8_t, kMadSize> EncodeCmMad(const CmMad& mad);
 Expected<CmMad, MadError> ParseCmMad(std::span<const uint8_t> mad);
 
+// What a CM answers a REQ or SIDR_REQ for a service ID nobody listens on, as the kernel's does (cm_issue_rej,
+// cm_sidr_req_handler): REJ "invalid service ID" naming the REQ's comm ID (rdma_connect's ECONNREFUSED), or
+// SIDR_REP "unsupported"; the request's TID reused. nullopt for any other message.
+std::optional<CmMad> NoListenerAnswer(const CmMad& request);
+
+// The headers of a MAD's packet (rdmacm.md 4.1): a UD SEND_ONLY from QP1 to QP1 with the GSI Q_Key, PSN `psn`; the
+// payload is the full 256-byte MAD.
+struct PacketSpec;
+PacketSpec GsiMadSpec(uint32_t psn);
+
 // --- rdma_cm over IP (Annex A11 "IP CM"; the kernel's struct cma_hdr) ------------------------------------------
 
 inline constexpr size_t kCmaHeaderSize = 36;

@@ -759,13 +759,7 @@ void Bench::InjectPacket(uint8_t flags, uint8_t selector, std::span<const uint8_
 void Bench::InjectCmMad(uint8_t flags, uint8_t selector, std::span<const uint8_t> input) {
   std::vector<uint8_t> mad(input.begin(), input.end());
   if (!(flags & kRawMadLength)) mad.resize(wire::kMadSize, 0);
-  // A MAD is a UD SEND_ONLY from QP1 to QP1 with the GSI's Q_Key (IBTA 13.4.3.1; wire/cm_mad.h).
-  wire::PacketSpec spec;
-  spec.bth.opcode = wire::opcode::kUdSendOnly;
-  spec.bth.pkey = wire::kDefaultPkey;
-  spec.bth.dest_qp = wire::kGsiQpn;
-  spec.bth.psn = gsi_psn_++ & wire::kMask24;
-  spec.deth = wire::Deth{wire::kGsiQkey, 0, wire::kGsiQpn};
+  const wire::PacketSpec spec = wire::GsiMadSpec(gsi_psn_++);
   // Selector: which node it comes from (the peer, the stranger, or the victim itself: a dial to its own device).
   Node* nodes[] = {peer_.node, stranger_, victim_.node};
   Node& from = *nodes[selector % 3];
