@@ -477,13 +477,20 @@ void ConnectionManager::PeerLeftLocked(const wire::IpAddress& peer, const Connec
   }
 }
 
-void ConnectionManager::OnPeerGone(const wire::IpAddress& peer) {
+void ConnectionManager::OnPeerGone(const wire::IpAddress& peer) { EndConnectionsWith(peer, 0); }
+
+void ConnectionManager::OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner) {
+  if (owner != 0) EndConnectionsWith(peer, owner);
+}
+
+void ConnectionManager::EndConnectionsWith(const wire::IpAddress& peer, uint8_t owner) {
   Work w;
   {
     std::lock_guard lock(mu_);
     std::vector<uint32_t> ids;
     for (const auto& [id, c] : connections_)
-      if (c->peer == peer && !c->destroyed) ids.push_back(id);
+      if (c->peer == peer && !c->destroyed && (owner == 0 || wire::OwnerOf32(c->remote_comm_id) == owner))
+        ids.push_back(id);
     for (uint32_t id : ids) {
       Connection* c = FindLocked(id);
       if (c == nullptr) continue;

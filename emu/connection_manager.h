@@ -179,6 +179,10 @@ class ConnectionManager {
   // `peer` end as if those messages had arrived: ESTABLISHED, REP_SENT → a DREQ (kDreqReceived), DREQ_SENT → a DREP
   // (kDrepReceived), REQ_SENT → a REJ 28 (kRejReceived). Events are delivered on the calling thread.
   virtual void OnPeerGone(const wire::IpAddress& peer);
+  // The same for one process of a host device at `peer` (our own address, on the host device): the connections whose
+  // remote comm ID carries its owner number in its top byte (wire/service_protocol.h). A REQ not yet answered has no
+  // remote comm ID, and is left to its retries.
+  void OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner);
 
   // --- from the Device ----------------------------------------------------------------------------------------
   // One packet for QP1 that passed the ICRC and P_Key checks: `qkey` and `src_qp` from its DETH, `mad` its payload.
@@ -212,6 +216,8 @@ class ConnectionManager {
   bool LeaveOnDestroyLocked(Connection& c, Work& w);  // Destroy's message to the peer; true: c stays (TIMEWAIT)
   // OnPeerGone's step: what the dead peer's kernel would have sent for c, handled as received.
   void PeerLeftLocked(const wire::IpAddress& peer, const Connection& c, Work& w);
+  // OnPeerGone and OnPeerProcessGone: every live connection with `peer` (owner 0) or with its process `owner`.
+  void EndConnectionsWith(const wire::IpAddress& peer, uint8_t owner);
   void ToIdleLocked(Connection& c);
   void OnTimerLocked(Connection& c, Work& w);
   // The event for `c` (id, listen id, context filled), or nullptr once the consumer destroyed it.

@@ -660,6 +660,35 @@ TEST_F(CmTest, PeerGoneRejectsOurUnansweredReqWithReason28) {
   EXPECT_EQ(a.cm.State(ida), CmState::kIdle);
 }
 
+// On the host device the processes of a host share its address, and one that dies ends only its own connections: those
+// whose remote comm ID carries its owner number (OnPeerProcessGone).
+TEST(CmOnTheHostDevice, AProcessGoneEndsOnlyItsOwnConnections) {
+  Fabric f;
+  f.configure_node = [](size_t i, DeviceConfig& c) { c.owner = i == 0 ? 3 : i == 1 ? 7 : 9; };
+  Node& n0 = f.AddNode();
+  Node& n1 = f.AddNode();
+  Node& n2 = f.AddNode();
+  Side a{n0}, b{n1}, c{n2};
+  int context = 0;
+  uint32_t listen_b = 0, listen_c = 0, to_b = 0, to_c = 0;
+  ASSERT_EQ(b.cm.Listen(kService, &context, &listen_b), 0);
+  ASSERT_EQ(c.cm.Listen(kService, &context, &listen_c), 0);
+  for (Side* s : {&a, &b, &c}) s->AnswerLikeRdmaCm();
+  const wire::IpAddress at_b = n1.device->config().address;
+  ASSERT_EQ(a.cm.SendReq(at_b, MakeReq(), &context, &to_b), 0);
+  ASSERT_EQ(a.cm.SendReq(n2.device->config().address, MakeReq(), &context, &to_c), 0);
+  f.Pump();
+  ASSERT_EQ(a.cm.State(to_b), CmState::kEstablished);
+  ASSERT_EQ(a.cm.State(to_c), CmState::kEstablished);
+
+  a.cm.OnPeerProcessGone(at_b, 9);  // another number at b's address: nobody we know
+  a.cm.OnPeerProcessGone(at_b, 0);  // 0 names no process
+  EXPECT_EQ(a.Types(to_b), (std::vector<Type>{Type::kRepReceived}));
+  a.cm.OnPeerProcessGone(at_b, 7);
+  EXPECT_EQ(a.Types(to_b), (std::vector<Type>{Type::kRepReceived, Type::kDreqReceived}));
+  EXPECT_EQ(a.Types(to_c), (std::vector<Type>{Type::kRepReceived}));
+}
+
 TEST_F(CmTest, TimewaitAnswersDuplicatesAndUnknownDreqsGetADrep) {
   auto [ida, idb] = Establish();
   ASSERT_EQ(a.cm.SendDreq(ida), 0);

@@ -37,6 +37,10 @@
 #                                 at once (REJ "invalid service ID", SIDR_REP "unsupported", which the service answers
 #                                 as the kernel's CM does), not after the REQ's retries (~25 s)
 #   dead_process_is_a_dead_peer   one side of an rdma_verify pair killed (-9): the other fails with RETRY_EXC_ERR
+#   dead_process_ends_its_rdma_cm_connections  a killed process's rdma_cm connections end at once, as its kernel's
+#                                 REJ or DREQ would end them: rping's server gets REJECTED from a client killed
+#                                 between its REQ and its RTU (tests/cm_quitter), DISCONNECTED from one killed while
+#                                 connected, instead of waiting out the REP's retries or for ever
 #   bad_control_messages          garbage on the service's socket gets errors, and the service serves on
 #
 # Each case takes an address of its own (127.x.y.z at random, or 10.x in its namespaces) and free TCP ports: cases and
@@ -53,6 +57,7 @@ PREFIX="$WORK/prefix"
 UROCE="$PREFIX/bin/uroce"
 RDMA_VERIFY="$PWD/tests/rdma_verify"
 DIRECT_CHECK="$PWD/tests/direct_access_check"
+CM_QUITTER="$PWD/tests/cm_quitter"
 TIMEOUT=60
 
 NSEXEC="$WORK/nsexec"
@@ -490,6 +495,41 @@ case_dead_process_is_a_dead_peer() {
   junit_check dead_process_is_a_dead_peer "$problems"
 }
 
+case_dead_process_ends_its_rdma_cm_connections() {
+  local addr log="$WORK/cm_dead" problems="" port server start
+  addr=$(random_loopback)
+  port=$(free_tcp_port)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- rping -s -a "$addr" -v -d -p "$port" \
+    >"$log.server1" 2>&1 &
+  server=$!
+  wait_listening "$port" "$server"
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- "$CM_QUITTER" "$addr" "$port" >"$log.quitter" 2>&1
+  grep -q "REQ sent" "$log.quitter" || problems+="cm_quitter: $(tr '\n' ' ' <"$log.quitter")"$'\n'
+  start=$SECONDS
+  wait "$server"
+  grep -q "RDMA_CM_EVENT_REJECTED" "$log.server1" ||
+    problems+="the quitter's server: $(grep -v "ping data" "$log.server1" | tail -n 3 | tr '\n' ' ')"$'\n'
+  [ $((SECONDS - start)) -le 5 ] || problems+="the quitter's server took $((SECONDS - start)) s to end"$'\n'
+
+  port=$(free_tcp_port)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- rping -s -a "$addr" -v -d -p "$port" -C 100000000 \
+    >"$log.server2" 2>&1 &
+  server=$!
+  wait_listening "$port" "$server"
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- rping -c -a "$addr" -p "$port" -C 100000000 \
+    >"$log.client" 2>&1 &
+  local client=$!
+  for _ in $(seq 1 100); do grep -q "ping data" "$log.server2" && break; sleep 0.05; done
+  pkill -9 -f "rping -c -a $addr -p $port " || problems+="no rping client to kill"$'\n'
+  start=$SECONDS
+  wait "$server"
+  wait "$client" 2>/dev/null
+  grep -q "RDMA_CM_EVENT_DISCONNECTED" "$log.server2" ||
+    problems+="the killed client's server: $(grep -v "ping data" "$log.server2" | tail -n 3 | tr '\n' ' ')"$'\n'
+  [ $((SECONDS - start)) -le 5 ] || problems+="the killed client's server took $((SECONDS - start)) s to end"$'\n'
+  junit_check dead_process_ends_its_rdma_cm_connections "$problems"
+}
+
 case_bad_control_messages() {
   local addr log="$WORK/bad" problems="" port
   addr=$(random_loopback)
@@ -551,6 +591,7 @@ main() {
   case_service_killed_is_device_fatal
   case_no_listener_is_refused
   case_dead_process_is_a_dead_peer
+  case_dead_process_ends_its_rdma_cm_connections
   case_bad_control_messages
   junit_report host_device_test
 }

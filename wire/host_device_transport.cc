@@ -308,6 +308,7 @@ int HostDeviceTransport::ReceiveSteered(const DatagramHandler& handler) {
 }
 
 int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {
+  if (gone_pending_.load(std::memory_order_acquire)) ReportGone();
   int got = DrainRings(handler);
   if (timeout_ns == 0) {
     const uint64_t now = BatchedClock::Instance().NowNs();  // an application's look has read it already
@@ -361,20 +362,29 @@ HostDeviceTransport::Peer* HostDeviceTransport::PeerFor(uint8_t owner, bool reco
   sockaddr_un sun;
   const socklen_t len = AbstractUnixAddress(HostDevicePeerName(local_.addr, owner), &sun);
   pid_t pid = 0;
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sun), len) < 0 || !PeerIsUsOrRoot(fd, &pid)) {
-    // No such process (now), or a stranger holds its name: try again with the next packet.
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sun), len) < 0) {
+    // No such process (now): try again with the next packet. A process listens under its name from the moment it
+    // has its number until its end, so one we have talked to is gone.
+    if (fd >= 0 && (errno == ECONNREFUSED || errno == ENOENT)) NoteGoneLocked(owner);
     if (fd >= 0) close(fd);
     return nullptr;
   }
+  if (!PeerIsUsOrRoot(fd, &pid)) {  // a stranger holds its name
+    close(fd);
+    return nullptr;
+  }
+  gone_reported_[owner] = false;
   if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &kPeerBufferBytes, sizeof kPeerBufferBytes) < 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kPeerBufferBytes, sizeof kPeerBufferBytes);
   }
   auto peer = std::make_unique<Peer>();
   peer->fd = fd;
   peer->pid = pid;
+  peer->owner = owner;
   Peer* p = peer.get();
-  if (direct_table_ != nullptr) {
-    // Its hang-up takes its table out of use (PeerGone): a dead process's pid may be given to another.
+  {
+    // Its hang-up takes its table out of use (PeerGone): a dead process's pid may be given to another; and ends our
+    // rdma_cm connections with it (on_peer_gone_).
     epoll_event e{};
     e.events = EPOLLRDHUP;
     e.data.u64 = kTagPeer | reinterpret_cast<uint64_t>(p);
@@ -552,6 +562,26 @@ void HostDeviceTransport::PeerGone(Peer* peer) {
   if (peer->pidfd >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->pidfd, nullptr);
   peer->closed.store(true, std::memory_order_seq_cst);
   peer->table.store(nullptr, std::memory_order_seq_cst);
+  std::lock_guard lock(peers_mu_);
+  NoteGoneLocked(peer->owner);  // the hang-up and the pidfd may both report it: once
+}
+
+void HostDeviceTransport::NoteGoneLocked(uint8_t owner) {
+  if (gone_reported_[owner] || !on_peer_gone_) return;
+  gone_reported_[owner] = true;
+  gone_queue_.push_back(owner);
+  gone_pending_.store(true, std::memory_order_release);
+  Wake();
+}
+
+void HostDeviceTransport::ReportGone() {
+  std::vector<uint8_t> owners;
+  {
+    std::lock_guard lock(peers_mu_);
+    owners.swap(gone_queue_);
+    gone_pending_.store(false, std::memory_order_relaxed);
+  }
+  for (uint8_t owner : owners) on_peer_gone_(owner);
 }
 
 DirectTable* HostDeviceTransport::DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, Peer** found) {

@@ -32,6 +32,7 @@
 //    its pid could name another process.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -73,6 +74,11 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // packets from other hosts (wire::AttachOwnerSteering): taken over. Call before Init; without one, the service
   // forwards them.
   void AdoptSteeredSocket(int fd) { steered_fd_ = fd; }
+  // Called (from the polling thread, at its next Poll) with the owner number of a process of the host that is gone:
+  // our connection to it hung up or its process exited, or a packet for it found nobody listening under its name.
+  // Its rdma_cm connections then end as its kernel would have ended them (emu::ConnectionManager::
+  // OnPeerProcessGone). Once per owner until a connection to that number succeeds again. Set before Init.
+  void SetPeerGoneHandler(std::function<void(uint8_t owner)> on_peer_gone) { on_peer_gone_ = std::move(on_peer_gone); }
   bool has_steered_socket() const { return steered_fd_ >= 0; }
 
   // 0, or -errno: of eventfd(2), epoll_create1(2), or of binding our peer name (-EADDRINUSE: someone holds it).
@@ -168,6 +174,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
     bool offer_answered = false;  // its kRingOffer came (with a ring or without)
     std::atomic<bool> closed{false};  // it hung up: connect again (its number may belong to a newcomer by then)
     pid_t pid = 0;                    // of the process at the other end (SO_PEERCRED, in our pid namespace)
+    uint8_t owner = 0;                // its owner number
     // Its DirectTable, once its ring offer brought one that names the same process; null again once it hangs up or
     // exits. Its exit is seen through a pidfd (pidfd_open(2)) in our epoll: the connection's hang-up alone comes late
     // when a child it forked holds its end, and a pid may be given to another process once its owner is gone.
@@ -228,8 +235,13 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // Watches the peer's process for its exit (a pidfd in our epoll, tagged as its connection's hang-up is): whether
   // its table may be used (false: the process is gone already, or the watch could not be set).
   bool WatchExit(Peer& peer);
-  // A peer connection hung up or its process exited (polling thread): its table is no longer used.
+  // A peer connection hung up or its process exited (polling thread): its table is no longer used, and
+  // on_peer_gone_ hears of it (NoteGone).
   void PeerGone(Peer* peer);
+  // Owner `owner` is gone: queued for on_peer_gone_ unless already reported (any thread; peers_mu_ held), the
+  // polling thread woken. The polling thread's part: hands the queued owners to on_peer_gone_.
+  void NoteGoneLocked(uint8_t owner);
+  void ReportGone();
 
   std::unique_ptr<Transport> sender_;
   UdpEndpoint local_;
@@ -242,6 +254,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   int listen_fd_ = -1;
   std::function<void()> on_service_lost_;
   bool service_lost_ = false;
+  std::function<void(uint8_t)> on_peer_gone_;
   std::vector<uint8_t> buffers_;
   std::vector<Inbound> inbound_;  // connections to us (polling thread only)
   bool rings_ = false;            // some inbound connection has a ring
@@ -251,6 +264,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   std::mutex peers_mu_;           // our connections to the other processes
   std::map<uint8_t, std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Peer>> retired_;  // replaced, kept to the end (another thread may still send on them)
+  std::array<bool, 256> gone_reported_{};        // by owner: NoteGoneLocked queued it (peers_mu_)
+  std::vector<uint8_t> gone_queue_;              // for ReportGone (peers_mu_)
+  std::atomic<bool> gone_pending_{false};        // gone_queue_ is not empty: Poll's one look
   std::atomic<uint64_t> malformed_{0}, peer_drops_{0}, peer_sent_{0}, ring_sent_{0};
   int steered_fd_ = -1;  // AdoptSteeredSocket
   DatagramReceiver steered_receiver_;

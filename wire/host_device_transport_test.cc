@@ -61,7 +61,8 @@ class HostDeviceTransportTest : public ::testing::Test {
     std::random_device rd;  // an address of our own: tests run in parallel
     address_ = IpAddress::V4(0x7f000000u | (150u + rd() % 50) << 16 | (rd() % 250 + 1) << 8 | (rd() % 250 + 1));
   }
-  void Join(Member& m, uint8_t owner, uint16_t sender_port, SameHostPath path = SameHostPath::kSharedMemory) {
+  void Join(Member& m, uint8_t owner, uint16_t sender_port, SameHostPath path = SameHostPath::kSharedMemory,
+            std::function<void(uint8_t)> on_peer_gone = nullptr) {
     int pair[2];
     ASSERT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, pair), 0);
     m.service_end = pair[1];
@@ -69,6 +70,7 @@ class HostDeviceTransportTest : public ::testing::Test {
     m.sender = sender.get();
     m.transport = std::make_unique<HostDeviceTransport>(std::move(sender), UdpEndpoint{address_, kRoceV2UdpPort},
                                                         owner, pair[0], -1, nullptr, path);
+    if (on_peer_gone) m.transport->SetPeerGoneHandler(std::move(on_peer_gone));
     ASSERT_EQ(m.transport->Init(), 0);
   }
   // Polls (at most 50 looks of up to 100 ms) until `want` datagrams have come; all that came, payloads copied.
@@ -262,6 +264,40 @@ TEST_F(HostDeviceTransportTest, AFullRingDropsAndCountsAndADeadReceiversNumberIs
   Join(c, 2, 40003);  // a newcomer with the same number
   SendNumbered(*a.transport, address_, 7, 1, 100);
   EXPECT_EQ(ReceiveNumbered(*c.transport, 1, 1'000'000'000), (std::vector<uint32_t>{7}));
+}
+
+// A process of the host that goes (its connection hangs up, or a packet for its number finds nobody listening) is
+// reported once, on the polling thread's next Poll, so that its rdma_cm connections end (emu::ConnectionManager::
+// OnPeerProcessGone); a number reported is reported again only after a connection to it succeeded again.
+TEST_F(HostDeviceTransportTest, AProcessThatGoesIsReportedOnceByItsNumber) {
+  Member a;
+  auto b = std::make_unique<Member>();
+  std::vector<uint8_t> gone;
+  Join(a, 1, 40001, SameHostPath::kSharedMemory, [&](uint8_t owner) { gone.push_back(owner); });
+  Join(*b, 2, 40002);
+  SendNumbered(*a.transport, address_, 0, 1, 100);
+  ASSERT_EQ(ReceiveNumbered(*b->transport, 1, 1'000'000'000).size(), 1u);
+  std::vector<std::vector<uint8_t>> payloads;
+  PollFor(*a.transport, 0, &payloads);
+  EXPECT_TRUE(gone.empty());
+  b.reset();  // B exits: its connection hangs up
+  for (int i = 0; i < 50 && gone.empty(); ++i) a.transport->Poll([](const InDatagram&) {}, 100'000'000);
+  EXPECT_EQ(gone, (std::vector<uint8_t>{2}));
+  // Packets for a number nobody listens under: reported once (2 was already), then no more.
+  SendNumbered(*a.transport, address_, 0, 3, 100);
+  const auto packet = DataPacket(WithOwner24(9, 0x11), 1);
+  const OutDatagram to_nobody{{address_, kRoceV2UdpPort}, 0xc000, packet};
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(a.transport->Send({&to_nobody, 1}), 1);
+  a.transport->Poll([](const InDatagram&) {}, 0);
+  EXPECT_EQ(gone, (std::vector<uint8_t>{2, 9}));
+  // A newcomer with number 2: once reached, its going is news again.
+  auto c = std::make_unique<Member>();
+  Join(*c, 2, 40003);
+  SendNumbered(*a.transport, address_, 5, 1, 100);
+  ASSERT_EQ(ReceiveNumbered(*c->transport, 1, 1'000'000'000).size(), 1u);
+  c.reset();
+  for (int i = 0; i < 50 && gone.size() < 3; ++i) a.transport->Poll([](const InDatagram&) {}, 100'000'000);
+  EXPECT_EQ(gone, (std::vector<uint8_t>{2, 9, 2}));
 }
 
 TEST_F(HostDeviceTransportTest, SameHostPathUdpSendsEverythingByUdp) {
