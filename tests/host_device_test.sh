@@ -66,12 +66,12 @@ make_prefix() {  # the layout `uroce install` makes, from the runfiles; the MPI 
   mkdir -p "$PREFIX/bin" "$PREFIX/lib/uroce" "$PREFIX/share/uroce"
   mpicc.openmpi -O2 -o "$WORK/mpi_check_openmpi" tests/frameworks/mpi_check.c
   # Open MPI's rsh agent for hosts that are network namespaces: `nsexec HOST COMMAND` runs COMMAND (one string, for
-  # a shell) in namespace HOST under that host name, with the device on that namespace's one address.
+  # a shell) in namespace HOST under that host name, with mpirun's environment (UROCE_ADDR a prefix both hosts have
+  # their one address in: each rank's host device takes its own host's).
   cat >"$NSEXEC" <<'AGENT'
 #!/bin/sh
 host=$1; shift
-addr=$(ip -n "$host" -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n 1)
-exec ip netns exec "$host" unshare --uts sh -c "hostname $host; export UROCE_ADDR=$addr; $*"
+exec ip netns exec "$host" unshare --uts sh -c "hostname $host; $*"
 AGENT
   chmod +x "$NSEXEC"
   cp verbs_api/libibverbs.so.1 verbs_api/librdmacm.so.1 verbs_api/liburoce_preload.so service/uroce-deviced \
@@ -288,7 +288,8 @@ case_two_hosts_eight_processes_each() {
 }
 
 # case_mpi_two_hosts ucx|ofi: an Open MPI job of 2 x 4 ranks across the two hosts, launched by mpirun in one of them
-# through an rsh agent that enters the other (NSEXEC); every rank on its host's one shared device. ucx: pml ucx over
+# through an rsh agent that enters the other (NSEXEC); every rank on its host's one shared device, with one setting
+# for both hosts (--addr the /24 both are in: each host device takes its host's address there). ucx: pml ucx over
 # UCX_TLS=self,rc_verbs,ud_verbs; ofi: pml cm, mtl ofi over verbs;ofi_rxm (connections through rdma_cm, so through
 # the service's listen routes).
 case_mpi_two_hosts() {
@@ -303,7 +304,7 @@ case_mpi_two_hosts() {
   fi
   local net="${ADDR_A%.*}.0/24"
   ip netns exec "$HOST_A" unshare --uts -- bash -c 'hostname "$1"; shift; exec "$@"' _ "$HOST_A" \
-    timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" --stats -- \
+    timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$net" --stats -- \
     mpirun.openmpi --allow-run-as-root --oversubscribe --host "$HOST_A:4,$HOST_B:4" -np 8 \
     --mca plm_rsh_agent "$NSEXEC" --mca oob_tcp_if_include "$net" --mca btl '^vader,tcp,openib,uct' \
     "${transport[@]}" "$WORK/mpi_check_openmpi" >"$log" 2>&1 || rc=$?

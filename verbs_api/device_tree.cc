@@ -210,7 +210,7 @@ int WriteDeviceTree(const std::string& root) {
   const bool pinned = loaded && !config.address_prefix_len;
   const bool host_device = loaded && config.host_device;
   std::optional<wire::IpAddress> address = pinned ? config.address : std::nullopt;
-  if (host_device && !address) address = EngineConfig().HostDeviceAddress();  // its default
+  if (host_device) address = config.HostDeviceAddress();  // known before the engine: also in a prefix, or its default
   return WriteTree(root, address, host_device);
 }
 

@@ -520,13 +520,22 @@ int Engine::Start(const EngineConfig& config) {
   return 0;
 }
 
+std::optional<wire::IpAddress> EngineConfig::HostDeviceAddress() const {
+  if (!address_prefix_len) return address.value_or(wire::IpAddress::V4(0x7f000001));
+  // The lowest: processes started apart must all come to the same one.
+  const Candidates inside = HostAddressesIn(*address, *address_prefix_len);
+  if (inside.count == 0) return std::nullopt;
+  return inside.at(0);
+}
+
 int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound) {
-  *bound = config.HostDeviceAddress();
-  if (config.address_prefix_len) {
-    fprintf(stderr, "uroce: UROCE_DEVICE=host takes one address, not a prefix (UROCE_ADDR=%s/...)\n",
-            bound->ToString().c_str());
-    return -EINVAL;
+  const std::optional<wire::IpAddress> address = config.HostDeviceAddress();
+  if (!address) {
+    fprintf(stderr, "uroce: the host device has no address: none of this host's is in %s\n",
+            HostAddressesIn(*config.address, *config.address_prefix_len).description.c_str());
+    return -EADDRNOTAVAIL;
   }
+  *bound = *address;
   auto membership = std::make_unique<HostDeviceMembership>();
   std::string error;
   if (int err = membership->Join(*bound, &error)) {

@@ -63,8 +63,10 @@ struct EngineConfig {
   // the network namespace that does the same, through the host's device service (docs/ARCHITECTURE.md, "The host
   // device"). process (the default): the device owns an address of its own.
   bool host_device = false;
-  // The address a host device takes: `address`, else 127.0.0.1.
-  wire::IpAddress HostDeviceAddress() const { return address.value_or(wire::IpAddress::V4(0x7f000001)); }
+  // The address a host device takes: `address`; with address_prefix_len (UROCE_ADDR=A/N) the lowest of this host's
+  // addresses inside A/N, which every process of the host finds alike, or nullopt when the host has none there; with
+  // neither, 127.0.0.1.
+  std::optional<wire::IpAddress> HostDeviceAddress() const;
   // UROCE_SAME_HOST=shm|unix|udp: on the host device, how packets between two processes of the host travel
   // (wire/host_device_transport.h): shared-memory rings (default), the peers' UNIX connections, or real UDP through
   // the service, so that tcpdump sees them.
