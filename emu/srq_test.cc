@@ -97,6 +97,16 @@ struct SrqBench {
     SrqAttributes sa{srq_wr, 2, 0};
     EXPECT_EQ(b->device->CreateSrq(SrqType::kBasic, pb, nullptr, nullptr, sa, &srq), 0);
   }
+  // What creates a QP of `type` on b attached to the SRQ.
+  QpInitAttributes InitOnSrq(QpType type) const {
+    QpInitAttributes init;
+    init.type = type;
+    init.cap = {4, 4, 1, 1, 0};
+    init.pd = pb;
+    init.send_cq = init.recv_cq = cb;
+    init.srq = srq;
+    return init;
+  }
   // An RC pair: the sender on a, the receiver on b attached to the SRQ.
   std::pair<QueuePair*, QueuePair*> RcPairOnSrq() {
     QpInitAttributes init;
@@ -190,12 +200,7 @@ TEST(Srq, ModifyAndPostFollowTheManPages) {
 TEST(Srq, QpRulesDestroyBusyAndLastWqeReached) {
   SrqBench t;
   Device& d = *t.b->device;
-  QpInitAttributes init;
-  init.type = QpType::kUc;
-  init.cap = {4, 4, 1, 1, 0};
-  init.pd = t.pb;
-  init.send_cq = init.recv_cq = t.cb;
-  init.srq = t.srq;
+  QpInitAttributes init = t.InitOnSrq(QpType::kUc);
   QueuePair* qp = nullptr;
   EXPECT_EQ(d.CreateQp(init, &qp), EINVAL);  // ibv_create_qp(3) NOTES: only RC and UD on an SRQ
   init.type = QpType::kUd;
@@ -225,12 +230,7 @@ TEST(Srq, ALostDeviceFlushesTheReceivesOfItsSrqs) {
   auto [qa, qb] = t.RcPairOnSrq();
   Device& d = *t.b->device;
   // A second QP on the SRQ, numbered after qb: the flush names the lowest.
-  QpInitAttributes init;
-  init.type = QpType::kRc;
-  init.cap = {4, 4, 1, 1, 0};
-  init.pd = t.pb;
-  init.send_cq = init.recv_cq = t.cb;
-  init.srq = t.srq;
+  QpInitAttributes init = t.InitOnSrq(QpType::kRc);
   QueuePair* later = nullptr;
   ASSERT_EQ(d.CreateQp(init, &later), 0);
   ASSERT_GT(later->qpn(), qb->qpn());
