@@ -30,6 +30,9 @@
 #                                 of two processes sharing one veth address
 #   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm, unmodified: two processes binding the device's one
 #                                 address, found through its netdev in sysfs; on a veth address and on 127.0.0.1
+#   service_open_files            a service started by a process with a soft limit of 64 open files still admits
+#                                 25 processes holding the device and two pairs (it raises its own limit: each process
+#                                 costs it ~5 descriptors)
 #   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
 #                                 ibv_rc_pingpong pair and an ibv_xsrq_pingpong client waiting on receives posted to
 #                                 its XRC SRQ fail instead of hanging, and the next open starts a new service
@@ -404,6 +407,36 @@ case_sixty_four_processes() {
   junit_check sixty_four_processes "$problems"
 }
 
+case_service_open_files() {
+  local addr log="$WORK/nofile" problems="" pid
+  addr=$(random_loopback)
+  # The first process starts the service, which inherits its limits.
+  (ulimit -Sn 64 && exec "$UROCE" run --host-device --addr "$addr" -- ibv_asyncwatch -d uroce0) >/dev/null 2>&1 &
+  local -a holders=($!)
+  for _ in $(seq 1 100); do pid=$(service_pid "$addr"); [ -n "$pid" ] && break; sleep 0.05; done
+  if [ -z "$pid" ]; then
+    problems+="no service for $addr"$'\n'
+  else
+    local soft
+    soft=$(awk '/^Max open files/ {print $4}' "/proc/$pid/limits")
+    [ "$soft" = unlimited ] || [ "$soft" -gt 64 ] || problems+="the service kept a soft limit of $soft open files"$'\n'
+  fi
+  # 24 more processes holding the device open at once (~120 of the service's descriptors), then two pairs.
+  local i
+  for i in $(seq 1 24); do
+    "$UROCE" run --host-device --addr "$addr" -- ibv_asyncwatch -d uroce0 >"$log.holder$i" 2>&1 &
+    holders+=($!)
+  done
+  sleep 2
+  for i in $(seq 1 24); do
+    kill -0 "${holders[$i]}" 2>/dev/null || problems+="holder $i ended: $(tail -n 2 "$log.holder$i" | tr '\n' ' ')"$'\n'
+  done
+  run_pairs "$log" "$addr" 2
+  problems+="$PROBLEMS"
+  kill "${holders[@]}" 2>/dev/null; wait "${holders[@]}" 2>/dev/null
+  junit_check service_open_files "$problems"
+}
+
 case_service_killed_is_device_fatal() {
   local addr log="$WORK/killed" problems="" port
   addr=$(random_loopback)
@@ -589,6 +622,7 @@ main() {
   case_libfabric_one_address msg
   case_libfabric_one_address rdm
   case_pyverbs_rdmacm
+  case_service_open_files
   case_service_killed_is_device_fatal
   case_no_listener_is_refused
   case_dead_process_is_a_dead_peer
