@@ -48,10 +48,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
-  // Each process that joins costs us about five descriptors (its connection, forward socket, ring, doorbell and
-  // steered socket), so 255 need ~1,300: more than the soft limit of 1,024 a starter commonly has. Past it, joins
-  // failed ("did not answer", EPROTO). The limit is the starter's by inheritance, not a choice of ours: take the
-  // hard one, as servers do.
+  // Each process that joins costs us several descriptors (its connection, forward socket, doorbell, steered socket),
+  // and our soft limit of open files is the starter's by inheritance, not a choice of ours: under a starter's
+  // `ulimit -Sn 64` the tenth join failed ("did not answer", EPROTO). Take the hard one, as servers do.
   if (rlimit files; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);

@@ -32,7 +32,7 @@
 #                                 address, found through its netdev in sysfs; on a veth address and on 127.0.0.1
 #   service_open_files            a service started by a process with a soft limit of 64 open files still admits
 #                                 25 processes holding the device and two pairs (it raises its own limit: each process
-#                                 costs it ~5 descriptors)
+#                                 costs it several descriptors)
 #   service_killed_is_device_fatal the service killed (-9): ibv_asyncwatch reports IBV_EVENT_DEVICE_FATAL, a running
 #                                 ibv_rc_pingpong pair and an ibv_xsrq_pingpong client waiting on receives posted to
 #                                 its XRC SRQ fail instead of hanging, and the next open starts a new service
@@ -421,7 +421,7 @@ case_service_open_files() {
     soft=$(awk '/^Max open files/ {print $4}' "/proc/$pid/limits")
     [ "$soft" = unlimited ] || [ "$soft" -gt 64 ] || problems+="the service kept a soft limit of $soft open files"$'\n'
   fi
-  # 24 more processes holding the device open at once (~120 of the service's descriptors), then two pairs.
+  # 24 more processes holding the device open at once (well past 64 of the service's descriptors), then two pairs.
   local i
   for i in $(seq 1 24); do
     "$UROCE" run --host-device --addr "$addr" -- ibv_asyncwatch -d uroce0 >"$log.holder$i" 2>&1 &
