@@ -4,7 +4,10 @@
 // ib_write_bw -c XRC. Each exits 0 and prints its result.
 //
 // Every process has its own emulated HCA (embedded default), so an XRC domain is shared within a process, not
-// between the client processes as on one real HCA: see README (XRC between processes).
+// between the client processes as on one real HCA: see README (XRC between processes). ibv_xsrq_pingpong's server
+// answers client i through another client's target QP naming client i's SRQ; here that target delivers into its own
+// process's SRQ of that number (each process's first is 1), so the three-client case shows one server serving three
+// processes' connections and their message counts, not delivery into another process's SRQ.
 #include <gtest/gtest.h>
 
 #include <chrono>
