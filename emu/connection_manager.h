@@ -176,8 +176,9 @@ class ConnectionManager {
   virtual CmCounters counters() const;
   // The device at `peer` is gone without a word (its process died; only a device on this host can be known to be).
   // The kernel destroys a dying process's ids and its CM speaks for them; ours cannot, so the connections with
-  // `peer` end as if those messages had arrived: ESTABLISHED, REP_SENT → a DREQ (kDreqReceived), DREQ_SENT → a DREP
-  // (kDrepReceived), REQ_SENT → a REJ 28 (kRejReceived). Events are delivered on the calling thread.
+  // `peer` end as if those messages had arrived: ESTABLISHED → a DREQ (kDreqReceived), DREQ_SENT → a DREP
+  // (kDrepReceived), REQ_SENT, REQ_RCVD and REP_SENT → a REJ (kRejReceived; PeerLeftLocked says which). Events are
+  // delivered on the calling thread.
   virtual void OnPeerGone(const wire::IpAddress& peer);
   // The same for one process of a host device at `peer` (our own address, on the host device): the connections whose
   // remote comm ID carries its owner number in its top byte (wire/service_protocol.h). A REQ not yet answered has no

@@ -281,34 +281,23 @@ void Device::Fail() {
     // with IBV_WC_WR_FLUSH_ERR as the QPs' own receives do.
     std::unique_lock objects(objects_mu_);
     failed_ = true;
-    for (auto& [srqn, srq] : srqs_) FlushSrqLocked(*srq, srq->TakeAll());
+    for (auto& [srqn, srq] : srqs_) FlushSrqLocked(*srq);
   }
   core_.Raise(AsyncEvent{AsyncEventType::kDeviceFatal});
 }
 
-void Device::FlushSrqLocked(SharedReceiveQueue& srq, std::deque<RecvWr> wrs) {
-  if (wrs.empty()) return;
-  CompletionQueue* cq = nullptr;
-  uint32_t qpn = 0;
-  bool found = false;
-  for (const auto& [n, qp] : qps_) {
-    const bool serves = srq.type() == SrqType::kXrc
-                            ? qp->type() == QpType::kXrcRecv && qp->init().xrcd == srq.xrcd()
-                            : qp->init().srq == &srq;
-    if (serves && (!found || n < qpn)) {
-      qpn = n;
-      cq = qp->init().recv_cq;
-      found = true;
-    }
+void Device::FlushSrqLocked(SharedReceiveQueue& srq) {
+  const QueuePair* lowest = nullptr;  // of the QPs that take from the SRQ
+  for (const auto& [qpn, qp] : qps_) {
+    const bool takes = srq.type() == SrqType::kXrc ? qp->type() == QpType::kXrcRecv && qp->init().xrcd == srq.xrcd()
+                                                   : qp->init().srq == &srq;
+    if (takes && (lowest == nullptr || qpn < lowest->qpn())) lowest = qp.get();
   }
-  if (srq.type() == SrqType::kXrc) {
-    cq = srq.cq();
-    if (!found) qpn = 0;
-  } else if (!found) {
-    for (RecvWr& wr : wrs) srq.Post(std::move(wr));
-    return;
-  }
-  for (const RecvWr& wr : wrs) core_.Complete(cq, DeviceCore::ReceiveError(qpn, wr.wr_id, WcStatus::kWrFlushErr));
+  if (srq.type() != SrqType::kXrc && lowest == nullptr) return;
+  CompletionQueue* cq = srq.type() == SrqType::kXrc ? srq.cq() : lowest->init().recv_cq;
+  const uint32_t qpn = lowest != nullptr ? lowest->qpn() : 0;
+  for (const RecvWr& wr : srq.TakeAll())
+    core_.Complete(cq, DeviceCore::ReceiveError(qpn, wr.wr_id, WcStatus::kWrFlushErr));
 }
 
 int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {

@@ -201,11 +201,11 @@ class Device {
   // With the lock: the SRQ and domain named by `init` exist; takes a use of each (released by DestroyQp).
   int AttachSharedReceiveLocked(const QpInitAttributes& init);
   void DetachSharedReceiveLocked(const QpInitAttributes& init);
-  // With the lock, on a failed device: `wrs` (receives of `srq`) complete with IBV_WC_WR_FLUSH_ERR where a program
-  // polls for them: an XRC SRQ's in its own CQ (qp_num: a target QP of its domain, else 0), a basic SRQ's in the
-  // receive CQ of its QP with the lowest number (qp_num: that QP). With no QP on a basic SRQ nobody can poll for
+  // With the lock, on a failed device: the receives queued on `srq` complete with IBV_WC_WR_FLUSH_ERR where a
+  // program polls for them: an XRC SRQ's in its own CQ (qp_num: a target QP of its domain, else 0), a basic SRQ's in
+  // the receive CQ of its QP with the lowest number (qp_num: that QP). With no QP on a basic SRQ nobody can poll for
   // them: they stay queued.
-  void FlushSrqLocked(SharedReceiveQueue& srq, std::deque<RecvWr> wrs);
+  void FlushSrqLocked(SharedReceiveQueue& srq);
 
   // Shared: the tables below are read and the objects in them stay. Exclusive: the tables change.
   mutable ReadWriteLock objects_mu_;

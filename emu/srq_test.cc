@@ -452,29 +452,40 @@ void LinkXrc(Device& td, XrcDomain* xrcd, Device& id, XrcLink* out) {
   Connect(td, out->tq, id, out->iq->qpn());
 }
 
-// On a lost device an XRC SRQ's receives complete in the SRQ's own CQ (Annex A14), naming a target QP of its domain.
-TEST(Xrc, ALostDeviceFlushesTheReceivesOfAnXrcSrqIntoItsCq) {
+// A target device with an XRC domain, a PD, a CQ and an XRC SRQ of 8 WQEs in that domain, and an initiator device.
+struct XrcTargetBench {
   Fabric f;
   Node& t = f.AddNode(Mtu::k1024);
   Node& i = f.AddNode(Mtu::k1024);
   Device& td = *t.device;
   XrcDomain* xrcd = nullptr;
-  ASSERT_EQ(td.OpenXrcd(std::nullopt, true, false, &xrcd), 0);
-  ProtectionDomain* tpd = td.AllocPd();
-  CompletionQueue *srq_cq = nullptr, *other_cq = nullptr;
-  ASSERT_EQ(td.CreateCq(16, &srq_cq), 0);
-  ASSERT_EQ(td.CreateCq(16, &other_cq), 0);
-  SrqAttributes sa{8, 1, 0};
+  ProtectionDomain* tpd = nullptr;
+  CompletionQueue* tcq = nullptr;  // the SRQ's
   SharedReceiveQueue* srq = nullptr;
-  ASSERT_EQ(td.CreateSrq(SrqType::kXrc, tpd, xrcd, srq_cq, sa, &srq), 0);
+  XrcTargetBench() {
+    EXPECT_EQ(td.OpenXrcd(std::nullopt, true, false, &xrcd), 0);
+    tpd = td.AllocPd();
+    EXPECT_EQ(td.CreateCq(16, &tcq), 0);
+    SrqAttributes sa{8, 1, 0};
+    EXPECT_EQ(td.CreateSrq(SrqType::kXrc, tpd, xrcd, tcq, sa, &srq), 0);
+  }
+};
+
+// On a lost device an XRC SRQ's receives complete in the SRQ's own CQ (Annex A14), naming a target QP of its domain.
+TEST(Xrc, ALostDeviceFlushesTheReceivesOfAnXrcSrqIntoItsCq) {
+  XrcTargetBench b;
+  ASSERT_TRUE(b.srq != nullptr);
+  Device& td = b.td;
+  CompletionQueue* other_cq = nullptr;
+  ASSERT_EQ(td.CreateCq(16, &other_cq), 0);
   XrcLink link;
-  LinkXrc(td, xrcd, *i.device, &link);
-  Buffer dst = Register(td, tpd, 1024, kAll);
-  ASSERT_EQ(td.PostSrqRecv(srq, Recv(7, dst, 0, 256)), 0);
-  ASSERT_EQ(td.PostSrqRecv(srq, Recv(8, dst, 256, 256)), 0);
+  ASSERT_NO_FATAL_FAILURE(LinkXrc(td, b.xrcd, *b.i.device, &link));
+  Buffer dst = Register(td, b.tpd, 1024, kAll);
+  ASSERT_EQ(td.PostSrqRecv(b.srq, Recv(7, dst, 0, 256)), 0);
+  ASSERT_EQ(td.PostSrqRecv(b.srq, Recv(8, dst, 256, 256)), 0);
 
   td.Fail();
-  const std::vector<Completion> flushed = Drain(srq_cq);
+  const std::vector<Completion> flushed = Drain(b.tcq);
   ASSERT_EQ(flushed.size(), 2u);
   EXPECT_EQ(flushed[0].wr_id, 7u);
   EXPECT_EQ(flushed[1].wr_id, 8u);
@@ -518,18 +529,15 @@ TEST(Xrc, RequestNamingAnotherDomainsSrqIsNaked) {
 // The PSN is judged before the SRQ (rxe's order, check_psn first): one forged XRC SEND with a PSN outside the window
 // and a non-existent SRQ number changes nothing at the target, whose real initiator then delivers as usual.
 TEST(Xrc, APacketOutsideThePsnWindowCannotFailTheTarget) {
-  Fabric f;
-  Node& t = f.AddNode(Mtu::k1024);
-  Node& i = f.AddNode(Mtu::k1024);
-  Device& td = *t.device;
-  XrcDomain* xrcd = nullptr;
-  ASSERT_EQ(td.OpenXrcd(std::nullopt, true, false, &xrcd), 0);
-  ProtectionDomain* tpd = td.AllocPd();
-  CompletionQueue* tcq = nullptr;
-  ASSERT_EQ(td.CreateCq(16, &tcq), 0);
-  SrqAttributes sa{8, 1, 0};
-  SharedReceiveQueue* srq = nullptr;
-  ASSERT_EQ(td.CreateSrq(SrqType::kXrc, tpd, xrcd, tcq, sa, &srq), 0);
+  XrcTargetBench b;
+  ASSERT_TRUE(b.srq != nullptr);
+  Fabric& f = b.f;
+  Node &t = b.t, &i = b.i;
+  Device& td = b.td;
+  XrcDomain* xrcd = b.xrcd;
+  ProtectionDomain* tpd = b.tpd;
+  CompletionQueue* tcq = b.tcq;
+  SharedReceiveQueue* srq = b.srq;
   Buffer dst = Register(td, tpd, 256, kAll);
   ASSERT_EQ(td.PostSrqRecv(srq, Recv(1, dst, 0, 256)), 0);
   XrcLink link;

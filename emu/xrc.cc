@@ -163,7 +163,7 @@ int Device::DestroySrq(SharedReceiveQueue* srq) {
 int Device::PostSrqRecv(SharedReceiveQueue* srq, RecvWr&& wr) {
   std::shared_lock objects(objects_mu_);  // the SRQ locks itself
   if (int err = srq->Post(std::move(wr)); err != 0 || !failed_) return err;
-  FlushSrqLocked(*srq, srq->TakeAll());  // a lost device takes no more (Fail)
+  FlushSrqLocked(*srq);  // a lost device takes no more (Fail)
   return 0;
 }
 

@@ -375,8 +375,9 @@ std::string DeviceService::CountersText() const {
   const ServiceCounters& c = counters_;
   return "received " + std::to_string(c.received) + "\nforwarded " + std::to_string(c.forwarded) + "\nno_route " +
          std::to_string(c.no_route) + "\nrefused " + std::to_string(c.refused) + "\nprocess_full " +
-         std::to_string(c.process_full) + "\nrings " + std::to_string(c.rings) + "\nbad_control " + std::to_string(c.bad_control) + "\nprocesses_joined " +
-         std::to_string(c.processes_joined) + "\nsteered " + std::to_string(c.steered) + "\n";
+         std::to_string(c.process_full) + "\nrings " + std::to_string(c.rings) + "\nbad_control " +
+         std::to_string(c.bad_control) + "\nprocesses_joined " + std::to_string(c.processes_joined) + "\nsteered " +
+         std::to_string(c.steered) + "\n";
 }
 
 }  // namespace uroce::service

@@ -78,7 +78,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // our connection to it hung up or its process exited, or a packet for it found nobody listening under its name.
   // Its rdma_cm connections then end as its kernel would have ended them (emu::ConnectionManager::
   // OnPeerProcessGone). Once per owner until a connection to that number succeeds again. Set before Init.
-  void SetPeerGoneHandler(std::function<void(uint8_t owner)> on_peer_gone) { on_peer_gone_ = std::move(on_peer_gone); }
+  void SetPeerGoneHandler(std::function<void(uint8_t owner)> on_peer_gone) {
+    on_peer_gone_ = std::move(on_peer_gone);
+  }
   bool has_steered_socket() const { return steered_fd_ >= 0; }
 
   // 0, or -errno: of eventfd(2), epoll_create1(2), or of binding our peer name (-EADDRINUSE: someone holds it).
@@ -236,7 +238,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // its table may be used (false: the process is gone already, or the watch could not be set).
   bool WatchExit(Peer& peer);
   // A peer connection hung up or its process exited (polling thread): its table is no longer used, and
-  // on_peer_gone_ hears of it (NoteGone).
+  // on_peer_gone_ hears of it (NoteGoneLocked).
   void PeerGone(Peer* peer);
   // Owner `owner` is gone: queued for on_peer_gone_ unless already reported (any thread; peers_mu_ held), the
   // polling thread woken. The polling thread's part: hands the queued owners to on_peer_gone_.
