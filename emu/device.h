@@ -183,6 +183,12 @@ class Device {
   bool ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   // XRC target (xrc.cc): checks the XRCETH's SRQ and runs the QP's RC responder with that SRQ's PD, CQ and WQEs.
   void ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
+  // Whether `srqn` is another process's XRC SRQ of `target`'s domain (DeviceConfig::shared_xrc): 1, 0, or -EAGAIN
+  // when that process cannot be asked yet.
+  int SharedXrcSrq(const QueuePair& target, uint32_t srqn) const;
+  // A piece of a message another process's target QP received for one of our shared XRC SRQs (wire::XrcDelivery):
+  // the first takes a WQE (the target claimed it), each is placed, the last completes in the SRQ's CQ.
+  void ReceiveXrcDeliveryLocked(const wire::InDatagram& d);
   // Resumes requesters that stopped for the window towards `peer` while it has room (rc.cc). With the object lock
   // held shared and no QP's lock: it takes each woken QP's.
   void WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out);
@@ -226,6 +232,15 @@ class Device {
   // held exclusively and read with it shared, so that no post slips in between the drain and the flag.
   bool failed_ = false;
   uint32_t next_qpn_ = 0x11;  // QPN 0 and 1 are the special QPs (SMI, GSI); rxe also starts at 17
+  // Messages other processes' target QPs are handing to our shared XRC SRQs (ReceiveXrcDeliveryLocked), by SRQ
+  // number << 32 | target QPN: the WQE each took and how far it is filled.
+  struct XrcInbound {
+    RecvWr wr;
+    uint64_t offset = 0;
+    WcStatus status = WcStatus::kSuccess;
+  };
+  Mutex xrc_inbound_mu_;
+  std::unordered_map<uint64_t, XrcInbound> xrc_inbound_ GUARDED_BY(xrc_inbound_mu_);
   ConnectionManager cm_;  // its own lock, never taken with objects_mu_ held
 };
 

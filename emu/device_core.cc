@@ -57,6 +57,9 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"rc_direct_sends", &DeviceCounters::rc_direct_sends},
     {"rc_direct_sends_received", &DeviceCounters::rc_direct_sends_received},
     {"rc_direct_sends_dropped", &DeviceCounters::rc_direct_sends_dropped},
+    {"xrc_pieces_handed", &DeviceCounters::xrc_pieces_handed},
+    {"xrc_pieces_received", &DeviceCounters::xrc_pieces_received},
+    {"xrc_pieces_dropped", &DeviceCounters::xrc_pieces_dropped},
 };
 
 }  // namespace
@@ -240,6 +243,11 @@ bool DeviceCore::ScatterRange(const QueuePair& qp, std::span<const Sge> sg_list,
 
 WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset,
                              std::span<const uint8_t> data) {
+  return Scatter(qp.init().pd, sg_list, offset, data);
+}
+
+WcStatus DeviceCore::Scatter(const ProtectionDomain* pd, std::span<const Sge> sg_list, uint64_t offset,
+                             std::span<const uint8_t> data) {
   ReaderLock lock(keys_mu_);
   size_t done = 0;
   uint64_t skip = offset;
@@ -250,7 +258,7 @@ WcStatus DeviceCore::Scatter(const QueuePair& qp, std::span<const Sge> sg_list, 
       continue;
     }
     const size_t n = std::min<uint64_t>(sge.length - skip, data.size() - done);
-    AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, access::kLocalWrite);
+    AccessResult r = keys_.CheckLocal(sge.lkey, pd, sge.addr + skip, n, access::kLocalWrite);
     if (!r.ok() || !CopyGuarded(r.host, data.data() + done, n)) return WcStatus::kLocProtErr;
     done += n;
     skip = 0;
@@ -357,14 +365,23 @@ SharedReceiveQueue* ReceiveSrqOf(const QueuePair& qp) {
 }  // namespace
 
 bool DeviceCore::HasReceiveWqe(QueuePair& qp) {
+  if (qp.packet_remote_srqn != 0) return true;  // its claim decides (TakeReceiveWqe)
   SharedReceiveQueue* srq = ReceiveSrqOf(qp);
   if (qp.type() == QpType::kXrcRecv && srq == nullptr) return false;
   return srq != nullptr ? !srq->empty() : !qp.receive_queue().empty();
 }
 
 std::optional<RecvWr> DeviceCore::TakeReceiveWqe(QueuePair& qp) {
+  if (qp.packet_remote_srqn != 0) {
+    // Another process's SRQ: a claimed WQE, which that process takes when the message's first piece reaches it.
+    if (!config.shared_xrc->ClaimXrcWqe(qp.packet_remote_srqn)) return std::nullopt;
+    qp.inbound().relay_srqn = qp.packet_remote_srqn;
+    return RecvWr{};
+  }
   SharedReceiveQueue* srq = ReceiveSrqOf(qp);
   if (srq != nullptr) {
+    // Other processes' target QPs claim from a shared SRQ too: what they claimed is theirs, though still queued.
+    if (srq->shared && !config.shared_xrc->ClaimXrcWqe(srq->srqn())) return std::nullopt;
     bool limit_reached = false;
     std::optional<RecvWr> wr = srq->Take(&limit_reached);
     if (limit_reached) Raise({AsyncEventType::kSrqLimitReached, nullptr, nullptr, 0, srq});
@@ -433,7 +450,14 @@ void DeviceCore::Flush(QueuePair& qp) {
 void DeviceCore::FlushReceiveQueue(QueuePair& qp) {
   // IBTA 10.3.1 / ibv_modify_qp(3): in the error state outstanding WRs complete with IBV_WC_WR_FLUSH_ERR, in the
   // order they were posted: the WQE of the message being received left the head of the queue before the others.
-  if (qp.inbound().rqe) {
+  if (qp.inbound().relay_srqn != 0) {
+    // The WQE is another process's: it completes there, flushed (as below), when the abandonment reaches it.
+    wire::XrcDelivery abort;
+    abort.srqn = qp.inbound().relay_srqn;
+    abort.target_qpn = qp.qpn();
+    abort.abort = true;
+    config.shared_xrc->DeliverXrc(abort, {});
+  } else if (qp.inbound().rqe) {
     const Completion c = ReceiveError(qp, qp.inbound().rqe->wr_id, WcStatus::kWrFlushErr);
     Complete(qp.init().recv_cq, c);
     KeepSrqWqe(qp, std::move(*qp.inbound().rqe));

@@ -90,6 +90,10 @@ struct DeviceConfig {
   // in its memory without a packet, where its published table allows them; and where we publish ours. Null: every
   // operation is packets (the per-process device; captures, fault injection, UROCE_DIRECT=0).
   wire::DirectAccess* direct = nullptr;
+  // The host's XRC SRQs shared by its processes (wire/direct_access.h): our XRC SRQs of domains opened by a file are
+  // published there, and our target QPs deliver into other processes' of their domain. Null: a target reaches only
+  // this device's SRQs (the per-process device).
+  wire::SharedXrcSrqs* shared_xrc = nullptr;
 };
 
 // "0x00abcd": a QPN or PSN as the trace and the counters print them.
@@ -163,6 +167,9 @@ struct DeviceCounters {
   uint64_t rc_direct_sends = 0;   // SENDs put into another process's ring as direct SENDs
   uint64_t rc_direct_sends_received = 0;  // direct SENDs that took a receive WQE here
   uint64_t rc_direct_sends_dropped = 0;   // direct SENDs for a QP reset, destroyed or reopened since (or malformed)
+  uint64_t xrc_pieces_handed = 0;    // message pieces our target QPs handed to another process's XRC SRQ
+  uint64_t xrc_pieces_received = 0;  // pieces other processes' target QPs handed to ours
+  uint64_t xrc_pieces_dropped = 0;   // pieces for an SRQ destroyed since, without a WQE, or malformed
   CmCounters cm;  // the connection manager's, filled in by Device::counters()
 };
 
@@ -292,6 +299,9 @@ class DeviceCore {
   // Places `data` at byte `offset` of the scatter list (local write access needed): kSuccess, kLocLenErr or
   // kLocProtErr. Takes keys_mu.
   WcStatus Scatter(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t offset, std::span<const uint8_t> data);
+  // The same with the keys of protection domain `pd` (an XRC SRQ's).
+  WcStatus Scatter(const ProtectionDomain* pd, std::span<const Sge> sg_list, uint64_t offset,
+                   std::span<const uint8_t> data);
   // Where the next `len` bytes of the RDMA WRITE `m` go, checked against the key table now (IBTA 10.6.3.2:
   // a deregistered region is no longer accessible); nullptr when the access is no longer allowed. The caller holds
   // keys_mu shared until it has copied.

@@ -87,7 +87,7 @@ class TableAccess final : public wire::DirectAccess {
   void DeliverRing(Device& device) {
     for (const auto& record : ring) {
       wire::InDatagram d;
-      d.direct_send = true;
+      d.record = wire::RingRecord::kDirectSend;
       d.payload = record;
       device.OnDatagram(d, Device::AckTiming::kNow);
     }

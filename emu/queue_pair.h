@@ -54,6 +54,9 @@ struct QpInitAttributes {
 struct InboundMessage {
   enum class Kind : uint8_t { kNone, kSend, kWrite } kind = Kind::kNone;
   std::optional<RecvWr> rqe;  // SEND: the receive WQE being filled
+  // XRC target: the WQE is one of another process's SRQ of this number (rqe holds its place, empty), which takes it
+  // and is handed the message's pieces (wire::SharedXrcSrqs).
+  uint32_t relay_srqn = 0;
   uint64_t offset = 0;        // bytes placed so far
   // RDMA WRITE: the target the RETH named. Every packet checks its own part again (DeviceCore::WriteTarget): the MR
   // may be deregistered, or its window invalidated, while the message is arriving.
@@ -141,6 +144,8 @@ class QueuePair {
   int references = 1;
   // XRC_RECV: the PD and receive CQ borrowed from the SRQ named by the request being processed, and that SRQ.
   SharedReceiveQueue* packet_srq = nullptr;
+  // ... or, when that SRQ is another process's of the host (wire::SharedXrcSrqs), its number.
+  uint32_t packet_remote_srqn = 0;
   QpInitAttributes& mutable_init() { return init_; }
 
   uint32_t NextSendPsn() {

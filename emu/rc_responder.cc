@@ -420,6 +420,7 @@ RequestOutcome RcResponder::ExecuteMessagePacket(Request& q) {
 
 RequestOutcome RcResponder::PlaceSend(const Request& q) {
   InboundMessage& m = qp_.inbound();
+  if (m.relay_srqn != 0) return HandSend(q);
   const WcStatus st = core_.Scatter(qp_, m.rqe->sg_list, m.offset, q.p.payload);
   if (st == WcStatus::kSuccess) return RequestOutcome::kPass;
   const Completion c = DeviceCore::ReceiveError(qp_, m.rqe->wr_id, st);
@@ -428,6 +429,34 @@ RequestOutcome RcResponder::PlaceSend(const Request& q) {
   m = InboundMessage{};
   // Too long for the receive buffer is the sender's invalid request; a bad local key our operational error.
   return st == WcStatus::kLocLenErr ? RequestOutcome::kReceiveTooSmall : RequestOutcome::kReceiveUnusable;
+}
+
+// A SEND's packet for another process's XRC SRQ: its payload handed to that process in order (wire::SharedXrcSrqs),
+// which places it with its own keys and completes the WQE our claim kept for it. Where it cannot be handed (that
+// process's ring is full, or it is gone) the packet is not executed: receiver not ready, and the requester sends it
+// again after the RNR NAK's delay.
+RequestOutcome RcResponder::HandSend(const Request& q) {
+  InboundMessage& m = qp_.inbound();
+  wire::XrcDelivery d;
+  d.srqn = m.relay_srqn;
+  d.target_qpn = qp_.qpn();
+  d.src_qpn = qp_.attributes().dest_qp_num;
+  d.first = q.starts;
+  d.last = q.ends;
+  d.solicited = q.p.bth.solicited;
+  if (q.p.imm) {
+    d.with_imm = true;
+    d.imm = q.p.imm->imm;
+  }
+  if (core_.config.shared_xrc->DeliverXrc(d, q.p.payload)) {
+    core_.Count(&DeviceCounters::xrc_pieces_handed);
+    return RequestOutcome::kPass;
+  }
+  if (q.starts) {
+    core_.config.shared_xrc->ReleaseXrcWqe(m.relay_srqn);  // no message will take it
+    m = InboundMessage{};
+  }
+  return RequestOutcome::kReceiverNotReady;
 }
 
 RequestOutcome RcResponder::PlaceWrite(const Request& q) {
@@ -447,7 +476,7 @@ void RcResponder::CompleteMessage(const Request& q) {
   RcResponderState& R = state_;
   InboundMessage& m = qp_.inbound();
   R.msn = PsnAdd(R.msn, 1);
-  if (m.rqe) {
+  if (m.rqe && m.relay_srqn == 0) {  // (a WQE of another process's SRQ completes there)
     // A SEND, or a WRITE with immediate: its receive WQE, taken when the last packet arrived (IBTA 9.4.3.1).
     Completion c = DeviceCore::MessageCompletion(qp_, m.offset, q.p);
     c.wr_id = m.rqe->wr_id;

@@ -86,6 +86,7 @@ class RcResponder : private TransportObject {
   // What Execute does per operation.
   RequestOutcome ExecuteMessagePacket(Request& q);
   RequestOutcome PlaceSend(const Request& q);
+  RequestOutcome HandSend(const Request& q);
   RequestOutcome PlaceWrite(const Request& q);
   void CompleteMessage(const Request& q);
   RequestOutcome ExecuteRead(Request& q, OutBatch& out);

@@ -4,11 +4,13 @@
 
 namespace uroce::emu {
 
-int SharedReceiveQueue::Post(RecvWr&& wr) {
+int SharedReceiveQueue::Post(RecvWr&& wr, uint64_t* posted) {
   std::lock_guard lock(mu_);
   if (wr.sg_list.size() > max_sge_) return EINVAL;
   if (wqes_.size() >= max_wr_) return ENOMEM;
   wqes_.push_back(std::move(wr));
+  ++posted_;
+  if (posted != nullptr) *posted = posted_;
   return 0;
 }
 

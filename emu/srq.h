@@ -70,8 +70,9 @@ class SharedReceiveQueue {
     return wqes_.size();
   }
 
-  // Queues a receive WQE: EINVAL when it has more SGEs than max_sge, ENOMEM when max_wr WQEs are queued.
-  int Post(RecvWr&& wr);
+  // Queues a receive WQE: EINVAL when it has more SGEs than max_sge, ENOMEM when max_wr WQEs are queued. *posted
+  // (if given): how many WQEs were ever posted, this one included.
+  int Post(RecvWr&& wr, uint64_t* posted = nullptr);
   bool empty() const {
     std::lock_guard lock(mu_);
     return wqes_.empty();
@@ -97,6 +98,9 @@ class SharedReceiveQueue {
   int users = 0;
   // Opaque back-pointer for the layer above (verbs_api's ibv_srq), so an async event finds its owner.
   void* owner = nullptr;
+  // XRC: published to the host's other processes (DeviceConfig::shared_xrc), whose target QPs of its domain deliver
+  // into it; then every take is claimed there first. Set at creation.
+  bool shared = false;
 
  private:
   const uint32_t srqn_;
@@ -109,6 +113,7 @@ class SharedReceiveQueue {
   CompletionQueue* cq_;
   mutable std::mutex mu_;  // guards max_wr_, limit_ and wqes_
   std::deque<RecvWr> wqes_;
+  uint64_t posted_ = 0;  // WQEs ever posted
 };
 
 }  // namespace uroce::emu

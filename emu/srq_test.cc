@@ -13,7 +13,9 @@
 #include <set>
 
 #include "emu/test_fabric.h"
+#include "wire/direct_access.h"
 #include "wire/opcode.h"
+#include "wire/service_protocol.h"
 
 namespace uroce::emu {
 namespace {
@@ -614,6 +616,255 @@ TEST(Xrc, OpenQpCountsReferences) {
   EXPECT_EQ(d.OpenQp(x, qpn, QpType::kXrcRecv, &again), EINVAL);  // gone with the last reference
   EXPECT_EQ(d.CloseXrcd(x), 0);
   EXPECT_EQ(d.CloseXrcd(other), 0);
+}
+
+// --- XRC between processes of one host (wire::SharedXrcSrqs) ------------------------------------------------------
+
+// The host's processes as their shared XRC SRQs see them: each has a DirectTable its device publishes into and a ring
+// of deliveries, handed to its device as its polling thread would (DeliverRing).
+struct HostProcesses {
+  struct Process final : wire::SharedXrcSrqs {
+    HostProcesses* host = nullptr;
+    std::unique_ptr<wire::DirectTable> table;
+    std::vector<std::vector<uint8_t>> ring;
+    bool ring_full = false;  // as a ring with no room: deliveries into it fail
+
+    Process* OwnerOf(uint32_t srqn) const { return host->ByOwner(wire::OwnerOf24(srqn)); }
+    bool PublishXrcSrq(uint32_t srqn, uint64_t domain) override { return table->PublishSrq(srqn, domain); }
+    void XrcSrqPosted(uint32_t srqn, uint64_t posted) override { table->SrqPosted(srqn, posted); }
+    void WithdrawXrcSrq(uint32_t srqn) override { table->WithdrawSrq(srqn); }
+    int XrcSrqInDomain(uint32_t srqn, uint64_t domain) override {
+      Process* p = OwnerOf(srqn);
+      return p != nullptr && p->table->SrqInDomain(srqn, domain);
+    }
+    bool ClaimXrcWqe(uint32_t srqn) override {
+      Process* p = OwnerOf(srqn);
+      return p != nullptr && p->table->ClaimSrqWqe(srqn);
+    }
+    void ReleaseXrcWqe(uint32_t srqn) override {
+      if (Process* p = OwnerOf(srqn)) p->table->ReleaseSrqWqe(srqn);
+    }
+    bool DeliverXrc(const wire::XrcDelivery& d, std::span<const uint8_t> bytes) override {
+      Process* p = OwnerOf(d.srqn);
+      if (p == nullptr || p == this || p->ring_full) return false;
+      std::vector<uint8_t> record(wire::XrcDelivery::kSize);
+      d.Encode(record.data());
+      record.insert(record.end(), bytes.begin(), bytes.end());
+      p->ring.push_back(std::move(record));
+      return true;
+    }
+    void DeliverRing(Device& device) {
+      for (const auto& record : ring) {
+        wire::InDatagram in;
+        in.record = wire::RingRecord::kXrcDelivery;
+        in.payload = record;
+        device.OnDatagram(in, Device::AckTiming::kNow);
+      }
+      ring.clear();
+    }
+  };
+
+  Process procs[3];
+  Process* ByOwner(uint8_t owner) { return owner >= 1 && owner <= 3 ? &procs[owner - 1] : nullptr; }
+  HostProcesses() {
+    for (Process& p : procs) {
+      p.host = this;
+      int fd = -1;
+      EXPECT_EQ(wire::DirectTable::Create(&p.table, &fd), 0);
+      close(fd);
+    }
+  }
+};
+
+constexpr uint64_t kDomainFile = 0x5eed;  // the identity of the file both processes opened their domain by
+
+// An initiator on another host (node 0), and two processes of one host (owners 1 and 2) that share an XRC domain:
+// process 1 has the target QP, process 2 an XRC SRQ of 8 WQEs in the domain.
+struct SharedXrcBench {
+  HostProcesses host;
+  Fabric f;
+  Node* i = nullptr;
+  Node* a = nullptr;  // the target QP's process
+  Node* b = nullptr;  // the SRQ's
+  XrcDomain *xa = nullptr, *xb = nullptr;
+  ProtectionDomain* bpd = nullptr;
+  CompletionQueue* bcq = nullptr;
+  SharedReceiveQueue* srq = nullptr;
+  XrcLink link;
+  Buffer src, dst;
+
+  explicit SharedXrcBench(uint64_t b_domain_file = kDomainFile) {
+    f.configure_node = [this](size_t index, DeviceConfig& c) {
+      if (index == 0) return;
+      c.owner = uint8_t(index);
+      c.shared_xrc = &host.procs[index - 1];
+    };
+    i = &f.AddNode(Mtu::k1024);
+    a = &f.AddNode(Mtu::k1024);
+    b = &f.AddNode(Mtu::k1024);
+    EXPECT_EQ(a->device->OpenXrcd(kDomainFile, true, false, &xa), 0);
+    EXPECT_EQ(b->device->OpenXrcd(b_domain_file, true, false, &xb), 0);
+    bpd = b->device->AllocPd();
+    EXPECT_EQ(b->device->CreateCq(16, &bcq), 0);
+    SrqAttributes sa{8, 2, 0};
+    EXPECT_EQ(b->device->CreateSrq(SrqType::kXrc, bpd, xb, bcq, sa, &srq), 0);
+    EXPECT_EQ(wire::OwnerOf24(srq->srqn()), 2);
+    EXPECT_TRUE(srq->shared);
+    LinkXrc(*a->device, xa, *i->device, &link);
+    src = Register(*i->device, link.ipd, 8192, kAll);
+    for (size_t k = 0; k < src.bytes.size(); ++k) src.bytes[k] = uint8_t(k * 7 + 1);
+    dst = Register(*b->device, bpd, 8192, kAll);
+  }
+  std::vector<Completion> Run() {
+    f.Pump();
+    host.procs[1].DeliverRing(*b->device);
+    f.Pump();
+    return Drain(link.icq);
+  }
+};
+
+TEST(XrcAcrossProcesses, ATargetQpDeliversIntoAnotherProcesssSrqOfItsDomain) {
+  SharedXrcBench x;
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 64)), 0);
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(10, x.src, 0, 3000, x.srq->srqn())), 0);  // 3 packets
+  SendWr imm = Send(11, x.src, 100, 20, x.srq->srqn());
+  imm.opcode = SendOpcode::kSendWithImm;
+  imm.imm_data = 0xfeedbeef;
+  imm.flags |= send_flags::kSolicited;
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, std::move(imm)), 0);
+  x.f.Pump();
+  // Acknowledged once handed over; the SRQ's process completes them when it reads its ring.
+  auto sent = Drain(x.link.icq);
+  ASSERT_EQ(sent.size(), 2u);
+  for (const Completion& c : sent) EXPECT_EQ(c.status, WcStatus::kSuccess);
+  EXPECT_TRUE(Drain(x.bcq).empty());
+  EXPECT_EQ(x.a->device->counters().xrc_pieces_handed, 4u);
+  x.host.procs[1].DeliverRing(*x.b->device);
+  auto got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].wr_id, 1u);
+  EXPECT_EQ(got[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(got[0].opcode, WcOpcode::kRecv);
+  EXPECT_EQ(got[0].byte_len, 3000u);
+  EXPECT_EQ(got[0].qp_num, x.link.tq->qpn());  // the target QP's number, as for the target's own SRQ
+  EXPECT_EQ(std::memcmp(x.dst.bytes.data(), x.src.bytes.data(), 3000), 0);
+  EXPECT_EQ(got[1].wr_id, 2u);
+  EXPECT_EQ(got[1].byte_len, 20u);
+  EXPECT_EQ(got[1].imm_data, 0xfeedbeefu);
+  EXPECT_TRUE(got[1].wc_flags & wc_flags::kWithImm);
+  EXPECT_TRUE(got[1].solicited);
+  EXPECT_EQ(std::memcmp(x.dst.bytes.data() + 4096, x.src.bytes.data() + 100, 20), 0);
+  EXPECT_EQ(x.b->device->counters().xrc_pieces_received, 4u);
+  EXPECT_EQ(x.b->device->counters().xrc_pieces_dropped, 0u);
+  EXPECT_EQ(x.srq->depth(), 0u);
+}
+
+// No WQE left unclaimed in the other process's SRQ is the responder's RNR NAK, as for its own empty SRQ; so is a ring
+// without room. The sender retries and delivers once both are there.
+TEST(XrcAcrossProcesses, AnEmptySrqOrAFullRingOfTheOtherProcessIsReceiverNotReady) {
+  SharedXrcBench x;
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(10, x.src, 0, 100, x.srq->srqn())), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 5'000'000);
+  EXPECT_GE(x.a->device->counters().rc_rnr_naks_sent, 1u);
+  EXPECT_TRUE(Drain(x.link.icq).empty());
+  x.host.procs[1].ring_full = true;
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 256)), 0);
+  const uint64_t rnr_before = x.a->device->counters().rc_rnr_naks_sent;
+  x.f.PumpUntil(x.f.clock().NowNs() + 5'000'000);
+  EXPECT_GT(x.a->device->counters().rc_rnr_naks_sent, rnr_before);
+  EXPECT_TRUE(Drain(x.link.icq).empty());
+  x.host.procs[1].ring_full = false;  // the claim of each refused attempt was given back: the WQE is still there
+  auto sent = x.Run();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kSuccess);
+  auto got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(got[0].byte_len, 100u);
+}
+
+// Every taker claims: a WQE the other process's target QP claimed is not its own target QP's to take, which then
+// finds the SRQ empty (RNR NAK) though the WQE is still queued.
+TEST(XrcAcrossProcesses, AClaimedWqeIsNotTakenTwice) {
+  SharedXrcBench x;
+  XrcLink own;  // a target QP of the SRQ's own process, with its own initiator
+  ASSERT_NO_FATAL_FAILURE(LinkXrc(*x.b->device, x.xb, *x.i->device, &own));
+  Buffer own_src = Register(*x.i->device, own.ipd, 256, kAll);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 256)), 0);
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(10, x.src, 0, 50, x.srq->srqn())), 0);
+  x.f.Pump();  // claimed by process 1's target; the piece waits in process 2's ring
+  EXPECT_EQ(x.srq->depth(), 1u);
+  ASSERT_EQ(x.i->device->PostSend(own.iq, Send(20, own_src, 0, 60, x.srq->srqn())), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 2'000'000);
+  EXPECT_GE(x.b->device->counters().rc_rnr_naks_sent, 1u);
+  EXPECT_TRUE(Drain(own.icq).empty());
+  x.host.procs[1].DeliverRing(*x.b->device);
+  auto got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].byte_len, 50u);
+  EXPECT_EQ(got[0].qp_num, x.link.tq->qpn());
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 256, 256)), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 5'000'000);
+  auto own_sent = Drain(own.icq);
+  ASSERT_EQ(own_sent.size(), 1u);
+  EXPECT_EQ(own_sent[0].status, WcStatus::kSuccess);
+  got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].byte_len, 60u);
+  EXPECT_EQ(got[0].qp_num, own.tq->qpn());
+}
+
+// Annex A14: an SRQ outside the target's domain is an invalid request, whichever process it belongs to.
+TEST(XrcAcrossProcesses, AnotherProcesssSrqOfAnotherDomainIsAnInvalidRequest) {
+  SharedXrcBench x(/*b_domain_file=*/kDomainFile + 1);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 256)), 0);
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(10, x.src, 0, 10, x.srq->srqn())), 0);
+  auto sent = x.Run();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kRemInvReqErr);
+  EXPECT_EQ(x.link.tq->state(), QpState::kErr);
+  EXPECT_TRUE(Drain(x.bcq).empty());
+}
+
+// What a WRITE through another process's SRQ would reach is that process's memory, under its SRQ's PD: refused.
+TEST(XrcAcrossProcesses, AWriteThroughAnotherProcesssSrqIsARemoteAccessError) {
+  SharedXrcBench x;
+  SendWr w = Send(10, x.src, 0, 10, x.srq->srqn());
+  w.opcode = SendOpcode::kRdmaWrite;
+  w.remote_addr = x.dst.mr.iova;
+  w.rkey = x.dst.mr.rkey;
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, std::move(w)), 0);
+  auto sent = x.Run();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kRemAccessErr);
+  EXPECT_EQ(x.link.tq->state(), QpState::kErr);
+}
+
+// A message the target QP abandons (its QP entered the error state after the first packet) completes flushed in the
+// other process, and a piece of it that still came is dropped there.
+TEST(XrcAcrossProcesses, AMessageTheTargetAbandonsCompletesFlushedInTheOtherProcess) {
+  SharedXrcBench x;
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 256)), 0);
+  wire::PacketSpec first;
+  first.bth.opcode = wire::opcode::kXrcBase | 0x00;  // XRC SEND FIRST (Annex A14)
+  first.bth.dest_qp = x.link.tq->qpn();
+  first.bth.psn = x.link.tq->attributes().rq_psn;
+  first.xrc = wire::XrcEth{.srqn = x.srq->srqn()};
+  const std::vector<uint8_t> payload(1024, 0x5a);
+  x.f.Inject(*x.i, *x.a, first, payload);
+  x.f.Pump();
+  QpAttributes err;
+  err.qp_state = QpState::kErr;
+  ASSERT_EQ(x.a->device->ModifyQp(x.link.tq, err, attr::kState), 0);
+  x.host.procs[1].DeliverRing(*x.b->device);
+  auto got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 1u);
+  EXPECT_EQ(got[0].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(got[0].qp_num, x.link.tq->qpn());
+  EXPECT_EQ(x.srq->depth(), 1u);  // the other WQE stays for the next message
 }
 
 }  // namespace

@@ -84,6 +84,22 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
   }
   SharedReceiveQueue* srq = nullptr;
   if (auto it = srqs_.find(p.xrc->srqn); it != srqs_.end()) srq = it->second.get();
+  if (srq == nullptr && SharedXrcSrq(*qp, p.xrc->srqn) != 0) {
+    // Another process's SRQ of the domain we share with it: the target keeps the protocol and hands the message
+    // over (RcResponder::HandSend). Until that process can be asked (-EAGAIN) no WQE of it can be claimed, and the
+    // request is not ready (RNR NAK) rather than refused. A SEND's bytes only: what WRITE, READ and atomics would
+    // reach is that process's memory, under its SRQ's PD, which this process cannot check (refused as a remote
+    // access error; README).
+    if (d == 0 && p.info->op != wire::Operation::kSend) {
+      core_.Count(&DeviceCounters::rx_remote_access_denied);
+      qp->responder().FatalNak(wire::NakCode::kRemoteAccessError, out);
+      return;
+    }
+    qp->packet_remote_srqn = p.xrc->srqn;
+    qp->responder().OnRequest(p, out);
+    qp->packet_remote_srqn = 0;
+    return;
+  }
   if (srq == nullptr || srq->type() != SrqType::kXrc || srq->xrcd() != qp->init().xrcd) {
     if (d < 0) {
       core_.Count(&DeviceCounters::rc_duplicates);
@@ -105,6 +121,74 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
   init.pd = nullptr;
   init.recv_cq = nullptr;
   qp->packet_srq = nullptr;
+}
+
+int Device::SharedXrcSrq(const QueuePair& target, uint32_t srqn) const {
+  const std::optional<uint64_t>& file = target.init().xrcd->inode();
+  if (core_.config.shared_xrc == nullptr || !file || wire::OwnerOf24(srqn) == core_.config.owner) return 0;
+  return core_.config.shared_xrc->XrcSrqInDomain(srqn, *file);
+}
+
+void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
+  const std::optional<wire::XrcDelivery> h = wire::XrcDelivery::Decode(d.payload);
+  SharedReceiveQueue* srq = nullptr;
+  if (h) {
+    if (auto it = srqs_.find(h->srqn); it != srqs_.end() && it->second->shared) srq = it->second.get();
+  }
+  if (srq == nullptr) {
+    core_.Count(&DeviceCounters::xrc_pieces_dropped);  // destroyed since (its WQEs with it), or not one
+    return;
+  }
+  core_.Count(&DeviceCounters::xrc_pieces_received);
+  MutexLock lock(xrc_inbound_mu_);
+  const uint64_t key = uint64_t{h->srqn} << 32 | h->target_qpn;
+  auto it = xrc_inbound_.find(key);
+  // A message the target QP left unfinished (it entered the error state, or was reset): its WQE completes flushed,
+  // as the target's own receive would have (IBTA 10.3.1).
+  if (it != xrc_inbound_.end() && (h->abort || h->first)) {
+    core_.Complete(srq->cq(), DeviceCore::ReceiveError(h->target_qpn, it->second.wr.wr_id, WcStatus::kWrFlushErr));
+    xrc_inbound_.erase(it);
+    it = xrc_inbound_.end();
+  }
+  if (h->abort) return;
+  if (h->first) {
+    bool limit_reached = false;
+    std::optional<RecvWr> wr = srq->Take(&limit_reached);  // the one the target claimed
+    if (limit_reached) core_.Raise({AsyncEventType::kSrqLimitReached, nullptr, nullptr, 0, srq});
+    if (!wr) {
+      core_.Count(&DeviceCounters::xrc_pieces_dropped);
+      return;
+    }
+    it = xrc_inbound_.emplace(key, XrcInbound{std::move(*wr)}).first;
+  }
+  if (it == xrc_inbound_.end()) {
+    core_.Count(&DeviceCounters::xrc_pieces_dropped);  // a piece of a message flushed here
+    return;
+  }
+  XrcInbound& m = it->second;
+  if (m.status == WcStatus::kSuccess) m.status = core_.Scatter(srq->pd(), m.wr.sg_list, m.offset, d.payload.subspan(wire::XrcDelivery::kSize));
+  m.offset += d.payload.size() - wire::XrcDelivery::kSize;
+  if (!h->last) return;
+  // The completion the target's own SRQ would have given (RcResponder::CompleteMessage): in the SRQ's CQ, with the
+  // target QP's number. A receive buffer too short, or refused by our keys, completes in error here; the initiator,
+  // acknowledged already, is not told (README: XRC between processes).
+  Completion c;
+  if (m.status == WcStatus::kSuccess) {
+    c.qp_num = h->target_qpn;
+    c.src_qp = h->src_qpn;
+    c.byte_len = static_cast<uint32_t>(m.offset);
+    c.solicited = h->solicited;
+    if (h->with_imm) {
+      c.imm_data = h->imm;
+      c.wc_flags |= wc_flags::kWithImm;
+    }
+    c.wr_id = m.wr.wr_id;
+    c.opcode = WcOpcode::kRecv;
+  } else {
+    c = DeviceCore::ReceiveError(h->target_qpn, m.wr.wr_id, m.status);
+  }
+  core_.Complete(srq->cq(), c);
+  xrc_inbound_.erase(it);
 }
 
 // --- SRQ objects ------------------------------------------------------------------------------------------------
@@ -135,6 +219,10 @@ int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, Compl
   while (srqs_.count(srqn) || srqn == 0) srqn = owner != 0 ? wire::WithOwner24(owner, srqn + 1) : (srqn + 1) & 0xffffff;
   next_srqn_ = (srqn + 1) & 0xffffff;
   auto srq = std::make_unique<SharedReceiveQueue>(srqn, type, pd, attr, xrcd, cq);
+  // An XRC SRQ of a domain opened by a file is the host's other processes' to reach too (ibv_open_xrcd(3): processes
+  // share a domain by opening the same file).
+  if (type == SrqType::kXrc && xrcd->inode() && core_.config.shared_xrc != nullptr && owner != 0)
+    srq->shared = core_.config.shared_xrc->PublishXrcSrq(srqn, *xrcd->inode());
   *out = srq.get();
   srqs_[srqn] = std::move(srq);
   return 0;
@@ -156,13 +244,21 @@ int Device::DestroySrq(SharedReceiveQueue* srq) {
   auto it = srqs_.find(srq->srqn());
   if (it == srqs_.end() || it->second.get() != srq) return EINVAL;
   if (srq->users > 0) return EBUSY;  // ibv_destroy_srq(3) NOTES: fails while a QP is associated with it
+  if (srq->shared) {
+    core_.config.shared_xrc->WithdrawXrcSrq(srq->srqn());
+    MutexLock inbound(xrc_inbound_mu_);
+    std::erase_if(xrc_inbound_, [&](const auto& e) { return uint32_t(e.first >> 32) == srq->srqn(); });
+  }
   srqs_.erase(it);
   return 0;
 }
 
 int Device::PostSrqRecv(SharedReceiveQueue* srq, RecvWr&& wr) {
   std::shared_lock objects(objects_mu_);  // the SRQ locks itself
-  if (int err = srq->Post(std::move(wr)); err != 0 || !failed_) return err;
+  uint64_t posted = 0;
+  if (int err = srq->Post(std::move(wr), &posted); err != 0) return err;
+  if (srq->shared) core_.config.shared_xrc->XrcSrqPosted(srq->srqn(), posted);
+  if (!failed_) return 0;
   FlushSrqLocked(*srq);  // a lost device takes no more (Fail)
   return 0;
 }

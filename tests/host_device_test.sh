@@ -17,6 +17,11 @@
 #                                 responder's error completion), an rdma_verify pair of one operation at a time (WRITEs
 #                                 and READs direct, atomics as packets between them, every byte checked), and the same
 #                                 with --no-direct (none direct)
+#   xrc_between_processes         processes sharing an XRC domain by one file: tests/xrc_share_check (target QPs of
+#                                 two processes delivering into each other's SRQs, bytes and completions checked; RNR
+#                                 until the other process posts; another domain's SRQ and a WRITE refused), and
+#                                 ibv_xsrq_pingpong with three clients, whose server answers each client through
+#                                 another client's target QP
 #   ucx_direct                    UCX's ucx_perftest put and get (rc_verbs) between two processes on one address:
 #                                 a framework's WRITEs and READs carried out by direct access
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
@@ -60,6 +65,7 @@ PREFIX="$WORK/prefix"
 UROCE="$PREFIX/bin/uroce"
 RDMA_VERIFY="$PWD/tests/rdma_verify"
 DIRECT_CHECK="$PWD/tests/direct_access_check"
+XRC_CHECK="$PWD/tests/xrc_share_check"
 CM_QUITTER="$PWD/tests/cm_quitter"
 TIMEOUT=60
 
@@ -437,6 +443,36 @@ case_service_open_files() {
   junit_check service_open_files "$problems"
 }
 
+case_xrc_between_processes() {
+  local addr port log="$WORK/xrc" problems="" server i
+  addr=$(random_loopback)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" --stats -- "$XRC_CHECK" >"$log.check" 2>&1 ||
+    problems+="xrc_share_check: exit $?: $(grep 'xrc_share_check' "$log.check" | grep -v ': ok$')"$'\n'
+  awk '/^xrc_pieces_handed / && $2 > 0 {h = 1} /^xrc_pieces_received / && $2 > 0 {r = 1} END {exit !(h && r)}' \
+    "$log.check" || problems+="xrc_share_check: no message went from one process's target QP to another's SRQ"$'\n'
+  # The server's reply to client i goes through client (i + 1) mod 3's target QP, naming client i's SRQ.
+  port=$(free_tcp_port)
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \
+    ibv_xsrq_pingpong -d uroce0 -g 0 -c 3 -n 200 -p "$port" >"$log.server" 2>&1 &
+  server=$!
+  wait_listening "$port" "$server"
+  local -a clients=()
+  for i in 0 1 2; do
+    timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" --stats -- \
+      ibv_xsrq_pingpong -d uroce0 -g 0 -n 200 -p "$port" "$addr" >"$log.client$i" 2>&1 &
+    clients+=($!)
+  done
+  wait "$server" || problems+="ibv_xsrq_pingpong server: exit $?: $(tail -3 "$log.server")"$'\n'
+  for i in 0 1 2; do
+    wait "${clients[$i]}" || problems+="ibv_xsrq_pingpong client $i: exit $?: $(grep -v '^[a-z_]* [0-9]*$' \
+      "$log.client$i" | tail -3)"$'\n'
+  done
+  grep -q '^success' "$log.server" || problems+="ibv_xsrq_pingpong server: no success"$'\n'
+  cat "$log".client* | awk '/^xrc_pieces_handed / && $2 > 0 {h = 1} END {exit !h}' ||
+    problems+="ibv_xsrq_pingpong: no reply crossed from one client's target QP to another client's SRQ"$'\n'
+  junit_check xrc_between_processes "$problems"
+}
+
 case_service_killed_is_device_fatal() {
   local addr log="$WORK/killed" problems="" port
   addr=$(random_loopback)
@@ -616,6 +652,7 @@ main() {
   case_same_host_paths
   case_faults_through_the_rings
   case_direct_access
+  case_xrc_between_processes
   case_ucx_direct
   case_two_hosts_eight_processes_each
   case_sixty_four_processes

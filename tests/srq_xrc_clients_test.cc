@@ -7,7 +7,8 @@
 // between the client processes as on one real HCA: see README (XRC between processes). ibv_xsrq_pingpong's server
 // answers client i through another client's target QP naming client i's SRQ; here that target delivers into its own
 // process's SRQ of that number (each process's first is 1), so the three-client case shows one server serving three
-// processes' connections and their message counts, not delivery into another process's SRQ.
+// processes' connections and their message counts, not delivery into another process's SRQ. That delivery, on the
+// host device, is host_device_test's xrc_between_processes.
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -455,6 +455,8 @@ int Engine::Start(const EngineConfig& config) {
   dc.node_guid = NodeGuid();
   dc.retry_cnt_7_infinite = config.retry_forever;
   if (membership_) dc.owner = membership_->owner();
+  // XRC SRQs shared with the host's other processes replace no packet: on whatever watches them.
+  if (host_transport_ != nullptr && host_transport_->ShareXrcSrqs() == 0) dc.shared_xrc = host_transport_;
   // Direct access needs the packets it replaces to be nothing anybody watches or alters.
   if (host_transport_ != nullptr && config.direct && faults_ == nullptr && pcap_ == nullptr &&
       host_transport_->EnableDirectAccess() == 0) {

@@ -44,15 +44,22 @@ struct DirectTable::Layout {
     // The initiator's.
     alignas(64) std::atomic<uint64_t> sends;
   };
+  struct alignas(64) SrqSlot {
+    std::atomic<uint32_t> key;  // kQpValid | srqn, 0: empty
+    std::atomic<uint64_t> domain;
+    std::atomic<uint64_t> posted;
+    std::atomic<uint64_t> claimed;
+  };
   static constexpr uint32_t kQpValid = 1u << 31;
   static constexpr uint64_t kRegionValid = uint64_t{1} << 32;
   static constexpr size_t kInitiatorsOffset = 64;
   static constexpr size_t kQpOffset = kInitiatorsOffset + 256 * sizeof(Initiator);
   static constexpr size_t kRegionOffset = kQpOffset + kQpSlots * sizeof(QpSlot);
   static constexpr size_t kReceiveOffset = (kRegionOffset + kRegionSlots * sizeof(RegionSlot) + 63) & ~size_t{63};
-  static constexpr size_t kBytes = kReceiveOffset + kReceiveSlots * sizeof(ReceiveSlot);
+  static constexpr size_t kSrqOffset = kReceiveOffset + kReceiveSlots * sizeof(ReceiveSlot);
+  static constexpr size_t kBytes = kSrqOffset + kSrqSlots * sizeof(SrqSlot);
   static_assert(sizeof(Initiator) == 64 && sizeof(QpSlot) == 16 && sizeof(RegionSlot) == 40 &&
-                sizeof(ReceiveSlot) == 192);
+                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 64);
   static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
   static Header* header(void* base) { return static_cast<Header*>(base); }
@@ -66,6 +73,7 @@ struct DirectTable::Layout {
   static ReceiveSlot* receives(void* base) {
     return reinterpret_cast<ReceiveSlot*>(static_cast<uint8_t*>(base) + kReceiveOffset);
   }
+  static SrqSlot* srqs(void* base) { return reinterpret_cast<SrqSlot*>(static_cast<uint8_t*>(base) + kSrqOffset); }
 };
 
 namespace {
@@ -227,6 +235,55 @@ void DirectTable::CloseReceives(uint32_t qpn) {
   Withdraw(receive_slot_, Layout::receives(base_), qpn);
 }
 
+bool DirectTable::PublishSrq(uint32_t srqn, uint64_t domain) {
+  std::lock_guard lock(mu_);
+  Layout::SrqSlot* slots = Layout::srqs(base_);
+  Withdraw(srq_slot_, slots, srqn);
+  Layout::SrqSlot* s = Probe(slots, kSrqSlots, srqn, 0u);
+  if (s == nullptr) return false;
+  s->domain.store(domain, std::memory_order_relaxed);
+  s->posted.store(0, std::memory_order_relaxed);
+  s->claimed.store(0, std::memory_order_relaxed);
+  s->key.store(Layout::kQpValid | srqn, std::memory_order_seq_cst);  // the fields before the key
+  srq_slot_[srqn] = uint32_t(s - slots);
+  return true;
+}
+
+void DirectTable::SrqPosted(uint32_t srqn, uint64_t posted) {
+  std::lock_guard lock(mu_);
+  auto it = srq_slot_.find(srqn);
+  if (it == srq_slot_.end()) return;
+  std::atomic<uint64_t>& count = Layout::srqs(base_)[it->second].posted;
+  uint64_t now = count.load(std::memory_order_relaxed);
+  while (now < posted && !count.compare_exchange_weak(now, posted, std::memory_order_release)) {
+  }
+}
+
+void DirectTable::WithdrawSrq(uint32_t srqn) {
+  std::lock_guard lock(mu_);
+  Withdraw(srq_slot_, Layout::srqs(base_), srqn);
+}
+
+bool DirectTable::SrqInDomain(uint32_t srqn, uint64_t domain) const {
+  const Layout::SrqSlot* s = Probe(Layout::srqs(base_), kSrqSlots, srqn, Layout::kQpValid | srqn);
+  return s != nullptr && s->domain.load(std::memory_order_relaxed) == domain;
+}
+
+bool DirectTable::ClaimSrqWqe(uint32_t srqn) {
+  Layout::SrqSlot* s = Probe(Layout::srqs(base_), kSrqSlots, srqn, Layout::kQpValid | srqn);
+  if (s == nullptr) return false;
+  uint64_t claimed = s->claimed.load(std::memory_order_relaxed);
+  do {
+    if (claimed >= s->posted.load(std::memory_order_acquire)) return false;
+  } while (!s->claimed.compare_exchange_weak(claimed, claimed + 1, std::memory_order_acq_rel));
+  return true;
+}
+
+void DirectTable::ReleaseSrqWqe(uint32_t srqn) {
+  Layout::SrqSlot* s = Probe(Layout::srqs(base_), kSrqSlots, srqn, Layout::kQpValid | srqn);
+  if (s != nullptr) s->claimed.fetch_sub(1, std::memory_order_acq_rel);
+}
+
 void DirectTable::Enter(uint8_t me, pid_t self) {
   Layout::Initiator& i = Layout::initiators(base_)[me];
   if (i.pid.load(std::memory_order_relaxed) != self) i.pid.store(self, std::memory_order_relaxed);
@@ -299,6 +356,31 @@ std::optional<DirectSend> DirectSend::Decode(std::span<const uint8_t> in) {
   std::memcpy(&d.epoch, in.data() + 12, 4);
   std::memcpy(&d.index, in.data() + 16, 8);
   std::memcpy(&d.imm, in.data() + 24, 4);
+  return d;
+}
+
+void XrcDelivery::Encode(uint8_t out[kSize]) const {
+  std::memset(out, 0, kSize);
+  out[0] = 'X';
+  out[1] = uint8_t((first ? 1 : 0) | (last ? 2 : 0) | (with_imm ? 4 : 0) | (solicited ? 8 : 0) | (abort ? 16 : 0));
+  std::memcpy(out + 4, &srqn, 4);
+  std::memcpy(out + 8, &target_qpn, 4);
+  std::memcpy(out + 12, &src_qpn, 4);
+  std::memcpy(out + 16, &imm, 4);
+}
+
+std::optional<XrcDelivery> XrcDelivery::Decode(std::span<const uint8_t> in) {
+  if (in.size() < kSize || in[0] != 'X' || (in[1] & ~31) != 0) return std::nullopt;
+  XrcDelivery d;
+  d.first = (in[1] & 1) != 0;
+  d.last = (in[1] & 2) != 0;
+  d.with_imm = (in[1] & 4) != 0;
+  d.solicited = (in[1] & 8) != 0;
+  d.abort = (in[1] & 16) != 0;
+  std::memcpy(&d.srqn, in.data() + 4, 4);
+  std::memcpy(&d.target_qpn, in.data() + 8, 4);
+  std::memcpy(&d.src_qpn, in.data() + 12, 4);
+  std::memcpy(&d.imm, in.data() + 16, 4);
   return d;
 }
 

@@ -31,6 +31,16 @@
 // target's to keep valid (ibv_dereg_mr(3) of a region with WQEs posted into it is the target's error, and the SEND's
 // WQE then completes in error there, IBV_WC_LOC_PROT_ERR).
 //
+// XRC SRQs (Annex A14) are shared the same way. A target QP may deliver into any XRC SRQ of its domain, and the
+// host's processes share a domain by opening it by one file, each with SRQs of its own: so each process publishes its
+// XRC SRQs of file domains (number, the file's identity) with a count of the receive WQEs posted to each and a count
+// of those claimed. Whoever takes a WQE from such an SRQ claims one first (the owner for its own target QPs, another
+// process's target QP for a message naming it), which never claims more than were posted: a claim is a WQE the SRQ
+// holds until its claimant's message takes it, and no claim left is the responder's RNR NAK (9.7.5.2.8), as for any
+// empty SRQ. The target QP keeps the RC protocol (PSN, ACK) and hands each packet's payload, in order, to the SRQ's
+// process through its ring (XrcDelivery), which takes the WQE at the first, places the bytes with its own keys and
+// completes it at the last in the SRQ's CQ, as the target's own SRQ would have.
+//
 // Error contract (as liburing's): functions that can fail return 0 or a count on success, -errno on failure.
 #pragma once
 
@@ -75,6 +85,27 @@ struct DirectSend {
   void Encode(uint8_t out[kSize]) const;
   // nullopt for bytes that are not one (short, bad marker).
   static std::optional<DirectSend> Decode(std::span<const uint8_t> in);
+};
+
+// A piece of a message an XRC target QP received for another process's XRC SRQ, as that process's ring carries it,
+// ahead of the packet's payload (kSize bytes, host byte order). The pieces of one message come in order, from one
+// target QP.
+struct XrcDelivery {
+  static constexpr size_t kSize = 24;
+  uint32_t srqn = 0;        // the SRQ (the XRCETH's)
+  uint32_t target_qpn = 0;  // the target QP that received it: the completion's qp_num
+  uint32_t src_qpn = 0;     // the initiator's QP: the completion's src_qp
+  uint32_t imm = 0;         // as the IMMDt carries it
+  bool first = false;       // the message's first packet: it takes a receive WQE (claimed by the target QP)
+  bool last = false;        // its last: the WQE completes
+  bool with_imm = false;
+  bool solicited = false;
+  // The target QP abandoned the message (it entered the error state): the WQE it took completes flushed.
+  bool abort = false;
+
+  void Encode(uint8_t out[kSize]) const;
+  // nullopt for bytes that are not one (short, bad marker).
+  static std::optional<XrcDelivery> Decode(std::span<const uint8_t> in);
 };
 
 // What the HCA (emu) sees of direct access: DeviceConfig::direct. Every method may be called from any thread.
@@ -132,6 +163,31 @@ class DirectAccess {
   virtual void CloseReceives(uint32_t qpn) = 0;
 };
 
+// What the HCA (emu) sees of the host's XRC SRQs (as the file comment says): DeviceConfig::shared_xrc. Unlike direct
+// access it replaces no packet (the target QP receives them all), so captures and fault injection leave it on. Every
+// method may be called from any thread.
+class SharedXrcSrqs {
+ public:
+  virtual ~SharedXrcSrqs() = default;
+
+  // Ours: published for the domain of file `domain` (XrcDomain::inode; false
+  // when no slot is free, then only our own target QPs reach it); `posted` WQEs posted to it so far, counted from its
+  // publication (a smaller count than one published already changes nothing); withdrawn.
+  virtual bool PublishXrcSrq(uint32_t srqn, uint64_t domain) = 0;
+  virtual void XrcSrqPosted(uint32_t srqn, uint64_t posted) = 0;
+  virtual void WithdrawXrcSrq(uint32_t srqn) = 0;
+  // Any process's, ours included: whether `srqn` is an XRC SRQ published for `domain` (1, 0, or -EAGAIN: its
+  // process is there but cannot be asked yet, as before it has offered its table: ask again later); claiming one of
+  // its receive WQEs (false: none left unclaimed, not published, or not reachable); giving back a claim no message
+  // will use.
+  virtual int XrcSrqInDomain(uint32_t srqn, uint64_t domain) = 0;
+  virtual bool ClaimXrcWqe(uint32_t srqn) = 0;
+  virtual void ReleaseXrcWqe(uint32_t srqn) = 0;
+  // A piece of a message for another process's XRC SRQ `delivery.srqn`, with its bytes, into that process's ring:
+  // false when it cannot go there (not a process of this host, gone, or its ring full).
+  virtual bool DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) = 0;
+};
+
 // One process's table in shared memory. The owner publishes and withdraws; the host's other processes look up and
 // count their copies (Enter/Leave). Layout (host byte order; both ends run on one host):
 //   0       magic u64, owner's pid i32, QP slots u32, region slots u32
@@ -144,13 +200,16 @@ class DirectAccess {
 //           posted u64, packets_taken u64, lengths u32[kReceiveWindow] (the owner's two cache lines); sends u64 (the
 //           initiator's line). WQE i (counted from the window's opening) exists when i < posted; its length is
 //           lengths[i % kReceiveWindow].
+//   then    XRC SRQ slots (64 bytes): key u32 (1 << 31 | srqn), domain u64, posted u64 (the owner's), claimed u64
+//           (every taker's: claimed <= posted).
 // An entry lives in the slot its number hashes to or one of the kProbe after it.
 class DirectTable {
  public:
-  static constexpr uint64_t kMagic = 0x75726f63'44697232ULL;  // "urocDir2"
+  static constexpr uint64_t kMagic = 0x75726f63'44697233ULL;  // "urocDir3"
   static constexpr uint32_t kQpSlots = 4096;
   static constexpr uint32_t kRegionSlots = 8192;
   static constexpr uint32_t kReceiveSlots = 4096;
+  static constexpr uint32_t kSrqSlots = 1024;
   static constexpr uint32_t kProbe = 32;
 
   // The owner's side: a new table in a new sealed memfd, whose descriptor (close-on-exec, the caller's) is stored in
@@ -179,6 +238,18 @@ class DirectTable {
   // The direct SENDs initiators have counted into the window (CountSend).
   uint64_t DirectSends(uint32_t qpn);
   void CloseReceives(uint32_t qpn);
+  // An XRC SRQ of domain `domain` (counts 0; replaces one it had); false when no slot is free.
+  bool PublishSrq(uint32_t srqn, uint64_t domain);
+  // `posted` WQEs were posted to it so far (never lowers the count: posts on several threads may publish out of
+  // order).
+  void SrqPosted(uint32_t srqn, uint64_t posted);
+  void WithdrawSrq(uint32_t srqn);
+
+  // --- whoever takes from the owner's XRC SRQs (the owner too) -------------------------------------------------------
+  bool SrqInDomain(uint32_t srqn, uint64_t domain) const;
+  // One WQE of SRQ `srqn` claimed (false when every posted one is claimed, or no such SRQ); given back.
+  bool ClaimSrqWqe(uint32_t srqn);
+  void ReleaseSrqWqe(uint32_t srqn);
 
   // --- an initiator, owner number `me` (1..255) --------------------------------------------------------------------
   // Brackets every look-up and the copy that follows it: what Check found stays as it was until Leave. `self`: our
@@ -215,6 +286,7 @@ class DirectTable {
   std::unordered_map<uint32_t, uint32_t> qp_slot_;      // qpn -> slot
   std::unordered_map<uint32_t, uint32_t> region_slot_;  // rkey -> slot
   std::unordered_map<uint32_t, uint32_t> receive_slot_;  // qpn -> slot
+  std::unordered_map<uint32_t, uint32_t> srq_slot_;      // srqn -> slot
 };
 
 // Copies between our memory and another process's (process_vm_writev(2), process_vm_readv(2)): whether all `length`

@@ -232,6 +232,85 @@ TEST(DirectSendRecord, EncodesAndDecodesEveryField) {
   EXPECT_FALSE(DirectSend::Decode(bytes));
 }
 
+// --- XRC SRQs shared by the host's processes ------------------------------------------------------------------------
+
+TEST_F(DirectTableTest, AnXrcSrqIsFoundOnlyForItsDomainAndWhilePublished) {
+  constexpr uint32_t kSrqn = 0x030001;
+  EXPECT_FALSE(peer_->SrqInDomain(kSrqn, 77));
+  ASSERT_TRUE(owner_->PublishSrq(kSrqn, 77));
+  EXPECT_TRUE(peer_->SrqInDomain(kSrqn, 77));
+  EXPECT_FALSE(peer_->SrqInDomain(kSrqn, 78));
+  EXPECT_FALSE(peer_->SrqInDomain(kSrqn + 1, 77));
+  owner_->WithdrawSrq(kSrqn);
+  EXPECT_FALSE(peer_->SrqInDomain(kSrqn, 77));
+  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn));
+}
+
+// Every taker claims, the owner too: never more claims than WQEs posted; a claim given back may be taken again; a
+// count published late (posts on two threads) never lowers what was published.
+TEST_F(DirectTableTest, ClaimsNeverExceedThePostedWqes) {
+  constexpr uint32_t kSrqn = 0x030002;
+  ASSERT_TRUE(owner_->PublishSrq(kSrqn, 5));
+  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn));
+  owner_->SrqPosted(kSrqn, 2);
+  owner_->SrqPosted(kSrqn, 1);  // an earlier post's count, published after the later one's
+  EXPECT_TRUE(peer_->ClaimSrqWqe(kSrqn));
+  EXPECT_TRUE(owner_->ClaimSrqWqe(kSrqn));
+  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn));
+  peer_->ReleaseSrqWqe(kSrqn);
+  EXPECT_TRUE(owner_->ClaimSrqWqe(kSrqn));
+  EXPECT_FALSE(owner_->ClaimSrqWqe(kSrqn));
+  // Republished (another SRQ of that number): its counts start again.
+  ASSERT_TRUE(owner_->PublishSrq(kSrqn, 5));
+  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn));
+}
+
+TEST_F(DirectTableTest, ConcurrentClaimersShareThePostedWqesExactly) {
+  constexpr uint32_t kSrqn = 0x030003;
+  constexpr int kPosted = 20000;
+  ASSERT_TRUE(owner_->PublishSrq(kSrqn, 5));
+  owner_->SrqPosted(kSrqn, kPosted);
+  std::atomic<int> claimed{0};
+  std::vector<std::thread> claimers;
+  for (int t = 0; t < 4; ++t) {
+    claimers.emplace_back([&] {
+      DirectTable& table = t % 2 == 0 ? *owner_ : *peer_;
+      while (table.ClaimSrqWqe(kSrqn)) claimed.fetch_add(1);
+    });
+  }
+  for (std::thread& t : claimers) t.join();
+  EXPECT_EQ(claimed.load(), kPosted);
+}
+
+TEST(XrcDeliveryRecord, EncodesAndDecodesEveryField) {
+  XrcDelivery d;
+  d.srqn = 0x050001;
+  d.target_qpn = 0x030011;
+  d.src_qpn = 0x123456;
+  d.imm = 0xdeadbeef;
+  d.first = d.with_imm = d.abort = true;
+  uint8_t bytes[XrcDelivery::kSize];
+  d.Encode(bytes);
+  auto back = XrcDelivery::Decode(bytes);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->srqn, d.srqn);
+  EXPECT_EQ(back->target_qpn, d.target_qpn);
+  EXPECT_EQ(back->src_qpn, d.src_qpn);
+  EXPECT_EQ(back->imm, d.imm);
+  EXPECT_TRUE(back->first && back->with_imm && back->abort);
+  EXPECT_FALSE(back->last || back->solicited);
+  d = XrcDelivery{};
+  d.last = d.solicited = true;
+  d.Encode(bytes);
+  back = XrcDelivery::Decode(bytes);
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(back->last && back->solicited);
+  EXPECT_FALSE(back->first || back->with_imm || back->abort);
+  EXPECT_FALSE(XrcDelivery::Decode(std::span<const uint8_t>(bytes, XrcDelivery::kSize - 1)));
+  bytes[0] = 'S';  // a direct SEND's marker
+  EXPECT_FALSE(XrcDelivery::Decode(bytes));
+}
+
 TEST(CrossMemoryCopy, WritesAndReadsAnotherProcessesMemory) {
   // A child holds a buffer; we write into it and read it back through its pid.
   static uint8_t shared_target[64];

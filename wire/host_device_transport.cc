@@ -154,15 +154,16 @@ bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, 
     malformed_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  // A direct SEND comes only from another process of the host (in its ring or, before, on its connection).
-  if (header->direct_send && !from_peer) {
+  // A record other than a packet comes only from another process of the host (in its ring or, before, on its
+  // connection).
+  if (header->record != RingRecord::kPacket && !from_peer) {
     malformed_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
   InDatagram d;
   d.src = header->src;
   d.dst = header->dst;
-  d.direct_send = header->direct_send;
+  d.record = header->record;
   d.payload = bytes.subspan(ForwardHeader::kSize);
   d.timestamp_ns = now;
   d.congestion_experienced = header->congestion_experienced;
@@ -526,14 +527,19 @@ int HostDeviceTransport::Send(std::span<const OutDatagram> batch) {
 
 // --- direct access (wire/direct_access.h) ------------------------------------------------------------------------
 
-int HostDeviceTransport::EnableDirectAccess() {
+int HostDeviceTransport::ShareXrcSrqs() {
   if (same_host_ != SameHostPath::kSharedMemory) return -ENOTSUP;
+  return direct_table_ != nullptr ? 0 : DirectTable::Create(&direct_table_, &direct_table_fd_);
+}
+
+int HostDeviceTransport::EnableDirectAccess() {
+  if (int rc = ShareXrcSrqs(); rc < 0) return rc;
   self_pid_ = getpid();
   // Under Yama's ptrace_scope 1 only an ancestor may attach to us, and cross-memory attach asks what ptrace would:
   // let the host's other processes in, as Open MPI's shared-memory transport does for the same copies (the kernel's
   // other checks stay: same user, not setuid). Without Yama this fails with EINVAL and nothing is needed.
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  return DirectTable::Create(&direct_table_, &direct_table_fd_);
+  return 0;
 }
 
 size_t HostDeviceTransport::direct_peers() {
@@ -585,9 +591,12 @@ void HostDeviceTransport::ReportGone() {
 }
 
 DirectTable* HostDeviceTransport::DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, Peer** found) {
-  if (direct_table_ == nullptr || peer != local_ || direct_refused_.load(std::memory_order_relaxed)) return nullptr;
-  const uint8_t owner = OwnerOf24(dest_qpn);
-  if (owner == 0 || owner == owner_) return nullptr;
+  if (peer != local_ || direct_refused_.load(std::memory_order_relaxed)) return nullptr;
+  return PeerTable(OwnerOf24(dest_qpn), found);
+}
+
+DirectTable* HostDeviceTransport::PeerTable(uint8_t owner, Peer** found) {
+  if (direct_table_ == nullptr || owner == 0 || owner == owner_) return nullptr;
   Peer* p = PeerFor(owner, false);
   if (p == nullptr) return nullptr;
   DirectTable* table = p->table.load(std::memory_order_acquire);
@@ -651,7 +660,7 @@ bool HostDeviceTransport::SendMessage(const UdpEndpoint& peer, DirectSend& send,
     ForwardHeader h;
     h.src = local_;
     h.dst = peer;
-    h.direct_send = true;
+    h.record = RingRecord::kDirectSend;
     uint8_t header[ForwardHeader::kSize + DirectSend::kSize];
     h.Encode(header);
     send.Encode(header + ForwardHeader::kSize);
@@ -692,6 +701,60 @@ uint64_t HostDeviceTransport::DirectSends(uint32_t qpn) {
 }
 void HostDeviceTransport::CloseReceives(uint32_t qpn) {
   if (direct_table_ != nullptr) direct_table_->CloseReceives(qpn);
+}
+
+bool HostDeviceTransport::PublishXrcSrq(uint32_t srqn, uint64_t domain) {
+  return direct_table_ != nullptr && direct_table_->PublishSrq(srqn, domain);
+}
+void HostDeviceTransport::XrcSrqPosted(uint32_t srqn, uint64_t posted) {
+  if (direct_table_ != nullptr) direct_table_->SrqPosted(srqn, posted);
+}
+void HostDeviceTransport::WithdrawXrcSrq(uint32_t srqn) {
+  if (direct_table_ != nullptr) direct_table_->WithdrawSrq(srqn);
+}
+
+DirectTable* HostDeviceTransport::SrqTableFor(uint32_t srqn) {
+  if (direct_table_ != nullptr && OwnerOf24(srqn) == owner_) return direct_table_.get();
+  Peer* p = nullptr;
+  return PeerTable(OwnerOf24(srqn), &p);  // SRQ numbers carry their owner's number as QPNs do
+}
+
+int HostDeviceTransport::XrcSrqInDomain(uint32_t srqn, uint64_t domain) {
+  if (direct_table_ != nullptr && OwnerOf24(srqn) == owner_) return direct_table_->SrqInDomain(srqn, domain);
+  Peer* p = nullptr;
+  if (DirectTable* table = PeerTable(OwnerOf24(srqn), &p)) return table->SrqInDomain(srqn, domain);
+  if (p == nullptr) return 0;  // no such process (now)
+  // Connected just now (a target's first message for a process it never talked to): its polling thread has not yet
+  // accepted us and offered its ring and table.
+  std::lock_guard lock(p->mu);
+  return p->offer_answered ? 0 : -EAGAIN;
+}
+
+bool HostDeviceTransport::ClaimXrcWqe(uint32_t srqn) {
+  DirectTable* table = SrqTableFor(srqn);
+  return table != nullptr && table->ClaimSrqWqe(srqn);
+}
+
+void HostDeviceTransport::ReleaseXrcWqe(uint32_t srqn) {
+  if (DirectTable* table = SrqTableFor(srqn)) table->ReleaseSrqWqe(srqn);
+}
+
+bool HostDeviceTransport::DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) {
+  Peer* p = nullptr;
+  if (PeerTable(OwnerOf24(delivery.srqn), &p) == nullptr) return false;
+  ForwardHeader h;
+  h.src = local_;
+  h.dst = local_;
+  h.record = RingRecord::kXrcDelivery;
+  uint8_t header[ForwardHeader::kSize + XrcDelivery::kSize];
+  h.Encode(header);
+  delivery.Encode(header + ForwardHeader::kSize);
+  const std::span<const uint8_t> pieces[] = {bytes};
+  std::lock_guard lock(p->mu);
+  // Into the ring only: the pieces of one message must arrive in order, behind nothing sent another way.
+  if (!p->ring || !p->ring->WriteGathered(header, pieces)) return false;
+  if (p->ring->Publish()) SignalEventFd(p->doorbell);
+  return true;
 }
 
 }  // namespace uroce::wire

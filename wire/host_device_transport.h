@@ -58,7 +58,7 @@ enum class SameHostPath {
   kUdp,           // the network's way: every packet on real UDP to the device's UDP 4791, for tcpdump
 };
 
-class HostDeviceTransport final : public Transport, public DirectAccess {
+class HostDeviceTransport final : public Transport, public DirectAccess, public SharedXrcSrqs {
  public:
   // `forward_fd`: our end of the datagram socket the service forwards on (taken over: closed by the destructor).
   // `control_fd`: the connection to the service, only watched (not closed). `local`: address:4791 of the device.
@@ -95,6 +95,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // carries one-sided operations towards those that offer theirs without packets (the shared-memory path only). Call
   // after Init and before packets flow. 0, or -errno of DirectTable::Create; -ENOTSUP on another same-host path.
   int EnableDirectAccess();
+  // Makes the same table for our XRC SRQs alone (EnableDirectAccess makes it too): other processes' target QPs of
+  // a domain we share then deliver into them (SharedXrcSrqs). 0, or -errno as EnableDirectAccess.
+  int ShareXrcSrqs();
 
   // DirectAccess (wire/direct_access.h).
   bool Write(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va,
@@ -112,6 +115,14 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
                        std::span<const uint32_t> lengths) override;
   uint64_t DirectSends(uint32_t qpn) override;
   void CloseReceives(uint32_t qpn) override;
+  // SharedXrcSrqs (wire/direct_access.h).
+  bool PublishXrcSrq(uint32_t srqn, uint64_t domain) override;
+  void XrcSrqPosted(uint32_t srqn, uint64_t posted) override;
+  void WithdrawXrcSrq(uint32_t srqn) override;
+  int XrcSrqInDomain(uint32_t srqn, uint64_t domain) override;
+  bool ClaimXrcWqe(uint32_t srqn) override;
+  void ReleaseXrcWqe(uint32_t srqn) override;
+  bool DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) override;
 
   UdpEndpoint local() const override { return local_; }
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override {
@@ -226,6 +237,11 @@ class HostDeviceTransport final : public Transport, public DirectAccess {
   // The table of the process that owns `dest_qpn` at `peer`, when direct access may go there; *found our connection
   // to that process (its pid, its ring).
   DirectTable* DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, Peer** found);
+  // The table of the process holding owner number `owner` (nullptr: ours, none, or not reachable), whatever direct
+  // access may do; *found as DirectTableFor's.
+  DirectTable* PeerTable(uint8_t owner, Peer** found);
+  // The table that publishes XRC SRQ `srqn`: ours, or its owner's (nullptr when not reachable).
+  DirectTable* SrqTableFor(uint32_t srqn);
   // Write and Read: checks the access against the table of `dest_qpn`'s process and, if allowed, runs copy(pid,
   // address there). Whether it was done.
   template <typename Copy>

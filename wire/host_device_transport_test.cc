@@ -406,9 +406,9 @@ TEST_F(HostDeviceTransportTest, ADirectSendGoesIntoTheRingInOrderWithPacketsAndC
   std::vector<std::vector<uint8_t>> payloads;
   const std::vector<InDatagram> got = PollFor(*b.transport, 3, &payloads);
   ASSERT_EQ(got.size(), 3u);
-  EXPECT_TRUE(got[0].direct_send);
-  EXPECT_FALSE(got[1].direct_send);
-  EXPECT_TRUE(got[2].direct_send);
+  EXPECT_EQ(got[0].record, RingRecord::kDirectSend);
+  EXPECT_EQ(got[1].record, RingRecord::kPacket);
+  EXPECT_EQ(got[2].record, RingRecord::kDirectSend);
   EXPECT_EQ(payloads[1], packet);
   for (size_t k : {size_t{0}, size_t{2}}) {
     const auto d = DirectSend::Decode(payloads[k]);
@@ -425,7 +425,7 @@ TEST_F(HostDeviceTransportTest, ADirectSendIsMalformedFromTheService) {
   ForwardHeader h;
   h.src = {address_, 4791};
   h.dst = {address_, kRoceV2UdpPort};
-  h.direct_send = true;
+  h.record = RingRecord::kDirectSend;
   std::vector<uint8_t> bytes(ForwardHeader::kSize + DirectSend::kSize + 4, 0);
   h.Encode(bytes.data());
   DirectSend{}.Encode(bytes.data() + ForwardHeader::kSize);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "wire/address.h"
+#include "wire/transport.h"
 
 namespace uroce::wire {
 
@@ -64,8 +65,8 @@ struct ForwardHeader {
   // Set by a process of this host on what it sends another: it sealed the ICRC and nothing altered the packet since
   // (InDatagram::icrc_vouched). Never set on what the service forwards from the network.
   bool icrc_vouched = false;
-  // What follows is a direct SEND (InDatagram::direct_send), not a packet. Only ever in a process's ring.
-  bool direct_send = false;
+  // What follows (InDatagram::record): a packet, or a record only ever found in a process's ring.
+  RingRecord record = RingRecord::kPacket;
 
   void Encode(uint8_t out[kSize]) const;
   // nullopt for a header that is not one (wrong version, short).

@@ -95,6 +95,17 @@ TEST(ServiceProtocol, ForwardHeaderRoundTrips) {
   ASSERT_TRUE(back);
   EXPECT_FALSE(back->congestion_experienced);
   EXPECT_TRUE(back->icrc_vouched);
+  EXPECT_EQ(back->record, RingRecord::kPacket);
+  for (RingRecord r : {RingRecord::kDirectSend, RingRecord::kXrcDelivery}) {
+    h.record = r;
+    h.Encode(bytes);
+    back = ForwardHeader::Decode(bytes);
+    ASSERT_TRUE(back);
+    EXPECT_EQ(back->record, r);
+    EXPECT_TRUE(back->icrc_vouched);
+  }
+  bytes[1] |= 3 << 2;  // no such record
+  EXPECT_FALSE(ForwardHeader::Decode(bytes));
   bytes[0] = 2;
   EXPECT_FALSE(ForwardHeader::Decode(bytes));
   EXPECT_FALSE(ForwardHeader::Decode(std::span<const uint8_t>(bytes, 10)));

@@ -32,6 +32,17 @@ struct OutDatagram {
   bool altered = false;
 };
 
+// What a datagram from another process of the host holds besides packets (wire/direct_access.h).
+enum class RingRecord : uint8_t {
+  kPacket = 0,
+  // A direct SEND (wire::DirectSend, then the message's bytes), which the sender checked against the receive window
+  // this device published.
+  kDirectSend = 1,
+  // A piece of an XRC message for one of our XRC SRQs that another process's target QP received (wire::XrcDelivery,
+  // then the packet's payload).
+  kXrcDelivery = 2,
+};
+
 // One received datagram, valid only during the handler call.
 struct InDatagram {
   UdpEndpoint src;
@@ -49,9 +60,9 @@ struct InDatagram {
   // fault injector touched it): the receiver need not check it again, as Linux does not check the checksums of what
   // it loops back (CHECKSUM_UNNECESSARY). A receive-side injector that alters the packet clears it.
   bool icrc_vouched = false;
-  // Not a packet: a direct SEND from a process of this host (wire::DirectSend, then the message's bytes), which the
-  // sender checked against the receive window this device published (wire/direct_access.h).
-  bool direct_send = false;
+  // What the datagram holds: a packet, or a record another process of this host wrote into our ring
+  // (wire/direct_access.h).
+  RingRecord record = RingRecord::kPacket;
 };
 
 // The header fields of a datagram as it will appear on the wire: what the ICRC is computed over.
