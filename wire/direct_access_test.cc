@@ -273,7 +273,7 @@ TEST_F(DirectTableTest, ConcurrentClaimersShareThePostedWqesExactly) {
   std::atomic<int> claimed{0};
   std::vector<std::thread> claimers;
   for (int t = 0; t < 4; ++t) {
-    claimers.emplace_back([&] {
+    claimers.emplace_back([&, t] {
       DirectTable& table = t % 2 == 0 ? *owner_ : *peer_;
       while (table.ClaimSrqWqe(kSrqn)) claimed.fetch_add(1);
     });
