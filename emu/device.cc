@@ -32,6 +32,10 @@ Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Cloc
   // QPNs from 0x11 (QPN 0 and 1 are the special QPs, SMI and GSI; rxe also starts at 17), or from where the seed
   // says (DeviceConfig::id_seed).
   if (core_.config.id_seed != 0) next_qpn_ = 0x11 + uint32_t((core_.config.id_seed >> 40) % (0xffffff - 0x11));
+  // SRQ numbers likewise: two processes' devices are two HCAs, and a request one's target receives naming the
+  // other's SRQ must find no SRQ of that number (invalid request), not its own first one, which every device
+  // numbering from 1 would have.
+  if (core_.config.id_seed != 0) next_srqn_ = 1 + uint32_t((core_.config.id_seed >> 16) % 0xfffffe);
 }
 
 Device::~Device() = default;

@@ -212,8 +212,8 @@ int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, Compl
     cq = nullptr;
   }
   if (srqs_.size() >= lim.max_srq) return ENOMEM;
-  // SRQ numbers are 24 bits (the XRCETH field). Each device numbers from 1, so every process's first XRC SRQ has the
-  // same number unless the host's device service gives the process an owner byte: see README (XRC between processes).
+  // SRQ numbers are 24 bits (the XRCETH field), from where the seed says (Device::Device); a process of the host
+  // device has its owner byte in them, as in its QPNs (README: XRC between processes).
   const uint8_t owner = core_.config.owner;
   uint32_t srqn = owner != 0 ? wire::WithOwner24(owner, next_srqn_) : next_srqn_;
   while (srqs_.count(srqn) || srqn == 0) srqn = owner != 0 ? wire::WithOwner24(owner, srqn + 1) : (srqn + 1) & 0xffffff;

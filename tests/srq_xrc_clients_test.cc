@@ -5,10 +5,9 @@
 //
 // Every process has its own emulated HCA (embedded default), so an XRC domain is shared within a process, not
 // between the client processes as on one real HCA: see README (XRC between processes). ibv_xsrq_pingpong's server
-// answers client i through another client's target QP naming client i's SRQ; here that target delivers into its own
-// process's SRQ of that number (each process's first is 1), so the three-client case shows one server serving three
-// processes' connections and their message counts, not delivery into another process's SRQ. That delivery, on the
-// host device, is host_device_test's xrc_between_processes.
+// answers client i through another client's target QP naming client i's SRQ, which needs the clients to share one
+// HCA: the three-client case runs them on the host device (UROCE_DEVICE=host), where a target delivers into another
+// process's SRQ of its domain.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -79,7 +78,13 @@ TEST_F(SrqXrcClientsTest, XsrqPingpongServerServesThreeClientsAtOnce) {
   if (prog.empty()) return;
   constexpr int kClients = 3;
   const int port = Port();
-  Process server = Process::Start({prog, "-g", "0", "-c", std::to_string(kClients), "-p", std::to_string(port)}, env_);
+  // One device shared by the four processes, on an address of this test's own.
+  const std::string address = FreeLoopbackDeviceAddress();
+  ASSERT_FALSE(address.empty());
+  EnvOverrides env = env_;
+  env.emplace_back("UROCE_DEVICE", "host");
+  env.emplace_back("UROCE_ADDR", address);
+  Process server = Process::Start({prog, "-g", "0", "-c", std::to_string(kClients), "-p", std::to_string(port)}, env);
   ASSERT_TRUE(server.started());
   const auto deadline = std::chrono::steady_clock::now() + kPairTimeout;
   while (!TcpPortListening(port) && !server.Exited() && std::chrono::steady_clock::now() < deadline)
@@ -87,7 +92,7 @@ TEST_F(SrqXrcClientsTest, XsrqPingpongServerServesThreeClientsAtOnce) {
   ASSERT_TRUE(TcpPortListening(port)) << server.Kill().Describe();
   std::vector<Process> clients;
   for (int i = 0; i < kClients; ++i)
-    clients.push_back(Process::Start({prog, "-g", "0", "-p", std::to_string(port), "127.0.0.1"}, env_));
+    clients.push_back(Process::Start({prog, "-g", "0", "-p", std::to_string(port), "127.0.0.1"}, env));
   for (Process& c : clients) {
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
     const ProcessResult r = c.Wait(std::max(left, milliseconds(1)));
