@@ -319,6 +319,7 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
     CleanCqsLocked(*qp);
     qp->receive_queue().clear();
     qp->held_sends().clear();
+    if (qp->inbound().relay_srqn != 0) core_.AbandonHandedMessage(*qp, WcStatus::kWrFlushErr);
     qp->inbound() = InboundMessage{};
     qp->requester().Reset();
     qp->responder().Reset();
@@ -387,6 +388,7 @@ int Device::DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups) 
     // ibv_destroy_qp(3) returns, an application may have freed what their wr_ids point to, and a program that
     // keeps polling a CQ it shares with other QPs would be handed them.
     CleanCqsLocked(*qp);
+    if (qp->inbound().relay_srqn != 0) core_.AbandonHandedMessage(*qp, WcStatus::kWrFlushErr);
     qps_.erase(it);
   }
   Transmit(out);

@@ -236,6 +236,7 @@ class Device {
   // number << 32 | target QPN: the WQE each took and how far it is filled.
   struct XrcInbound {
     RecvWr wr;
+    uint64_t index = 0;  // its number in the SRQ (wire::XrcDelivery::index)
     uint64_t offset = 0;
     WcStatus status = WcStatus::kSuccess;
   };

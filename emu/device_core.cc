@@ -374,16 +374,25 @@ bool DeviceCore::HasReceiveWqe(QueuePair& qp) {
 std::optional<RecvWr> DeviceCore::TakeReceiveWqe(QueuePair& qp) {
   if (qp.packet_remote_srqn != 0) {
     // Another process's SRQ: a claimed WQE, which that process takes when the message's first piece reaches it.
-    if (!config.shared_xrc->ClaimXrcWqe(qp.packet_remote_srqn)) return std::nullopt;
-    qp.inbound().relay_srqn = qp.packet_remote_srqn;
+    InboundMessage& m = qp.inbound();
+    if (!config.shared_xrc->ClaimXrcWqe(qp.packet_remote_srqn, &m.relay_index, &m.relay_length)) return std::nullopt;
+    m.relay_srqn = qp.packet_remote_srqn;
     return RecvWr{};
   }
   SharedReceiveQueue* srq = ReceiveSrqOf(qp);
   if (srq != nullptr) {
-    // Other processes' target QPs claim from a shared SRQ too: what they claimed is theirs, though still queued.
-    if (srq->shared && !config.shared_xrc->ClaimXrcWqe(srq->srqn())) return std::nullopt;
     bool limit_reached = false;
-    std::optional<RecvWr> wr = srq->Take(&limit_reached);
+    std::optional<RecvWr> wr;
+    if (srq->shared) {
+      // Other processes' target QPs claim from a shared SRQ too: we take the WQE our own claim names.
+      uint64_t index = 0;
+      uint32_t length = 0;
+      if (!config.shared_xrc->ClaimXrcWqe(srq->srqn(), &index, &length)) return std::nullopt;
+      wr = srq->TakeAt(index, &limit_reached);
+      ShowSharedWqes(*srq);
+    } else {
+      wr = srq->Take(&limit_reached);
+    }
     if (limit_reached) Raise({AsyncEventType::kSrqLimitReached, nullptr, nullptr, 0, srq});
     return wr;
   }
@@ -397,6 +406,28 @@ std::optional<RecvWr> DeviceCore::TakeReceiveWqe(QueuePair& qp) {
     PublishReceives(qp);
   }
   return wr;
+}
+
+void DeviceCore::ShowSharedWqes(SharedReceiveQueue& srq) {
+  const uint32_t srqn = srq.srqn();
+  srq.ShowWindow(config.shared_xrc->XrcWqesClaimed(srqn), wire::kSrqWindow,
+                 [&](uint64_t first, std::span<const uint32_t> lengths) {
+                   config.shared_xrc->ShowXrcWqes(srqn, first, lengths);
+                 });
+}
+
+void DeviceCore::AbandonHandedMessage(QueuePair& qp, WcStatus status) {
+  InboundMessage& m = qp.inbound();
+  wire::XrcDelivery abort;
+  abort.srqn = m.relay_srqn;
+  abort.target_qpn = qp.qpn();
+  abort.index = m.relay_index;
+  abort.abort = true;
+  abort.status = static_cast<uint8_t>(status);
+  // With that process's ring full the WQE stays claimed there, unused: rare (a ring holds megabytes), and nothing
+  // that process's programs wait for is lost but one receive buffer.
+  config.shared_xrc->DeliverXrc(abort, {});
+  m = InboundMessage{};
 }
 
 void DeviceCore::KeepSrqWqe(QueuePair& qp, RecvWr&& wr) {
@@ -451,12 +482,7 @@ void DeviceCore::FlushReceiveQueue(QueuePair& qp) {
   // IBTA 10.3.1 / ibv_modify_qp(3): in the error state outstanding WRs complete with IBV_WC_WR_FLUSH_ERR, in the
   // order they were posted: the WQE of the message being received left the head of the queue before the others.
   if (qp.inbound().relay_srqn != 0) {
-    // The WQE is another process's: it completes there, flushed (as below), when the abandonment reaches it.
-    wire::XrcDelivery abort;
-    abort.srqn = qp.inbound().relay_srqn;
-    abort.target_qpn = qp.qpn();
-    abort.abort = true;
-    config.shared_xrc->DeliverXrc(abort, {});
+    AbandonHandedMessage(qp, WcStatus::kWrFlushErr);  // the WQE is another process's: flushed there
   } else if (qp.inbound().rqe) {
     const Completion c = ReceiveError(qp, qp.inbound().rqe->wr_id, WcStatus::kWrFlushErr);
     Complete(qp.init().recv_cq, c);

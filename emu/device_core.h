@@ -333,6 +333,11 @@ class DeviceCore {
   std::optional<RecvWr> TakeReceiveWqe(QueuePair& qp);
   // A receive WQE whose completion was just queued: kept if it came from the QP's SRQ (QueuePair::srq_completed).
   void KeepSrqWqe(QueuePair& qp, RecvWr&& wr);
+  // A shared XRC SRQ's window moves on (SharedReceiveQueue::ShowWindow): after a post, a claim, a take.
+  void ShowSharedWqes(SharedReceiveQueue& srq);
+  // The message `qp` (an XRC target) was handing to another process's SRQ is abandoned there: the WQE it claimed
+  // completes with `status` in that process (wire::XrcDelivery::abort); the QP's inbound message is cleared.
+  void AbandonHandedMessage(QueuePair& qp, WcStatus status);
 
   // --- the error state ---------------------------------------------------------------------------------------------
   // The QP enters the error state and its outstanding work completes flushed (IBTA 10.3.1, 11.6.2).

@@ -54,9 +54,11 @@ struct QpInitAttributes {
 struct InboundMessage {
   enum class Kind : uint8_t { kNone, kSend, kWrite } kind = Kind::kNone;
   std::optional<RecvWr> rqe;  // SEND: the receive WQE being filled
-  // XRC target: the WQE is one of another process's SRQ of this number (rqe holds its place, empty), which takes it
-  // and is handed the message's pieces (wire::SharedXrcSrqs).
+  // XRC target: the WQE is one of another process's SRQ of this number (rqe holds its place, empty): the one claimed,
+  // of that length, which that process takes when it is handed the message's pieces (wire::SharedXrcSrqs).
   uint32_t relay_srqn = 0;
+  uint64_t relay_index = 0;
+  uint32_t relay_length = 0;
   uint64_t offset = 0;        // bytes placed so far
   // RDMA WRITE: the target the RETH named. Every packet checks its own part again (DeviceCore::WriteTarget): the MR
   // may be deregistered, or its window invalidated, while the message is arriving.

@@ -385,7 +385,11 @@ RequestOutcome RcResponder::ExecuteMessagePacket(Request& q) {
   InboundMessage& m = qp_.inbound();
   const bool is_send = q.op == wire::Operation::kSend;
   if (q.starts) {
-    m = InboundMessage{};
+    // A first packet that could not be handed to another process's SRQ kept its claim (HandSend): its retransmission
+    // uses it. Any other claim left over is abandoned.
+    const bool keep_claim = m.relay_srqn != 0 && m.offset == 0 && m.relay_srqn == qp_.packet_remote_srqn;
+    if (m.relay_srqn != 0 && !keep_claim) core_.AbandonHandedMessage(qp_, WcStatus::kWrFlushErr);
+    if (!keep_claim) m = InboundMessage{};
     m.kind = is_send ? InboundMessage::Kind::kSend : InboundMessage::Kind::kWrite;
     if (!is_send) {
       m.write_va = q.p.reth->va;
@@ -434,13 +438,20 @@ RequestOutcome RcResponder::PlaceSend(const Request& q) {
 // A SEND's packet for another process's XRC SRQ: its payload handed to that process in order (wire::SharedXrcSrqs),
 // which places it with its own keys and completes the WQE our claim kept for it. Where it cannot be handed (that
 // process's ring is full, or it is gone) the packet is not executed: receiver not ready, and the requester sends it
-// again after the RNR NAK's delay.
+// again after the RNR NAK's delay, the claim kept for it.
 RequestOutcome RcResponder::HandSend(const Request& q) {
   InboundMessage& m = qp_.inbound();
+  if (m.offset + q.p.payload.size() > m.relay_length) {
+    // Longer than the WQE it claimed: that WQE completes with LOC_LEN_ERR there, and the sender's request is invalid,
+    // as from the SRQ's own target (PlaceSend).
+    core_.AbandonHandedMessage(qp_, WcStatus::kLocLenErr);
+    return RequestOutcome::kReceiveTooSmall;
+  }
   wire::XrcDelivery d;
   d.srqn = m.relay_srqn;
   d.target_qpn = qp_.qpn();
   d.src_qpn = qp_.attributes().dest_qp_num;
+  d.index = m.relay_index;
   d.first = q.starts;
   d.last = q.ends;
   d.solicited = q.p.bth.solicited;
@@ -452,10 +463,8 @@ RequestOutcome RcResponder::HandSend(const Request& q) {
     core_.Count(&DeviceCounters::xrc_pieces_handed);
     return RequestOutcome::kPass;
   }
-  if (q.starts) {
-    core_.config.shared_xrc->ReleaseXrcWqe(m.relay_srqn);  // no message will take it
-    m = InboundMessage{};
-  }
+  // Not executed: a first packet's message is not open yet (its retransmission is a FIRST again), but keeps its claim.
+  if (q.starts) m.kind = InboundMessage::Kind::kNone;
   return RequestOutcome::kReceiverNotReady;
 }
 

@@ -13,8 +13,10 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 
 #include "emu/completion_queue.h"
 #include "emu/memory.h"
@@ -67,20 +69,26 @@ class SharedReceiveQueue {
   uint32_t max_sge() const { return max_sge_; }  // fixed at creation: read without the lock
   size_t depth() const {
     std::lock_guard lock(mu_);
-    return wqes_.size();
+    return queued_;
   }
 
-  // Queues a receive WQE: EINVAL when it has more SGEs than max_sge, ENOMEM when max_wr WQEs are queued. *posted
-  // (if given): how many WQEs were ever posted, this one included.
-  int Post(RecvWr&& wr, uint64_t* posted = nullptr);
+  // Queues a receive WQE: EINVAL when it has more SGEs than max_sge, ENOMEM when max_wr WQEs are queued.
+  int Post(RecvWr&& wr);
   bool empty() const {
     std::lock_guard lock(mu_);
-    return wqes_.empty();
+    return queued_ == 0;
   }
   // Takes the oldest WQE (nullopt when empty). Sets *limit_reached when this take brought the number of WQEs below an
   // armed limit: the limit event fires once per arming, so the SRQ disarms itself (srq_limit reads 0 afterwards;
   // ibv_query_srq(3) NOTES).
   std::optional<RecvWr> Take(bool* limit_reached);
+  // A shared SRQ's: takes WQE number `index` (counted in posting order from the SRQ's creation), which a claim
+  // reserved (nullopt when it is not queued); as Take otherwise.
+  std::optional<RecvWr> TakeAt(uint64_t index, bool* limit_reached);
+  // A shared SRQ's window (wire::SharedXrcSrqs): hands `show` the WQEs posted and not yet shown, up to number
+  // `claimed + window`, with their lengths, and counts them shown. Under the SRQ's lock: shows never interleave.
+  void ShowWindow(uint64_t claimed, uint32_t window,
+                  const std::function<void(uint64_t first, std::span<const uint32_t> lengths)>& show);
   // Every queued WQE, oldest first, removed (destroy).
   std::deque<RecvWr> TakeAll();
 
@@ -111,9 +119,16 @@ class SharedReceiveQueue {
   uint32_t limit_ = 0;  // 0: not armed
   XrcDomain* xrcd_;
   CompletionQueue* cq_;
-  mutable std::mutex mu_;  // guards max_wr_, limit_ and wqes_
-  std::deque<RecvWr> wqes_;
-  uint64_t posted_ = 0;  // WQEs ever posted
+  // Drops taken WQEs from the front (with the lock).
+  void TrimLocked();
+
+  mutable std::mutex mu_;  // guards max_wr_, limit_ and the queue
+  // WQEs in posting order; a shared SRQ's may be taken out of order (TakeAt), leaving an empty place until the older
+  // ones are taken. wqes_.front() is WQE number front_index_.
+  std::deque<std::optional<RecvWr>> wqes_;
+  uint64_t front_index_ = 0;
+  size_t queued_ = 0;  // WQEs in wqes_
+  uint64_t shown_ = 0;  // ShowWindow: WQEs [0, shown_) were shown
 };
 
 }  // namespace uroce::emu

@@ -631,18 +631,18 @@ struct HostProcesses {
 
     Process* OwnerOf(uint32_t srqn) const { return host->ByOwner(wire::OwnerOf24(srqn)); }
     bool PublishXrcSrq(uint32_t srqn, uint64_t domain) override { return table->PublishSrq(srqn, domain); }
-    void XrcSrqPosted(uint32_t srqn, uint64_t posted) override { table->SrqPosted(srqn, posted); }
+    uint64_t XrcWqesClaimed(uint32_t srqn) override { return table->SrqClaimed(srqn); }
+    void ShowXrcWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths) override {
+      table->ShowSrqWqes(srqn, first, lengths);
+    }
     void WithdrawXrcSrq(uint32_t srqn) override { table->WithdrawSrq(srqn); }
     int XrcSrqInDomain(uint32_t srqn, uint64_t domain) override {
       Process* p = OwnerOf(srqn);
       return p != nullptr && p->table->SrqInDomain(srqn, domain);
     }
-    bool ClaimXrcWqe(uint32_t srqn) override {
+    bool ClaimXrcWqe(uint32_t srqn, uint64_t* index, uint32_t* length) override {
       Process* p = OwnerOf(srqn);
-      return p != nullptr && p->table->ClaimSrqWqe(srqn);
-    }
-    void ReleaseXrcWqe(uint32_t srqn) override {
-      if (Process* p = OwnerOf(srqn)) p->table->ReleaseSrqWqe(srqn);
+      return p != nullptr && p->table->ClaimSrqWqe(srqn, index, length);
     }
     bool DeliverXrc(const wire::XrcDelivery& d, std::span<const uint8_t> bytes) override {
       Process* p = OwnerOf(d.srqn);
@@ -813,6 +813,65 @@ TEST(XrcAcrossProcesses, AClaimedWqeIsNotTakenTwice) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].byte_len, 60u);
   EXPECT_EQ(got[0].qp_num, own.tq->qpn());
+}
+
+// A SEND longer than the WQE it takes in the other process is the sender's invalid request, and that WQE completes
+// with LOC_LEN_ERR there, as from the SRQ's own target (IBTA 9.7.5.2.x); the next WQE stays for the next message.
+TEST(XrcAcrossProcesses, ASendLongerThanTheOtherProcesssWqeIsAnInvalidRequest) {
+  SharedXrcBench x;
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 1500)), 0);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 2048, 4096)), 0);
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(10, x.src, 0, 3000, x.srq->srqn())), 0);  // its 2nd packet overflows
+  auto sent = x.Run();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kRemInvReqErr);
+  EXPECT_EQ(x.link.tq->state(), QpState::kErr);
+  auto got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 1u);
+  EXPECT_EQ(got[0].status, WcStatus::kLocLenErr);
+  EXPECT_EQ(got[0].qp_num, x.link.tq->qpn());
+  EXPECT_EQ(x.srq->depth(), 1u);
+}
+
+// More messages in flight than the window shows: each takes a WQE of its own, in order, as the window moves on when
+// the SRQ's process takes the claimed ones.
+TEST(XrcAcrossProcesses, MoreMessagesThanTheWindowShowsEachTakeAWqeOfTheirOwn) {
+  SharedXrcBench x;
+  constexpr int kMany = int(wire::kSrqWindow) + 20;
+  SrqAttributes sa{kMany, 1, 0};
+  SharedReceiveQueue* big = nullptr;
+  CompletionQueue* cq = nullptr;
+  ASSERT_EQ(x.b->device->CreateCq(256, &cq), 0);
+  ASSERT_EQ(x.b->device->CreateSrq(SrqType::kXrc, x.bpd, x.xb, cq, sa, &big), 0);
+  Buffer dst = Register(*x.b->device, x.bpd, kMany * 64, kAll);
+  for (int k = 0; k < kMany; ++k) ASSERT_EQ(x.b->device->PostSrqRecv(big, Recv(k, dst, k * 64, 64)), 0);
+  // Four at a time (the initiator's send queue); the SRQ's process reads its ring only when the sender is stuck, so
+  // the target claims until the window is used up, and RNR NAKs until that process takes what was claimed.
+  std::vector<Completion> sent;
+  for (int k = 0; k < kMany; k += 4) {
+    for (int j = k; j < std::min(k + 4, kMany); ++j)
+      ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(100 + j, x.src, j, 64 - j % 3, big->srqn())), 0);
+    const size_t want = size_t(std::min(k + 4, kMany));
+    for (int round = 0; round < 50 && sent.size() < want; ++round) {
+      x.f.PumpUntil(x.f.clock().NowNs() + 2'000'000);
+      for (const Completion& c : Drain(x.link.icq)) sent.push_back(c);
+      if (sent.size() < want) x.host.procs[1].DeliverRing(*x.b->device);
+    }
+  }
+  x.host.procs[1].DeliverRing(*x.b->device);
+  ASSERT_EQ(sent.size(), size_t{kMany});
+  for (const Completion& c : sent) EXPECT_EQ(c.status, WcStatus::kSuccess);
+  auto got = Drain(cq);
+  ASSERT_EQ(got.size(), size_t{kMany});
+  for (int k = 0; k < kMany; ++k) {
+    EXPECT_EQ(got[k].wr_id, uint64_t(k));
+    EXPECT_EQ(got[k].status, WcStatus::kSuccess);
+    EXPECT_EQ(got[k].byte_len, uint32_t(64 - k % 3));
+    EXPECT_EQ(std::memcmp(dst.bytes.data() + k * 64, x.src.bytes.data() + k, 64 - k % 3), 0) << k;
+  }
+  EXPECT_GE(x.a->device->counters().rc_rnr_naks_sent, 1u);  // the window was used up at times
+  EXPECT_EQ(big->depth(), 0u);
 }
 
 // Annex A14: an SRQ outside the target's domain is an invalid request, whichever process it belongs to.

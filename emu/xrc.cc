@@ -140,38 +140,57 @@ void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
     return;
   }
   core_.Count(&DeviceCounters::xrc_pieces_received);
+  const std::span<const uint8_t> bytes = d.payload.subspan(wire::XrcDelivery::kSize);
+  auto take = [&]() {
+    bool limit_reached = false;
+    std::optional<RecvWr> wr = srq->TakeAt(h->index, &limit_reached);  // the one the target claimed
+    if (limit_reached) core_.Raise({AsyncEventType::kSrqLimitReached, nullptr, nullptr, 0, srq});
+    core_.ShowSharedWqes(*srq);
+    return wr;
+  };
   MutexLock lock(xrc_inbound_mu_);
   const uint64_t key = uint64_t{h->srqn} << 32 | h->target_qpn;
   auto it = xrc_inbound_.find(key);
-  // A message the target QP left unfinished (it entered the error state, or was reset): its WQE completes flushed,
-  // as the target's own receive would have (IBTA 10.3.1).
-  if (it != xrc_inbound_.end() && (h->abort || h->first)) {
-    core_.Complete(srq->cq(), DeviceCore::ReceiveError(h->target_qpn, it->second.wr.wr_id, WcStatus::kWrFlushErr));
-    xrc_inbound_.erase(it);
-    it = xrc_inbound_.end();
+  if (h->abort) {
+    // The target abandoned the message (its QP left RTR/RTS, or the message was longer than the WQE): the WQE it
+    // claimed completes with the status it says, as the target's own receive would have (IBTA 10.3.1, 9.7.5.2.x).
+    std::optional<RecvWr> wr;
+    if (it != xrc_inbound_.end() && it->second.index == h->index) {
+      wr = std::move(it->second.wr);
+      xrc_inbound_.erase(it);
+    } else {
+      wr = take();  // abandoned before its first piece came
+    }
+    const WcStatus status =
+        h->status == uint8_t(WcStatus::kLocLenErr) ? WcStatus::kLocLenErr : WcStatus::kWrFlushErr;  // nothing else
+    if (wr) core_.Complete(srq->cq(), DeviceCore::ReceiveError(h->target_qpn, wr->wr_id, status));
+    return;
   }
-  if (h->abort) return;
   if (h->first) {
-    bool limit_reached = false;
-    std::optional<RecvWr> wr = srq->Take(&limit_reached);  // the one the target claimed
-    if (limit_reached) core_.Raise({AsyncEventType::kSrqLimitReached, nullptr, nullptr, 0, srq});
+    // A message of this target still open here was left without a word (its abandonment found the ring full).
+    if (it != xrc_inbound_.end()) {
+      core_.Complete(srq->cq(), DeviceCore::ReceiveError(h->target_qpn, it->second.wr.wr_id, WcStatus::kWrFlushErr));
+      xrc_inbound_.erase(it);
+    }
+    std::optional<RecvWr> wr = take();
     if (!wr) {
-      core_.Count(&DeviceCounters::xrc_pieces_dropped);
+      core_.Count(&DeviceCounters::xrc_pieces_dropped);  // flushed since (Fail)
       return;
     }
-    it = xrc_inbound_.emplace(key, XrcInbound{std::move(*wr)}).first;
+    it = xrc_inbound_.emplace(key, XrcInbound{std::move(*wr), h->index}).first;
   }
   if (it == xrc_inbound_.end()) {
     core_.Count(&DeviceCounters::xrc_pieces_dropped);  // a piece of a message flushed here
     return;
   }
   XrcInbound& m = it->second;
-  if (m.status == WcStatus::kSuccess) m.status = core_.Scatter(srq->pd(), m.wr.sg_list, m.offset, d.payload.subspan(wire::XrcDelivery::kSize));
-  m.offset += d.payload.size() - wire::XrcDelivery::kSize;
+  // The target checked the length against the WQE's (HandSend); our keys may still refuse the buffers.
+  if (m.status == WcStatus::kSuccess) m.status = core_.Scatter(srq->pd(), m.wr.sg_list, m.offset, bytes);
+  m.offset += bytes.size();
   if (!h->last) return;
   // The completion the target's own SRQ would have given (RcResponder::CompleteMessage): in the SRQ's CQ, with the
-  // target QP's number. A receive buffer too short, or refused by our keys, completes in error here; the initiator,
-  // acknowledged already, is not told (README: XRC between processes).
+  // target QP's number. A receive buffer our keys refuse completes in error here; the initiator, acknowledged
+  // already, is not told (README: XRC between processes).
   Completion c;
   if (m.status == WcStatus::kSuccess) {
     c.qp_num = h->target_qpn;
@@ -255,9 +274,8 @@ int Device::DestroySrq(SharedReceiveQueue* srq) {
 
 int Device::PostSrqRecv(SharedReceiveQueue* srq, RecvWr&& wr) {
   std::shared_lock objects(objects_mu_);  // the SRQ locks itself
-  uint64_t posted = 0;
-  if (int err = srq->Post(std::move(wr), &posted); err != 0) return err;
-  if (srq->shared) core_.config.shared_xrc->XrcSrqPosted(srq->srqn(), posted);
+  if (int err = srq->Post(std::move(wr)); err != 0) return err;
+  if (srq->shared) core_.ShowSharedWqes(*srq);
   if (!failed_) return 0;
   FlushSrqLocked(*srq);  // a lost device takes no more (Fail)
   return 0;

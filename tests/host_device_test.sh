@@ -19,7 +19,8 @@
 #                                 with --no-direct (none direct)
 #   xrc_between_processes         processes sharing an XRC domain by one file: tests/xrc_share_check (target QPs of
 #                                 two processes delivering into each other's SRQs, bytes and completions checked; RNR
-#                                 until the other process posts; another domain's SRQ and a WRITE refused), and
+#                                 until the other process posts; another domain's SRQ, a WRITE and a SEND longer than
+#                                 the receive refused as the SRQ's own target refuses them), and
 #                                 ibv_xsrq_pingpong with three clients, whose server answers each client through
 #                                 another client's target QP
 #   ucx_direct                    UCX's ucx_perftest put and get (rc_verbs) between two processes on one address:

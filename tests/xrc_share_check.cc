@@ -3,8 +3,8 @@
 // `uroce run --host-device`.
 //
 // The parent forks two receivers and two initiators, each opening the device after the fork, and passes what they
-// must know between them. Each receiver opens the domain by the same file and creates an XRC SRQ in it and a target
-// QP; initiator k's XRC_SEND QP is connected to receiver k's target QP. Cases, each one line:
+// must know between them. Each receiver opens the domain by the same file and creates an XRC SRQ in it and two target
+// QPs; initiator k's two XRC_SEND QPs are connected to receiver k's. Cases, each one line:
 //   crossed_delivery  each initiator sends messages of 4 B to 16 KiB alternately into both SRQs through its one target
 //                     QP, so half of them cross from one process's target QP into the other process's SRQ: every
 //                     message lands in the SRQ it named (each carries where it was meant to go), bytes intact,
@@ -13,6 +13,8 @@
 //                     process posts one (the target answers RNR NAKs meanwhile), then arrives
 //   other_domain      a SEND naming an SRQ the other process made in another domain: IBV_WC_REM_INV_REQ_ERR
 //   write_refused     an RDMA WRITE through a target QP naming the other process's SRQ: IBV_WC_REM_ACCESS_ERR
+//   too_long          a SEND through a target QP into the other process's SRQ, longer than the receive it takes:
+//                     IBV_WC_REM_INV_REQ_ERR for the sender, IBV_WC_LOC_LEN_ERR for that receive
 // Exit status 0 when every case passed.
 #include <infiniband/verbs.h>
 #include <fcntl.h>
@@ -171,12 +173,12 @@ ibv_srq* CreateXrcSrq(Device& d, ibv_xrcd* x) {
 // What a receiver tells the parent.
 struct ReceiverInfo {
   uint32_t srqn;
-  uint32_t target_qpn;
+  uint32_t target_qpn[2];
   uint32_t other_domain_srqn;
 };
 // What an initiator is told.
 struct InitiatorPlan {
-  uint32_t target_qpn;
+  uint32_t target_qpn[2];  // for its two QPs
   uint32_t srqn[2];
   uint32_t other_domain_srqn;
 };
@@ -192,14 +194,16 @@ int Receiver(int r, int fd, const char* domain_file, const char* other_file) {
   t.comp_mask = IBV_QP_INIT_ATTR_XRCD;
   t.xrcd = x;
   ibv_qp* target = ibv_create_qp_ex(d.ctx, &t);
-  if (target == nullptr) Die("ibv_create_qp_ex (XRC target)");
+  ibv_qp* spare = ibv_create_qp_ex(d.ctx, &t);
+  if (target == nullptr || spare == nullptr) Die("ibv_create_qp_ex (XRC target)");
   std::vector<uint8_t> buffer(kSlot * kSlots, 0);
   ibv_mr* mr = ibv_reg_mr(d.pd, buffer.data(), buffer.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (mr == nullptr) Die("ibv_reg_mr");
   uint32_t srqn = 0, other_srqn = 0;
   if (ibv_get_srq_num(srq, &srqn) || ibv_get_srq_num(other, &other_srqn)) Die("ibv_get_srq_num");
-  Put(fd, ReceiverInfo{srqn, target->qp_num, other_srqn});
+  Put(fd, ReceiverInfo{srqn, {target->qp_num, spare->qp_num}, other_srqn});
   Connect(d, target, Get<uint32_t>(fd), /*initiator=*/false);
+  Connect(d, spare, Get<uint32_t>(fd), /*initiator=*/false);
   auto post = [&](int slot) {
     ibv_sge sge{uintptr_t(buffer.data() + slot * kSlot), uint32_t(kSlot), mr->lkey};
     ibv_recv_wr wr{}, *bad = nullptr;
@@ -211,6 +215,7 @@ int Receiver(int r, int fd, const char* domain_file, const char* other_file) {
   for (int i = 0; i < kMessages; ++i) post(i);
   Put(fd, 'r');
   const uint32_t targets[2] = {Get<uint32_t>(fd), Get<uint32_t>(fd)};  // receiver 0's and 1's target QPs
+  const uint32_t other_spare = Get<uint32_t>(fd);                       // the other receiver's second one
 
   // crossed_delivery: kMessages / 2 from each initiator.
   std::string problem;
@@ -244,6 +249,22 @@ int Receiver(int r, int fd, const char* domain_file, const char* other_file) {
   Put(fd, problem.size());
   SendAll(fd, problem.data(), problem.size());
 
+  // too_long (receiver 0): a receive of 1000 bytes, which a longer SEND through the other receiver's second target
+  // QP takes and fails.
+  if (r == 0) {
+    Get<char>(fd);
+    ibv_sge sge{uintptr_t(buffer.data() + (kMessages + 1) * kSlot), 1000, mr->lkey};
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = kMessages + 1;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    if (ibv_post_srq_recv(srq, &wr, &bad)) Die("ibv_post_srq_recv");
+    Put(fd, 'r');
+    ibv_wc wc{};
+    const int n = PollFor(d.cq, &wc, 1);
+    Put(fd, n == 1 && wc.status == IBV_WC_LOC_LEN_ERR && wc.wr_id == uint64_t(kMessages + 1) &&
+                wc.qp_num == other_spare);
+  }
   // not_ready (receiver 1): the message waits for the receive posted when the parent says.
   if (r == 1) {
     Get<char>(fd);
@@ -271,14 +292,17 @@ int Initiator(int k, int fd) {
   a.cap.max_send_wr = kMessages + 4;
   a.cap.max_send_sge = 1;
   ibv_qp* qp = ibv_create_qp_ex(d.ctx, &a);
-  if (qp == nullptr) Die("ibv_create_qp_ex (XRC_SEND)");
+  ibv_qp* qp2 = ibv_create_qp_ex(d.ctx, &a);
+  if (qp == nullptr || qp2 == nullptr) Die("ibv_create_qp_ex (XRC_SEND)");
   std::vector<uint8_t> local(kSlot * (kMessages + 1), 0);
   ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) Die("ibv_reg_mr");
   Put(fd, qp->qp_num);
+  Put(fd, qp2->qp_num);
   const InitiatorPlan plan = Get<InitiatorPlan>(fd);
-  Connect(d, qp, plan.target_qpn, /*initiator=*/true);
-  auto post = [&](int m, int s, uint32_t srqn, uint32_t length, ibv_wr_opcode op) {
+  Connect(d, qp, plan.target_qpn[0], /*initiator=*/true);
+  Connect(d, qp2, plan.target_qpn[1], /*initiator=*/true);
+  auto post = [&](int m, int s, uint32_t srqn, uint32_t length, ibv_wr_opcode op, ibv_qp* on) {
     uint8_t* at = local.data() + m * kSlot;
     for (size_t j = 0; j < length; ++j) at[j] = Pattern(k, m, s, j);
     ibv_sge sge{uintptr_t(at), length, mr->lkey};
@@ -293,10 +317,11 @@ int Initiator(int k, int fd) {
       wr.wr.rdma.remote_addr = 0x1000;  // refused before any address is looked at
       wr.wr.rdma.rkey = 1;
     }
-    if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
+    if (ibv_post_send(on, &wr, &bad)) Die("ibv_post_send");
   };
   Get<char>(fd);  // both receivers have posted their receives
-  for (int m = 0; m < kMessages; ++m) post(m, m % 2, plan.srqn[m % 2], kSizes[m % std::size(kSizes)], IBV_WR_SEND);
+  for (int m = 0; m < kMessages; ++m)
+    post(m, m % 2, plan.srqn[m % 2], kSizes[m % std::size(kSizes)], IBV_WR_SEND, qp);
   std::string problem;
   std::vector<ibv_wc> wcs(kMessages);
   const int got = PollFor(d.cq, wcs.data(), kMessages);
@@ -307,18 +332,20 @@ int Initiator(int k, int fd) {
   Put(fd, problem.size());
   SendAll(fd, problem.data(), problem.size());
 
-  auto outcome = [&](int m, int s, uint32_t srqn, uint32_t length, ibv_wr_opcode op) {
-    post(m, s, srqn, length, op);
+  auto outcome = [&](int m, int s, uint32_t srqn, uint32_t length, ibv_wr_opcode op, ibv_qp* on) {
+    post(m, s, srqn, length, op, on);
     ibv_wc wc{};
     Put(fd, PollFor(d.cq, &wc, 1) == 1 ? int(wc.status) : -1);
   };
   Get<char>(fd);
   if (k == 0) {
-    outcome(kMessages, 1, plan.srqn[1], 300, IBV_WR_SEND);  // not_ready
+    outcome(kMessages, 1, plan.srqn[1], 300, IBV_WR_SEND, qp);  // not_ready
     Get<char>(fd);
-    outcome(kMessages, 0, plan.other_domain_srqn, 10, IBV_WR_SEND);  // other_domain
+    outcome(kMessages, 0, plan.other_domain_srqn, 10, IBV_WR_SEND, qp);  // other_domain
   } else {
-    outcome(kMessages, 0, plan.srqn[0], 10, IBV_WR_RDMA_WRITE);  // write_refused
+    outcome(kMessages, 0, plan.srqn[0], 10, IBV_WR_RDMA_WRITE, qp);  // write_refused
+    Get<char>(fd);
+    outcome(kMessages, 0, plan.srqn[0], 5000, IBV_WR_SEND, qp2);  // too_long
   }
   Get<char>(fd);  // the end
   return 0;
@@ -369,16 +396,20 @@ int main() {
     fds[c] = pair[0];
   }
   const ReceiverInfo rx[2] = {Get<ReceiverInfo>(fds[0]), Get<ReceiverInfo>(fds[1])};
-  const uint32_t ix[2] = {Get<uint32_t>(fds[2]), Get<uint32_t>(fds[3])};
+  uint32_t ix[2][2];
+  for (int k = 0; k < 2; ++k) ix[k][0] = Get<uint32_t>(fds[2 + k]), ix[k][1] = Get<uint32_t>(fds[2 + k]);
   for (int k = 0; k < 2; ++k) {
-    Put(fds[k], ix[k]);
-    Put(fds[2 + k], InitiatorPlan{rx[k].target_qpn, {rx[0].srqn, rx[1].srqn}, rx[1].other_domain_srqn});
+    Put(fds[k], ix[k][0]);
+    Put(fds[k], ix[k][1]);
+    Put(fds[2 + k], InitiatorPlan{{rx[k].target_qpn[0], rx[k].target_qpn[1]}, {rx[0].srqn, rx[1].srqn},
+                                  rx[1].other_domain_srqn});
   }
   for (int k = 0; k < 2; ++k) Get<char>(fds[k]);
   for (int c = 0; c < 4; ++c) {
     if (c < 2) {
-      Put(fds[c], rx[0].target_qpn);
-      Put(fds[c], rx[1].target_qpn);
+      Put(fds[c], rx[0].target_qpn[0]);
+      Put(fds[c], rx[1].target_qpn[0]);
+      Put(fds[c], rx[1 - c].target_qpn[1]);
     } else {
       Put(fds[c], 'g');
     }
@@ -411,6 +442,15 @@ int main() {
   failed += !Report("write_refused", write == IBV_WC_REM_ACCESS_ERR
                                          ? ""
                                          : "status " + std::to_string(write) + ", want IBV_WC_REM_ACCESS_ERR");
+  Put(fds[0], 'p');
+  Get<char>(fds[0]);  // its receive is posted
+  Put(fds[3], 'g');
+  const int too_long = Get<int>(fds[3]);
+  std::string too_long_problem;
+  if (too_long != IBV_WC_REM_INV_REQ_ERR)
+    too_long_problem += "sender's status " + std::to_string(too_long) + ", want IBV_WC_REM_INV_REQ_ERR; ";
+  if (!Get<bool>(fds[0])) too_long_problem += "the receive did not complete with IBV_WC_LOC_LEN_ERR; ";
+  failed += !Report("too_long", too_long_problem);
   for (int c = 0; c < 4; ++c) Put(fds[c], 'e');
   for (int c = 0; c < 4; ++c) {
     int st = 0;
@@ -421,6 +461,6 @@ int main() {
     }
   }
   for (const std::string& f : files) unlink(f.c_str());
-  printf("xrc_share_check: %d of 4 cases failed\n", failed);
+  printf("xrc_share_check: %d of 5 cases failed\n", failed);
   return failed == 0 ? 0 : 1;
 }

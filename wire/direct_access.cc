@@ -45,10 +45,13 @@ struct DirectTable::Layout {
     alignas(64) std::atomic<uint64_t> sends;
   };
   struct alignas(64) SrqSlot {
+    // The owner's lines.
     std::atomic<uint32_t> key;  // kQpValid | srqn, 0: empty
     std::atomic<uint64_t> domain;
     std::atomic<uint64_t> posted;
-    std::atomic<uint64_t> claimed;
+    std::atomic<uint32_t> lengths[kSrqWindow];
+    // The claimants'.
+    alignas(64) std::atomic<uint64_t> claimed;
   };
   static constexpr uint32_t kQpValid = 1u << 31;
   static constexpr uint64_t kRegionValid = uint64_t{1} << 32;
@@ -59,7 +62,7 @@ struct DirectTable::Layout {
   static constexpr size_t kSrqOffset = kReceiveOffset + kReceiveSlots * sizeof(ReceiveSlot);
   static constexpr size_t kBytes = kSrqOffset + kSrqSlots * sizeof(SrqSlot);
   static_assert(sizeof(Initiator) == 64 && sizeof(QpSlot) == 16 && sizeof(RegionSlot) == 40 &&
-                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 64);
+                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 384);
   static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
   static Header* header(void* base) { return static_cast<Header*>(base); }
@@ -249,14 +252,20 @@ bool DirectTable::PublishSrq(uint32_t srqn, uint64_t domain) {
   return true;
 }
 
-void DirectTable::SrqPosted(uint32_t srqn, uint64_t posted) {
+uint64_t DirectTable::SrqClaimed(uint32_t srqn) {
+  std::lock_guard lock(mu_);
+  auto it = srq_slot_.find(srqn);
+  return it == srq_slot_.end() ? 0 : Layout::srqs(base_)[it->second].claimed.load(std::memory_order_acquire);
+}
+
+void DirectTable::ShowSrqWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths) {
   std::lock_guard lock(mu_);
   auto it = srq_slot_.find(srqn);
   if (it == srq_slot_.end()) return;
-  std::atomic<uint64_t>& count = Layout::srqs(base_)[it->second].posted;
-  uint64_t now = count.load(std::memory_order_relaxed);
-  while (now < posted && !count.compare_exchange_weak(now, posted, std::memory_order_release)) {
-  }
+  Layout::SrqSlot& s = Layout::srqs(base_)[it->second];
+  for (size_t i = 0; i < lengths.size(); ++i)
+    s.lengths[(first + i) % kSrqWindow].store(lengths[i], std::memory_order_relaxed);
+  s.posted.store(first + lengths.size(), std::memory_order_release);  // after the lengths it shows
 }
 
 void DirectTable::WithdrawSrq(uint32_t srqn) {
@@ -269,19 +278,20 @@ bool DirectTable::SrqInDomain(uint32_t srqn, uint64_t domain) const {
   return s != nullptr && s->domain.load(std::memory_order_relaxed) == domain;
 }
 
-bool DirectTable::ClaimSrqWqe(uint32_t srqn) {
+bool DirectTable::ClaimSrqWqe(uint32_t srqn, uint64_t* index, uint32_t* length) {
   Layout::SrqSlot* s = Probe(Layout::srqs(base_), kSrqSlots, srqn, Layout::kQpValid | srqn);
   if (s == nullptr) return false;
-  uint64_t claimed = s->claimed.load(std::memory_order_relaxed);
+  uint64_t claimed = s->claimed.load(std::memory_order_acquire);
+  uint32_t len = 0;
   do {
     if (claimed >= s->posted.load(std::memory_order_acquire)) return false;
+    // Stable until our claim succeeds: the owner rewrites it only to show WQE claimed + kSrqWindow, which it does
+    // only once WQE `claimed` is claimed.
+    len = s->lengths[claimed % kSrqWindow].load(std::memory_order_relaxed);
   } while (!s->claimed.compare_exchange_weak(claimed, claimed + 1, std::memory_order_acq_rel));
+  *index = claimed;
+  *length = len;
   return true;
-}
-
-void DirectTable::ReleaseSrqWqe(uint32_t srqn) {
-  Layout::SrqSlot* s = Probe(Layout::srqs(base_), kSrqSlots, srqn, Layout::kQpValid | srqn);
-  if (s != nullptr) s->claimed.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void DirectTable::Enter(uint8_t me, pid_t self) {
@@ -363,10 +373,12 @@ void XrcDelivery::Encode(uint8_t out[kSize]) const {
   std::memset(out, 0, kSize);
   out[0] = 'X';
   out[1] = uint8_t((first ? 1 : 0) | (last ? 2 : 0) | (with_imm ? 4 : 0) | (solicited ? 8 : 0) | (abort ? 16 : 0));
+  out[2] = status;
   std::memcpy(out + 4, &srqn, 4);
   std::memcpy(out + 8, &target_qpn, 4);
   std::memcpy(out + 12, &src_qpn, 4);
   std::memcpy(out + 16, &imm, 4);
+  std::memcpy(out + 24, &index, 8);
 }
 
 std::optional<XrcDelivery> XrcDelivery::Decode(std::span<const uint8_t> in) {
@@ -377,10 +389,12 @@ std::optional<XrcDelivery> XrcDelivery::Decode(std::span<const uint8_t> in) {
   d.with_imm = (in[1] & 4) != 0;
   d.solicited = (in[1] & 8) != 0;
   d.abort = (in[1] & 16) != 0;
+  d.status = in[2];
   std::memcpy(&d.srqn, in.data() + 4, 4);
   std::memcpy(&d.target_qpn, in.data() + 8, 4);
   std::memcpy(&d.src_qpn, in.data() + 12, 4);
   std::memcpy(&d.imm, in.data() + 16, 4);
+  std::memcpy(&d.index, in.data() + 24, 8);
   return d;
 }
 

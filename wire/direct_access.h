@@ -33,13 +33,16 @@
 //
 // XRC SRQs (Annex A14) are shared the same way. A target QP may deliver into any XRC SRQ of its domain, and the
 // host's processes share a domain by opening it by one file, each with SRQs of its own: so each process publishes its
-// XRC SRQs of file domains (number, the file's identity) with a count of the receive WQEs posted to each and a count
-// of those claimed. Whoever takes a WQE from such an SRQ claims one first (the owner for its own target QPs, another
-// process's target QP for a message naming it), which never claims more than were posted: a claim is a WQE the SRQ
-// holds until its claimant's message takes it, and no claim left is the responder's RNR NAK (9.7.5.2.8), as for any
-// empty SRQ. The target QP keeps the RC protocol (PSN, ACK) and hands each packet's payload, in order, to the SRQ's
-// process through its ring (XrcDelivery), which takes the WQE at the first, places the bytes with its own keys and
-// completes it at the last in the SRQ's CQ, as the target's own SRQ would have.
+// XRC SRQs of file domains (number, the file's identity) with a window of their receive WQEs, numbered in the order
+// they were posted: how many are shown (`posted`), how many are claimed, and the length of each of the last
+// kSrqWindow shown. Whoever takes a WQE from such an SRQ claims the next one first (the owner for its own target QPs,
+// another process's target QP for a message naming it): a claim is that one WQE, which the SRQ keeps until its
+// claimant's message takes it, and with its length the claimant judges the message as the SRQ's own target would (a
+// SEND longer than its WQE: invalid request, 9.7.5.2.x). No WQE left to claim is the responder's RNR NAK
+// (9.7.5.2.8), as for any empty SRQ. The owner shows a WQE only once the one kSrqWindow before it is claimed (its
+// length slot is then free). The target QP keeps the RC protocol (PSN, ACK) and hands each packet's payload, in
+// order, to the SRQ's process through its ring (XrcDelivery), which takes the claimed WQE at the first, places the
+// bytes with its own keys and completes it at the last in the SRQ's CQ, as the target's own SRQ would have.
 //
 // Error contract (as liburing's): functions that can fail return 0 or a count on success, -errno on failure.
 #pragma once
@@ -87,21 +90,27 @@ struct DirectSend {
   static std::optional<DirectSend> Decode(std::span<const uint8_t> in);
 };
 
+// How many of an XRC SRQ's WQEs its window shows ahead of the claimed ones.
+inline constexpr uint32_t kSrqWindow = 64;
+
 // A piece of a message an XRC target QP received for another process's XRC SRQ, as that process's ring carries it,
 // ahead of the packet's payload (kSize bytes, host byte order). The pieces of one message come in order, from one
 // target QP.
 struct XrcDelivery {
-  static constexpr size_t kSize = 24;
+  static constexpr size_t kSize = 32;
   uint32_t srqn = 0;        // the SRQ (the XRCETH's)
   uint32_t target_qpn = 0;  // the target QP that received it: the completion's qp_num
   uint32_t src_qpn = 0;     // the initiator's QP: the completion's src_qp
   uint32_t imm = 0;         // as the IMMDt carries it
-  bool first = false;       // the message's first packet: it takes a receive WQE (claimed by the target QP)
+  uint64_t index = 0;       // the WQE the target claimed (counted from the SRQ's publication)
+  bool first = false;       // the message's first packet: it takes that WQE
   bool last = false;        // its last: the WQE completes
   bool with_imm = false;
   bool solicited = false;
-  // The target QP abandoned the message (it entered the error state): the WQE it took completes flushed.
+  // The target QP abandoned the message: the WQE completes with `status` (an IBV_WC_* value: WR_FLUSH_ERR when the
+  // target entered the error state, LOC_LEN_ERR when the message was longer than the WQE). No bytes follow.
   bool abort = false;
+  uint8_t status = 0;
 
   void Encode(uint8_t out[kSize]) const;
   // nullopt for bytes that are not one (short, bad marker).
@@ -171,18 +180,18 @@ class SharedXrcSrqs {
   virtual ~SharedXrcSrqs() = default;
 
   // Ours: published for the domain of file `domain` (XrcDomain::inode; false
-  // when no slot is free, then only our own target QPs reach it); `posted` WQEs posted to it so far, counted from its
-  // publication (a smaller count than one published already changes nothing); withdrawn.
+  // when no slot is free, then only our own target QPs reach it); how many of its WQEs are claimed; WQEs
+  // [first, first + lengths.size()) shown with those lengths (as DirectTable::ShowSrqWqes); withdrawn.
   virtual bool PublishXrcSrq(uint32_t srqn, uint64_t domain) = 0;
-  virtual void XrcSrqPosted(uint32_t srqn, uint64_t posted) = 0;
+  virtual uint64_t XrcWqesClaimed(uint32_t srqn) = 0;
+  virtual void ShowXrcWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths) = 0;
   virtual void WithdrawXrcSrq(uint32_t srqn) = 0;
   // Any process's, ours included: whether `srqn` is an XRC SRQ published for `domain` (1, 0, or -EAGAIN: its
-  // process is there but cannot be asked yet, as before it has offered its table: ask again later); claiming one of
-  // its receive WQEs (false: none left unclaimed, not published, or not reachable); giving back a claim no message
-  // will use.
+  // process is there but cannot be asked yet, as before it has offered its table: ask again later); claiming its next
+  // receive WQE, whose number and length are stored in *index and *length (false: none shown unclaimed, not
+  // published, or not reachable).
   virtual int XrcSrqInDomain(uint32_t srqn, uint64_t domain) = 0;
-  virtual bool ClaimXrcWqe(uint32_t srqn) = 0;
-  virtual void ReleaseXrcWqe(uint32_t srqn) = 0;
+  virtual bool ClaimXrcWqe(uint32_t srqn, uint64_t* index, uint32_t* length) = 0;
   // A piece of a message for another process's XRC SRQ `delivery.srqn`, with its bytes, into that process's ring:
   // false when it cannot go there (not a process of this host, gone, or its ring full).
   virtual bool DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) = 0;
@@ -200,8 +209,9 @@ class SharedXrcSrqs {
 //           posted u64, packets_taken u64, lengths u32[kReceiveWindow] (the owner's two cache lines); sends u64 (the
 //           initiator's line). WQE i (counted from the window's opening) exists when i < posted; its length is
 //           lengths[i % kReceiveWindow].
-//   then    XRC SRQ slots (64 bytes): key u32 (1 << 31 | srqn), domain u64, posted u64 (the owner's), claimed u64
-//           (every taker's: claimed <= posted).
+//   then    XRC SRQ slots (384 bytes): key u32 (1 << 31 | srqn), domain u64, posted u64 and lengths u32[kSrqWindow]
+//           (the owner's: WQE i is shown when i < posted, its length at lengths[i % kSrqWindow]), claimed u64
+//           (every taker's: claimed <= posted <= claimed + kSrqWindow).
 // An entry lives in the slot its number hashes to or one of the kProbe after it.
 class DirectTable {
  public:
@@ -240,16 +250,19 @@ class DirectTable {
   void CloseReceives(uint32_t qpn);
   // An XRC SRQ of domain `domain` (counts 0; replaces one it had); false when no slot is free.
   bool PublishSrq(uint32_t srqn, uint64_t domain);
-  // `posted` WQEs were posted to it so far (never lowers the count: posts on several threads may publish out of
-  // order).
-  void SrqPosted(uint32_t srqn, uint64_t posted);
+  // How many of its WQEs are claimed (0 when not published).
+  uint64_t SrqClaimed(uint32_t srqn);
+  // Shows WQEs [first, first + lengths.size()) with those lengths (`first` is what was shown so far; the caller keeps
+  // first + size within SrqClaimed + kSrqWindow and serialises its calls per SRQ; a length is written before the
+  // count that shows it).
+  void ShowSrqWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths);
   void WithdrawSrq(uint32_t srqn);
 
   // --- whoever takes from the owner's XRC SRQs (the owner too) -------------------------------------------------------
   bool SrqInDomain(uint32_t srqn, uint64_t domain) const;
-  // One WQE of SRQ `srqn` claimed (false when every posted one is claimed, or no such SRQ); given back.
-  bool ClaimSrqWqe(uint32_t srqn);
-  void ReleaseSrqWqe(uint32_t srqn);
+  // The next shown WQE of SRQ `srqn` claimed: its number in *index, its length in *length (false when every shown
+  // one is claimed, or no such SRQ).
+  bool ClaimSrqWqe(uint32_t srqn, uint64_t* index, uint32_t* length);
 
   // --- an initiator, owner number `me` (1..255) --------------------------------------------------------------------
   // Brackets every look-up and the copy that follows it: what Check found stays as it was until Leave. `self`: our

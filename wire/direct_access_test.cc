@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -243,43 +244,69 @@ TEST_F(DirectTableTest, AnXrcSrqIsFoundOnlyForItsDomainAndWhilePublished) {
   EXPECT_FALSE(peer_->SrqInDomain(kSrqn + 1, 77));
   owner_->WithdrawSrq(kSrqn);
   EXPECT_FALSE(peer_->SrqInDomain(kSrqn, 77));
-  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn));
+  uint64_t index = 0;
+  uint32_t length = 0;
+  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn, &index, &length));
 }
 
-// Every taker claims, the owner too: never more claims than WQEs posted; a claim given back may be taken again; a
-// count published late (posts on two threads) never lowers what was published.
-TEST_F(DirectTableTest, ClaimsNeverExceedThePostedWqes) {
+// Every taker claims, the owner too: the next shown WQE, with its number and length; never one not shown.
+TEST_F(DirectTableTest, AClaimIsTheNextShownWqeWithItsLength) {
   constexpr uint32_t kSrqn = 0x030002;
   ASSERT_TRUE(owner_->PublishSrq(kSrqn, 5));
-  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn));
-  owner_->SrqPosted(kSrqn, 2);
-  owner_->SrqPosted(kSrqn, 1);  // an earlier post's count, published after the later one's
-  EXPECT_TRUE(peer_->ClaimSrqWqe(kSrqn));
-  EXPECT_TRUE(owner_->ClaimSrqWqe(kSrqn));
-  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn));
-  peer_->ReleaseSrqWqe(kSrqn);
-  EXPECT_TRUE(owner_->ClaimSrqWqe(kSrqn));
-  EXPECT_FALSE(owner_->ClaimSrqWqe(kSrqn));
+  uint64_t index = 0;
+  uint32_t length = 0;
+  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn, &index, &length));
+  const uint32_t lengths[] = {100, 4096};
+  owner_->ShowSrqWqes(kSrqn, 0, lengths);
+  ASSERT_TRUE(peer_->ClaimSrqWqe(kSrqn, &index, &length));
+  EXPECT_EQ(index, 0u);
+  EXPECT_EQ(length, 100u);
+  ASSERT_TRUE(owner_->ClaimSrqWqe(kSrqn, &index, &length));
+  EXPECT_EQ(index, 1u);
+  EXPECT_EQ(length, 4096u);
+  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn, &index, &length));
+  EXPECT_EQ(owner_->SrqClaimed(kSrqn), 2u);
+  // The window wraps: with two claimed, WQEs up to kSrqWindow + 1 may be shown; WQE kSrqWindow lives where WQE 0 did.
+  std::vector<uint32_t> more(kSrqWindow);
+  for (size_t i = 0; i < more.size(); ++i) more[i] = uint32_t(1000 + i);
+  owner_->ShowSrqWqes(kSrqn, 2, more);
+  for (uint64_t want = 2; want < 2 + kSrqWindow; ++want) {
+    ASSERT_TRUE(peer_->ClaimSrqWqe(kSrqn, &index, &length));
+    EXPECT_EQ(index, want);
+    EXPECT_EQ(length, 1000 + (want - 2));
+  }
   // Republished (another SRQ of that number): its counts start again.
   ASSERT_TRUE(owner_->PublishSrq(kSrqn, 5));
-  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn));
+  EXPECT_EQ(owner_->SrqClaimed(kSrqn), 0u);
+  EXPECT_FALSE(peer_->ClaimSrqWqe(kSrqn, &index, &length));
 }
 
-TEST_F(DirectTableTest, ConcurrentClaimersShareThePostedWqesExactly) {
+// Claimers racing from both mappings get every shown WQE exactly once.
+TEST_F(DirectTableTest, ConcurrentClaimersTakeEachShownWqeOnce) {
   constexpr uint32_t kSrqn = 0x030003;
-  constexpr int kPosted = 20000;
   ASSERT_TRUE(owner_->PublishSrq(kSrqn, 5));
-  owner_->SrqPosted(kSrqn, kPosted);
-  std::atomic<int> claimed{0};
+  std::vector<uint32_t> lengths(kSrqWindow);
+  for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = uint32_t(i);
+  owner_->ShowSrqWqes(kSrqn, 0, lengths);
+  std::vector<std::vector<uint64_t>> got(4);
   std::vector<std::thread> claimers;
   for (int t = 0; t < 4; ++t) {
     claimers.emplace_back([&, t] {
       DirectTable& table = t % 2 == 0 ? *owner_ : *peer_;
-      while (table.ClaimSrqWqe(kSrqn)) claimed.fetch_add(1);
+      uint64_t index = 0;
+      uint32_t length = 0;
+      while (table.ClaimSrqWqe(kSrqn, &index, &length)) {
+        EXPECT_EQ(length, index);
+        got[t].push_back(index);
+      }
     });
   }
   for (std::thread& t : claimers) t.join();
-  EXPECT_EQ(claimed.load(), kPosted);
+  std::vector<uint64_t> all;
+  for (const auto& g : got) all.insert(all.end(), g.begin(), g.end());
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(all.size(), size_t{kSrqWindow});
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], i);
 }
 
 TEST(XrcDeliveryRecord, EncodesAndDecodesEveryField) {
@@ -288,6 +315,8 @@ TEST(XrcDeliveryRecord, EncodesAndDecodesEveryField) {
   d.target_qpn = 0x030011;
   d.src_qpn = 0x123456;
   d.imm = 0xdeadbeef;
+  d.index = (uint64_t{1} << 33) + 7;
+  d.status = 12;
   d.first = d.with_imm = d.abort = true;
   uint8_t bytes[XrcDelivery::kSize];
   d.Encode(bytes);
@@ -297,6 +326,8 @@ TEST(XrcDeliveryRecord, EncodesAndDecodesEveryField) {
   EXPECT_EQ(back->target_qpn, d.target_qpn);
   EXPECT_EQ(back->src_qpn, d.src_qpn);
   EXPECT_EQ(back->imm, d.imm);
+  EXPECT_EQ(back->index, d.index);
+  EXPECT_EQ(back->status, 12);
   EXPECT_TRUE(back->first && back->with_imm && back->abort);
   EXPECT_FALSE(back->last || back->solicited);
   d = XrcDelivery{};

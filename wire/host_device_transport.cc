@@ -706,8 +706,11 @@ void HostDeviceTransport::CloseReceives(uint32_t qpn) {
 bool HostDeviceTransport::PublishXrcSrq(uint32_t srqn, uint64_t domain) {
   return direct_table_ != nullptr && direct_table_->PublishSrq(srqn, domain);
 }
-void HostDeviceTransport::XrcSrqPosted(uint32_t srqn, uint64_t posted) {
-  if (direct_table_ != nullptr) direct_table_->SrqPosted(srqn, posted);
+uint64_t HostDeviceTransport::XrcWqesClaimed(uint32_t srqn) {
+  return direct_table_ != nullptr ? direct_table_->SrqClaimed(srqn) : 0;
+}
+void HostDeviceTransport::ShowXrcWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths) {
+  if (direct_table_ != nullptr) direct_table_->ShowSrqWqes(srqn, first, lengths);
 }
 void HostDeviceTransport::WithdrawXrcSrq(uint32_t srqn) {
   if (direct_table_ != nullptr) direct_table_->WithdrawSrq(srqn);
@@ -730,13 +733,9 @@ int HostDeviceTransport::XrcSrqInDomain(uint32_t srqn, uint64_t domain) {
   return p->offer_answered ? 0 : -EAGAIN;
 }
 
-bool HostDeviceTransport::ClaimXrcWqe(uint32_t srqn) {
+bool HostDeviceTransport::ClaimXrcWqe(uint32_t srqn, uint64_t* index, uint32_t* length) {
   DirectTable* table = SrqTableFor(srqn);
-  return table != nullptr && table->ClaimSrqWqe(srqn);
-}
-
-void HostDeviceTransport::ReleaseXrcWqe(uint32_t srqn) {
-  if (DirectTable* table = SrqTableFor(srqn)) table->ReleaseSrqWqe(srqn);
+  return table != nullptr && table->ClaimSrqWqe(srqn, index, length);
 }
 
 bool HostDeviceTransport::DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) {

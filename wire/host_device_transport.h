@@ -117,11 +117,11 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   void CloseReceives(uint32_t qpn) override;
   // SharedXrcSrqs (wire/direct_access.h).
   bool PublishXrcSrq(uint32_t srqn, uint64_t domain) override;
-  void XrcSrqPosted(uint32_t srqn, uint64_t posted) override;
+  uint64_t XrcWqesClaimed(uint32_t srqn) override;
+  void ShowXrcWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths) override;
   void WithdrawXrcSrq(uint32_t srqn) override;
   int XrcSrqInDomain(uint32_t srqn, uint64_t domain) override;
-  bool ClaimXrcWqe(uint32_t srqn) override;
-  void ReleaseXrcWqe(uint32_t srqn) override;
+  bool ClaimXrcWqe(uint32_t srqn, uint64_t* index, uint32_t* length) override;
   bool DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) override;
 
   UdpEndpoint local() const override { return local_; }
