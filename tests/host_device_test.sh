@@ -570,8 +570,9 @@ case_dead_process_ends_its_rdma_cm_connections() {
   local addr log="$WORK/cm_dead" problems="" port server start
   addr=$(random_loopback)
   port=$(free_tcp_port)
+  # stdout and stderr apart: rping's events (stdout) and its errors (stderr) flushed into one file can cut a line.
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- rping -s -a "$addr" -v -d -p "$port" \
-    >"$log.server1" 2>&1 &
+    >"$log.server1" 2>"$log.server1.err" &
   server=$!
   wait_listening "$port" "$server"
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- "$CM_QUITTER" "$addr" "$port" >"$log.quitter" 2>&1
@@ -580,13 +581,14 @@ case_dead_process_ends_its_rdma_cm_connections() {
   wait "$server"
   # REJECTED; or, when the dead client's REJ came before rping's rdma_accept, that accept refused (EINVAL), as the
   # kernel's CM refuses a REP for a connection a REJ has ended.
-  grep -q "RDMA_CM_EVENT_REJECTED\|rdma_accept: Invalid argument" "$log.server1" ||
-    problems+="the quitter's server: $(grep -v "ping data" "$log.server1" | tail -n 5 | tr '\n' ' ')"$'\n'
+  grep -q "RDMA_CM_EVENT_REJECTED\|rdma_accept: Invalid argument" "$log.server1" "$log.server1.err" ||
+    problems+="the quitter's server: $(cat "$log.server1" "$log.server1.err" | grep -v "ping data" | tail -n 5 |
+      tr '\n' ' ')"$'\n'
   [ $((SECONDS - start)) -le 5 ] || problems+="the quitter's server took $((SECONDS - start)) s to end"$'\n'
 
   port=$(free_tcp_port)
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- rping -s -a "$addr" -v -d -p "$port" -C 100000000 \
-    >"$log.server2" 2>&1 &
+    >"$log.server2" 2>"$log.server2.err" &
   server=$!
   wait_listening "$port" "$server"
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- rping -c -a "$addr" -p "$port" -C 100000000 \
@@ -598,7 +600,8 @@ case_dead_process_ends_its_rdma_cm_connections() {
   wait "$server"
   wait "$client" 2>/dev/null
   grep -q "RDMA_CM_EVENT_DISCONNECTED" "$log.server2" ||
-    problems+="the killed client's server: $(grep -v "ping data" "$log.server2" | tail -n 3 | tr '\n' ' ')"$'\n'
+    problems+="the killed client's server: $(cat "$log.server2" "$log.server2.err" | grep -v "ping data" | tail -n 3 |
+      tr '\n' ' ')"$'\n'
   [ $((SECONDS - start)) -le 5 ] || problems+="the killed client's server took $((SECONDS - start)) s to end"$'\n'
   junit_check dead_process_ends_its_rdma_cm_connections "$problems"
 }
