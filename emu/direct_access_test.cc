@@ -84,15 +84,7 @@ class TableAccess final : public wire::DirectAccess {
 
   // What peers sent into our ring, oldest first; handed to `device` as the polling thread would.
   std::vector<std::vector<uint8_t>> ring;
-  void DeliverRing(Device& device) {
-    for (const auto& record : ring) {
-      wire::InDatagram d;
-      d.record = wire::RingRecord::kDirectSend;
-      d.payload = record;
-      device.OnDatagram(d, Device::AckTiming::kNow);
-    }
-    ring.clear();
-  }
+  void DeliverRing(Device& device) { testing::DeliverRing(device, wire::RingRecord::kDirectSend, ring); }
 
  private:
   static uint64_t TotalOf(std::span<const std::span<const uint8_t>> pieces) {

@@ -653,15 +653,7 @@ struct HostProcesses {
       p->ring.push_back(std::move(record));
       return true;
     }
-    void DeliverRing(Device& device) {
-      for (const auto& record : ring) {
-        wire::InDatagram in;
-        in.record = wire::RingRecord::kXrcDelivery;
-        in.payload = record;
-        device.OnDatagram(in, Device::AckTiming::kNow);
-      }
-      ring.clear();
-    }
+    void DeliverRing(Device& device) { testing::DeliverRing(device, wire::RingRecord::kXrcDelivery, ring); }
   };
 
   Process procs[3];

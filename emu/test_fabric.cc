@@ -238,6 +238,16 @@ QueuePair* CreateUdQp(Device& dev, ProtectionDomain* pd, CompletionQueue* cq, ui
   return qp;
 }
 
+void DeliverRing(Device& device, wire::RingRecord kind, std::vector<std::vector<uint8_t>>& ring) {
+  for (const auto& record : ring) {
+    wire::InDatagram d;
+    d.record = kind;
+    d.payload = record;
+    device.OnDatagram(d, Device::AckTiming::kNow);
+  }
+  ring.clear();
+}
+
 std::vector<Completion> Drain(CompletionQueue* cq) {
   std::vector<Completion> out;
   Completion c[16];

@@ -144,6 +144,9 @@ struct RcPair {
 };
 
 std::vector<Completion> Drain(CompletionQueue* cq);
+// Hands `device` what other processes of its host wrote into its ring (records of `kind`, oldest first), as its
+// polling thread would, and empties `ring`.
+void DeliverRing(Device& device, wire::RingRecord kind, std::vector<std::vector<uint8_t>>& ring);
 
 // A ScriptedTransport::drop_if that drops packets by what they are -- their BTH (PSN, opcode, destination QP) -- not
 // by their place in the node's send order, which batching, ACK coalescing and held ACKs change: the first `times`

@@ -37,7 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/verbs_process.h"
+
 namespace {
+
+namespace checks = uroce::checks;
 
 constexpr size_t kBufferBytes = 64 << 10;
 constexpr uint8_t kUntouched = 0x5a;
@@ -78,39 +82,18 @@ const char* Name(Case c) {
   return names[int(c)];
 }
 
-void Die(const char* what) {
-  fprintf(stderr, "direct_access_check: %s: %s\n", what, strerror(errno));
-  exit(2);
-}
+using checks::Die;
+using checks::ReceiveAll;
+using checks::SendAll;
 
-void SendAll(int fd, const void* p, size_t n) {
-  if (write(fd, p, n) != ssize_t(n)) Die("write to the other process");
-}
-void ReceiveAll(int fd, void* p, size_t n) {
-  if (read(fd, p, n) != ssize_t(n)) Die("read from the other process");
-}
-
-struct Device {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
+struct Device : checks::Device {
   ibv_pd* other_pd = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_gid gid{};
 };
 
 Device Open() {
-  Device d;
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (list == nullptr || n == 0) Die("no RDMA device");
-  d.ctx = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (d.ctx == nullptr) Die("ibv_open_device");
-  d.pd = ibv_alloc_pd(d.ctx);
+  Device d{checks::OpenFirstDevice(64)};
   d.other_pd = ibv_alloc_pd(d.ctx);
-  d.cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
-  if (d.pd == nullptr || d.other_pd == nullptr || d.cq == nullptr) Die("ibv_alloc_pd / ibv_create_cq");
-  if (ibv_query_gid(d.ctx, 1, 0, &d.gid) != 0) Die("ibv_query_gid");
+  if (d.other_pd == nullptr) Die("ibv_alloc_pd");
   return d;
 }
 
@@ -380,6 +363,7 @@ std::string Initiator(Device& d, int fd, Case c) {
 
 int main() {
   setvbuf(stdout, nullptr, _IOLBF, 0);
+  uroce::checks::program = "direct_access_check";
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) < 0) Die("socketpair");
   const pid_t child = fork();

@@ -32,34 +32,22 @@
 #include <thread>
 #include <vector>
 
+#include "tests/verbs_process.h"
+
 namespace {
+
+namespace checks = uroce::checks;
 
 constexpr int kMessages = 24;  // per initiator in crossed_delivery, half into each SRQ
 constexpr uint32_t kSizes[] = {4, 100, 4096, 5000, 16384, 12345};
 constexpr size_t kSlot = 16384;  // each receive WQE's buffer
 constexpr int kSlots = kMessages + 4;
 
-void Die(const char* what) {
-  fprintf(stderr, "xrc_share_check[%d]: %s: %s\n", getpid(), what, strerror(errno));
-  exit(2);
-}
-
-void SendAll(int fd, const void* p, size_t n) {
-  if (write(fd, p, n) != ssize_t(n)) Die("write to the other process");
-}
-void ReceiveAll(int fd, void* p, size_t n) {
-  if (read(fd, p, n) != ssize_t(n)) Die("read from the other process");
-}
-template <typename T>
-void Put(int fd, const T& v) {
-  SendAll(fd, &v, sizeof v);
-}
-template <typename T>
-T Get(int fd) {
-  T v;
-  ReceiveAll(fd, &v, sizeof v);
-  return v;
-}
+using checks::Die;
+using checks::Get;
+using checks::Put;
+using checks::ReceiveAll;
+using checks::SendAll;
 
 // Byte j of message m of initiator k meant for SRQ s (0: receiver 0's, 1: receiver 1's). The first four bytes (when
 // the message has them) say k, m and s, so a receiver can tell what reached it and whether it was meant for it.
@@ -71,27 +59,9 @@ uint8_t Pattern(int k, int m, int s, size_t j) {
   return uint8_t(k * 31 + m * 7 + s * 101 + j * 13);
 }
 
-struct Device {
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_cq* cq = nullptr;
-  ibv_gid gid{};
-};
+using checks::Device;
 
-Device Open() {
-  Device d;
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (list == nullptr || n == 0) Die("no RDMA device");
-  d.ctx = ibv_open_device(list[0]);
-  ibv_free_device_list(list);
-  if (d.ctx == nullptr) Die("ibv_open_device");
-  d.pd = ibv_alloc_pd(d.ctx);
-  d.cq = ibv_create_cq(d.ctx, 256, nullptr, nullptr, 0);
-  if (d.pd == nullptr || d.cq == nullptr) Die("ibv_alloc_pd / ibv_create_cq");
-  if (ibv_query_gid(d.ctx, 1, 0, &d.gid) != 0) Die("ibv_query_gid");
-  return d;
-}
+Device Open() { return checks::OpenFirstDevice(256); }
 
 // RESET -> INIT -> RTR (-> RTS for an initiator) towards `peer_qpn` at our own GID (one host device).
 void Connect(Device& d, ibv_qp* qp, uint32_t peer_qpn, bool initiator) {
@@ -372,6 +342,7 @@ bool Readable(int fd, int ms) {
 
 int main() {
   setvbuf(stdout, nullptr, _IOLBF, 0);
+  uroce::checks::program = "xrc_share_check";
   const char* tmp = getenv("TEST_TMPDIR") != nullptr ? getenv("TEST_TMPDIR") : "/tmp";
   std::string files[2] = {std::string(tmp) + "/xrc_share_check.XXXXXX", std::string(tmp) + "/xrc_share_other.XXXXXX"};
   for (std::string& f : files) {

@@ -648,6 +648,28 @@ bool HostDeviceTransport::Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint3
                     [&](pid_t pid, uint64_t there) { return CopyFromProcess(pid, there, pieces, length); });
 }
 
+template <typename Written>
+bool HostDeviceTransport::WriteRecord(Peer& p, const UdpEndpoint& dst, RingRecord kind,
+                                      std::span<const uint8_t> record,
+                                      std::span<const std::span<const uint8_t>> pieces, const Written& written) {
+  ForwardHeader h;
+  h.src = local_;
+  h.dst = dst;
+  h.record = kind;
+  static_assert(DirectSend::kSize <= kMaxRecordBytes && XrcDelivery::kSize <= kMaxRecordBytes);
+  uint8_t header[ForwardHeader::kSize + kMaxRecordBytes];
+  if (record.size() > kMaxRecordBytes) return false;
+  h.Encode(header);
+  std::memcpy(header + ForwardHeader::kSize, record.data(), record.size());
+  std::lock_guard lock(p.mu);
+  // Into the ring only (not a connection that came before it): records must stay in order with one another, behind
+  // nothing sent another way.
+  if (!p.ring || !p.ring->WriteGathered({header, ForwardHeader::kSize + record.size()}, pieces)) return false;
+  written();
+  if (p.ring->Publish()) SignalEventFd(p.doorbell);
+  return true;
+}
+
 bool HostDeviceTransport::SendMessage(const UdpEndpoint& peer, DirectSend& send,
                                       std::span<const std::span<const uint8_t>> pieces, uint64_t length) {
   Peer* p = nullptr;
@@ -657,20 +679,11 @@ bool HostDeviceTransport::SendMessage(const UdpEndpoint& peer, DirectSend& send,
   table->Enter(owner_, self_pid_);
   uint32_t slot = 0;
   if (table->ClaimReceive(&send, length, &slot)) {
-    ForwardHeader h;
-    h.src = local_;
-    h.dst = peer;
-    h.record = RingRecord::kDirectSend;
-    uint8_t header[ForwardHeader::kSize + DirectSend::kSize];
-    h.Encode(header);
-    send.Encode(header + ForwardHeader::kSize);
-    std::lock_guard lock(p->mu);
-    // Into the ring only (not a connection that came before it): a SEND that does not fit goes as packets.
-    if (p->ring && p->ring->WriteGathered(header, pieces)) {
-      table->CountSend(slot);  // counted once in the ring (the owner's flush waits for what is counted)
-      if (p->ring->Publish()) SignalEventFd(p->doorbell);
-      sent = true;
-    }
+    uint8_t record[DirectSend::kSize];
+    send.Encode(record);
+    // A SEND that does not fit goes as packets. Counted once in the ring (the owner's flush waits for what is
+    // counted).
+    sent = WriteRecord(*p, peer, RingRecord::kDirectSend, record, pieces, [&] { table->CountSend(slot); });
   }
   table->Leave(owner_);
   if (sent) direct_bytes_.fetch_add(length, std::memory_order_relaxed);
@@ -741,19 +754,10 @@ bool HostDeviceTransport::ClaimXrcWqe(uint32_t srqn, uint64_t* index, uint32_t* 
 bool HostDeviceTransport::DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) {
   Peer* p = nullptr;
   if (PeerTable(OwnerOf24(delivery.srqn), &p) == nullptr) return false;
-  ForwardHeader h;
-  h.src = local_;
-  h.dst = local_;
-  h.record = RingRecord::kXrcDelivery;
-  uint8_t header[ForwardHeader::kSize + XrcDelivery::kSize];
-  h.Encode(header);
-  delivery.Encode(header + ForwardHeader::kSize);
+  uint8_t record[XrcDelivery::kSize];
+  delivery.Encode(record);
   const std::span<const uint8_t> pieces[] = {bytes};
-  std::lock_guard lock(p->mu);
-  // Into the ring only: the pieces of one message must arrive in order, behind nothing sent another way.
-  if (!p->ring || !p->ring->WriteGathered(header, pieces)) return false;
-  if (p->ring->Publish()) SignalEventFd(p->doorbell);
-  return true;
+  return WriteRecord(*p, local_, RingRecord::kXrcDelivery, record, pieces, [] {});
 }
 
 }  // namespace uroce::wire

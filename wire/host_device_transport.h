@@ -240,6 +240,12 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // The table of the process holding owner number `owner` (nullptr: ours, none, or not reachable), whatever direct
   // access may do; *found as DirectTableFor's.
   DirectTable* PeerTable(uint8_t owner, Peer** found);
+  // Writes a record of `kind` into `p`'s ring (a ForwardHeader, `record`, then `pieces`), under `p.mu`, and rings its
+  // doorbell; `written()` runs once it is in, before it is published. False when `p` has no ring, or no room.
+  static constexpr size_t kMaxRecordBytes = 32;
+  template <typename Written>
+  bool WriteRecord(Peer& p, const UdpEndpoint& dst, RingRecord kind, std::span<const uint8_t> record,
+                   std::span<const std::span<const uint8_t>> pieces, const Written& written);
   // The table that publishes XRC SRQ `srqn`: ours, or its owner's (nullptr when not reachable).
   DirectTable* SrqTableFor(uint32_t srqn);
   // Write and Read: checks the access against the table of `dest_qpn`'s process and, if allowed, runs copy(pid,
