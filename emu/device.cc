@@ -286,6 +286,7 @@ void Device::Fail() {
     std::unique_lock objects(objects_mu_);
     failed_ = true;
     for (auto& [srqn, srq] : srqs_) FlushSrqLocked(*srq);
+    EndHandedMessagesLocked([](uint32_t) { return true; });  // those other processes were handing over: taken WQEs
   }
   core_.Raise(AsyncEvent{AsyncEventType::kDeviceFatal});
 }

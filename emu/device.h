@@ -56,6 +56,10 @@ class Device {
   void set_async_handler(std::function<void(const AsyncEvent&)> handler);
   // The IB CM of this port (QP1's MADs go to it; its timers run in RunTimers).
   ConnectionManager& connection_manager() { return cm_; }
+  // A process of this host device at `peer` (owner number `owner`) is gone: its rdma_cm connections end
+  // (ConnectionManager::OnPeerProcessGone), and the messages its target QPs were handing to our shared XRC SRQs end
+  // with their WQEs flushed, as its kernel's QP going away would leave them.
+  void OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner);
 
   // --- objects ------------------------------------------------------------------------------------------------
   ProtectionDomain* AllocPd();
@@ -189,6 +193,9 @@ class Device {
   // A piece of a message another process's target QP received for one of our shared XRC SRQs (wire::XrcDelivery):
   // the first takes a WQE (the target claimed it), each is placed, the last completes in the SRQ's CQ.
   void ReceiveXrcDeliveryLocked(const wire::InDatagram& d);
+  // Ends the messages being handed to our shared XRC SRQs by the target QPs `ends` picks: their WQEs complete
+  // flushed. With the object lock held.
+  void EndHandedMessagesLocked(const std::function<bool(uint32_t target_qpn)>& ends);
   // Resumes requesters that stopped for the window towards `peer` while it has room (rc.cc). With the object lock
   // held shared and no QP's lock: it takes each woken QP's.
   void WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out);

@@ -24,6 +24,10 @@ void SharedReceiveQueue::TrimLocked() {
 
 std::optional<RecvWr> SharedReceiveQueue::TakeAt(uint64_t index, bool* limit_reached) {
   std::lock_guard lock(mu_);
+  return TakeAtLocked(index, limit_reached);
+}
+
+std::optional<RecvWr> SharedReceiveQueue::TakeAtLocked(uint64_t index, bool* limit_reached) {
   *limit_reached = false;
   if (index < front_index_ || index - front_index_ >= wqes_.size() || !wqes_[index - front_index_]) return std::nullopt;
   std::optional<RecvWr> wr = std::move(wqes_[index - front_index_]);
@@ -40,14 +44,8 @@ std::optional<RecvWr> SharedReceiveQueue::TakeAt(uint64_t index, bool* limit_rea
 }
 
 std::optional<RecvWr> SharedReceiveQueue::Take(bool* limit_reached) {
-  *limit_reached = false;
-  uint64_t front = 0;
-  {
-    std::lock_guard lock(mu_);
-    if (queued_ == 0) return std::nullopt;
-    front = front_index_;  // trimmed: the oldest queued WQE
-  }
-  return TakeAt(front, limit_reached);
+  std::lock_guard lock(mu_);
+  return TakeAtLocked(front_index_, limit_reached);  // trimmed: the oldest queued WQE, if any
 }
 
 std::deque<RecvWr> SharedReceiveQueue::TakeAll() {

@@ -121,6 +121,7 @@ class SharedReceiveQueue {
   CompletionQueue* cq_;
   // Drops taken WQEs from the front (with the lock).
   void TrimLocked();
+  std::optional<RecvWr> TakeAtLocked(uint64_t index, bool* limit_reached);
 
   mutable std::mutex mu_;  // guards max_wr_, limit_ and the queue
   // WQEs in posting order; a shared SRQ's may be taken out of order (TakeAt), leaving an empty place until the older

@@ -807,6 +807,56 @@ TEST(XrcAcrossProcesses, AClaimedWqeIsNotTakenTwice) {
   EXPECT_EQ(got[0].qp_num, own.tq->qpn());
 }
 
+// The first packet of a 3-packet XRC SEND into the other process's SRQ, handed over and taken there; the rest never
+// comes.
+void HandFirstPacketOnly(SharedXrcBench& x) {
+  wire::PacketSpec first;
+  first.bth.opcode = wire::opcode::kXrcBase | 0x00;  // XRC SEND FIRST (Annex A14)
+  first.bth.dest_qp = x.link.tq->qpn();
+  first.bth.psn = x.link.tq->attributes().rq_psn;
+  first.xrc = wire::XrcEth{.srqn = x.srq->srqn()};
+  const std::vector<uint8_t> payload(1024, 0x5a);
+  x.f.Inject(*x.i, *x.a, first, payload);
+  x.f.Pump();
+  x.host.procs[1].DeliverRing(*x.b->device);
+}
+
+// The target's process dies with a message half handed over: the WQE it took completes flushed in the SRQ's
+// process, as when the target QP enters the error state, instead of waiting for pieces that will never come.
+TEST(XrcAcrossProcesses, TheDeathOfTheTargetsProcessEndsItsMessage) {
+  SharedXrcBench x;
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 256)), 0);
+  HandFirstPacketOnly(x);
+  EXPECT_TRUE(Drain(x.bcq).empty());
+  x.b->device->OnPeerProcessGone(x.a->device->config().address, 2);  // another process: nothing of its
+  EXPECT_TRUE(Drain(x.bcq).empty());
+  x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
+  auto got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 1u);
+  EXPECT_EQ(got[0].status, WcStatus::kWrFlushErr);
+  EXPECT_EQ(got[0].qp_num, x.link.tq->qpn());
+  EXPECT_EQ(x.srq->depth(), 1u);
+}
+
+// A lost device flushes the WQE of a message another process was handing over, with its queued ones.
+TEST(XrcAcrossProcesses, ALostDeviceFlushesTheWqeOfAMessageBeingHandedOver) {
+  SharedXrcBench x;
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 256)), 0);
+  HandFirstPacketOnly(x);
+  x.b->device->Fail();
+  auto got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 2u);
+  std::set<uint64_t> ids;
+  for (const Completion& c : got) {
+    EXPECT_EQ(c.status, WcStatus::kWrFlushErr);
+    ids.insert(c.wr_id);
+  }
+  EXPECT_EQ(ids, (std::set<uint64_t>{1, 2}));
+}
+
 // A SEND longer than the WQE it takes in the other process is the sender's invalid request, and that WQE completes
 // with LOC_LEN_ERR there, as from the SRQ's own target (IBTA 9.7.5.2.x); the next WQE stays for the next message.
 TEST(XrcAcrossProcesses, ASendLongerThanTheOtherProcesssWqeIsAnInvalidRequest) {
@@ -898,14 +948,7 @@ TEST(XrcAcrossProcesses, AMessageTheTargetAbandonsCompletesFlushedInTheOtherProc
   SharedXrcBench x;
   ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
   ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 256)), 0);
-  wire::PacketSpec first;
-  first.bth.opcode = wire::opcode::kXrcBase | 0x00;  // XRC SEND FIRST (Annex A14)
-  first.bth.dest_qp = x.link.tq->qpn();
-  first.bth.psn = x.link.tq->attributes().rq_psn;
-  first.xrc = wire::XrcEth{.srqn = x.srq->srqn()};
-  const std::vector<uint8_t> payload(1024, 0x5a);
-  x.f.Inject(*x.i, *x.a, first, payload);
-  x.f.Pump();
+  HandFirstPacketOnly(x);
   QpAttributes err;
   err.qp_state = QpState::kErr;
   ASSERT_EQ(x.a->device->ModifyQp(x.link.tq, err, attr::kState), 0);

@@ -210,6 +210,26 @@ void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
   xrc_inbound_.erase(it);
 }
 
+void Device::EndHandedMessagesLocked(const std::function<bool(uint32_t target_qpn)>& ends) {
+  MutexLock lock(xrc_inbound_mu_);
+  for (auto it = xrc_inbound_.begin(); it != xrc_inbound_.end();) {
+    const auto srqn = uint32_t(it->first >> 32), target_qpn = uint32_t(it->first);
+    auto srq = srqs_.find(srqn);
+    if (!ends(target_qpn) || srq == srqs_.end()) {
+      ++it;
+      continue;
+    }
+    core_.Complete(srq->second->cq(), DeviceCore::ReceiveError(target_qpn, it->second.wr.wr_id, WcStatus::kWrFlushErr));
+    it = xrc_inbound_.erase(it);
+  }
+}
+
+void Device::OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner) {
+  cm_.OnPeerProcessGone(peer, owner);
+  std::shared_lock objects(objects_mu_);
+  EndHandedMessagesLocked([owner](uint32_t target_qpn) { return wire::OwnerOf24(target_qpn) == owner; });
+}
+
 // --- SRQ objects ------------------------------------------------------------------------------------------------
 
 int Device::CreateSrq(SrqType type, ProtectionDomain* pd, XrcDomain* xrcd, CompletionQueue* cq, SrqAttributes& attr,

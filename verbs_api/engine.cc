@@ -558,10 +558,10 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
       std::move(sender), wire::UdpEndpoint{*bound, wire::kRoceV2UdpPort}, membership->owner(),
       membership->TakeForwardFd(), membership->control_fd(), [this] { OnServiceLost(); }, config.same_host);
   transport->AdoptSteeredSocket(membership->TakeSteeredFd());
-  // A process of the host that dies cannot end its rdma_cm connections with us, as its kernel would (DREQ, REJ): we
-  // end them when its connection hangs up.
+  // A process of the host that dies cannot end its rdma_cm connections with us, as its kernel would (DREQ, REJ), nor
+  // the messages its XRC target QPs were handing to our SRQs: we end them when its connection hangs up.
   transport->SetPeerGoneHandler([this, address = *bound](uint8_t owner) {
-    device_->connection_manager().OnPeerProcessGone(address, owner);
+    device_->OnPeerProcessGone(address, owner);
   });
   if (int rc = transport->Init(); rc < 0) {
     fprintf(stderr, "uroce: cannot take packets from this host's other processes on %s: %s\n",

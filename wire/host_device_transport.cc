@@ -160,6 +160,13 @@ bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, 
     malformed_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
+  if (header->record == RingRecord::kXrcDelivery) {
+    // The process whose target QP hands us a message is watched (a connection of ours to it, as to any process we
+    // send to), so that its death, which leaves the message unfinished, is reported (SetPeerGoneHandler).
+    const auto delivery = XrcDelivery::Decode(bytes.subspan(ForwardHeader::kSize));
+    const uint8_t owner = delivery ? OwnerOf24(delivery->target_qpn) : 0;
+    if (delivery && delivery->first && owner != 0 && owner != owner_) PeerFor(owner, false);
+  }
   InDatagram d;
   d.src = header->src;
   d.dst = header->dst;
