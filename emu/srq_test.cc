@@ -807,9 +807,11 @@ TEST(XrcAcrossProcesses, AClaimedWqeIsNotTakenTwice) {
   EXPECT_EQ(got[0].qp_num, own.tq->qpn());
 }
 
-// The first packet of a 3-packet XRC SEND into the other process's SRQ, handed over and taken there; the rest never
-// comes.
+// Two receives posted to the other process's SRQ (wr_id 1: 4 KiB, 2: 256 B), and the first packet of a 3-packet XRC
+// SEND into it, handed over and taken there (the first receive); the rest never comes.
 void HandFirstPacketOnly(SharedXrcBench& x) {
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 256)), 0);
   wire::PacketSpec first;
   first.bth.opcode = wire::opcode::kXrcBase | 0x00;  // XRC SEND FIRST (Annex A14)
   first.bth.dest_qp = x.link.tq->qpn();
@@ -825,9 +827,7 @@ void HandFirstPacketOnly(SharedXrcBench& x) {
 // process, as when the target QP enters the error state, instead of waiting for pieces that will never come.
 TEST(XrcAcrossProcesses, TheDeathOfTheTargetsProcessEndsItsMessage) {
   SharedXrcBench x;
-  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
-  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 256)), 0);
-  HandFirstPacketOnly(x);
+  ASSERT_NO_FATAL_FAILURE(HandFirstPacketOnly(x));
   EXPECT_TRUE(Drain(x.bcq).empty());
   x.b->device->OnPeerProcessGone(x.a->device->config().address, 2);  // another process: nothing of its
   EXPECT_TRUE(Drain(x.bcq).empty());
@@ -843,9 +843,7 @@ TEST(XrcAcrossProcesses, TheDeathOfTheTargetsProcessEndsItsMessage) {
 // A lost device flushes the WQE of a message another process was handing over, with its queued ones.
 TEST(XrcAcrossProcesses, ALostDeviceFlushesTheWqeOfAMessageBeingHandedOver) {
   SharedXrcBench x;
-  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
-  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 256)), 0);
-  HandFirstPacketOnly(x);
+  ASSERT_NO_FATAL_FAILURE(HandFirstPacketOnly(x));
   x.b->device->Fail();
   auto got = Drain(x.bcq);
   ASSERT_EQ(got.size(), 2u);
@@ -946,9 +944,7 @@ TEST(XrcAcrossProcesses, AWriteThroughAnotherProcesssSrqIsARemoteAccessError) {
 // other process, and a piece of it that still came is dropped there.
 TEST(XrcAcrossProcesses, AMessageTheTargetAbandonsCompletesFlushedInTheOtherProcess) {
   SharedXrcBench x;
-  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 4096)), 0);
-  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 4096, 256)), 0);
-  HandFirstPacketOnly(x);
+  ASSERT_NO_FATAL_FAILURE(HandFirstPacketOnly(x));
   QpAttributes err;
   err.qp_state = QpState::kErr;
   ASSERT_EQ(x.a->device->ModifyQp(x.link.tq, err, attr::kState), 0);
