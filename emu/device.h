@@ -187,9 +187,9 @@ class Device {
   bool ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   // XRC target (xrc.cc): checks the XRCETH's SRQ and runs the QP's RC responder with that SRQ's PD, CQ and WQEs.
   void ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
-  // Whether `srqn` is another process's XRC SRQ of `target`'s domain (DeviceConfig::shared_xrc): 1, 0, or -EAGAIN
-  // when that process cannot be asked yet.
-  int SharedXrcSrq(const QueuePair& target, uint32_t srqn) const;
+  // Whether `srqn` is another process's XRC SRQ of `target`'s domain (DeviceConfig::shared_xrc), or may be: that
+  // process cannot be asked yet.
+  bool MayBeSharedXrcSrq(const QueuePair& target, uint32_t srqn) const;
   // A piece of a message another process's target QP received for one of our shared XRC SRQs (wire::XrcDelivery):
   // the first takes a WQE (the target claimed it), each is placed, the last completes in the SRQ's CQ.
   void ReceiveXrcDeliveryLocked(const wire::InDatagram& d);

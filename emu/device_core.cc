@@ -329,9 +329,14 @@ Completion DeviceCore::ReceiveError(uint32_t qp_num, uint64_t wr_id, WcStatus st
 
 Completion DeviceCore::MessageCompletion(const QueuePair& qp, uint64_t byte_len, bool solicited,
                                          std::optional<uint32_t> imm) {
+  return MessageCompletion(qp.qpn(), qp.attributes().dest_qp_num, byte_len, solicited, imm);
+}
+
+Completion DeviceCore::MessageCompletion(uint32_t qp_num, uint32_t src_qp, uint64_t byte_len, bool solicited,
+                                         std::optional<uint32_t> imm) {
   Completion c;
-  c.qp_num = qp.qpn();
-  c.src_qp = qp.attributes().dest_qp_num;
+  c.qp_num = qp_num;
+  c.src_qp = src_qp;
   c.byte_len = static_cast<uint32_t>(byte_len);
   c.solicited = solicited;
   if (imm) {

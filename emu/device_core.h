@@ -326,6 +326,10 @@ class DeviceCore {
   // The same from its parts: the solicited bit, the immediate data (as the IMMDt carries it) if any. A direct SEND's.
   static Completion MessageCompletion(const QueuePair& qp, uint64_t byte_len, bool solicited,
                                       std::optional<uint32_t> imm);
+  // ... and by numbers: the QP that received it and its peer (an XRC target of another process's, whose message our
+  // SRQ completes).
+  static Completion MessageCompletion(uint32_t qp_num, uint32_t src_qp, uint64_t byte_len, bool solicited,
+                                      std::optional<uint32_t> imm);
 
   // --- the receive queue (the QP's own or its SRQ, srq.h) ------------------------------------------------------------
   bool HasReceiveWqe(QueuePair& qp);

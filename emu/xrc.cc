@@ -84,7 +84,7 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
   }
   SharedReceiveQueue* srq = nullptr;
   if (auto it = srqs_.find(p.xrc->srqn); it != srqs_.end()) srq = it->second.get();
-  if (srq == nullptr && SharedXrcSrq(*qp, p.xrc->srqn) != 0) {
+  if (srq == nullptr && MayBeSharedXrcSrq(*qp, p.xrc->srqn)) {
     // Another process's SRQ of the domain we share with it: the target keeps the protocol and hands the message
     // over (RcResponder::HandSend). Until that process can be asked (-EAGAIN) no WQE of it can be claimed, and the
     // request is not ready (RNR NAK) rather than refused. A SEND's bytes only: what WRITE, READ and atomics would
@@ -123,10 +123,10 @@ void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, Ou
   qp->packet_srq = nullptr;
 }
 
-int Device::SharedXrcSrq(const QueuePair& target, uint32_t srqn) const {
+bool Device::MayBeSharedXrcSrq(const QueuePair& target, uint32_t srqn) const {
   const std::optional<uint64_t>& file = target.init().xrcd->inode();
-  if (core_.config.shared_xrc == nullptr || !file || wire::OwnerOf24(srqn) == core_.config.owner) return 0;
-  return core_.config.shared_xrc->XrcSrqInDomain(srqn, *file);
+  if (core_.config.shared_xrc == nullptr || !file || wire::OwnerOf24(srqn) == core_.config.owner) return false;
+  return core_.config.shared_xrc->XrcSrqInDomain(srqn, *file) != 0;  // yes, or not known yet (-EAGAIN)
 }
 
 void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
@@ -193,14 +193,8 @@ void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
   // already, is not told (README: XRC between processes).
   Completion c;
   if (m.status == WcStatus::kSuccess) {
-    c.qp_num = h->target_qpn;
-    c.src_qp = h->src_qpn;
-    c.byte_len = static_cast<uint32_t>(m.offset);
-    c.solicited = h->solicited;
-    if (h->with_imm) {
-      c.imm_data = h->imm;
-      c.wc_flags |= wc_flags::kWithImm;
-    }
+    c = DeviceCore::MessageCompletion(h->target_qpn, h->src_qpn, m.offset, h->solicited,
+                                      h->with_imm ? std::optional<uint32_t>(h->imm) : std::nullopt);
     c.wr_id = m.wr.wr_id;
     c.opcode = WcOpcode::kRecv;
   } else {

@@ -736,16 +736,14 @@ void HostDeviceTransport::WithdrawXrcSrq(uint32_t srqn) {
   if (direct_table_ != nullptr) direct_table_->WithdrawSrq(srqn);
 }
 
-DirectTable* HostDeviceTransport::SrqTableFor(uint32_t srqn) {
+DirectTable* HostDeviceTransport::SrqTableFor(uint32_t srqn, Peer** found) {
   if (direct_table_ != nullptr && OwnerOf24(srqn) == owner_) return direct_table_.get();
-  Peer* p = nullptr;
-  return PeerTable(OwnerOf24(srqn), &p);  // SRQ numbers carry their owner's number as QPNs do
+  return PeerTable(OwnerOf24(srqn), found);  // SRQ numbers carry their owner's number as QPNs do
 }
 
 int HostDeviceTransport::XrcSrqInDomain(uint32_t srqn, uint64_t domain) {
-  if (direct_table_ != nullptr && OwnerOf24(srqn) == owner_) return direct_table_->SrqInDomain(srqn, domain);
   Peer* p = nullptr;
-  if (DirectTable* table = PeerTable(OwnerOf24(srqn), &p)) return table->SrqInDomain(srqn, domain);
+  if (DirectTable* table = SrqTableFor(srqn, &p)) return table->SrqInDomain(srqn, domain);
   if (p == nullptr) return 0;  // no such process (now)
   // Connected just now (a target's first message for a process it never talked to): its polling thread has not yet
   // accepted us and offered its ring and table.
@@ -754,7 +752,8 @@ int HostDeviceTransport::XrcSrqInDomain(uint32_t srqn, uint64_t domain) {
 }
 
 bool HostDeviceTransport::ClaimXrcWqe(uint32_t srqn, uint64_t* index, uint32_t* length) {
-  DirectTable* table = SrqTableFor(srqn);
+  Peer* p = nullptr;
+  DirectTable* table = SrqTableFor(srqn, &p);
   return table != nullptr && table->ClaimSrqWqe(srqn, index, length);
 }
 

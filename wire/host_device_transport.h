@@ -246,8 +246,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   template <typename Written>
   bool WriteRecord(Peer& p, const UdpEndpoint& dst, RingRecord kind, std::span<const uint8_t> record,
                    std::span<const std::span<const uint8_t>> pieces, const Written& written);
-  // The table that publishes XRC SRQ `srqn`: ours, or its owner's (nullptr when not reachable).
-  DirectTable* SrqTableFor(uint32_t srqn);
+  // The table that publishes XRC SRQ `srqn`: ours, or its owner's (nullptr when not reachable; *found as
+  // PeerTable's).
+  DirectTable* SrqTableFor(uint32_t srqn, Peer** found);
   // Write and Read: checks the access against the table of `dest_qpn`'s process and, if allowed, runs copy(pid,
   // address there). Whether it was done.
   template <typename Copy>

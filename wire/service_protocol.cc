@@ -83,8 +83,8 @@ int AttachOwnerSteering(int fd, const std::array<uint16_t, 256>& index_of_owner)
   return setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) == 0 ? 0 : -errno;
 }
 
-// Layout: version u8 | flags u8 (bit 0: congestion experienced, 1: ICRC vouched, 2-3: the RingRecord) | reserved u16 | src (16 address bytes, port u16) |
-// dst (the same) | reserved u16.
+// Layout: version u8 | flags u8 (bit 0: congestion experienced, 1: ICRC vouched, 2-3: the RingRecord) | reserved u16
+// | src (16 address bytes, port u16) | dst (the same) | reserved u16.
 void ForwardHeader::Encode(uint8_t out[kSize]) const {
   std::memset(out, 0, kSize);
   out[0] = 1;
