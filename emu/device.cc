@@ -247,12 +247,15 @@ int Device::CreateQp(QpInitAttributes& init, QueuePair** out) {
   next_qpn_ = std::max<uint32_t>((qpn + 1) & 0xffffff, 0x11);
   auto qp = std::make_unique<QueuePair>(core_, qpn, init);
   qp->mutable_attributes().path_mtu = core_.config.active_mtu;
+  if (core_.SharesTarget(*qp)) core_.PublishDirect(*qp);  // other processes of its domain may open it from now on
   *out = qp.get();
   qps_[qpn] = std::move(qp);
   return 0;
 }
 
 int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
+  // A handle on another process's target QP: that process modifies it (README: XRC).
+  if (qp->runs_elsewhere) return EOPNOTSUPP;
   OutBatch out;
   int err;
   {
@@ -287,6 +290,7 @@ void Device::Fail() {
     failed_ = true;
     for (auto& [srqn, srq] : srqs_) FlushSrqLocked(*srq);
     EndHandedMessagesLocked([](uint32_t) { return true; });  // those other processes were handing over: taken WQEs
+    for (auto& [_, qp] : opened_targets_) qp->gone_elsewhere = true;  // other processes' target QPs: out of reach
   }
   core_.Raise(AsyncEvent{AsyncEventType::kDeviceFatal});
 }
@@ -364,36 +368,57 @@ void Device::CleanCqsLocked(QueuePair& qp) {
 int Device::QueryQp(QueuePair* qp, QpAttributes* attr) {
   std::shared_lock objects(objects_mu_);
   std::lock_guard lock(qp->mutex());
+  if (qp->runs_elsewhere) {
+    // What its process published last; a QP whose process is gone went with it.
+    if (qp->gone_elsewhere || !core_.config.shared_xrc->ReadXrcTarget(
+                                  qp->qpn(), {reinterpret_cast<uint8_t*>(&qp->mutable_attributes()), sizeof *attr}))
+      qp->mutable_attributes().qp_state = qp->mutable_attributes().cur_qp_state = QpState::kErr;
+  }
   *attr = qp->attributes();
   return 0;
 }
 
 int Device::DestroyQp(QueuePair* qp, std::vector<wire::IpAddress>* left_groups) {
+  if (qp->runs_elsewhere) return CloseElsewhere(qp);
   OutBatch out;
   {
     std::unique_lock lock(objects_mu_);
     auto it = qps_.find(qp->qpn());
     if (it == qps_.end() || it->second.get() != qp) return EINVAL;
     if (--qp->references > 0) return 0;  // an opened XRC target lives on (ibv_open_qp(3))
-    // The ACK of the last message received leaves (ibv_rc_pingpong destroys its QP right after that message).
-    qp->responder().SendHeldAck(out);
-    DetachSharedReceiveLocked(qp->init());
-    for (auto m = multicast_.begin(); m != multicast_.end();) {
-      if (std::erase(m->second, qp) > 0 && left_groups) left_groups->push_back(m->first);
-      m = m->second.empty() ? multicast_.erase(m) : std::next(m);
+    if (core_.SharesTarget(*qp) && !core_.config.shared_xrc->ReleaseXrcTarget(qp->qpn())) {
+      // Another process holds a handle on it: it lives on, its events for nobody here (RunTimers ends it).
+      qp->owner = nullptr;
+      unheld_targets_.push_back(qp->qpn());
+      return 0;
     }
-    qp->mutable_attributes().qp_state = QpState::kReset;
-    core_.PublishDirect(*qp, /*gone=*/true);
-    qp->requester().Charge();  // what it had in flight no longer counts against its path
-    // The completions it left in its CQs go with it, as on mlx4/mlx5 (their destroy_qp cleans both CQs): once
-    // ibv_destroy_qp(3) returns, an application may have freed what their wr_ids point to, and a program that
-    // keeps polling a CQ it shares with other QPs would be handed them.
-    CleanCqsLocked(*qp);
-    if (qp->inbound().relay_srqn != 0) core_.AbandonHandedMessage(*qp, WcStatus::kWrFlushErr);
-    qps_.erase(it);
+    DestroyQpLocked(it, left_groups, out);
   }
   Transmit(out);
   return 0;
+}
+
+void Device::DestroyQpLocked(std::unordered_map<uint32_t, std::unique_ptr<QueuePair>>::iterator it,
+                             std::vector<wire::IpAddress>* left_groups, OutBatch& out) {
+  QueuePair* qp = it->second.get();
+  // The ACK of the last message received leaves (ibv_rc_pingpong destroys its QP right after that message).
+  qp->responder().SendHeldAck(out);
+  DetachSharedReceiveLocked(qp->init());
+  for (auto m = multicast_.begin(); m != multicast_.end();) {
+    if (std::erase(m->second, qp) > 0 && left_groups) left_groups->push_back(m->first);
+    m = m->second.empty() ? multicast_.erase(m) : std::next(m);
+  }
+  qp->mutable_attributes().qp_state = QpState::kReset;
+  core_.PublishDirect(*qp, /*gone=*/true);
+  qp->requester().Charge();  // what it had in flight no longer counts against its path
+  // The completions it left in its CQs go with it, as on mlx4/mlx5 (their destroy_qp cleans both CQs): once
+  // ibv_destroy_qp(3) returns, an application may have freed what their wr_ids point to, and a program that
+  // keeps polling a CQ it shares with other QPs would be handed them.
+  CleanCqsLocked(*qp);
+  if (qp->inbound().relay_srqn != 0) core_.AbandonHandedMessage(*qp, WcStatus::kWrFlushErr);
+  XrcDomain* xrcd = qp->type() == QpType::kXrcRecv ? qp->init().xrcd : nullptr;
+  qps_.erase(it);
+  if (xrcd != nullptr && xrcd->references == 0) ForgetXrcdIfUnusedLocked(xrcd);  // closed while the QP lived on
 }
 
 void Device::ReceiveDirectSendLocked(const wire::InDatagram& d) {
@@ -874,9 +899,12 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     next = wire::EarlierDeadline(next, RunRequesterTimersLocked(now, out));
     next = wire::EarlierDeadline(next, FlushOverdueReceivesLocked(now));
     if (PathWaitersMayWakeLocked()) next = now;
+    // Our target QPs other processes hold handles on: asked again whether they still do.
+    if (!unheld_targets_.empty()) next = wire::EarlierDeadline(next, now + kUnheldTargetLookNs);
     MutexLock lock(core_.timers_mu());
     core_.poller_deadline() = wire::EarlierDeadline(next, poller_returns_by_ns);
   }
+  EndUnheldTargets(out);
   Transmit(out);
   return wire::EarlierDeadline(next, cm_.RunTimers());
 }

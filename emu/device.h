@@ -114,6 +114,11 @@ class Device {
   int OpenXrcd(std::optional<uint64_t> inode, bool create, bool exclusive, XrcDomain** out);
   int CloseXrcd(XrcDomain* xrcd);  // EBUSY while SRQs or target QPs of this open use it and it is the last
   // ibv_open_qp(3): another handle on the XRC target QP `qpn` of `xrcd`; EINVAL when there is none of that type.
+  // On the host device (DeviceConfig::shared_xrc) that may be another process's target QP of the domain both opened
+  // by one file: the handle is then queried from what that process publishes, ModifyQp on it is EOPNOTSUPP, it gets
+  // IBV_EVENT_QP_FATAL when that process is gone, and our target QP lives on while another process holds a handle on
+  // it (after our last handle is destroyed and our domain closed: RunTimers ends it once nobody does). EAGAIN when
+  // the other process cannot be asked yet.
   int OpenQp(XrcDomain* xrcd, uint32_t qpn, QpType type, QueuePair** out);
   void SetQpOwner(QueuePair* qp, void* owner);
 
@@ -148,6 +153,17 @@ class Device {
 
  private:
   QueuePair* FindQpLocked(uint32_t qpn);
+  // DestroyQp's work once the QP's last handle is gone, with the lock held exclusively.
+  void DestroyQpLocked(std::unordered_map<uint32_t, std::unique_ptr<QueuePair>>::iterator it,
+                       std::vector<wire::IpAddress>* left_groups, OutBatch& out);
+  // Shared XRC target QPs (OpenQp): a handle on another process's closed; ours that only other processes hold
+  // destroyed once none does (RunTimers, every kUnheldTargetLookNs); whether `qpn` is one of those (with the lock);
+  // a domain closed while such a QP lived forgotten once none uses it (with the lock held exclusively).
+  int CloseElsewhere(QueuePair* qp);
+  void EndUnheldTargets(OutBatch& out);
+  bool IsUnheldTargetLocked(uint32_t qpn) const;
+  void ForgetXrcdIfUnusedLocked(XrcDomain* xrcd);
+  static constexpr uint64_t kUnheldTargetLookNs = 10'000'000;
   int ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mask);
   // A datagram for QP1, kept for the connection manager: handed over after the device's locks are released.
   struct GsiMad {
@@ -230,7 +246,11 @@ class Device {
   std::map<AddressHandle*, std::unique_ptr<AddressHandle>> ahs_;
   std::map<wire::IpAddress, std::vector<QueuePair*>> multicast_;  // group -> attached UD QPs
   std::unordered_map<uint32_t, std::unique_ptr<SharedReceiveQueue>> srqs_;  // by SRQ number
-  std::map<XrcDomain*, std::unique_ptr<XrcDomain>> xrcds_;
+  std::map<XrcDomain*, std::unique_ptr<XrcDomain>> xrcds_;  // a domain with 0 references: kept for unheld targets
+  // Handles on other processes' target QPs (OpenQp), by QPN: no packet of theirs comes here.
+  std::unordered_map<uint32_t, std::unique_ptr<QueuePair>> opened_targets_;
+  // Our target QPs that none of our handles holds, kept while another process holds one (DestroyQp, RunTimers).
+  std::vector<uint32_t> unheld_targets_;
   uint32_t next_srqn_ = 1;
   uint32_t next_xrcd_ = 1;
   uint32_t next_pd_ = 1;

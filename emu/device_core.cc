@@ -10,6 +10,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "emu/out_batch.h"
@@ -551,7 +552,24 @@ uint32_t DirectRights(uint32_t access_flags) {
 
 }  // namespace
 
+bool DeviceCore::SharesTarget(const QueuePair& qp) const {
+  return qp.type() == QpType::kXrcRecv && config.shared_xrc != nullptr && config.owner != 0 &&
+         qp.init().xrcd != nullptr && qp.init().xrcd->inode().has_value() && !qp.runs_elsewhere;
+}
+
 void DeviceCore::PublishDirect(QueuePair& qp, bool gone) {
+  if (SharesTarget(qp)) {
+    // What the other processes' handles report (ibv_query_qp(3)); copied whole, as both ends run one build's layout.
+    static_assert(std::is_trivially_copyable_v<QpAttributes> && sizeof(QpAttributes) <= wire::kTargetAttributeBytes);
+    const QpAttributes& a = qp.attributes();
+    if (gone) {
+      config.shared_xrc->WithdrawXrcTarget(qp.qpn());
+    } else {
+      config.shared_xrc->PublishXrcTarget(qp.qpn(), *qp.init().xrcd->inode(),
+                                          {reinterpret_cast<const uint8_t*>(&a), sizeof a});
+    }
+    return;
+  }
   if (config.direct == nullptr || qp.type() != QpType::kRc) return;
   const QpAttributes& a = qp.attributes();
   const QpState s = a.qp_state;

@@ -93,7 +93,7 @@ struct DeviceConfig {
   // The host's XRC SRQs shared by its processes (wire/direct_access.h): our XRC SRQs of domains opened by a file are
   // published there, and our target QPs deliver into other processes' of their domain. Null: a target reaches only
   // this device's SRQs (the per-process device).
-  wire::SharedXrcSrqs* shared_xrc = nullptr;
+  wire::SharedXrc* shared_xrc = nullptr;
 };
 
 // "0x00abcd": a QPN or PSN as the trace and the counters print them.
@@ -358,7 +358,12 @@ class DeviceCore {
   // copies through it any more. With the QP's lock held, after every change of its state or attributes.
   // An RC QP with a receive queue of its own also opens its receive window there (PublishReceives) when it first may
   // respond, and closes it at RESET and when destroyed (not in the error state: see Flush).
+  // An XRC target QP that other processes may open (SharesTarget) has its attributes published instead, for their
+  // handles' ibv_query_qp (withdrawn when `gone`).
   void PublishDirect(QueuePair& qp, bool gone = false);
+  // Whether the host's other processes may open `qp` (ibv_open_qp(3)): an XRC target QP of a domain opened by a file,
+  // on the host device.
+  bool SharesTarget(const QueuePair& qp) const;
   // Shows the QP's receive queue as it is now in its window: the lengths of WQEs not yet shown, how many WQEs
   // messages that came as packets have taken. With the QP's lock held, after every post and take.
   void PublishReceives(QueuePair& qp);

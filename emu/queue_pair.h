@@ -55,7 +55,7 @@ struct InboundMessage {
   enum class Kind : uint8_t { kNone, kSend, kWrite } kind = Kind::kNone;
   std::optional<RecvWr> rqe;  // SEND: the receive WQE being filled
   // XRC target: the WQE is one of another process's SRQ of this number (rqe holds its place, empty): the one claimed,
-  // of that length, which that process takes when it is handed the message's pieces (wire::SharedXrcSrqs).
+  // of that length, which that process takes when it is handed the message's pieces (wire::SharedXrc).
   uint32_t relay_srqn = 0;
   uint64_t relay_index = 0;
   uint32_t relay_length = 0;
@@ -144,9 +144,13 @@ class QueuePair {
   void* owner = nullptr;
   // XRC_RECV: handles on the QP (its creation and each ibv_open_qp); destroyed with the last (ibv_open_qp(3)).
   int references = 1;
+  // XRC_RECV: a handle on another process's target QP of the host (Device::OpenQp): no protocol runs here, its
+  // attributes are what that process publishes; and whether that process is gone (the QP with it).
+  bool runs_elsewhere = false;
+  bool gone_elsewhere = false;
   // XRC_RECV: the PD and receive CQ borrowed from the SRQ named by the request being processed, and that SRQ.
   SharedReceiveQueue* packet_srq = nullptr;
-  // ... or, when that SRQ is another process's of the host (wire::SharedXrcSrqs), its number.
+  // ... or, when that SRQ is another process's of the host (wire::SharedXrc), its number.
   uint32_t packet_remote_srqn = 0;
   QpInitAttributes& mutable_init() { return init_; }
 

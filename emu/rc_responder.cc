@@ -435,7 +435,7 @@ RequestOutcome RcResponder::PlaceSend(const Request& q) {
   return st == WcStatus::kLocLenErr ? RequestOutcome::kReceiveTooSmall : RequestOutcome::kReceiveUnusable;
 }
 
-// A SEND's packet for another process's XRC SRQ: its payload handed to that process in order (wire::SharedXrcSrqs),
+// A SEND's packet for another process's XRC SRQ: its payload handed to that process in order (wire::SharedXrc),
 // which places it with its own keys and completes the WQE our claim kept for it. Where it cannot be handed (that
 // process's ring is full, or it is gone) the packet is not executed: receiver not ready, and the requester sends it
 // again after the RNR NAK's delay, the claim kept for it.

@@ -85,7 +85,7 @@ class SharedReceiveQueue {
   // A shared SRQ's: takes WQE number `index` (counted in posting order from the SRQ's creation), which a claim
   // reserved (nullopt when it is not queued); as Take otherwise.
   std::optional<RecvWr> TakeAt(uint64_t index, bool* limit_reached);
-  // A shared SRQ's window (wire::SharedXrcSrqs): hands `show` the WQEs posted and not yet shown, up to number
+  // A shared SRQ's window (wire::SharedXrc): hands `show` the WQEs posted and not yet shown, up to number
   // `claimed + window`, with their lengths, and counts them shown. Under the SRQ's lock: shows never interleave.
   void ShowWindow(uint64_t claimed, uint32_t window,
                   const std::function<void(uint64_t first, std::span<const uint32_t> lengths)>& show);

@@ -6,6 +6,8 @@
 // target QPs receives from several initiator QPs, completions carrying each target's number, packets carrying XRC
 // opcodes and the XRCETH; a request naming a foreign SRQ is NAKed; XRC domains by inode; ibv_open_qp's references.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -618,12 +620,12 @@ TEST(Xrc, OpenQpCountsReferences) {
   EXPECT_EQ(d.CloseXrcd(other), 0);
 }
 
-// --- XRC between processes of one host (wire::SharedXrcSrqs) ------------------------------------------------------
+// --- XRC between processes of one host (wire::SharedXrc) ------------------------------------------------------
 
 // The host's processes as their shared XRC SRQs see them: each has a DirectTable its device publishes into and a ring
 // of deliveries, handed to its device as its polling thread would (DeliverRing).
 struct HostProcesses {
-  struct Process final : wire::SharedXrcSrqs {
+  struct Process final : wire::SharedXrc {
     HostProcesses* host = nullptr;
     std::unique_ptr<wire::DirectTable> table;
     std::vector<std::vector<uint8_t>> ring;
@@ -653,6 +655,24 @@ struct HostProcesses {
       p->ring.push_back(std::move(record));
       return true;
     }
+    uint8_t Me() const { return uint8_t(this - host->procs + 1); }
+    bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) override {
+      return table->PublishTarget(qpn, domain, attributes);
+    }
+    bool ReleaseXrcTarget(uint32_t qpn) override { return table->ReleaseTarget(qpn); }
+    void WithdrawXrcTarget(uint32_t qpn) override { table->WithdrawTarget(qpn); }
+    int OpenXrcTarget(uint32_t qpn, uint64_t domain) override {
+      Process* p = host->ByOwner(wire::OwnerOf24(qpn));
+      return p != nullptr && p != this && p->table->OpenTarget(qpn, domain, Me(), pid) ? 0 : -EINVAL;
+    }
+    bool ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) override {
+      Process* p = host->ByOwner(wire::OwnerOf24(qpn));
+      return p != nullptr && p->table->ReadTarget(qpn, attributes);
+    }
+    void CloseXrcTarget(uint32_t qpn) override {
+      if (Process* p = host->ByOwner(wire::OwnerOf24(qpn))) p->table->CloseTarget(qpn, Me());
+    }
+    pid_t pid = getpid();  // what it writes beside its holder bits (a test makes it a process that is gone)
     void DeliverRing(Device& device) { testing::DeliverRing(device, wire::RingRecord::kXrcDelivery, ring); }
   };
 
@@ -955,6 +975,148 @@ TEST(XrcAcrossProcesses, AMessageTheTargetAbandonsCompletesFlushedInTheOtherProc
   EXPECT_EQ(got[0].status, WcStatus::kWrFlushErr);
   EXPECT_EQ(got[0].qp_num, x.link.tq->qpn());
   EXPECT_EQ(x.srq->depth(), 1u);  // the other WQE stays for the next message
+}
+
+// --- XRC target QPs opened by another process of the host (ibv_open_qp(3)) -----------------------------------------
+
+// Another process of the domain opens the target QP (process 1's, owner 1) by its number: its handle reports what
+// the target's process publishes, at every change; modifying through it is not offered; a number with no such QP, a
+// QP of another domain or another type is EINVAL, and the domain stays busy while the handle is open.
+TEST(XrcTargetAcrossProcesses, AnotherProcessOfTheDomainOpensTheTargetQp) {
+  SharedXrcBench x;
+  const uint32_t qpn = x.link.tq->qpn();
+  QueuePair* h = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
+  EXPECT_EQ(h->qpn(), qpn);
+  QpAttributes got;
+  ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
+  EXPECT_EQ(got.qp_state, QpState::kRts);
+  EXPECT_EQ(got.dest_qp_num, x.link.iq->qpn());
+  EXPECT_EQ(got.rq_psn, 100u);
+  EXPECT_EQ(got.path_mtu, Mtu::k1024);
+  EXPECT_EQ(got.max_dest_rd_atomic, 1);
+  QpAttributes err;
+  err.qp_state = QpState::kErr;
+  EXPECT_EQ(x.b->device->ModifyQp(h, err, attr::kState), EOPNOTSUPP);
+  ASSERT_EQ(x.a->device->ModifyQp(x.link.tq, err, attr::kState), 0);
+  ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
+  EXPECT_EQ(got.qp_state, QpState::kErr);
+
+  QueuePair* again = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &again), 0);
+  EXPECT_EQ(again, h);  // one handle object, two references
+  EXPECT_EQ(x.b->device->OpenQp(x.xb, wire::WithOwner24(1, 0x7777), QpType::kXrcRecv, &again), EINVAL);
+  EXPECT_EQ(x.b->device->OpenQp(x.xb, wire::WithOwner24(3, 0x20), QpType::kXrcRecv, &again), EINVAL);
+  EXPECT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kRc, &again), EINVAL);
+  XrcDomain* other = nullptr;
+  ASSERT_EQ(x.b->device->OpenXrcd(kDomainFile + 1, true, false, &other), 0);
+  EXPECT_EQ(x.b->device->OpenQp(other, qpn, QpType::kXrcRecv, &again), EINVAL);
+  EXPECT_EQ(x.b->device->CloseXrcd(other), 0);
+  ASSERT_EQ(x.b->device->DestroyQp(h), 0);
+  EXPECT_EQ(x.b->device->DestroySrq(x.srq), 0);
+  EXPECT_EQ(x.b->device->CloseXrcd(x.xb), EBUSY);  // the second handle is open
+  ASSERT_EQ(x.b->device->DestroyQp(h), 0);
+  EXPECT_EQ(x.b->device->CloseXrcd(x.xb), 0);
+}
+
+// ibv_open_qp(3): the QP is destroyed with its last handle, whichever process holds it. The target's process
+// destroys its handle and closes its domain; the QP goes on receiving (into the other process's SRQ) while that
+// process holds a handle; once it lets go the QP is gone: nobody opens it any more, and the initiator's next message
+// finds no QP (retries exceeded, as towards any QP that went away).
+TEST(XrcTargetAcrossProcesses, TheTargetQpLivesWhileAnotherProcessHoldsIt) {
+  SharedXrcBench x;
+  const uint32_t qpn = x.link.tq->qpn();
+  QueuePair* h = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
+  ASSERT_EQ(x.a->device->DestroyQp(x.link.tq), 0);
+  ASSERT_EQ(x.a->device->CloseXrcd(x.xa), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 50'000'000);  // its timers ask whether it is still held: it is
+
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 256)), 0);
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(10, x.src, 0, 100, x.srq->srqn())), 0);
+  // Pumped for a while rather than until quiet: the timers of a device with such a QP never are.
+  x.f.PumpUntil(x.f.clock().NowNs() + 50'000'000);
+  x.host.procs[1].DeliverRing(*x.b->device);
+  auto sent = Drain(x.link.icq);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kSuccess);
+  auto got = Drain(x.bcq);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(got[0].qp_num, qpn);
+  EXPECT_EQ(std::memcmp(x.dst.bytes.data(), x.src.bytes.data(), 100), 0);
+
+  ASSERT_EQ(x.b->device->DestroyQp(h), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 50'000'000);
+  QueuePair* again = nullptr;
+  EXPECT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &again), EINVAL);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(2, x.dst, 0, 256)), 0);
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(11, x.src, 0, 100, x.srq->srqn())), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 30'000'000'000);
+  sent = Drain(x.link.icq);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kRetryExcErr);
+  EXPECT_TRUE(Drain(x.bcq).empty());
+}
+
+// The creator opening its QP again after destroying its handle holds it again: the QP stays when the other process
+// lets go.
+TEST(XrcTargetAcrossProcesses, TheCreatorOpeningItAgainHoldsItAgain) {
+  SharedXrcBench x;
+  const uint32_t qpn = x.link.tq->qpn();
+  QueuePair *h = nullptr, *mine = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
+  ASSERT_EQ(x.a->device->DestroyQp(x.link.tq), 0);
+  ASSERT_EQ(x.a->device->OpenQp(x.xa, qpn, QpType::kXrcRecv, &mine), 0);
+  EXPECT_EQ(mine, x.link.tq);
+  ASSERT_EQ(x.b->device->DestroyQp(h), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 50'000'000);
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);  // still there, and open to others
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 256)), 0);
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(10, x.src, 0, 100, x.srq->srqn())), 0);
+  auto sent = x.Run();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kSuccess);
+  ASSERT_EQ(Drain(x.bcq).size(), 1u);
+}
+
+// A holder whose process is gone (its pid no longer exists) holds nothing: the QP goes once its own process lets go.
+TEST(XrcTargetAcrossProcesses, AHolderWhoseProcessIsGoneHoldsNothing) {
+  SharedXrcBench x;
+  const pid_t gone = fork();
+  ASSERT_GE(gone, 0);
+  if (gone == 0) _exit(0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  x.host.procs[1].pid = gone;
+  QueuePair* h = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, x.link.tq->qpn(), QpType::kXrcRecv, &h), 0);
+  ASSERT_EQ(x.a->device->DestroyQp(x.link.tq), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 50'000'000);
+  ASSERT_EQ(x.b->device->PostSrqRecv(x.srq, Recv(1, x.dst, 0, 256)), 0);
+  ASSERT_EQ(x.i->device->PostSend(x.link.iq, Send(10, x.src, 0, 100, x.srq->srqn())), 0);
+  x.f.PumpUntil(x.f.clock().NowNs() + 30'000'000'000);
+  auto sent = Drain(x.link.icq);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::kRetryExcErr);
+}
+
+// The target's process gone: the QP went with it (README: a kernel's would live on). The holder gets the QP's
+// catastrophic error event (IBTA 11.6.3.1), its handle reports the error state, and it cannot be opened again.
+TEST(XrcTargetAcrossProcesses, TheTargetsProcessGoneIsTheHandlesFatalError) {
+  SharedXrcBench x;
+  const uint32_t qpn = x.link.tq->qpn();
+  QueuePair* h = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
+  x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
+  ASSERT_EQ(x.b->events.size(), 1u);
+  EXPECT_EQ(x.b->events[0].type, AsyncEventType::kQpFatal);
+  EXPECT_EQ(x.b->events[0].qp, h);
+  QpAttributes got;
+  ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
+  EXPECT_EQ(got.qp_state, QpState::kErr);
+  QueuePair* again = nullptr;
+  EXPECT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &again), EINVAL);
+  EXPECT_EQ(x.b->device->DestroyQp(h), 0);
 }
 
 }  // namespace

@@ -222,6 +222,14 @@ void Device::OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner) {
   cm_.OnPeerProcessGone(peer, owner);
   std::shared_lock objects(objects_mu_);
   EndHandedMessagesLocked([owner](uint32_t target_qpn) { return wire::OwnerOf24(target_qpn) == owner; });
+  // Its target QPs we hold handles on went with it (its kernel's would have lived on: README, XRC): the QP's
+  // catastrophic error (IBTA 11.6.3.1) tells the holder.
+  for (auto& [qpn, qp] : opened_targets_) {
+    if (wire::OwnerOf24(qpn) != owner || qp->gone_elsewhere) continue;
+    std::lock_guard lock(qp->mutex());
+    qp->gone_elsewhere = true;
+    core_.Raise({AsyncEventType::kQpFatal, qp.get()});
+  }
 }
 
 // --- SRQ objects ------------------------------------------------------------------------------------------------
@@ -317,33 +325,121 @@ int Device::OpenXrcd(std::optional<uint64_t> inode, bool create, bool exclusive,
   return 0;
 }
 
+bool Device::IsUnheldTargetLocked(uint32_t qpn) const {
+  return std::find(unheld_targets_.begin(), unheld_targets_.end(), qpn) != unheld_targets_.end();
+}
+
 int Device::CloseXrcd(XrcDomain* xrcd) {
   std::unique_lock lock(objects_mu_);
   auto it = xrcds_.find(xrcd);
-  if (it == xrcds_.end()) return EINVAL;
+  if (it == xrcds_.end() || xrcd->references == 0) return EINVAL;
   if (xrcd->references > 1) {
     --xrcd->references;
     return 0;
   }
-  // The last close destroys the domain, which it may not while SRQs or target QPs belong to it (ibv_open_xrcd(3)).
+  // The last close destroys the domain, which it may not while SRQs or target QPs of ours belong to it
+  // (ibv_open_xrcd(3)). A target QP only other processes hold keeps it (as the kernel's domain of a file is one for
+  // the host, which this process's close leaves): forgotten with the QP.
   for (auto& [_, srq] : srqs_)
     if (srq->xrcd() == xrcd) return EBUSY;
-  for (auto& [_, qp] : qps_)
+  bool kept = false;
+  for (auto& [qpn, qp] : qps_) {
+    if (qp->init().xrcd != xrcd) continue;
+    if (!IsUnheldTargetLocked(qpn)) return EBUSY;
+    kept = true;
+  }
+  for (auto& [_, qp] : opened_targets_)
     if (qp->init().xrcd == xrcd) return EBUSY;
+  if (kept) {
+    xrcd->references = 0;
+    return 0;
+  }
   xrcds_.erase(it);
   return 0;
 }
 
+void Device::ForgetXrcdIfUnusedLocked(XrcDomain* xrcd) {
+  for (auto& [_, qp] : qps_)
+    if (qp->init().xrcd == xrcd) return;
+  xrcds_.erase(xrcd);
+}
+
 int Device::OpenQp(XrcDomain* xrcd, uint32_t qpn, QpType type, QueuePair** out) {
+  {
+    std::unique_lock lock(objects_mu_);
+    if (xrcd == nullptr || xrcds_.count(xrcd) == 0 || xrcd->references == 0) return EINVAL;
+    // ibv_open_qp(3) NOTES: fails unless a QP of that number and type exists within the xrcd; only XRC targets are
+    // shareable.
+    if (type != QpType::kXrcRecv) return EINVAL;
+    if (QueuePair* qp = FindQpLocked(qpn)) {
+      if (qp->type() != type || qp->init().xrcd != xrcd) return EINVAL;
+      if (++qp->references == 1) std::erase(unheld_targets_, qpn);  // ours again
+      *out = qp;
+      return 0;
+    }
+    if (auto it = opened_targets_.find(qpn); it != opened_targets_.end()) {
+      if (it->second->init().xrcd != xrcd || it->second->gone_elsewhere) return EINVAL;
+      ++it->second->references;
+      *out = it->second.get();
+      return 0;
+    }
+    // Another process's target QP of the domain we opened by the same file (on the host device).
+    const uint8_t owner = core_.config.owner;
+    if (core_.config.shared_xrc == nullptr || owner == 0 || !xrcd->inode() || wire::OwnerOf24(qpn) == owner)
+      return EINVAL;
+  }
+  // Asked without our lock: a process we never talked to offers its table when its thread accepts us.
+  if (int rc = core_.config.shared_xrc->OpenXrcTarget(qpn, *xrcd->inode()); rc < 0) return -rc;
   std::unique_lock lock(objects_mu_);
-  if (xrcd == nullptr || xrcds_.count(xrcd) == 0) return EINVAL;
-  // ibv_open_qp(3) NOTES: fails unless a QP of that number and type exists within the xrcd; only XRC targets are
-  // shareable.
-  QueuePair* qp = FindQpLocked(qpn);
-  if (qp == nullptr || type != QpType::kXrcRecv || qp->type() != type || qp->init().xrcd != xrcd) return EINVAL;
-  ++qp->references;
-  *out = qp;
+  if (xrcds_.count(xrcd) == 0 || xrcd->references == 0) {
+    core_.config.shared_xrc->CloseXrcTarget(qpn);
+    return EINVAL;  // the domain was closed meanwhile
+  }
+  auto [it, added] = opened_targets_.try_emplace(qpn);
+  if (added) {
+    QpInitAttributes init;
+    init.type = QpType::kXrcRecv;
+    init.xrcd = xrcd;
+    it->second = std::make_unique<QueuePair>(core_, qpn, init);
+    it->second->runs_elsewhere = true;
+  } else {
+    ++it->second->references;  // opened meanwhile by another thread: the one holder bit stands for both
+  }
+  *out = it->second.get();
   return 0;
+}
+
+int Device::CloseElsewhere(QueuePair* qp) {
+  std::unique_lock lock(objects_mu_);
+  auto it = opened_targets_.find(qp->qpn());
+  if (it == opened_targets_.end() || it->second.get() != qp) return EINVAL;
+  if (--qp->references > 0) return 0;
+  if (!qp->gone_elsewhere) core_.config.shared_xrc->CloseXrcTarget(qp->qpn());
+  opened_targets_.erase(it);
+  return 0;
+}
+
+void Device::EndUnheldTargets(OutBatch& out) {
+  std::vector<uint32_t> released;
+  {
+    std::shared_lock objects(objects_mu_);
+    for (uint32_t qpn : unheld_targets_)
+      if (core_.config.shared_xrc->ReleaseXrcTarget(qpn)) released.push_back(qpn);
+  }
+  if (released.empty()) return;
+  std::unique_lock lock(objects_mu_);
+  for (uint32_t qpn : released) {
+    auto it = qps_.find(qpn);
+    if (it == qps_.end()) continue;
+    if (!IsUnheldTargetLocked(qpn)) {
+      // Opened here again meanwhile: others may open it again too.
+      std::lock_guard qp_lock(it->second->mutex());
+      core_.PublishDirect(*it->second);
+      continue;
+    }
+    std::erase(unheld_targets_, qpn);
+    DestroyQpLocked(it, nullptr, out);
+  }
 }
 
 void Device::SetQpOwner(QueuePair* qp, void* owner) {

@@ -20,7 +20,9 @@
 #   xrc_between_processes         processes sharing an XRC domain by one file: tests/xrc_share_check (target QPs of
 #                                 two processes delivering into each other's SRQs, bytes and completions checked; RNR
 #                                 until the other process posts; another domain's SRQ, a WRITE and a SEND longer than
-#                                 the receive refused as the SRQ's own target refuses them), and
+#                                 the receive refused as the SRQ's own target refuses them; `open`: another process
+#                                 opens a target QP by number (ibv_open_qp), which lives on while it holds it after its
+#                                 creator let go, and goes with its last handle or its creator's process), and
 #                                 ibv_xsrq_pingpong with three clients, whose server answers each client through
 #                                 another client's target QP
 #   ucx_direct                    UCX's ucx_perftest put and get (rc_verbs) between two processes on one address:
@@ -451,6 +453,9 @@ case_xrc_between_processes() {
     problems+="xrc_share_check: exit $?: $(grep 'xrc_share_check' "$log.check" | grep -v ': ok$')"$'\n'
   awk '/^xrc_pieces_handed / && $2 > 0 {h = 1} /^xrc_pieces_received / && $2 > 0 {r = 1} END {exit !(h && r)}' \
     "$log.check" || problems+="xrc_share_check: no message went from one process's target QP to another's SRQ"$'\n'
+  # ibv_open_qp(3) of another process's target QP, which lives on while the opener holds it.
+  timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- "$XRC_CHECK" open >"$log.open" 2>&1 ||
+    problems+="xrc_share_check open: exit $?: $(grep 'xrc_share_check' "$log.open" | grep -v ': ok$')"$'\n'
   # The server's reply to client i goes through client (i + 1) mod 3's target QP, naming client i's SRQ.
   port=$(free_tcp_port)
   timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr" -- \

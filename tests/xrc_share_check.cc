@@ -15,6 +15,20 @@
 //   write_refused     an RDMA WRITE through a target QP naming the other process's SRQ: IBV_WC_REM_ACCESS_ERR
 //   too_long          a SEND through a target QP into the other process's SRQ, longer than the receive it takes:
 //                     IBV_WC_REM_INV_REQ_ERR for the sender, IBV_WC_LOC_LEN_ERR for that receive
+//
+// `xrc_share_check open` shows ibv_open_qp(3) across processes instead: a creator makes two target QPs (one connected to
+// an initiator's XRC_SEND QP) and an XRC SRQ in the domain; an opener opens the domain by the same file, makes an SRQ
+// and opens both target QPs by number. Cases:
+//   opened_handle     the opener's handle reports the QP's state, peer and path MTU (ibv_query_qp); modifying
+//                     through it is EOPNOTSUPP; a number without such a QP or a domain of another file is EINVAL
+//   both_srqs         the initiator's messages through the one target QP land in both processes' SRQs alternately
+//   creator_let_go    the creator destroys its handles and SRQ and closes its domain (each returns 0); the QP goes on
+//                     receiving into the opener's SRQ
+//   last_handle       the opener destroys its handle of that QP: the QP is gone (the initiator's next message ends
+//                     with IBV_WC_RETRY_EXC_ERR, opening it again is EINVAL)
+//   creator_exit      the creator's process exits while the opener holds the second QP: the QP went with it (a
+//                     kernel's would live on; README), so the opener gets IBV_EVENT_QP_FATAL and its handle reports
+//                     IBV_QPS_ERR
 // Exit status 0 when every case passed.
 #include <infiniband/verbs.h>
 #include <fcntl.h>
@@ -140,6 +154,25 @@ ibv_srq* CreateXrcSrq(Device& d, ibv_xrcd* x) {
   return s;
 }
 
+// What is wrong with completion `i` of a receive into SRQ `r`, whose buffer holds `bytes`, of message m of initiator
+// k < `initiators`, sent through target QP targets[k] (empty: nothing).
+std::string Unexpected(int i, const ibv_wc& wc, const uint8_t* bytes, int r, const uint32_t* targets, int initiators) {
+  const int k = bytes[0], m = bytes[1], s = bytes[2];
+  char what[160];
+  snprintf(what, sizeof what, "completion %d (wr_id %llu, %s, qp_num 0x%x, %u bytes, from %d/%d for SRQ %d): ", i,
+           (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status), wc.qp_num, wc.byte_len, k, m, s);
+  if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) return std::string(what) + "failed; ";
+  if (wc.byte_len < 4 || k >= initiators || s != r || m >= kMessages || bytes[3] != 0xC5)
+    return std::string(what) + "not meant for this SRQ; ";
+  std::string problem;
+  if (wc.qp_num != targets[k]) problem += std::string(what) + "qp_num is not its target QP's; ";
+  if (wc.byte_len != kSizes[m % std::size(kSizes)]) problem += std::string(what) + "wrong length; ";
+  for (size_t j = 0; j < wc.byte_len; ++j) {
+    if (bytes[j] != Pattern(k, m, s, j)) return problem + what + "byte " + std::to_string(j) + " differs; ";
+  }
+  return problem;
+}
+
 // What a receiver tells the parent.
 struct ReceiverInfo {
   uint32_t srqn;
@@ -192,30 +225,7 @@ int Receiver(int r, int fd, const char* domain_file, const char* other_file) {
   std::vector<ibv_wc> wcs(kMessages);
   const int got = PollFor(d.cq, wcs.data(), kMessages);
   if (got != kMessages) problem += std::to_string(got) + " of " + std::to_string(kMessages) + " messages; ";
-  for (int i = 0; i < got; ++i) {
-    const ibv_wc& wc = wcs[i];
-    const uint8_t* bytes = buffer.data() + wc.wr_id * kSlot;
-    const int k = bytes[0], m = bytes[1], s = bytes[2];
-    char what[160];
-    snprintf(what, sizeof what, "completion %d (wr_id %llu, %s, qp_num 0x%x, %u bytes, from %d/%d for SRQ %d): ", i,
-             (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status), wc.qp_num, wc.byte_len, k, m, s);
-    if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) {
-      problem += std::string(what) + "failed; ";
-      continue;
-    }
-    if (wc.byte_len < 4 || k > 1 || s != r || m >= kMessages || bytes[3] != 0xC5) {
-      problem += std::string(what) + "not meant for this SRQ; ";
-      continue;
-    }
-    if (wc.qp_num != targets[k]) problem += std::string(what) + "qp_num is not its target QP's; ";
-    if (wc.byte_len != kSizes[m % std::size(kSizes)]) problem += std::string(what) + "wrong length; ";
-    for (size_t j = 0; j < wc.byte_len; ++j) {
-      if (bytes[j] != Pattern(k, m, s, j)) {
-        problem += std::string(what) + "byte " + std::to_string(j) + " differs; ";
-        break;
-      }
-    }
-  }
+  for (int i = 0; i < got; ++i) problem += Unexpected(i, wcs[i], buffer.data() + wcs[i].wr_id * kSlot, r, targets, 2);
   Put(fd, problem.size());
   SendAll(fd, problem.data(), problem.size());
 
@@ -338,18 +348,332 @@ bool Readable(int fd, int ms) {
   return poll(&p, 1, ms) == 1;
 }
 
-}  // namespace
+// --- ibv_open_qp across processes (`xrc_share_check open`) --------------------------------------------------------
 
-int main() {
-  setvbuf(stdout, nullptr, _IOLBF, 0);
-  uroce::checks::program = "xrc_share_check";
-  const char* tmp = getenv("TEST_TMPDIR") != nullptr ? getenv("TEST_TMPDIR") : "/tmp";
-  std::string files[2] = {std::string(tmp) + "/xrc_share_check.XXXXXX", std::string(tmp) + "/xrc_share_other.XXXXXX"};
-  for (std::string& f : files) {
-    const int fd = mkstemp(f.data());
-    if (fd < 0) Die("mkstemp");
-    close(fd);
+void PutProblem(int fd, const std::string& problem) {
+  Put(fd, problem.size());
+  SendAll(fd, problem.data(), problem.size());
+}
+
+constexpr int kBoth = 8;   // both_srqs' messages, alternately into the creator's SRQ (0) and the opener's (1)
+constexpr int kAfter = 4;  // creator_let_go's, into the opener's
+
+// What the creator tells the parent.
+struct CreatorInfo {
+  uint32_t target;  // connected to the initiator
+  uint32_t spare;   // never connected: creator_exit's
+  uint32_t srqn;
+};
+// What the initiator is told.
+struct OpenPlan {
+  uint32_t target;
+  uint32_t srqn[2];  // the creator's and the opener's SRQ
+};
+
+// A device's XRC SRQ in domain `x` with `n` receives of kSlot posted into `buffer` (registered in `*mr`).
+ibv_srq* SrqWithReceives(Device& d, ibv_xrcd* x, std::vector<uint8_t>& buffer, ibv_mr** mr, int n) {
+  ibv_srq* srq = CreateXrcSrq(d, x);
+  *mr = ibv_reg_mr(d.pd, buffer.data(), buffer.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (*mr == nullptr) Die("ibv_reg_mr");
+  for (int i = 0; i < n; ++i) {
+    ibv_sge sge{uintptr_t(buffer.data() + i * kSlot), uint32_t(kSlot), (*mr)->lkey};
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    if (ibv_post_srq_recv(srq, &wr, &bad)) Die("ibv_post_srq_recv");
   }
+  return srq;
+}
+
+// `n` messages of the initiator (number 0) for SRQ `s`, through target QP `target`, checked.
+std::string ReceiveChecked(Device& d, const std::vector<uint8_t>& buffer, int n, int s, uint32_t target) {
+  std::vector<ibv_wc> wcs(n);
+  const int got = PollFor(d.cq, wcs.data(), n);
+  std::string problem;
+  if (got != n) problem += std::to_string(got) + " of " + std::to_string(n) + " messages; ";
+  for (int i = 0; i < got; ++i) problem += Unexpected(i, wcs[i], buffer.data() + wcs[i].wr_id * kSlot, s, &target, 1);
+  return problem;
+}
+
+int Creator(int fd, const char* file) {
+  Device d = Open();
+  ibv_xrcd* x = OpenDomain(d, file);
+  std::vector<uint8_t> buffer(kSlot * kSlots, 0);
+  ibv_mr* mr = nullptr;
+  ibv_srq* srq = SrqWithReceives(d, x, buffer, &mr, kBoth / 2);
+  ibv_qp_init_attr_ex t{};
+  t.qp_type = IBV_QPT_XRC_RECV;
+  t.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+  t.xrcd = x;
+  ibv_qp* target = ibv_create_qp_ex(d.ctx, &t);
+  ibv_qp* spare = ibv_create_qp_ex(d.ctx, &t);
+  if (target == nullptr || spare == nullptr) Die("ibv_create_qp_ex (XRC target)");
+  uint32_t srqn = 0;
+  if (ibv_get_srq_num(srq, &srqn)) Die("ibv_get_srq_num");
+  Put(fd, CreatorInfo{target->qp_num, spare->qp_num, srqn});
+  Connect(d, target, Get<uint32_t>(fd), /*initiator=*/false);
+  Put(fd, 'r');
+  PutProblem(fd, ReceiveChecked(d, buffer, kBoth / 2, 0, target->qp_num));  // both_srqs
+  Get<char>(fd);  // creator_let_go: every handle and object of the domain goes
+  std::string problem;
+  const uint32_t target_qpn = target->qp_num;
+  if (int rc = ibv_destroy_qp(target)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  if (int rc = ibv_destroy_qp(spare)) problem += "ibv_destroy_qp (spare): " + std::string(strerror(rc)) + "; ";
+  if (int rc = ibv_destroy_srq(srq)) problem += "ibv_destroy_srq: " + std::string(strerror(rc)) + "; ";
+  if (int rc = ibv_close_xrcd(x)) problem += "ibv_close_xrcd: " + std::string(strerror(rc)) + "; ";
+  // Not ours to open again under a domain we no longer have; but another open of the file finds the QP.
+  x = OpenDomain(d, file);
+  ibv_qp_open_attr oa{};
+  oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  oa.qp_num = target_qpn;
+  oa.xrcd = x;
+  oa.qp_type = IBV_QPT_XRC_RECV;
+  ibv_qp* again = ibv_open_qp(d.ctx, &oa);
+  if (again == nullptr) problem += "ibv_open_qp of our own target QP after letting go: " + std::string(strerror(errno)) + "; ";
+  if (again != nullptr && ibv_destroy_qp(again)) problem += "ibv_destroy_qp of it again failed; ";
+  if (ibv_close_xrcd(x)) problem += "ibv_close_xrcd again failed; ";
+  PutProblem(fd, problem);
+  Get<char>(fd);  // creator_exit: now
+  return 0;
+}
+
+int Opener(int fd, const char* file, const char* other_file) {
+  Device d = Open();
+  ibv_xrcd* x = OpenDomain(d, file);
+  ibv_xrcd* other = OpenDomain(d, other_file);
+  std::vector<uint8_t> buffer(kSlot * kSlots, 0);
+  ibv_mr* mr = nullptr;
+  ibv_srq* srq = SrqWithReceives(d, x, buffer, &mr, kBoth / 2 + kAfter);
+  uint32_t srqn = 0;
+  if (ibv_get_srq_num(srq, &srqn)) Die("ibv_get_srq_num");
+  Put(fd, srqn);
+  const CreatorInfo c = Get<CreatorInfo>(fd);
+  const uint32_t initiator_qpn = Get<uint32_t>(fd);
+
+  // opened_handle
+  std::string problem;
+  auto open = [&](uint32_t qpn, ibv_xrcd* in) {
+    ibv_qp_open_attr oa{};
+    oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+    oa.qp_num = qpn;
+    oa.xrcd = in;
+    oa.qp_type = IBV_QPT_XRC_RECV;
+    return ibv_open_qp(d.ctx, &oa);
+  };
+  ibv_qp* target = open(c.target, x);
+  ibv_qp* spare = open(c.spare, x);
+  if (target == nullptr || spare == nullptr) Die("ibv_open_qp of the creator's target QPs");
+  ibv_qp_attr a{};
+  ibv_qp_init_attr init{};
+  if (int rc = ibv_query_qp(target, &a, IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_PATH_MTU, &init)) {
+    problem += "ibv_query_qp: " + std::string(strerror(rc)) + "; ";
+  } else if (a.qp_state != IBV_QPS_RTR || a.dest_qp_num != initiator_qpn || a.path_mtu != IBV_MTU_4096) {
+    problem += "ibv_query_qp: state " + std::to_string(a.qp_state) + " dest_qp_num " + std::to_string(a.dest_qp_num) +
+               " path_mtu " + std::to_string(a.path_mtu) + "; ";
+  }
+  if (target->qp_num != c.target || target->qp_type != IBV_QPT_XRC_RECV) problem += "the handle's qp_num or type; ";
+  a = {};
+  a.qp_state = IBV_QPS_ERR;
+  if (int rc = ibv_modify_qp(target, &a, IBV_QP_STATE); rc != EOPNOTSUPP)
+    problem += "ibv_modify_qp through the handle: " + std::to_string(rc) + ", want EOPNOTSUPP; ";
+  errno = 0;
+  if (open(c.target, other) != nullptr || errno != EINVAL) problem += "opened in a domain of another file; ";
+  errno = 0;
+  const uint32_t none = (c.spare & 0xff0000) | ((c.spare + 0x100) & 0xffff);
+  if (open(none, x) != nullptr || errno != EINVAL) problem += "opened a number without a QP; ";
+  PutProblem(fd, problem);
+
+  PutProblem(fd, ReceiveChecked(d, buffer, kBoth / 2, 1, c.target));  // both_srqs
+  PutProblem(fd, ReceiveChecked(d, buffer, kAfter, 1, c.target));     // creator_let_go
+
+  // last_handle: the creator's timers destroy the QP once nobody holds it (within milliseconds).
+  Get<char>(fd);
+  problem.clear();
+  if (int rc = ibv_destroy_qp(target)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    errno = 0;
+    ibv_qp* again = open(c.target, x);
+    if (again == nullptr) {
+      if (errno != EINVAL) problem += "opening it again: " + std::string(strerror(errno)) + ", want EINVAL; ";
+      break;
+    }
+    ibv_destroy_qp(again);
+    if (std::chrono::steady_clock::now() > give_up) {
+      problem += "still there 5 s after its last handle went; ";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  PutProblem(fd, problem);
+
+  // creator_exit
+  Get<char>(fd);
+  problem = "no IBV_EVENT_QP_FATAL for the handle within 10 s; ";
+  pollfd p{d.ctx->async_fd, POLLIN, 0};
+  const int flags = fcntl(d.ctx->async_fd, F_GETFL);
+  fcntl(d.ctx->async_fd, F_SETFL, flags | O_NONBLOCK);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < until && poll(&p, 1, 100) >= 0) {
+    ibv_async_event e{};
+    if (ibv_get_async_event(d.ctx, &e) != 0) continue;
+    const bool fatal = e.event_type == IBV_EVENT_QP_FATAL && e.element.qp == spare;
+    ibv_ack_async_event(&e);
+    if (fatal) {
+      problem.clear();
+      break;
+    }
+  }
+  a = {};
+  if (ibv_query_qp(spare, &a, IBV_QP_STATE, &init) != 0 || a.qp_state != IBV_QPS_ERR)
+    problem += "its state is " + std::to_string(a.qp_state) + ", want IBV_QPS_ERR; ";
+  if (int rc = ibv_destroy_qp(spare)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  PutProblem(fd, problem);
+  Get<char>(fd);  // the end
+  return 0;
+}
+
+int OpeningInitiator(int fd) {
+  Device d = Open();
+  ibv_qp_init_attr_ex a{};
+  a.qp_type = IBV_QPT_XRC_SEND;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD;
+  a.pd = d.pd;
+  a.send_cq = d.cq;
+  a.recv_cq = d.cq;
+  a.cap.max_send_wr = kMessages + 4;
+  a.cap.max_send_sge = 1;
+  ibv_qp* qp = ibv_create_qp_ex(d.ctx, &a);
+  if (qp == nullptr) Die("ibv_create_qp_ex (XRC_SEND)");
+  std::vector<uint8_t> local(kSlot * kMessages, 0);
+  ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (mr == nullptr) Die("ibv_reg_mr");
+  Put(fd, qp->qp_num);
+  const OpenPlan plan = Get<OpenPlan>(fd);
+  Connect(d, qp, plan.target, /*initiator=*/true);
+  int m = 0;
+  // `n` messages, SRQ s(i) for the i-th: every completion's status.
+  auto send = [&](int n, auto srq_of) {
+    for (int i = 0; i < n; ++i, ++m) {
+      const int s = srq_of(i);
+      const uint32_t length = kSizes[m % std::size(kSizes)];
+      uint8_t* at = local.data() + m * kSlot;
+      for (size_t j = 0; j < length; ++j) at[j] = Pattern(0, m, s, j);
+      ibv_sge sge{uintptr_t(at), length, mr->lkey};
+      ibv_send_wr wr{}, *bad = nullptr;
+      wr.wr_id = m;
+      wr.opcode = IBV_WR_SEND;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.qp_type.xrc.remote_srqn = plan.srqn[s];
+      if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
+    }
+    std::vector<ibv_wc> wcs(n);
+    const int got = PollFor(d.cq, wcs.data(), n);
+    std::string problem;
+    if (got != n) problem += std::to_string(got) + " of " + std::to_string(n) + " completions; ";
+    for (int i = 0; i < got; ++i) {
+      if (wcs[i].status != IBV_WC_SUCCESS) problem += std::string("send ") + ibv_wc_status_str(wcs[i].status) + "; ";
+    }
+    PutProblem(fd, problem);
+  };
+  Get<char>(fd);
+  send(kBoth, [](int i) { return i % 2; });  // both_srqs
+  Get<char>(fd);
+  send(kAfter, [](int) { return 1; });  // creator_let_go
+  Get<char>(fd);
+  // last_handle: the QP is gone.
+  uint8_t* at = local.data();
+  ibv_sge sge{uintptr_t(at), 8, mr->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.qp_type.xrc.remote_srqn = plan.srqn[1];
+  if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
+  ibv_wc wc{};
+  Put(fd, PollFor(d.cq, &wc, 1) == 1 ? int(wc.status) : -1);
+  Get<char>(fd);  // the end
+  return 0;
+}
+
+// The opened target QPs' cases (the file comment): 0 when all passed.
+int OpenedTargets(const std::string (&files)[2]) {
+  // Child 0 creates, 1 opens, 2 initiates.
+  int fds[3];
+  pid_t pids[3];
+  for (int c = 0; c < 3; ++c) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) Die("socketpair");
+    pids[c] = fork();
+    if (pids[c] < 0) Die("fork");
+    if (pids[c] == 0) {
+      close(pair[0]);
+      exit(c == 0 ? Creator(pair[1], files[0].c_str())
+                  : c == 1 ? Opener(pair[1], files[0].c_str(), files[1].c_str()) : OpeningInitiator(pair[1]));
+    }
+    close(pair[1]);
+    fds[c] = pair[0];
+  }
+  const CreatorInfo created = Get<CreatorInfo>(fds[0]);
+  const uint32_t opener_srqn = Get<uint32_t>(fds[1]);
+  const uint32_t initiator_qpn = Get<uint32_t>(fds[2]);
+  Put(fds[0], initiator_qpn);
+  Get<char>(fds[0]);  // the target QP is connected
+  int failed = 0;
+  Put(fds[1], created);
+  Put(fds[1], initiator_qpn);
+  failed += !Report("opened_handle", GetProblem(fds[1]));
+
+  Put(fds[2], OpenPlan{created.target, {created.srqn, opener_srqn}});
+  Put(fds[2], 'g');
+  std::string both;
+  const char* who[3] = {"creator: ", "opener: ", "initiator: "};
+  for (int c = 0; c < 3; ++c)
+    if (std::string p = GetProblem(fds[c]); !p.empty()) both += who[c] + p;
+  failed += !Report("both_srqs", both);
+
+  Put(fds[0], 'g');
+  std::string let_go = GetProblem(fds[0]);
+  if (!let_go.empty()) let_go = who[0] + let_go;
+  Put(fds[2], 'g');
+  for (int c = 2; c >= 1; --c)
+    if (std::string p = GetProblem(fds[c]); !p.empty()) let_go += who[c] + p;
+  failed += !Report("creator_let_go", let_go);
+
+  Put(fds[1], 'g');
+  std::string last = GetProblem(fds[1]);
+  Put(fds[2], 'g');
+  if (const int status = Get<int>(fds[2]); status != IBV_WC_RETRY_EXC_ERR)
+    last += "the initiator's next message: status " + std::to_string(status) + ", want IBV_WC_RETRY_EXC_ERR; ";
+  failed += !Report("last_handle", last);
+
+  Put(fds[0], 'x');
+  int st = 0;
+  waitpid(pids[0], &st, 0);
+  std::string exited;
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) exited += "the creator ended with status " + std::to_string(st) + "; ";
+  Put(fds[1], 'g');
+  exited += GetProblem(fds[1]);
+  failed += !Report("creator_exit", exited);
+  for (int c = 1; c < 3; ++c) {
+    Put(fds[c], 'e');
+    waitpid(pids[c], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      printf("xrc_share_check: process %d ended with status 0x%x\n", c, st);
+      ++failed;
+    }
+  }
+  printf("xrc_share_check: %d of 5 cases failed\n", failed);
+  return failed == 0 ? 0 : 1;
+}
+
+
+// The shared SRQs' cases (the file comment): 0 when all passed.
+int SharedSrqs(const std::string (&files)[2]) {
   // Children 0 and 1 receive, 2 and 3 initiate.
   int fds[4];
   pid_t pids[4];
@@ -431,7 +755,23 @@ int main() {
       ++failed;
     }
   }
-  for (const std::string& f : files) unlink(f.c_str());
   printf("xrc_share_check: %d of 5 cases failed\n", failed);
   return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  uroce::checks::program = "xrc_share_check";
+  const char* tmp = getenv("TEST_TMPDIR") != nullptr ? getenv("TEST_TMPDIR") : "/tmp";
+  std::string files[2] = {std::string(tmp) + "/xrc_share_check.XXXXXX", std::string(tmp) + "/xrc_share_other.XXXXXX"};
+  for (std::string& f : files) {
+    const int fd = mkstemp(f.data());
+    if (fd < 0) Die("mkstemp");
+    close(fd);
+  }
+  const int rc = argc > 1 && strcmp(argv[1], "open") == 0 ? OpenedTargets(files) : SharedSrqs(files);
+  for (const std::string& f : files) unlink(f.c_str());
+  return rc;
 }

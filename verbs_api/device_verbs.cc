@@ -200,6 +200,7 @@ ibv_context* NewContext(ibv_device* device, int cmd_fd) {
   // Every context of the process shares the device; an event goes to the context owning its object, a port event to
   // all. Installed outside g_contexts_mu: the handler runs under a QP's lock in the device and takes g_contexts_mu.
   ctx->dev().set_async_handler([](const emu::AsyncEvent& e) {
+    if (e.qp != nullptr && e.qp->owner == nullptr) return;  // a QP no handle of ours holds (an XRC target others do)
     std::lock_guard lock(g_contexts_mu);
     for (Context* each : g_contexts) {
       void* owner = e.qp ? e.qp->owner : e.cq ? e.cq->owner : e.srq ? e.srq->owner : nullptr;

@@ -164,6 +164,8 @@ ibv_qp* OpenQp(ibv_context* context, ibv_qp_open_attr* a) {
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
   TrackXrcTarget(qp);
+  // The first handle here (another process's QP, or ours that only other processes held): its events come to it.
+  if (e->owner == nullptr) dev.SetQpOwner(e, &q);
   return &q;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -53,16 +54,26 @@ struct DirectTable::Layout {
     // The claimants'.
     alignas(64) std::atomic<uint64_t> claimed;
   };
+  struct alignas(64) TargetSlot {
+    std::atomic<uint32_t> key;      // kQpValid | qpn (| kClosing), 0: empty
+    std::atomic<uint32_t> version;  // a sequence count: odd while the attributes are rewritten
+    std::atomic<uint64_t> domain;
+    std::atomic<uint32_t> attribute_bytes;
+    std::atomic<uint64_t> holders[4];  // the openers'
+    std::atomic<uint64_t> attributes[kTargetAttributeBytes / 8];
+  };
   static constexpr uint32_t kQpValid = 1u << 31;
+  static constexpr uint32_t kClosing = 1u << 30;
   static constexpr uint64_t kRegionValid = uint64_t{1} << 32;
   static constexpr size_t kInitiatorsOffset = 64;
   static constexpr size_t kQpOffset = kInitiatorsOffset + 256 * sizeof(Initiator);
   static constexpr size_t kRegionOffset = kQpOffset + kQpSlots * sizeof(QpSlot);
   static constexpr size_t kReceiveOffset = (kRegionOffset + kRegionSlots * sizeof(RegionSlot) + 63) & ~size_t{63};
   static constexpr size_t kSrqOffset = kReceiveOffset + kReceiveSlots * sizeof(ReceiveSlot);
-  static constexpr size_t kBytes = kSrqOffset + kSrqSlots * sizeof(SrqSlot);
+  static constexpr size_t kTargetOffset = kSrqOffset + kSrqSlots * sizeof(SrqSlot);
+  static constexpr size_t kBytes = kTargetOffset + kTargetSlots * sizeof(TargetSlot);
   static_assert(sizeof(Initiator) == 64 && sizeof(QpSlot) == 16 && sizeof(RegionSlot) == 40 &&
-                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 384);
+                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 384 && sizeof(TargetSlot) == 256);
   static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
   static Header* header(void* base) { return static_cast<Header*>(base); }
@@ -77,6 +88,9 @@ struct DirectTable::Layout {
     return reinterpret_cast<ReceiveSlot*>(static_cast<uint8_t*>(base) + kReceiveOffset);
   }
   static SrqSlot* srqs(void* base) { return reinterpret_cast<SrqSlot*>(static_cast<uint8_t*>(base) + kSrqOffset); }
+  static TargetSlot* targets(void* base) {
+    return reinterpret_cast<TargetSlot*>(static_cast<uint8_t*>(base) + kTargetOffset);
+  }
 };
 
 namespace {
@@ -292,6 +306,120 @@ bool DirectTable::ClaimSrqWqe(uint32_t srqn, uint64_t* index, uint32_t* length) 
   *index = claimed;
   *length = len;
   return true;
+}
+
+bool DirectTable::PublishTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) {
+  if (attributes.size() > kTargetAttributeBytes) return false;
+  std::lock_guard lock(mu_);
+  Layout::TargetSlot* slots = Layout::targets(base_);
+  Layout::TargetSlot* s = nullptr;
+  const bool published = target_slot_.count(qpn) != 0;
+  if (published) {
+    s = &slots[target_slot_[qpn]];
+  } else if ((s = Probe(slots, kTargetSlots, qpn, 0u)) == nullptr) {
+    return false;
+  }
+  // A sequence count (the readers copy, then look whether it moved): odd while we write.
+  const uint32_t version = s->version.load(std::memory_order_relaxed);
+  s->version.store(version + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  uint64_t words[kTargetAttributeBytes / 8] = {};
+  std::memcpy(words, attributes.data(), attributes.size());
+  for (size_t i = 0; i < std::size(words); ++i) s->attributes[i].store(words[i], std::memory_order_relaxed);
+  s->attribute_bytes.store(uint32_t(attributes.size()), std::memory_order_relaxed);
+  s->version.store(version + 2, std::memory_order_release);
+  if (published) return true;
+  s->domain.store(domain, std::memory_order_relaxed);
+  for (auto& h : s->holders) h.store(0, std::memory_order_relaxed);
+  s->key.store(Layout::kQpValid | qpn, std::memory_order_seq_cst);  // the fields before the key
+  target_slot_[qpn] = uint32_t(s - slots);
+  return true;
+}
+
+bool DirectTable::ReleaseTarget(uint32_t qpn) {
+  std::lock_guard lock(mu_);
+  auto it = target_slot_.find(qpn);
+  if (it == target_slot_.end()) return true;
+  Layout::TargetSlot& s = Layout::targets(base_)[it->second];
+  // Closing first, the holders after (an opener sets its bit first, the key after): one of us sees the other.
+  s.key.store(Layout::kQpValid | Layout::kClosing | qpn, std::memory_order_seq_cst);
+  const Layout::Initiator* processes = Layout::initiators(base_);
+  bool held = false;
+  for (int n = 1; n < 256; ++n) {
+    const uint64_t bit = uint64_t{1} << (n % 64);
+    if ((s.holders[n / 64].load(std::memory_order_seq_cst) & bit) == 0) continue;
+    const pid_t pid = processes[n].pid.load(std::memory_order_relaxed);
+    if (pid > 0 && !(kill(pid, 0) < 0 && errno == ESRCH)) {
+      held = true;
+      break;
+    }
+    s.holders[n / 64].fetch_and(~bit, std::memory_order_seq_cst);  // its process is gone: its handle with it
+  }
+  if (held) {
+    s.key.store(Layout::kQpValid | qpn, std::memory_order_seq_cst);
+    return false;
+  }
+  s.key.store(0, std::memory_order_seq_cst);
+  target_slot_.erase(it);
+  return true;
+}
+
+void DirectTable::WithdrawTarget(uint32_t qpn) {
+  std::lock_guard lock(mu_);
+  auto it = target_slot_.find(qpn);
+  if (it == target_slot_.end()) return;
+  Layout::targets(base_)[it->second].key.store(0, std::memory_order_seq_cst);
+  target_slot_.erase(it);
+}
+
+template <typename Slot>
+Slot* DirectTable::FindTarget(uint32_t qpn) const {
+  Slot* slots = Layout::targets(base_);
+  const uint32_t home = Home(qpn, kTargetSlots);
+  for (uint32_t i = 0; i < kProbe; ++i) {
+    Slot& s = slots[(home + i) % kTargetSlots];
+    if ((s.key.load(std::memory_order_seq_cst) & ~Layout::kClosing) == (Layout::kQpValid | qpn)) return &s;
+  }
+  return nullptr;
+}
+
+bool DirectTable::OpenTarget(uint32_t qpn, uint64_t domain, uint8_t me, pid_t self) {
+  auto* s = FindTarget<Layout::TargetSlot>(qpn);
+  if (s == nullptr || me == 0 || s->domain.load(std::memory_order_relaxed) != domain) return false;
+  Layout::Initiator& i = Layout::initiators(base_)[me];
+  if (i.pid.load(std::memory_order_relaxed) != self) i.pid.store(self, std::memory_order_relaxed);
+  const uint64_t bit = uint64_t{1} << (me % 64);
+  s->holders[me / 64].fetch_or(bit, std::memory_order_seq_cst);
+  // Our bit first, the key after (ReleaseTarget: the key first, the bits after).
+  if (s->key.load(std::memory_order_seq_cst) == (Layout::kQpValid | qpn)) return true;
+  s->holders[me / 64].fetch_and(~bit, std::memory_order_seq_cst);
+  return false;
+}
+
+bool DirectTable::ReadTarget(uint32_t qpn, std::span<uint8_t> attributes) const {
+  const auto* s = FindTarget<Layout::TargetSlot>(qpn);
+  if (s == nullptr) return false;
+  uint64_t words[kTargetAttributeBytes / 8];
+  uint32_t bytes = 0;
+  for (;;) {
+    const uint32_t before = s->version.load(std::memory_order_acquire);
+    if (before % 2 != 0) {
+      std::this_thread::yield();
+      continue;
+    }
+    for (size_t i = 0; i < std::size(words); ++i) words[i] = s->attributes[i].load(std::memory_order_relaxed);
+    bytes = s->attribute_bytes.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s->version.load(std::memory_order_relaxed) == before) break;
+  }
+  std::memcpy(attributes.data(), words, std::min<size_t>(std::min<size_t>(bytes, kTargetAttributeBytes),
+                                                         attributes.size()));
+  return true;
+}
+
+void DirectTable::CloseTarget(uint32_t qpn, uint8_t me) {
+  if (auto* s = FindTarget<Layout::TargetSlot>(qpn); s != nullptr && me != 0)
+    s->holders[me / 64].fetch_and(~(uint64_t{1} << (me % 64)), std::memory_order_seq_cst);
 }
 
 void DirectTable::Enter(uint8_t me, pid_t self) {

@@ -44,6 +44,15 @@
 // order, to the SRQ's process through its ring (XrcDelivery), which takes the claimed WQE at the first, places the
 // bytes with its own keys and completes it at the last in the SRQ's CQ, as the target's own SRQ would have.
 //
+// XRC target QPs are shared too (ibv_open_qp(3): another process of the domain opens a handle on a target QP, and
+// the QP lives while any handle does). Each process publishes its target QPs of file domains (number, the file's
+// identity, the QP's attributes as its HCA keeps them, rewritten under a sequence count at every change) with a set
+// of holders: one bit per owner number whose process opened a handle. The opener sets its bit, then looks whether
+// the QP is still there; the owner, about to destroy a QP none of its own handles holds, marks it closing, then looks
+// at the bits: either the opener sees the mark (its open fails) or the owner sees the bit (the QP stays), never
+// neither. A holder whose process is gone (its pid, which it writes beside its copy counters, no longer exists)
+// counts no more. The QP itself runs where it was created: only that process receives its packets.
+//
 // Error contract (as liburing's): functions that can fail return 0 or a count on success, -errno on failure.
 #pragma once
 
@@ -172,12 +181,15 @@ class DirectAccess {
   virtual void CloseReceives(uint32_t qpn) = 0;
 };
 
-// What the HCA (emu) sees of the host's XRC SRQs (as the file comment says): DeviceConfig::shared_xrc. Unlike direct
-// access it replaces no packet (the target QP receives them all), so captures and fault injection leave it on. Every
-// method may be called from any thread.
-class SharedXrcSrqs {
+// The most bytes of a target QP's attributes a table holds (opaque to it: emu's QpAttributes).
+inline constexpr size_t kTargetAttributeBytes = 192;
+
+// What the HCA (emu) sees of the host's XRC SRQs and target QPs (as the file comment says): DeviceConfig::shared_xrc.
+// Unlike direct access it replaces no packet (the target QP receives them all), so captures and fault injection
+// leave it on. Every method may be called from any thread.
+class SharedXrc {
  public:
-  virtual ~SharedXrcSrqs() = default;
+  virtual ~SharedXrc() = default;
 
   // Ours: published for the domain of file `domain` (XrcDomain::inode; false
   // when no slot is free, then only our own target QPs reach it); how many of its WQEs are claimed; WQEs
@@ -195,6 +207,20 @@ class SharedXrcSrqs {
   // A piece of a message for another process's XRC SRQ `delivery.srqn`, with its bytes, into that process's ring:
   // false when it cannot go there (not a process of this host, gone, or its ring full).
   virtual bool DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) = 0;
+
+  // Our target QPs of file domains: published (or their attributes rewritten) for the domain of file `domain` (false
+  // when no slot is free or `attributes` is longer than kTargetAttributeBytes: then no other process can open it);
+  // released when none of our handles holds it any more (true: withdrawn, destroy it now; false: another process
+  // holds a handle, keep it); withdrawn unconditionally.
+  virtual bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) = 0;
+  virtual bool ReleaseXrcTarget(uint32_t qpn) = 0;
+  virtual void WithdrawXrcTarget(uint32_t qpn) = 0;
+  // Another process's (ibv_open_qp(3)): a handle opened on its target QP `qpn` of `domain` (0; -EINVAL when there is
+  // none, of that domain, or it is being destroyed; -EAGAIN when its process cannot be asked); its attributes
+  // (false: it is gone); the handle closed.
+  virtual int OpenXrcTarget(uint32_t qpn, uint64_t domain) = 0;
+  virtual bool ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) = 0;
+  virtual void CloseXrcTarget(uint32_t qpn) = 0;
 };
 
 // One process's table in shared memory. The owner publishes and withdraws; the host's other processes look up and
@@ -212,14 +238,18 @@ class SharedXrcSrqs {
 //   then    XRC SRQ slots (384 bytes): key u32 (1 << 31 | srqn), domain u64, posted u64 and lengths u32[kSrqWindow]
 //           (the owner's: WQE i is shown when i < posted, its length at lengths[i % kSrqWindow]), claimed u64
 //           (every taker's: claimed <= posted <= claimed + kSrqWindow).
+//   then    XRC target slots (256 bytes): key u32 (1 << 31 | qpn, with 1 << 30 while the owner is closing it),
+//           version u32 (odd while the attributes are rewritten), domain u64, attribute bytes u32, holders u64[4]
+//           (bit n: owner number n holds a handle), attributes u64[kTargetAttributeBytes / 8].
 // An entry lives in the slot its number hashes to or one of the kProbe after it.
 class DirectTable {
  public:
-  static constexpr uint64_t kMagic = 0x75726f63'44697233ULL;  // "urocDir3"
+  static constexpr uint64_t kMagic = 0x75726f63'44697234ULL;  // "urocDir4"
   static constexpr uint32_t kQpSlots = 4096;
   static constexpr uint32_t kRegionSlots = 8192;
   static constexpr uint32_t kReceiveSlots = 4096;
   static constexpr uint32_t kSrqSlots = 1024;
+  static constexpr uint32_t kTargetSlots = 1024;
   static constexpr uint32_t kProbe = 32;
 
   // The owner's side: a new table in a new sealed memfd, whose descriptor (close-on-exec, the caller's) is stored in
@@ -257,12 +287,25 @@ class DirectTable {
   // count that shows it).
   void ShowSrqWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths);
   void WithdrawSrq(uint32_t srqn);
+  // An XRC target QP of domain `domain` with `attributes` (at most kTargetAttributeBytes; no holders), or, when it is
+  // published, its attributes rewritten; false when no slot is free or the attributes are too long.
+  bool PublishTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes);
+  // Withdrawn unless a process that still exists holds a handle (true: withdrawn, or not published).
+  bool ReleaseTarget(uint32_t qpn);
+  void WithdrawTarget(uint32_t qpn);
 
   // --- whoever takes from the owner's XRC SRQs (the owner too) -------------------------------------------------------
   bool SrqInDomain(uint32_t srqn, uint64_t domain) const;
   // The next shown WQE of SRQ `srqn` claimed: its number in *index, its length in *length (false when every shown
   // one is claimed, or no such SRQ).
   bool ClaimSrqWqe(uint32_t srqn, uint64_t* index, uint32_t* length);
+
+  // --- a process opening the owner's XRC target QPs, owner number `me` (1..255), pid `self` --------------------------
+  // A handle on target QP `qpn` of domain `domain` (false: none such, or it is being destroyed).
+  bool OpenTarget(uint32_t qpn, uint64_t domain, uint8_t me, pid_t self);
+  // Its attributes as last published, at most attributes.size() bytes (false: not published).
+  bool ReadTarget(uint32_t qpn, std::span<uint8_t> attributes) const;
+  void CloseTarget(uint32_t qpn, uint8_t me);
 
   // --- an initiator, owner number `me` (1..255) --------------------------------------------------------------------
   // Brackets every look-up and the copy that follows it: what Check found stays as it was until Leave. `self`: our
@@ -286,6 +329,9 @@ class DirectTable {
   DirectTable(void* base, size_t bytes);
   // Whether the owner's QP `dest_qpn` executes `right` for our QP `src_qpn` (its peer); its PD in *pd if given.
   bool Responds(uint32_t dest_qpn, uint32_t src_qpn, uint32_t right, uint32_t* pd) const;
+  // A target QP's slot (a Layout::TargetSlot) whether or not its owner is closing it; null when not published.
+  template <typename Slot>
+  Slot* FindTarget(uint32_t qpn) const;
   // Waits until every owner number has left the copies it had entered (as the file comment says).
   void WaitForCopies();
   // Clears the key of `number`'s slot (if published), forgets it, and waits for the copies.
@@ -300,6 +346,7 @@ class DirectTable {
   std::unordered_map<uint32_t, uint32_t> region_slot_;  // rkey -> slot
   std::unordered_map<uint32_t, uint32_t> receive_slot_;  // qpn -> slot
   std::unordered_map<uint32_t, uint32_t> srq_slot_;      // srqn -> slot
+  std::unordered_map<uint32_t, uint32_t> target_slot_;   // qpn -> slot
 };
 
 // Copies between our memory and another process's (process_vm_writev(2), process_vm_readv(2)): whether all `length`

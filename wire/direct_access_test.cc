@@ -309,6 +309,77 @@ TEST_F(DirectTableTest, ConcurrentClaimersTakeEachShownWqeOnce) {
   for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], i);
 }
 
+// XRC target QPs (ibv_open_qp(3) across processes): found for their domain while published; the attributes the
+// owner publishes, rewritten at each change; an opener holds the QP until it closes its handle.
+TEST_F(DirectTableTest, AnXrcTargetIsOpenedForItsDomainAndHeldUntilClosed) {
+  constexpr uint32_t kTarget = 0x030005;
+  const uint8_t first[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ASSERT_TRUE(owner_->PublishTarget(kTarget, 5, first));
+  uint8_t read[16] = {};
+  ASSERT_TRUE(peer_->ReadTarget(kTarget, read));
+  EXPECT_EQ(std::memcmp(read, first, sizeof first), 0);
+  EXPECT_EQ(read[sizeof first], 0);  // only what was published
+  EXPECT_FALSE(peer_->OpenTarget(kTarget, 6, 4, getpid()));  // another domain
+  EXPECT_FALSE(peer_->OpenTarget(kTarget + 1, 5, 4, getpid()));
+  EXPECT_TRUE(owner_->ReleaseTarget(kTarget + 1));  // nothing published: nothing to keep
+  ASSERT_TRUE(peer_->OpenTarget(kTarget, 5, 4, getpid()));
+  const uint8_t second[] = {9, 9};
+  ASSERT_TRUE(owner_->PublishTarget(kTarget, 5, second));  // rewritten: the holder stays
+  ASSERT_TRUE(peer_->ReadTarget(kTarget, read));
+  EXPECT_EQ(read[0], 9);
+  EXPECT_FALSE(owner_->ReleaseTarget(kTarget));  // held
+  ASSERT_TRUE(peer_->ReadTarget(kTarget, read));  // and still there
+  peer_->CloseTarget(kTarget, 4);
+  EXPECT_TRUE(owner_->ReleaseTarget(kTarget));
+  EXPECT_FALSE(peer_->ReadTarget(kTarget, read));
+  EXPECT_FALSE(peer_->OpenTarget(kTarget, 5, 4, getpid()));
+  const uint8_t too_long[kTargetAttributeBytes + 1] = {};
+  EXPECT_FALSE(owner_->PublishTarget(kTarget, 5, too_long));
+}
+
+// A holder whose process is gone holds nothing; withdrawing does not ask.
+TEST_F(DirectTableTest, AnXrcTargetsHolderThatIsGoneHoldsNothing) {
+  constexpr uint32_t kTarget = 0x030006;
+  const uint8_t attributes[8] = {};
+  ASSERT_TRUE(owner_->PublishTarget(kTarget, 5, attributes));
+  const pid_t gone = fork();
+  ASSERT_GE(gone, 0);
+  if (gone == 0) _exit(0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  ASSERT_TRUE(peer_->OpenTarget(kTarget, 5, 9, gone));
+  EXPECT_TRUE(owner_->ReleaseTarget(kTarget));
+  ASSERT_TRUE(owner_->PublishTarget(kTarget, 5, attributes));
+  ASSERT_TRUE(peer_->OpenTarget(kTarget, 5, 4, getpid()));
+  owner_->WithdrawTarget(kTarget);
+  uint8_t read[8];
+  EXPECT_FALSE(peer_->ReadTarget(kTarget, read));
+}
+
+// Opening races the owner's release: the opener either holds the QP (the owner kept it) or fails (the owner withdrew
+// it), never holds a QP that was withdrawn.
+TEST_F(DirectTableTest, AnOpenRacingTheReleaseEitherHoldsOrFails) {
+  constexpr uint32_t kTarget = 0x030007;
+  const uint8_t attributes[8] = {};
+  for (int round = 0; round < 2000; ++round) {
+    ASSERT_TRUE(owner_->PublishTarget(kTarget, 5, attributes));
+    std::atomic<bool> go{false};
+    bool opened = false;
+    std::thread opener([&] {
+      while (!go.load()) {
+      }
+      opened = peer_->OpenTarget(kTarget, 5, 4, getpid());
+    });
+    go.store(true);
+    const bool released = owner_->ReleaseTarget(kTarget);
+    opener.join();
+    ASSERT_FALSE(opened && released) << "round " << round;
+    if (opened) {
+      peer_->CloseTarget(kTarget, 4);
+      ASSERT_TRUE(owner_->ReleaseTarget(kTarget));
+    }
+  }
+}
+
 TEST(XrcDeliveryRecord, EncodesAndDecodesEveryField) {
   XrcDelivery d;
   d.srqn = 0x050001;

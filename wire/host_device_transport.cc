@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -536,12 +537,12 @@ int HostDeviceTransport::Send(std::span<const OutDatagram> batch) {
 
 int HostDeviceTransport::ShareXrcSrqs() {
   if (same_host_ != SameHostPath::kSharedMemory) return -ENOTSUP;
+  self_pid_ = getpid();  // what we write into other processes' tables beside our owner number
   return direct_table_ != nullptr ? 0 : DirectTable::Create(&direct_table_, &direct_table_fd_);
 }
 
 int HostDeviceTransport::EnableDirectAccess() {
   if (int rc = ShareXrcSrqs(); rc < 0) return rc;
-  self_pid_ = getpid();
   // Under Yama's ptrace_scope 1 only an ancestor may attach to us, and cross-memory attach asks what ptrace would:
   // let the host's other processes in, as Open MPI's shared-memory transport does for the same copies (the kernel's
   // other checks stay: same user, not setuid). Without Yama this fails with EINVAL and nothing is needed.
@@ -764,6 +765,47 @@ bool HostDeviceTransport::DeliverXrc(const XrcDelivery& delivery, std::span<cons
   delivery.Encode(record);
   const std::span<const uint8_t> pieces[] = {bytes};
   return WriteRecord(*p, local_, RingRecord::kXrcDelivery, record, pieces, [] {});
+}
+
+bool HostDeviceTransport::PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) {
+  return direct_table_ != nullptr && direct_table_->PublishTarget(qpn, domain, attributes);
+}
+bool HostDeviceTransport::ReleaseXrcTarget(uint32_t qpn) {
+  return direct_table_ == nullptr || direct_table_->ReleaseTarget(qpn);
+}
+void HostDeviceTransport::WithdrawXrcTarget(uint32_t qpn) {
+  if (direct_table_ != nullptr) direct_table_->WithdrawTarget(qpn);
+}
+
+int HostDeviceTransport::OpenXrcTarget(uint32_t qpn, uint64_t domain) {
+  const uint8_t owner = OwnerOf24(qpn);
+  Peer* p = nullptr;
+  DirectTable* table = PeerTable(owner, &p);
+  if (table == nullptr && p != nullptr) {
+    // Connected just now: its polling thread accepts us and offers its ring and table.
+    std::lock_guard lock(p->mu);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(kOpenWaitMs);
+    while (!p->offer_answered && std::chrono::steady_clock::now() < give_up) {
+      pollfd w{p->fd, POLLIN, 0};
+      poll(&w, 1, 10);
+      TakeRingOffer(*p);
+    }
+    if (!p->offer_answered) return -EAGAIN;
+    table = p->table.load(std::memory_order_acquire);
+  }
+  if (table == nullptr) return -EINVAL;  // no such process, or none whose table we may use
+  return table->OpenTarget(qpn, domain, owner_, self_pid_) ? 0 : -EINVAL;
+}
+
+bool HostDeviceTransport::ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) {
+  Peer* p = nullptr;
+  DirectTable* table = PeerTable(OwnerOf24(qpn), &p);
+  return table != nullptr && table->ReadTarget(qpn, attributes);
+}
+
+void HostDeviceTransport::CloseXrcTarget(uint32_t qpn) {
+  Peer* p = nullptr;
+  if (DirectTable* table = PeerTable(OwnerOf24(qpn), &p)) table->CloseTarget(qpn, owner_);
 }
 
 }  // namespace uroce::wire

@@ -58,7 +58,7 @@ enum class SameHostPath {
   kUdp,           // the network's way: every packet on real UDP to the device's UDP 4791, for tcpdump
 };
 
-class HostDeviceTransport final : public Transport, public DirectAccess, public SharedXrcSrqs {
+class HostDeviceTransport final : public Transport, public DirectAccess, public SharedXrc {
  public:
   // `forward_fd`: our end of the datagram socket the service forwards on (taken over: closed by the destructor).
   // `control_fd`: the connection to the service, only watched (not closed). `local`: address:4791 of the device.
@@ -96,7 +96,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // after Init and before packets flow. 0, or -errno of DirectTable::Create; -ENOTSUP on another same-host path.
   int EnableDirectAccess();
   // Makes the same table for our XRC SRQs alone (EnableDirectAccess makes it too): other processes' target QPs of
-  // a domain we share then deliver into them (SharedXrcSrqs). 0, or -errno as EnableDirectAccess.
+  // a domain we share then deliver into them (SharedXrc). 0, or -errno as EnableDirectAccess.
   int ShareXrcSrqs();
 
   // DirectAccess (wire/direct_access.h).
@@ -115,7 +115,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
                        std::span<const uint32_t> lengths) override;
   uint64_t DirectSends(uint32_t qpn) override;
   void CloseReceives(uint32_t qpn) override;
-  // SharedXrcSrqs (wire/direct_access.h).
+  // SharedXrc (wire/direct_access.h).
   bool PublishXrcSrq(uint32_t srqn, uint64_t domain) override;
   uint64_t XrcWqesClaimed(uint32_t srqn) override;
   void ShowXrcWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths) override;
@@ -123,6 +123,13 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   int XrcSrqInDomain(uint32_t srqn, uint64_t domain) override;
   bool ClaimXrcWqe(uint32_t srqn, uint64_t* index, uint32_t* length) override;
   bool DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) override;
+  bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) override;
+  bool ReleaseXrcTarget(uint32_t qpn) override;
+  void WithdrawXrcTarget(uint32_t qpn) override;
+  // Waits up to kOpenWaitMs for the owner's table when we never talked to its process.
+  int OpenXrcTarget(uint32_t qpn, uint64_t domain) override;
+  bool ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) override;
+  void CloseXrcTarget(uint32_t qpn) override;
 
   UdpEndpoint local() const override { return local_; }
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override {
@@ -176,6 +183,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   static constexpr uint64_t kSocketLookEveryNs = 20'000;
   // How long ConnectAhead waits for the ring offer (with its DirectTable) when direct access is on.
   static constexpr int kOfferWaitMs = 50;
+  // How long OpenXrcTarget waits for a process it never talked to to offer its table (ibv_open_qp(3) is a verb that
+  // answers at once; the other process's polling thread offers when it accepts us, unless it is starved).
+  static constexpr int kOpenWaitMs = 1000;
 
  private:
   // Our connection to another process of the host (sending side).
