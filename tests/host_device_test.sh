@@ -25,6 +25,8 @@
 #                                 creator let go, and goes with its last handle or its creator's process), and
 #                                 ibv_xsrq_pingpong with three clients, whose server answers each client through
 #                                 another client's target QP
+#   xrc_open_across_hosts         (root) the same `open` check with the initiator on another host (two network
+#                                 namespaces joined by a veth pair)
 #   ucx_direct                    UCX's ucx_perftest put and get (rc_verbs) between two processes on one address:
 #                                 a framework's WRITEs and READs carried out by direct access
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
@@ -479,6 +481,23 @@ case_xrc_between_processes() {
   junit_check xrc_between_processes "$problems"
 }
 
+# ibv_open_qp(3) with the sender on another host: xrc_share_check open, creator and opener on A's address, the
+# initiator in B (it enters B's namespace and opens B's host device): its one XRC_SEND QP reaches both SRQs of A
+# through the one target QP, which the kernel steers to the creator's own socket.
+case_xrc_open_across_hosts() {
+  local name=xrc_open_across_hosts log="$WORK/xrc_hosts" problems=""
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  ip netns exec "$HOST_A" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" --stats -- \
+    "$XRC_CHECK" open "/run/netns/$HOST_B" "$ADDR_B" >"$log" 2>&1 ||
+    problems+="xrc_share_check open: exit $?: $(grep 'xrc_share_check' "$log" | grep -v ': ok$')"$'\n'
+  # The creator's counters: the initiator's requests came from B to its own socket (not through the service).
+  awk '/^host_device_steered_received / && $2 >= 16 {ok = 1} END {exit !ok}' "$log" ||
+    problems+="no process got the other host's requests on its own socket"$'\n'
+  two_hosts_down
+  junit_check "$name" "$problems"
+}
+
 case_service_killed_is_device_fatal() {
   local addr log="$WORK/killed" problems="" port
   addr=$(random_loopback)
@@ -662,6 +681,7 @@ main() {
   case_faults_through_the_rings
   case_direct_access
   case_xrc_between_processes
+  case_xrc_open_across_hosts
   case_ucx_direct
   case_two_hosts_eight_processes_each
   case_sixty_four_processes

@@ -29,10 +29,13 @@
 //   creator_exit      the creator's process exits while the opener holds the second QP: the QP went with it (a
 //                     kernel's would live on; README), so the opener gets IBV_EVENT_QP_FATAL and its handle reports
 //                     IBV_QPS_ERR
+// `xrc_share_check open NETNS ADDR` puts the initiator on another host: it enters network namespace NETNS (a file of
+// /run/netns) and opens the host device of ADDR there.
 // Exit status 0 when every case passed.
 #include <infiniband/verbs.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -77,8 +80,16 @@ using checks::Device;
 
 Device Open() { return checks::OpenFirstDevice(256); }
 
-// RESET -> INIT -> RTR (-> RTS for an initiator) towards `peer_qpn` at our own GID (one host device).
-void Connect(Device& d, ibv_qp* qp, uint32_t peer_qpn, bool initiator) {
+// The port's active MTU: the path MTU of our connections (1024 on a 1500-byte veth, 4096 on loopback).
+ibv_mtu ActiveMtu(Device& d) {
+  ibv_port_attr p{};
+  if (ibv_query_port(d.ctx, 1, &p)) Die("ibv_query_port");
+  return p.active_mtu;
+}
+
+// RESET -> INIT -> RTR (-> RTS for an initiator) towards `peer_qpn` at `peer_gid` (default: our own GID, one host
+// device).
+void Connect(Device& d, ibv_qp* qp, uint32_t peer_qpn, bool initiator, const ibv_gid* peer_gid = nullptr) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
@@ -87,11 +98,11 @@ void Connect(Device& d, ibv_qp* qp, uint32_t peer_qpn, bool initiator) {
   if ((errno = ibv_modify_qp(qp, &a, mask))) Die("to INIT");
   a = {};
   a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
+  a.path_mtu = ActiveMtu(d);
   a.dest_qp_num = peer_qpn;
   a.rq_psn = 0;
   a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = d.gid;
+  a.ah_attr.grh.dgid = peer_gid != nullptr ? *peer_gid : d.gid;
   a.ah_attr.grh.hop_limit = 64;
   a.ah_attr.port_num = 1;
   mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
@@ -363,11 +374,17 @@ struct CreatorInfo {
   uint32_t target;  // connected to the initiator
   uint32_t spare;   // never connected: creator_exit's
   uint32_t srqn;
+  ibv_gid gid;
 };
-// What the initiator is told.
+// What the initiator tells the parent, and what it is told.
+struct InitiatorInfo {
+  uint32_t qpn;
+  ibv_gid gid;
+};
 struct OpenPlan {
   uint32_t target;
   uint32_t srqn[2];  // the creator's and the opener's SRQ
+  ibv_gid gid;       // the creator's
 };
 
 // A device's XRC SRQ in domain `x` with `n` receives of kSlot posted into `buffer` (registered in `*mr`).
@@ -411,8 +428,9 @@ int Creator(int fd, const char* file) {
   if (target == nullptr || spare == nullptr) Die("ibv_create_qp_ex (XRC target)");
   uint32_t srqn = 0;
   if (ibv_get_srq_num(srq, &srqn)) Die("ibv_get_srq_num");
-  Put(fd, CreatorInfo{target->qp_num, spare->qp_num, srqn});
-  Connect(d, target, Get<uint32_t>(fd), /*initiator=*/false);
+  Put(fd, CreatorInfo{target->qp_num, spare->qp_num, srqn, d.gid});
+  const InitiatorInfo initiator = Get<InitiatorInfo>(fd);
+  Connect(d, target, initiator.qpn, /*initiator=*/false, &initiator.gid);
   Put(fd, 'r');
   PutProblem(fd, ReceiveChecked(d, buffer, kBoth / 2, 0, target->qp_num));  // both_srqs
   Get<char>(fd);  // creator_let_go: every handle and object of the domain goes
@@ -468,7 +486,7 @@ int Opener(int fd, const char* file, const char* other_file) {
   ibv_qp_init_attr init{};
   if (int rc = ibv_query_qp(target, &a, IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_PATH_MTU, &init)) {
     problem += "ibv_query_qp: " + std::string(strerror(rc)) + "; ";
-  } else if (a.qp_state != IBV_QPS_RTR || a.dest_qp_num != initiator_qpn || a.path_mtu != IBV_MTU_4096) {
+  } else if (a.qp_state != IBV_QPS_RTR || a.dest_qp_num != initiator_qpn || a.path_mtu != ActiveMtu(d)) {
     problem += "ibv_query_qp: state " + std::to_string(a.qp_state) + " dest_qp_num " + std::to_string(a.dest_qp_num) +
                " path_mtu " + std::to_string(a.path_mtu) + "; ";
   }
@@ -534,7 +552,15 @@ int Opener(int fd, const char* file, const char* other_file) {
   return 0;
 }
 
-int OpeningInitiator(int fd) {
+// `netns` (a file of /run/netns) and `addr`: the initiator is on another host, that network namespace, on its host
+// device of that address; null: on ours.
+int OpeningInitiator(int fd, const char* netns, const char* addr) {
+  if (netns != nullptr) {
+    const int ns = open(netns, O_RDONLY | O_CLOEXEC);
+    if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) Die("setns into the other host's network namespace");
+    close(ns);
+    setenv("UROCE_ADDR", addr, 1);  // read when the device is first opened
+  }
   Device d = Open();
   ibv_qp_init_attr_ex a{};
   a.qp_type = IBV_QPT_XRC_SEND;
@@ -549,9 +575,9 @@ int OpeningInitiator(int fd) {
   std::vector<uint8_t> local(kSlot * kMessages, 0);
   ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) Die("ibv_reg_mr");
-  Put(fd, qp->qp_num);
+  Put(fd, InitiatorInfo{qp->qp_num, d.gid});
   const OpenPlan plan = Get<OpenPlan>(fd);
-  Connect(d, qp, plan.target, /*initiator=*/true);
+  Connect(d, qp, plan.target, /*initiator=*/true, &plan.gid);
   int m = 0;
   // `n` messages, SRQ s(i) for the i-th: every completion's status.
   auto send = [&](int n, auto srq_of) {
@@ -601,7 +627,7 @@ int OpeningInitiator(int fd) {
 }
 
 // The opened target QPs' cases (the file comment): 0 when all passed.
-int OpenedTargets(const std::string (&files)[2]) {
+int OpenedTargets(const std::string (&files)[2], const char* netns, const char* addr) {
   // Child 0 creates, 1 opens, 2 initiates.
   int fds[3];
   pid_t pids[3];
@@ -613,22 +639,24 @@ int OpenedTargets(const std::string (&files)[2]) {
     if (pids[c] == 0) {
       close(pair[0]);
       exit(c == 0 ? Creator(pair[1], files[0].c_str())
-                  : c == 1 ? Opener(pair[1], files[0].c_str(), files[1].c_str()) : OpeningInitiator(pair[1]));
+                  : c == 1 ? Opener(pair[1], files[0].c_str(), files[1].c_str())
+                           : OpeningInitiator(pair[1], netns, addr));
     }
     close(pair[1]);
     fds[c] = pair[0];
   }
   const CreatorInfo created = Get<CreatorInfo>(fds[0]);
   const uint32_t opener_srqn = Get<uint32_t>(fds[1]);
-  const uint32_t initiator_qpn = Get<uint32_t>(fds[2]);
-  Put(fds[0], initiator_qpn);
+  const InitiatorInfo initiator = Get<InitiatorInfo>(fds[2]);
+  const uint32_t initiator_qpn = initiator.qpn;
+  Put(fds[0], initiator);
   Get<char>(fds[0]);  // the target QP is connected
   int failed = 0;
   Put(fds[1], created);
   Put(fds[1], initiator_qpn);
   failed += !Report("opened_handle", GetProblem(fds[1]));
 
-  Put(fds[2], OpenPlan{created.target, {created.srqn, opener_srqn}});
+  Put(fds[2], OpenPlan{created.target, {created.srqn, opener_srqn}, created.gid});
   Put(fds[2], 'g');
   std::string both;
   const char* who[3] = {"creator: ", "opener: ", "initiator: "};
@@ -771,7 +799,11 @@ int main(int argc, char** argv) {
     if (fd < 0) Die("mkstemp");
     close(fd);
   }
-  const int rc = argc > 1 && strcmp(argv[1], "open") == 0 ? OpenedTargets(files) : SharedSrqs(files);
+  // open [NETNS ADDR]: the initiator on another host (the file comment).
+  const bool open = argc > 1 && strcmp(argv[1], "open") == 0;
+  const char* netns = open && argc > 3 ? argv[2] : nullptr;
+  const char* addr = open && argc > 3 ? argv[3] : nullptr;
+  const int rc = open ? OpenedTargets(files, netns, addr) : SharedSrqs(files);
   for (const std::string& f : files) unlink(f.c_str());
   return rc;
 }
