@@ -60,6 +60,10 @@ class Device {
   // (ConnectionManager::OnPeerProcessGone), and the messages its target QPs were handing to our shared XRC SRQs end
   // with their WQEs flushed, as its kernel's QP going away would leave them.
   void OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner);
+  // We exit: our XRC target QPs that other processes of the host may hold are handed over as they are now (their
+  // attributes and responder state), so that a holder runs them on (OnPeerProcessGone, AdoptTargetsOf). Call once
+  // nothing runs the QPs any more.
+  void HandOverTargets();
 
   // --- objects ------------------------------------------------------------------------------------------------
   ProtectionDomain* AllocPd();
@@ -160,6 +164,9 @@ class Device {
   // destroyed once none does (RunTimers, every kUnheldTargetLookNs); whether `qpn` is one of those (with the lock);
   // a domain closed while such a QP lived forgotten once none uses it (with the lock held exclusively).
   int CloseElsewhere(QueuePair* qp);
+  // The process of `owner` is gone: of the target QPs of its we hold, those it handed over become ours (its number
+  // taken over at the service, their state as it left them); their QPNs. *taken_elsewhere: another holder took them.
+  std::vector<uint32_t> AdoptTargetsOf(uint8_t owner, bool* taken_elsewhere);
   void EndUnheldTargets(OutBatch& out);
   bool IsUnheldTargetLocked(uint32_t qpn) const;
   void ForgetXrcdIfUnusedLocked(XrcDomain* xrcd);

@@ -61,6 +61,7 @@ constexpr std::pair<const char*, uint64_t DeviceCounters::*> kCounterFields[] = 
     {"xrc_pieces_handed", &DeviceCounters::xrc_pieces_handed},
     {"xrc_pieces_received", &DeviceCounters::xrc_pieces_received},
     {"xrc_pieces_dropped", &DeviceCounters::xrc_pieces_dropped},
+    {"xrc_targets_adopted", &DeviceCounters::xrc_targets_adopted},
 };
 
 }  // namespace
@@ -566,7 +567,7 @@ void DeviceCore::PublishDirect(QueuePair& qp, bool gone) {
       config.shared_xrc->WithdrawXrcTarget(qp.qpn());
     } else {
       config.shared_xrc->PublishXrcTarget(qp.qpn(), *qp.init().xrcd->inode(),
-                                          {reinterpret_cast<const uint8_t*>(&a), sizeof a});
+                                          {reinterpret_cast<const uint8_t*>(&a), sizeof a}, nullptr);
     }
     return;
   }

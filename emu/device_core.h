@@ -170,6 +170,7 @@ struct DeviceCounters {
   uint64_t xrc_pieces_handed = 0;    // message pieces our target QPs handed to another process's XRC SRQ
   uint64_t xrc_pieces_received = 0;  // pieces other processes' target QPs handed to ours
   uint64_t xrc_pieces_dropped = 0;   // pieces for an SRQ destroyed since, without a WQE, or malformed
+  uint64_t xrc_targets_adopted = 0;  // other processes' XRC target QPs we held and run on since they exited
   CmCounters cm;  // the connection manager's, filled in by Device::counters()
 };
 

@@ -656,11 +656,20 @@ struct HostProcesses {
       return true;
     }
     uint8_t Me() const { return uint8_t(this - host->procs + 1); }
-    bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) override {
-      return table->PublishTarget(qpn, domain, attributes);
+    bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes,
+                          const uint64_t* holders) override {
+      return table->PublishTarget(qpn, domain, attributes, holders);
     }
     bool ReleaseXrcTarget(uint32_t qpn) override { return table->ReleaseTarget(qpn); }
     void WithdrawXrcTarget(uint32_t qpn) override { table->WithdrawTarget(qpn); }
+    void HandOverXrcTarget(uint32_t qpn) override { table->HandOverTarget(qpn); }
+    bool ReadHandedOverXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) override {
+      Process* p = host->ByOwner(wire::OwnerOf24(qpn));
+      return p != nullptr && p->table->TargetHandedOver(qpn, holders) && p->table->ReadTarget(qpn, attributes);
+    }
+    // As the service answers (the fabric's packets still go by address: a test hands the adopter its packets).
+    int AdoptOwner(uint8_t) override { return adopt_result; }
+    int adopt_result = 0;
     int OpenXrcTarget(uint32_t qpn, uint64_t domain) override {
       Process* p = host->ByOwner(wire::OwnerOf24(qpn));
       return p != nullptr && p != this && p->table->OpenTarget(qpn, domain, Me(), pid) ? 0 : -EINVAL;
@@ -1116,6 +1125,70 @@ TEST(XrcTargetAcrossProcesses, TheTargetsProcessGoneIsTheHandlesFatalError) {
   EXPECT_EQ(got.qp_state, QpState::kErr);
   QueuePair* again = nullptr;
   EXPECT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &again), EINVAL);
+  EXPECT_EQ(x.b->device->DestroyQp(h), 0);
+}
+
+// The target's process exits (not killed) while another process holds the QP, in the middle of a SEND into that
+// process's SRQ: it hands the QP over as it stops, and the holder, once it sees the process gone, runs the QP from
+// there: no fatal event, the handle is the QP's own, and the message's next packets (now arriving at the holder, as
+// the service routes the gone process's number there) finish it in the WQE it had taken.
+TEST(XrcTargetAcrossProcesses, AHolderRunsTheTargetOnAfterItsProcessExited) {
+  SharedXrcBench x;
+  const uint32_t qpn = x.link.tq->qpn();
+  QueuePair* h = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
+  ASSERT_NO_FATAL_FAILURE(HandFirstPacketOnly(x));  // 1024 of a 3-packet SEND into b's SRQ, its WQE 1 taken there
+  const uint32_t next_psn = x.link.tq->attributes().rq_psn;
+  x.a->device->HandOverTargets();
+  x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
+  EXPECT_TRUE(x.b->events.empty());
+  EXPECT_EQ(x.b->device->counters().xrc_targets_adopted, 1u);
+  EXPECT_FALSE(h->runs_elsewhere);
+  QpAttributes got;
+  ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
+  EXPECT_EQ(got.qp_state, QpState::kRts);
+  EXPECT_EQ(got.rq_psn, next_psn);
+  EXPECT_EQ(got.dest_qp_num, x.link.iq->qpn());
+
+  const std::vector<uint8_t> middle(1024, 0x6b), last(500, 0x7c);
+  wire::PacketSpec spec;
+  spec.bth.dest_qp = qpn;
+  spec.xrc = wire::XrcEth{.srqn = x.srq->srqn()};
+  spec.bth.opcode = wire::opcode::kXrcBase | 0x01;  // XRC SEND MIDDLE
+  spec.bth.psn = next_psn;
+  x.f.Inject(*x.i, *x.b, spec, middle);
+  spec.bth.opcode = wire::opcode::kXrcBase | 0x02;  // XRC SEND LAST
+  spec.bth.psn = (next_psn + 1) & 0xffffff;
+  spec.bth.ack_req = true;
+  x.f.Inject(*x.i, *x.b, spec, last);
+  x.f.PumpUntil(x.f.clock().NowNs() + 5'000'000);
+  auto done = Drain(x.bcq);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].wr_id, 1u);
+  EXPECT_EQ(done[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(done[0].byte_len, 1024u + 1024 + 500);
+  EXPECT_EQ(done[0].qp_num, qpn);
+  EXPECT_EQ(x.dst.bytes[0], 0x5a);
+  EXPECT_EQ(x.dst.bytes[1024], 0x6b);
+  EXPECT_EQ(x.dst.bytes[2048 + 499], 0x7c);
+  ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
+  EXPECT_EQ(got.rq_psn, (next_psn + 2) & 0xffffff);
+  // Ours now: it goes with our last handle (nobody else holds it).
+  EXPECT_EQ(x.b->device->DestroyQp(h), 0);
+}
+
+// Another holder took the gone process's number first: our handle stays (it reaches the QP there), no fatal event.
+// A process that was killed handed nothing over: its QPs went with it (the fatal event, as before).
+TEST(XrcTargetAcrossProcesses, AnotherHolderTakesItOrNobodyCan) {
+  SharedXrcBench x;
+  QueuePair* h = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, x.link.tq->qpn(), QpType::kXrcRecv, &h), 0);
+  x.a->device->HandOverTargets();
+  x.host.procs[1].adopt_result = -EALREADY;
+  x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
+  EXPECT_TRUE(x.b->events.empty());
+  EXPECT_TRUE(h->runs_elsewhere);
+  EXPECT_EQ(x.b->device->counters().xrc_targets_adopted, 0u);
   EXPECT_EQ(x.b->device->DestroyQp(h), 0);
 }
 

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <mutex>
 #include <shared_mutex>
+#include <type_traits>
 
 #include "emu/device.h"
 #include "emu/out_batch.h"
@@ -218,12 +219,128 @@ void Device::EndHandedMessagesLocked(const std::function<bool(uint32_t target_qp
   }
 }
 
+namespace {
+
+// What a target QP's process publishes as it exits (Device::HandOverTargets), for the holder that runs it on: its
+// attributes (rq_psn: the next PSN it expects) and the responder's state they do not hold.
+struct HandedOverTarget {
+  QpAttributes attributes;
+  uint32_t msn = 0;
+  // A SEND in progress into another process's SRQ (InboundMessage's relay): the WQE claimed, how far it is filled.
+  uint32_t relay_srqn = 0;
+  uint32_t relay_length = 0;
+  uint64_t relay_index = 0;
+  uint64_t offset = 0;
+};
+static_assert(std::is_trivially_copyable_v<HandedOverTarget> && sizeof(HandedOverTarget) <= wire::kTargetAttributeBytes);
+
+template <typename T>
+std::span<uint8_t> BytesOf(T& v) {
+  return {reinterpret_cast<uint8_t*>(&v), sizeof v};
+}
+
+}  // namespace
+
+void Device::HandOverTargets() {
+  if (core_.config.shared_xrc == nullptr) return;
+  std::shared_lock objects(objects_mu_);
+  for (auto& [qpn, qp] : qps_) {
+    if (!core_.SharesTarget(*qp)) continue;
+    std::lock_guard lock(qp->mutex());
+    HandedOverTarget h;
+    h.attributes = qp->attributes();
+    h.msn = qp->responder().state().msn;
+    const InboundMessage& in = qp->inbound();
+    if (in.kind == InboundMessage::Kind::kSend && in.relay_srqn != 0) {
+      // A message into our own SRQ goes with us: the holder finds none in progress (the next packet of it is
+      // refused there, as by a QP whose SRQ was destroyed).
+      h.relay_srqn = in.relay_srqn;
+      h.relay_length = in.relay_length;
+      h.relay_index = in.relay_index;
+      h.offset = in.offset;
+    }
+    core_.config.shared_xrc->PublishXrcTarget(qpn, *qp->init().xrcd->inode(), BytesOf(h), nullptr);
+    core_.config.shared_xrc->HandOverXrcTarget(qpn);
+  }
+}
+
+std::vector<uint32_t> Device::AdoptTargetsOf(uint8_t owner, bool* taken_elsewhere) {
+  *taken_elsewhere = false;
+  struct Handed {
+    uint32_t qpn;
+    HandedOverTarget state;
+    uint64_t holders[4];
+  };
+  std::vector<Handed> handed;
+  {
+    std::shared_lock objects(objects_mu_);
+    if (core_.config.shared_xrc == nullptr) return {};
+    for (auto& [qpn, qp] : opened_targets_) {
+      if (wire::OwnerOf24(qpn) != owner || qp->gone_elsewhere) continue;
+      Handed h{qpn, {}, {}};
+      if (core_.config.shared_xrc->ReadHandedOverXrcTarget(qpn, BytesOf(h.state), h.holders)) handed.push_back(h);
+    }
+  }
+  if (handed.empty()) return {};
+  // Its number becomes ours at the service (without our lock: the service may make us wait for its leaving).
+  if (const int rc = core_.config.shared_xrc->AdoptOwner(owner); rc != 0) {
+    *taken_elsewhere = rc == -EALREADY;  // another holder runs them: our handles reach them there
+    return {};
+  }
+  std::vector<uint32_t> adopted;
+  std::unique_lock lock(objects_mu_);
+  for (Handed& h : handed) {
+    auto it = opened_targets_.find(h.qpn);
+    if (it == opened_targets_.end()) continue;  // its last handle went meanwhile
+    std::unique_ptr<QueuePair> qp = std::move(it->second);
+    opened_targets_.erase(it);
+    {
+      std::lock_guard qp_lock(qp->mutex());
+      qp->runs_elsewhere = false;
+      qp->mutable_attributes() = h.state.attributes;
+      qp->responder().state().msn = h.state.msn;
+      qp->responder().state().comm_established = true;
+      InboundMessage& in = qp->inbound();
+      if (h.state.relay_srqn != 0) {
+        in.kind = InboundMessage::Kind::kSend;
+        in.offset = h.state.offset;
+        MutexLock inbound(xrc_inbound_mu_);
+        auto mine = xrc_inbound_.find(uint64_t(h.state.relay_srqn) << 32 | h.qpn);
+        if (mine != xrc_inbound_.end()) {
+          // Into one of our SRQs, whose WQE we took at its first piece: it goes on here as the QP's own message.
+          in.rqe = std::move(mine->second.wr);
+          in.offset = mine->second.offset;
+          xrc_inbound_.erase(mine);
+        } else {
+          in.rqe = RecvWr{};  // another process's: handed on from where its creator stopped
+          in.relay_srqn = h.state.relay_srqn;
+          in.relay_index = h.state.relay_index;
+          in.relay_length = h.state.relay_length;
+        }
+      }
+      // Published as ours, held by the other processes that held it (our own handles are counted here).
+      const uint8_t me = core_.config.owner;
+      h.holders[me / 64] &= ~(uint64_t{1} << (me % 64));
+      core_.config.shared_xrc->PublishXrcTarget(h.qpn, *qp->init().xrcd->inode(), BytesOf(qp->mutable_attributes()),
+                                                h.holders);
+    }
+    core_.Count(&DeviceCounters::xrc_targets_adopted);
+    adopted.push_back(h.qpn);
+    qps_[h.qpn] = std::move(qp);
+  }
+  return adopted;
+}
+
 void Device::OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner) {
   cm_.OnPeerProcessGone(peer, owner);
+  // Its target QPs we hold that it handed over as it exited run here from now on (or in another holder's process).
+  bool taken_elsewhere = false;
+  const std::vector<uint32_t> adopted = AdoptTargetsOf(owner, &taken_elsewhere);
   std::shared_lock objects(objects_mu_);
   EndHandedMessagesLocked([owner](uint32_t target_qpn) { return wire::OwnerOf24(target_qpn) == owner; });
-  // Its target QPs we hold handles on went with it (its kernel's would have lived on: README, XRC): the QP's
-  // catastrophic error (IBTA 11.6.3.1) tells the holder.
+  if (taken_elsewhere) return;
+  // The others went with it (its kernel's would have lived on: README, XRC): the QP's catastrophic error (IBTA
+  // 11.6.3.1) tells the holder.
   for (auto& [qpn, qp] : opened_targets_) {
     if (wire::OwnerOf24(qpn) != owner || qp->gone_elsewhere) continue;
     std::lock_guard lock(qp->mutex());

@@ -171,6 +171,7 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std
       const uint8_t owner = NextOwner();
       if (owner == 0) return refuse(EUSERS, ControlType::kWelcome);
       p.owner = owner;
+      p.pid = pid_t(m.value);
       p.forward_fd = passed_fd;
       fds.front() = -1;
       by_owner_[owner] = &p;
@@ -189,6 +190,24 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std
         ++counters_.steered;
       }
       return Reply(p, ControlType::kReply, 0, m.value);
+    }
+    case ControlType::kAdoptOwner: {
+      // A number whose process has left, taken over by one that holds XRC target QPs it handed over as it exited
+      // (wire/direct_access.h): its packets go there until that process leaves. Not a live process's number.
+      const uint64_t n = m.value;
+      if (p.owner == 0 || n == 0 || n >= 256 || n == p.owner) return refuse(EINVAL, ControlType::kReply);
+      if (Process* holder = by_owner_[n]; holder != nullptr) {
+        const bool taken_over = holder->owner != n;
+        return Reply(p, ControlType::kReply, taken_over ? (holder == &p ? 0 : EALREADY) : EAGAIN, n);
+      }
+      by_owner_[n] = &p;
+      p.adopted.push_back(uint8_t(n));
+      ++counters_.adopted;
+      if (steer_to_[p.owner] != 0) {
+        steer_to_[n] = steer_to_[p.owner];
+        Steer();
+      }
+      return Reply(p, ControlType::kReply, 0, n);
     }
     case ControlType::kListen: {
       if (p.owner == 0) return refuse(EINVAL, ControlType::kReply);
@@ -223,6 +242,12 @@ void DeviceService::Reply(Process& p, wire::ControlType type, int32_t status, ui
 }
 
 void DeviceService::Leave(Process& p) {
+  for (uint8_t n : p.adopted) {
+    by_owner_[n] = nullptr;
+    steer_to_[n] = 0;
+  }
+  if (!p.adopted.empty()) Steer();
+  p.adopted.clear();
   if (p.owner != 0) {
     by_owner_[p.owner] = nullptr;
     if (steer_to_[p.owner] != 0) {
@@ -377,7 +402,7 @@ std::string DeviceService::CountersText() const {
          std::to_string(c.no_route) + "\nrefused " + std::to_string(c.refused) + "\nprocess_full " +
          std::to_string(c.process_full) + "\nrings " + std::to_string(c.rings) + "\nbad_control " +
          std::to_string(c.bad_control) + "\nprocesses_joined " + std::to_string(c.processes_joined) + "\nsteered " +
-         std::to_string(c.steered) + "\n";
+         std::to_string(c.steered) + "\nadopted " + std::to_string(c.adopted) + "\n";
 }
 
 }  // namespace uroce::service

@@ -42,6 +42,7 @@ struct ServiceCounters {
   uint64_t processes_joined = 0;
   uint64_t steered = 0;  // processes given a UDP socket of their own, to which the kernel steers their packets
   uint64_t refused = 0;  // REQs and SIDR_REQs for a service ID nobody listens on, answered as the kernel's CM does
+  uint64_t adopted = 0;  // owner numbers of gone processes taken over by a process holding their XRC target QPs
 };
 
 class DeviceService {
@@ -69,6 +70,8 @@ class DeviceService {
     int doorbell = -1;                       // its eventfd, rung when it sleeps
     bool unpublished = false;                // records written into its ring since the last Publish
     uint8_t owner = 0;
+    pid_t pid = 0;                  // as it said in its hello
+    std::vector<uint8_t> adopted;  // numbers of gone processes it took over (kAdoptOwner), released with its own
     explicit Process(boost::asio::io_context& io) : control(io) {}
     ~Process();
   };

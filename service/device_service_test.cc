@@ -275,6 +275,38 @@ TEST_F(DeviceServiceTest, ADeadProcessLosesItsRoutesAndItsNumberIsNotReusedAtOnc
   EXPECT_TRUE(a.NothingForwarded());
 }
 
+// The number of a process that left, taken over by one holding the XRC target QPs it handed over: its packets go
+// there until that process leaves too; a live process's number is not to be had (EAGAIN until it leaves), nor one
+// taken already (EALREADY), nor our own or 0 (EINVAL); and a newcomer never gets it while it is taken.
+TEST_F(DeviceServiceTest, AGoneProcesssNumberIsTakenOverByOneProcess) {
+  FakeProcess a, b, c;
+  ASSERT_EQ(a.Join(address_), 0);
+  ASSERT_EQ(b.Join(address_), 0);
+  ASSERT_EQ(c.Join(address_), 0);
+  const uint8_t gone = b.owner;
+  EXPECT_EQ(a.Request(wire::ControlType::kAdoptOwner, gone), EAGAIN);  // it is still there
+  EXPECT_EQ(a.Request(wire::ControlType::kAdoptOwner, a.owner), EINVAL);
+  EXPECT_EQ(a.Request(wire::ControlType::kAdoptOwner, 0), EINVAL);
+  b.Close();
+  int rc = EAGAIN;
+  for (int i = 0; i < 500 && (rc = a.Request(wire::ControlType::kAdoptOwner, gone)) == EAGAIN; ++i) usleep(1000);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(a.Request(wire::ControlType::kAdoptOwner, gone), 0);  // ours already
+  EXPECT_EQ(c.Request(wire::ControlType::kAdoptOwner, gone), EALREADY);
+  SendToService(DataPacket(wire::WithOwner24(gone, 0x11), 7));
+  EXPECT_EQ(a.NextForwarded(), DataPacket(wire::WithOwner24(gone, 0x11), 7));
+  EXPECT_TRUE(c.NothingForwarded());
+  // Newcomers get other numbers, whichever comes round.
+  for (int i = 0; i < 3; ++i) {
+    FakeProcess n;
+    ASSERT_EQ(n.Join(address_), 0);
+    EXPECT_NE(n.owner, gone);
+  }
+  a.Close();  // its own number and the one it took over go with it
+  for (int i = 0; i < 500 && (rc = c.Request(wire::ControlType::kAdoptOwner, gone)) != 0; ++i) usleep(1000);
+  EXPECT_EQ(rc, 0);
+}
+
 TEST_F(DeviceServiceTest, GarbageGetsAnErrorAndTheServiceServesOn) {
   FakeProcess stranger;
   ASSERT_EQ(stranger.Join(address_), 0);

@@ -20,9 +20,10 @@
 #   xrc_between_processes         processes sharing an XRC domain by one file: tests/xrc_share_check (target QPs of
 #                                 two processes delivering into each other's SRQs, bytes and completions checked; RNR
 #                                 until the other process posts; another domain's SRQ, a WRITE and a SEND longer than
-#                                 the receive refused as the SRQ's own target refuses them; `open`: another process
-#                                 opens a target QP by number (ibv_open_qp), which lives on while it holds it after its
-#                                 creator let go, and goes with its last handle or its creator's process), and
+#                                 the receive refused as the SRQ's own target refuses them; `open`: other processes
+#                                 open target QPs by number (ibv_open_qp), which live on while one holds them: after
+#                                 their creator let go, and after it exited (a holder runs them on), not after it was
+#                                 killed; one goes with its last handle), and
 #                                 ibv_xsrq_pingpong with three clients, whose server answers each client through
 #                                 another client's target QP
 #   xrc_open_across_hosts         (root) the same `open` check with the initiator on another host (two network

@@ -16,9 +16,9 @@
 //   too_long          a SEND through a target QP into the other process's SRQ, longer than the receive it takes:
 //                     IBV_WC_REM_INV_REQ_ERR for the sender, IBV_WC_LOC_LEN_ERR for that receive
 //
-// `xrc_share_check open` shows ibv_open_qp(3) across processes instead: a creator makes two target QPs (one connected to
-// an initiator's XRC_SEND QP) and an XRC SRQ in the domain; an opener opens the domain by the same file, makes an SRQ
-// and opens both target QPs by number. Cases:
+// `xrc_share_check open` shows ibv_open_qp(3) across processes instead: a creator makes two target QPs (connected to
+// an initiator's two XRC_SEND QPs) and an XRC SRQ in the domain; an opener opens the domain by the same file, makes an
+// SRQ and opens both target QPs by number (and a third, of a creator the check kills). Cases:
 //   opened_handle     the opener's handle reports the QP's state, peer and path MTU (ibv_query_qp); modifying
 //                     through it is EOPNOTSUPP; a number without such a QP or a domain of another file is EINVAL
 //   both_srqs         the initiator's messages through the one target QP land in both processes' SRQs alternately
@@ -26,9 +26,12 @@
 //                     receiving into the opener's SRQ
 //   last_handle       the opener destroys its handle of that QP: the QP is gone (the initiator's next message ends
 //                     with IBV_WC_RETRY_EXC_ERR, opening it again is EINVAL)
-//   creator_exit      the creator's process exits while the opener holds the second QP: the QP went with it (a
-//                     kernel's would live on; README), so the opener gets IBV_EVENT_QP_FATAL and its handle reports
-//                     IBV_QPS_ERR
+//   creator_exit      the creator's process exits (without closing anything) while the opener and a second opener
+//                     hold the second target QP, connected to the initiator's second QP: the QP lives on, now in one
+//                     of their processes (the creator handed it over as it exited): the initiator's messages through
+//                     it arrive in both openers' SRQs alternately, their handles report IBV_QPS_RTR, no fatal event
+//   creator_killed    a second creator, killed (-9) while the opener holds its target QP: that QP went with it (a
+//                     kernel's would live on; README): IBV_EVENT_QP_FATAL on the handle, which reports IBV_QPS_ERR
 // `xrc_share_check open NETNS ADDR` puts the initiator on another host: it enters network namespace NETNS (a file of
 // /run/netns) and opens the host device of ADDR there.
 // Exit status 0 when every case passed.
@@ -36,6 +39,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -367,23 +371,23 @@ void PutProblem(int fd, const std::string& problem) {
 }
 
 constexpr int kBoth = 8;   // both_srqs' messages, alternately into the creator's SRQ (0) and the opener's (1)
-constexpr int kAfter = 4;  // creator_let_go's, into the opener's
+constexpr int kAfter = 4;  // creator_let_go's and creator_exit's, into the opener's
 
 // What the creator tells the parent.
 struct CreatorInfo {
-  uint32_t target;  // connected to the initiator
-  uint32_t spare;   // never connected: creator_exit's
+  uint32_t target;   // connected to the initiator's first QP
+  uint32_t lasting;  // to its second: creator_exit's
   uint32_t srqn;
   ibv_gid gid;
 };
 // What the initiator tells the parent, and what it is told.
 struct InitiatorInfo {
-  uint32_t qpn;
+  uint32_t qpn[2];
   ibv_gid gid;
 };
 struct OpenPlan {
-  uint32_t target;
-  uint32_t srqn[2];  // the creator's and the opener's SRQ
+  uint32_t target[2];
+  uint32_t srqn[3];  // the creator's, the opener's and the second opener's SRQ
   ibv_gid gid;       // the creator's
 };
 
@@ -413,46 +417,89 @@ std::string ReceiveChecked(Device& d, const std::vector<uint8_t>& buffer, int n,
   return problem;
 }
 
+ibv_qp* CreateTarget(Device& d, ibv_xrcd* x) {
+  ibv_qp_init_attr_ex t{};
+  t.qp_type = IBV_QPT_XRC_RECV;
+  t.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+  t.xrcd = x;
+  ibv_qp* qp = ibv_create_qp_ex(d.ctx, &t);
+  if (qp == nullptr) Die("ibv_create_qp_ex (XRC target)");
+  return qp;
+}
+
+// ibv_open_qp of `qpn` in domain `x`: the handle, or null with errno set.
+ibv_qp* OpenTarget(Device& d, uint32_t qpn, ibv_xrcd* x) {
+  ibv_qp_open_attr oa{};
+  oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  oa.qp_num = qpn;
+  oa.xrcd = x;
+  oa.qp_type = IBV_QPT_XRC_RECV;
+  return ibv_open_qp(d.ctx, &oa);
+}
+
+// The state `qp` reports (-1: the query failed).
+int StateOf(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  ibv_qp_init_attr init{};
+  return ibv_query_qp(qp, &a, IBV_QP_STATE, &init) == 0 ? int(a.qp_state) : -1;
+}
+
+// Whether an IBV_EVENT_QP_FATAL for `qp` comes within `ms` (other events are taken and acknowledged).
+bool FatalEventFor(Device& d, ibv_qp* qp, int ms) {
+  const int flags = fcntl(d.ctx->async_fd, F_GETFL);
+  fcntl(d.ctx->async_fd, F_SETFL, flags | O_NONBLOCK);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  pollfd p{d.ctx->async_fd, POLLIN, 0};
+  do {
+    ibv_async_event e{};
+    if (ibv_get_async_event(d.ctx, &e) != 0) continue;
+    const bool fatal = e.event_type == IBV_EVENT_QP_FATAL && e.element.qp == qp;
+    ibv_ack_async_event(&e);
+    if (fatal) return true;
+  } while (std::chrono::steady_clock::now() < until && poll(&p, 1, 50) >= 0);
+  return false;
+}
+
 int Creator(int fd, const char* file) {
   Device d = Open();
   ibv_xrcd* x = OpenDomain(d, file);
   std::vector<uint8_t> buffer(kSlot * kSlots, 0);
   ibv_mr* mr = nullptr;
   ibv_srq* srq = SrqWithReceives(d, x, buffer, &mr, kBoth / 2);
-  ibv_qp_init_attr_ex t{};
-  t.qp_type = IBV_QPT_XRC_RECV;
-  t.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-  t.xrcd = x;
-  ibv_qp* target = ibv_create_qp_ex(d.ctx, &t);
-  ibv_qp* spare = ibv_create_qp_ex(d.ctx, &t);
-  if (target == nullptr || spare == nullptr) Die("ibv_create_qp_ex (XRC target)");
+  ibv_qp* target = CreateTarget(d, x);
+  ibv_qp* lasting = CreateTarget(d, x);
   uint32_t srqn = 0;
   if (ibv_get_srq_num(srq, &srqn)) Die("ibv_get_srq_num");
-  Put(fd, CreatorInfo{target->qp_num, spare->qp_num, srqn, d.gid});
+  Put(fd, CreatorInfo{target->qp_num, lasting->qp_num, srqn, d.gid});
   const InitiatorInfo initiator = Get<InitiatorInfo>(fd);
-  Connect(d, target, initiator.qpn, /*initiator=*/false, &initiator.gid);
+  Connect(d, target, initiator.qpn[0], /*initiator=*/false, &initiator.gid);
+  Connect(d, lasting, initiator.qpn[1], /*initiator=*/false, &initiator.gid);
   Put(fd, 'r');
   PutProblem(fd, ReceiveChecked(d, buffer, kBoth / 2, 0, target->qp_num));  // both_srqs
   Get<char>(fd);  // creator_let_go: every handle and object of the domain goes
   std::string problem;
   const uint32_t target_qpn = target->qp_num;
   if (int rc = ibv_destroy_qp(target)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
-  if (int rc = ibv_destroy_qp(spare)) problem += "ibv_destroy_qp (spare): " + std::string(strerror(rc)) + "; ";
+  if (int rc = ibv_destroy_qp(lasting)) problem += "ibv_destroy_qp (second): " + std::string(strerror(rc)) + "; ";
   if (int rc = ibv_destroy_srq(srq)) problem += "ibv_destroy_srq: " + std::string(strerror(rc)) + "; ";
   if (int rc = ibv_close_xrcd(x)) problem += "ibv_close_xrcd: " + std::string(strerror(rc)) + "; ";
-  // Not ours to open again under a domain we no longer have; but another open of the file finds the QP.
+  // Another open of the file finds the QP again, ours to hold.
   x = OpenDomain(d, file);
-  ibv_qp_open_attr oa{};
-  oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
-  oa.qp_num = target_qpn;
-  oa.xrcd = x;
-  oa.qp_type = IBV_QPT_XRC_RECV;
-  ibv_qp* again = ibv_open_qp(d.ctx, &oa);
+  ibv_qp* again = OpenTarget(d, target_qpn, x);
   if (again == nullptr) problem += "ibv_open_qp of our own target QP after letting go: " + std::string(strerror(errno)) + "; ";
   if (again != nullptr && ibv_destroy_qp(again)) problem += "ibv_destroy_qp of it again failed; ";
   if (ibv_close_xrcd(x)) problem += "ibv_close_xrcd again failed; ";
   PutProblem(fd, problem);
-  Get<char>(fd);  // creator_exit: now
+  Get<char>(fd);  // creator_exit: now, without closing anything
+  return 0;
+}
+
+// A creator killed (creator_killed): its target QP, which the opener holds, goes with it.
+int KilledCreator(int fd, const char* file) {
+  Device d = Open();
+  ibv_xrcd* x = OpenDomain(d, file);
+  Put(fd, CreateTarget(d, x)->qp_num);
+  Get<char>(fd);  // never comes: SIGKILL does
   return 0;
 }
 
@@ -462,31 +509,25 @@ int Opener(int fd, const char* file, const char* other_file) {
   ibv_xrcd* other = OpenDomain(d, other_file);
   std::vector<uint8_t> buffer(kSlot * kSlots, 0);
   ibv_mr* mr = nullptr;
-  ibv_srq* srq = SrqWithReceives(d, x, buffer, &mr, kBoth / 2 + kAfter);
+  ibv_srq* srq = SrqWithReceives(d, x, buffer, &mr, kBoth / 2 + 2 * kAfter);
   uint32_t srqn = 0;
   if (ibv_get_srq_num(srq, &srqn)) Die("ibv_get_srq_num");
   Put(fd, srqn);
   const CreatorInfo c = Get<CreatorInfo>(fd);
-  const uint32_t initiator_qpn = Get<uint32_t>(fd);
+  const InitiatorInfo initiator = Get<InitiatorInfo>(fd);
+  const uint32_t killed_qpn = Get<uint32_t>(fd);
 
   // opened_handle
   std::string problem;
-  auto open = [&](uint32_t qpn, ibv_xrcd* in) {
-    ibv_qp_open_attr oa{};
-    oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
-    oa.qp_num = qpn;
-    oa.xrcd = in;
-    oa.qp_type = IBV_QPT_XRC_RECV;
-    return ibv_open_qp(d.ctx, &oa);
-  };
-  ibv_qp* target = open(c.target, x);
-  ibv_qp* spare = open(c.spare, x);
-  if (target == nullptr || spare == nullptr) Die("ibv_open_qp of the creator's target QPs");
+  ibv_qp* target = OpenTarget(d, c.target, x);
+  ibv_qp* lasting = OpenTarget(d, c.lasting, x);
+  ibv_qp* killed = OpenTarget(d, killed_qpn, x);
+  if (target == nullptr || lasting == nullptr || killed == nullptr) Die("ibv_open_qp of the creators' target QPs");
   ibv_qp_attr a{};
   ibv_qp_init_attr init{};
   if (int rc = ibv_query_qp(target, &a, IBV_QP_STATE | IBV_QP_DEST_QPN | IBV_QP_PATH_MTU, &init)) {
     problem += "ibv_query_qp: " + std::string(strerror(rc)) + "; ";
-  } else if (a.qp_state != IBV_QPS_RTR || a.dest_qp_num != initiator_qpn || a.path_mtu != ActiveMtu(d)) {
+  } else if (a.qp_state != IBV_QPS_RTR || a.dest_qp_num != initiator.qpn[0] || a.path_mtu != ActiveMtu(d)) {
     problem += "ibv_query_qp: state " + std::to_string(a.qp_state) + " dest_qp_num " + std::to_string(a.dest_qp_num) +
                " path_mtu " + std::to_string(a.path_mtu) + "; ";
   }
@@ -496,10 +537,10 @@ int Opener(int fd, const char* file, const char* other_file) {
   if (int rc = ibv_modify_qp(target, &a, IBV_QP_STATE); rc != EOPNOTSUPP)
     problem += "ibv_modify_qp through the handle: " + std::to_string(rc) + ", want EOPNOTSUPP; ";
   errno = 0;
-  if (open(c.target, other) != nullptr || errno != EINVAL) problem += "opened in a domain of another file; ";
+  if (OpenTarget(d, c.target, other) != nullptr || errno != EINVAL) problem += "opened in a domain of another file; ";
   errno = 0;
-  const uint32_t none = (c.spare & 0xff0000) | ((c.spare + 0x100) & 0xffff);
-  if (open(none, x) != nullptr || errno != EINVAL) problem += "opened a number without a QP; ";
+  const uint32_t none = (c.lasting & 0xff0000) | ((c.lasting + 0x100) & 0xffff);
+  if (OpenTarget(d, none, x) != nullptr || errno != EINVAL) problem += "opened a number without a QP; ";
   PutProblem(fd, problem);
 
   PutProblem(fd, ReceiveChecked(d, buffer, kBoth / 2, 1, c.target));  // both_srqs
@@ -512,7 +553,7 @@ int Opener(int fd, const char* file, const char* other_file) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (;;) {
     errno = 0;
-    ibv_qp* again = open(c.target, x);
+    ibv_qp* again = OpenTarget(d, c.target, x);
     if (again == nullptr) {
       if (errno != EINVAL) problem += "opening it again: " + std::string(strerror(errno)) + ", want EINVAL; ";
       break;
@@ -526,27 +567,49 @@ int Opener(int fd, const char* file, const char* other_file) {
   }
   PutProblem(fd, problem);
 
-  // creator_exit
+  // creator_exit: the second QP runs on, here or in the second opener's process; the initiator's messages through it
+  // arrive (half of them in the second opener's SRQ).
   Get<char>(fd);
-  problem = "no IBV_EVENT_QP_FATAL for the handle within 10 s; ";
-  pollfd p{d.ctx->async_fd, POLLIN, 0};
-  const int flags = fcntl(d.ctx->async_fd, F_GETFL);
-  fcntl(d.ctx->async_fd, F_SETFL, flags | O_NONBLOCK);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < until && poll(&p, 1, 100) >= 0) {
-    ibv_async_event e{};
-    if (ibv_get_async_event(d.ctx, &e) != 0) continue;
-    const bool fatal = e.event_type == IBV_EVENT_QP_FATAL && e.element.qp == spare;
-    ibv_ack_async_event(&e);
-    if (fatal) {
-      problem.clear();
-      break;
-    }
-  }
-  a = {};
-  if (ibv_query_qp(spare, &a, IBV_QP_STATE, &init) != 0 || a.qp_state != IBV_QPS_ERR)
-    problem += "its state is " + std::to_string(a.qp_state) + ", want IBV_QPS_ERR; ";
-  if (int rc = ibv_destroy_qp(spare)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  problem = ReceiveChecked(d, buffer, kAfter / 2, 1, c.lasting);
+  if (const int state = StateOf(lasting); state != IBV_QPS_RTR)
+    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_RTR; ";
+  if (FatalEventFor(d, lasting, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
+  if (int rc = ibv_destroy_qp(lasting)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  PutProblem(fd, problem);
+
+  // creator_killed
+  Get<char>(fd);
+  problem.clear();
+  if (!FatalEventFor(d, killed, 10'000)) problem += "no IBV_EVENT_QP_FATAL for the handle within 10 s; ";
+  if (const int state = StateOf(killed); state != IBV_QPS_ERR)
+    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_ERR; ";
+  if (int rc = ibv_destroy_qp(killed)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  PutProblem(fd, problem);
+  Get<char>(fd);  // the end
+  return 0;
+}
+
+// A second opener of the creator's second target QP (creator_exit): when the creator exits, it or the first opener
+// runs the QP on, and the initiator's messages through it reach both their SRQs.
+int SecondOpener(int fd, const char* file) {
+  Device d = Open();
+  ibv_xrcd* x = OpenDomain(d, file);
+  std::vector<uint8_t> buffer(kSlot * kSlots, 0);
+  ibv_mr* mr = nullptr;
+  ibv_srq* srq = SrqWithReceives(d, x, buffer, &mr, kAfter / 2);
+  uint32_t srqn = 0;
+  if (ibv_get_srq_num(srq, &srqn)) Die("ibv_get_srq_num");
+  Put(fd, srqn);
+  const uint32_t lasting_qpn = Get<uint32_t>(fd);
+  ibv_qp* lasting = OpenTarget(d, lasting_qpn, x);
+  if (lasting == nullptr) Die("ibv_open_qp of the creator's second target QP");
+  Put(fd, 'r');
+  Get<char>(fd);  // creator_exit
+  std::string problem = ReceiveChecked(d, buffer, kAfter / 2, 2, lasting_qpn);
+  if (const int state = StateOf(lasting); state != IBV_QPS_RTR)
+    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_RTR; ";
+  if (FatalEventFor(d, lasting, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
+  if (int rc = ibv_destroy_qp(lasting)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
   PutProblem(fd, problem);
   Get<char>(fd);  // the end
   return 0;
@@ -570,17 +633,18 @@ int OpeningInitiator(int fd, const char* netns, const char* addr) {
   a.recv_cq = d.cq;
   a.cap.max_send_wr = kMessages + 4;
   a.cap.max_send_sge = 1;
-  ibv_qp* qp = ibv_create_qp_ex(d.ctx, &a);
-  if (qp == nullptr) Die("ibv_create_qp_ex (XRC_SEND)");
+  ibv_qp* qps[2] = {ibv_create_qp_ex(d.ctx, &a), ibv_create_qp_ex(d.ctx, &a)};
+  if (qps[0] == nullptr || qps[1] == nullptr) Die("ibv_create_qp_ex (XRC_SEND)");
   std::vector<uint8_t> local(kSlot * kMessages, 0);
   ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) Die("ibv_reg_mr");
-  Put(fd, InitiatorInfo{qp->qp_num, d.gid});
+  Put(fd, InitiatorInfo{{qps[0]->qp_num, qps[1]->qp_num}, d.gid});
   const OpenPlan plan = Get<OpenPlan>(fd);
-  Connect(d, qp, plan.target, /*initiator=*/true, &plan.gid);
+  for (int q = 0; q < 2; ++q) Connect(d, qps[q], plan.target[q], /*initiator=*/true, &plan.gid);
   int m = 0;
-  // `n` messages, SRQ s(i) for the i-th: every completion's status.
-  auto send = [&](int n, auto srq_of) {
+  // `n` messages through QP `q`, into SRQ s(i) for the i-th: the statuses of their completions (`report`: as a
+  // problem; else the first's status is put).
+  auto send = [&](int n, int q, auto srq_of, bool report) {
     for (int i = 0; i < n; ++i, ++m) {
       const int s = srq_of(i);
       const uint32_t length = kSizes[m % std::size(kSizes)];
@@ -594,10 +658,11 @@ int OpeningInitiator(int fd, const char* netns, const char* addr) {
       wr.num_sge = 1;
       wr.send_flags = IBV_SEND_SIGNALED;
       wr.qp_type.xrc.remote_srqn = plan.srqn[s];
-      if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
+      if (ibv_post_send(qps[q], &wr, &bad)) Die("ibv_post_send");
     }
     std::vector<ibv_wc> wcs(n);
     const int got = PollFor(d.cq, wcs.data(), n);
+    if (!report) return Put(fd, got == n ? int(wcs[0].status) : -1);
     std::string problem;
     if (got != n) problem += std::to_string(got) + " of " + std::to_string(n) + " completions; ";
     for (int i = 0; i < got; ++i) {
@@ -606,88 +671,98 @@ int OpeningInitiator(int fd, const char* netns, const char* addr) {
     PutProblem(fd, problem);
   };
   Get<char>(fd);
-  send(kBoth, [](int i) { return i % 2; });  // both_srqs
+  send(kBoth, 0, [](int i) { return i % 2; }, true);  // both_srqs
   Get<char>(fd);
-  send(kAfter, [](int) { return 1; });  // creator_let_go
+  send(kAfter, 0, [](int) { return 1; }, true);  // creator_let_go
   Get<char>(fd);
-  // last_handle: the QP is gone.
-  uint8_t* at = local.data();
-  ibv_sge sge{uintptr_t(at), 8, mr->lkey};
-  ibv_send_wr wr{}, *bad = nullptr;
-  wr.opcode = IBV_WR_SEND;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.qp_type.xrc.remote_srqn = plan.srqn[1];
-  if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
-  ibv_wc wc{};
-  Put(fd, PollFor(d.cq, &wc, 1) == 1 ? int(wc.status) : -1);
+  send(1, 0, [](int) { return 1; }, false);  // last_handle: the QP is gone
+  Get<char>(fd);
+  send(kAfter, 1, [](int i) { return 1 + i % 2; }, true);  // creator_exit: through the second QP, run on elsewhere
   Get<char>(fd);  // the end
   return 0;
 }
 
 // The opened target QPs' cases (the file comment): 0 when all passed.
 int OpenedTargets(const std::string (&files)[2], const char* netns, const char* addr) {
-  // Child 0 creates, 1 opens, 2 initiates.
-  int fds[3];
-  pid_t pids[3];
-  for (int c = 0; c < 3; ++c) {
+  // Child 0 creates, 1 opens, 2 initiates, 3 creates and is killed, 4 opens the second target QP too.
+  constexpr int kChildren = 5;
+  int fds[kChildren];
+  pid_t pids[kChildren];
+  for (int c = 0; c < kChildren; ++c) {
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) Die("socketpair");
     pids[c] = fork();
     if (pids[c] < 0) Die("fork");
     if (pids[c] == 0) {
       close(pair[0]);
-      exit(c == 0 ? Creator(pair[1], files[0].c_str())
-                  : c == 1 ? Opener(pair[1], files[0].c_str(), files[1].c_str())
-                           : OpeningInitiator(pair[1], netns, addr));
+      const char* file = files[0].c_str();
+      exit(c == 0   ? Creator(pair[1], file)
+           : c == 1 ? Opener(pair[1], file, files[1].c_str())
+           : c == 2 ? OpeningInitiator(pair[1], netns, addr)
+           : c == 3 ? KilledCreator(pair[1], file)
+                    : SecondOpener(pair[1], file));
     }
     close(pair[1]);
     fds[c] = pair[0];
   }
-  const CreatorInfo created = Get<CreatorInfo>(fds[0]);
-  const uint32_t opener_srqn = Get<uint32_t>(fds[1]);
-  const InitiatorInfo initiator = Get<InitiatorInfo>(fds[2]);
-  const uint32_t initiator_qpn = initiator.qpn;
-  Put(fds[0], initiator);
-  Get<char>(fds[0]);  // the target QP is connected
+  const int creator = fds[0], opener = fds[1], initiator = fds[2], second = fds[4];
+  const CreatorInfo created = Get<CreatorInfo>(creator);
+  const uint32_t opener_srqn = Get<uint32_t>(opener);
+  const InitiatorInfo sender = Get<InitiatorInfo>(initiator);
+  const uint32_t killed_qpn = Get<uint32_t>(fds[3]);
+  const uint32_t second_srqn = Get<uint32_t>(second);
+  Put(creator, sender);
+  Get<char>(creator);  // its target QPs are connected
   int failed = 0;
-  Put(fds[1], created);
-  Put(fds[1], initiator_qpn);
-  failed += !Report("opened_handle", GetProblem(fds[1]));
+  Put(opener, created);
+  Put(opener, sender);
+  Put(opener, killed_qpn);
+  failed += !Report("opened_handle", GetProblem(opener));
+  Put(second, created.lasting);
+  Get<char>(second);  // it holds it too
 
-  Put(fds[2], OpenPlan{created.target, {created.srqn, opener_srqn}, created.gid});
-  Put(fds[2], 'g');
+  Put(initiator,
+      OpenPlan{{created.target, created.lasting}, {created.srqn, opener_srqn, second_srqn}, created.gid});
+  Put(initiator, 'g');
   std::string both;
   const char* who[3] = {"creator: ", "opener: ", "initiator: "};
   for (int c = 0; c < 3; ++c)
     if (std::string p = GetProblem(fds[c]); !p.empty()) both += who[c] + p;
   failed += !Report("both_srqs", both);
 
-  Put(fds[0], 'g');
-  std::string let_go = GetProblem(fds[0]);
+  Put(creator, 'g');
+  std::string let_go = GetProblem(creator);
   if (!let_go.empty()) let_go = who[0] + let_go;
-  Put(fds[2], 'g');
+  Put(initiator, 'g');
   for (int c = 2; c >= 1; --c)
     if (std::string p = GetProblem(fds[c]); !p.empty()) let_go += who[c] + p;
   failed += !Report("creator_let_go", let_go);
 
-  Put(fds[1], 'g');
-  std::string last = GetProblem(fds[1]);
-  Put(fds[2], 'g');
-  if (const int status = Get<int>(fds[2]); status != IBV_WC_RETRY_EXC_ERR)
+  Put(opener, 'g');
+  std::string last = GetProblem(opener);
+  Put(initiator, 'g');
+  if (const int status = Get<int>(initiator); status != IBV_WC_RETRY_EXC_ERR)
     last += "the initiator's next message: status " + std::to_string(status) + ", want IBV_WC_RETRY_EXC_ERR; ";
   failed += !Report("last_handle", last);
 
-  Put(fds[0], 'x');
+  Put(creator, 'x');
   int st = 0;
   waitpid(pids[0], &st, 0);
   std::string exited;
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) exited += "the creator ended with status " + std::to_string(st) + "; ";
-  Put(fds[1], 'g');
-  exited += GetProblem(fds[1]);
+  Put(opener, 'g');
+  Put(second, 'g');
+  Put(initiator, 'g');
+  if (std::string p = GetProblem(initiator); !p.empty()) exited += who[2] + p;
+  if (std::string p = GetProblem(opener); !p.empty()) exited += who[1] + p;
+  if (std::string p = GetProblem(second); !p.empty()) exited += "second opener: " + p;
   failed += !Report("creator_exit", exited);
-  for (int c = 1; c < 3; ++c) {
+
+  kill(pids[3], SIGKILL);
+  waitpid(pids[3], &st, 0);
+  Put(opener, 'g');
+  failed += !Report("creator_killed", GetProblem(opener));
+  for (int c : {1, 2, 4}) {
     Put(fds[c], 'e');
     waitpid(pids[c], &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
@@ -695,10 +770,9 @@ int OpenedTargets(const std::string (&files)[2], const char* netns, const char* 
       ++failed;
     }
   }
-  printf("xrc_share_check: %d of 5 cases failed\n", failed);
+  printf("xrc_share_check: %d of 6 cases failed\n", failed);
   return failed == 0 ? 0 : 1;
 }
-
 
 // The shared SRQs' cases (the file comment): 0 when all passed.
 int SharedSrqs(const std::string (&files)[2]) {

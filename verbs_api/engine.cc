@@ -563,6 +563,8 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   transport->SetPeerGoneHandler([this, address = *bound](uint8_t owner) {
     device_->OnPeerProcessGone(address, owner);
   });
+  // XRC target QPs a gone process handed over as it exited run here if we hold them (emu::Device::OnPeerProcessGone).
+  transport->SetOwnerAdopter([joined = membership.get()](uint8_t owner) { return joined->AdoptOwner(owner); });
   if (int rc = transport->Init(); rc < 0) {
     fprintf(stderr, "uroce: cannot take packets from this host's other processes on %s: %s\n",
             wire::HostDevicePeerName(*bound, membership->owner()).c_str(), strerror(-rc));
@@ -864,6 +866,8 @@ void Engine::Finish() {
   if (transport_) transport_->Wake();
   ArmLeaseTimer(0);
   if (progress_.joinable()) progress_.join();
+  // Nothing runs our QPs any more: the XRC target QPs other processes hold go to them as they are now.
+  if (device_) device_->HandOverTargets();
 }
 
 Engine::~Engine() {

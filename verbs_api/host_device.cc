@@ -202,6 +202,15 @@ int HostDeviceMembership::Request(wire::ControlType type, uint64_t value, std::s
   return reply.status;
 }
 
+int HostDeviceMembership::AdoptOwner(uint8_t owner) {
+  // We may see the process gone (its pidfd) before the service sees its connection close.
+  for (int tries = 0; tries < 500; ++tries) {
+    if (const int err = Request(wire::ControlType::kAdoptOwner, owner); err != EAGAIN) return err;
+    usleep(2000);
+  }
+  return EAGAIN;
+}
+
 int HostDeviceMembership::Listen(uint64_t service_id) { return Request(wire::ControlType::kListen, service_id); }
 int HostDeviceMembership::Unlisten(uint64_t service_id) { return Request(wire::ControlType::kUnlisten, service_id); }
 int HostDeviceMembership::OfferRing(int ring_fd, uint64_t ring_bytes, int doorbell) {

@@ -36,6 +36,10 @@ class HostDeviceMembership {
   // Asks the service to have the kernel steer our packets from other hosts to the UDP socket the welcome brought
   // (TakeSteeredFd), which the transport now receives on. 0 or an errno (EINVAL: none was given; EPIPE).
   int Steer() { return Request(wire::ControlType::kSteer, 0); }
+  // Asks the service to route what is for owner number `owner`, whose process is gone, to us (wire::ControlType::
+  // kAdoptOwner), waiting up to a second for the service to see that process leave. 0 or an errno (EALREADY: another
+  // process took it; EAGAIN: its process is still there; EPIPE).
+  int AdoptOwner(uint8_t owner);
 
   int control_fd() const { return control_fd_; }
   // Ours to hand to the transport, which then owns it.

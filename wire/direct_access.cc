@@ -59,7 +59,8 @@ struct DirectTable::Layout {
     std::atomic<uint32_t> version;  // a sequence count: odd while the attributes are rewritten
     std::atomic<uint64_t> domain;
     std::atomic<uint32_t> attribute_bytes;
-    std::atomic<uint64_t> holders[4];  // the openers'
+    std::atomic<uint32_t> handed_over;  // the owner exited: the attributes are its final state
+    std::atomic<uint64_t> holders[4];   // the openers'
     std::atomic<uint64_t> attributes[kTargetAttributeBytes / 8];
   };
   static constexpr uint32_t kQpValid = 1u << 31;
@@ -73,7 +74,7 @@ struct DirectTable::Layout {
   static constexpr size_t kTargetOffset = kSrqOffset + kSrqSlots * sizeof(SrqSlot);
   static constexpr size_t kBytes = kTargetOffset + kTargetSlots * sizeof(TargetSlot);
   static_assert(sizeof(Initiator) == 64 && sizeof(QpSlot) == 16 && sizeof(RegionSlot) == 40 &&
-                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 384 && sizeof(TargetSlot) == 256);
+                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 384 && sizeof(TargetSlot) == 320);
   static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
   static Header* header(void* base) { return static_cast<Header*>(base); }
@@ -308,7 +309,8 @@ bool DirectTable::ClaimSrqWqe(uint32_t srqn, uint64_t* index, uint32_t* length) 
   return true;
 }
 
-bool DirectTable::PublishTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) {
+bool DirectTable::PublishTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes,
+                                const uint64_t* holders) {
   if (attributes.size() > kTargetAttributeBytes) return false;
   std::lock_guard lock(mu_);
   Layout::TargetSlot* slots = Layout::targets(base_);
@@ -330,7 +332,8 @@ bool DirectTable::PublishTarget(uint32_t qpn, uint64_t domain, std::span<const u
   s->version.store(version + 2, std::memory_order_release);
   if (published) return true;
   s->domain.store(domain, std::memory_order_relaxed);
-  for (auto& h : s->holders) h.store(0, std::memory_order_relaxed);
+  s->handed_over.store(0, std::memory_order_relaxed);
+  for (int i = 0; i < 4; ++i) s->holders[i].store(holders != nullptr ? holders[i] : 0, std::memory_order_relaxed);
   s->key.store(Layout::kQpValid | qpn, std::memory_order_seq_cst);  // the fields before the key
   target_slot_[qpn] = uint32_t(s - slots);
   return true;
@@ -362,6 +365,25 @@ bool DirectTable::ReleaseTarget(uint32_t qpn) {
   s.key.store(0, std::memory_order_seq_cst);
   target_slot_.erase(it);
   return true;
+}
+
+void DirectTable::HandOverTarget(uint32_t qpn) {
+  std::lock_guard lock(mu_);
+  auto it = target_slot_.find(qpn);
+  if (it != target_slot_.end()) Layout::targets(base_)[it->second].handed_over.store(1, std::memory_order_seq_cst);
+}
+
+bool DirectTable::TargetHandedOver(uint32_t qpn, uint64_t holders[4]) const {
+  const auto* s = FindTarget<Layout::TargetSlot>(qpn);
+  if (s == nullptr || s->handed_over.load(std::memory_order_seq_cst) == 0) return false;
+  for (int i = 0; i < 4; ++i) holders[i] = s->holders[i].load(std::memory_order_seq_cst);
+  return true;
+}
+
+pid_t DirectTable::ProcessOf(uint8_t n) const { return Layout::initiators(base_)[n].pid.load(std::memory_order_relaxed); }
+
+void DirectTable::NoteProcess(uint8_t n, pid_t pid) {
+  Layout::initiators(base_)[n].pid.store(pid, std::memory_order_relaxed);
 }
 
 void DirectTable::WithdrawTarget(uint32_t qpn) {

@@ -51,7 +51,10 @@
 // the QP is still there; the owner, about to destroy a QP none of its own handles holds, marks it closing, then looks
 // at the bits: either the opener sees the mark (its open fails) or the owner sees the bit (the QP stays), never
 // neither. A holder whose process is gone (its pid, which it writes beside its copy counters, no longer exists)
-// counts no more. The QP itself runs where it was created: only that process receives its packets.
+// counts no more. The QP runs where it was created: only that process receives its packets. When that process
+// exits (not when it is killed), it publishes each such QP's state as it stops (attributes, the responder's MSN and
+// message in progress) and marks it handed over; a holder that sees the process gone then takes over its owner
+// number at the service (the routes of its QPNs, its peer name) and runs the QP from that state.
 //
 // Error contract (as liburing's): functions that can fail return 0 or a count on success, -errno on failure.
 #pragma once
@@ -181,8 +184,8 @@ class DirectAccess {
   virtual void CloseReceives(uint32_t qpn) = 0;
 };
 
-// The most bytes of a target QP's attributes a table holds (opaque to it: emu's QpAttributes).
-inline constexpr size_t kTargetAttributeBytes = 192;
+// The most bytes of a target QP's attributes a table holds (opaque to it: emu's QpAttributes and progress).
+inline constexpr size_t kTargetAttributeBytes = 256;
 
 // What the HCA (emu) sees of the host's XRC SRQs and target QPs (as the file comment says): DeviceConfig::shared_xrc.
 // Unlike direct access it replaces no packet (the target QP receives them all), so captures and fault injection
@@ -208,13 +211,21 @@ class SharedXrc {
   // false when it cannot go there (not a process of this host, gone, or its ring full).
   virtual bool DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) = 0;
 
-  // Our target QPs of file domains: published (or their attributes rewritten) for the domain of file `domain` (false
-  // when no slot is free or `attributes` is longer than kTargetAttributeBytes: then no other process can open it);
-  // released when none of our handles holds it any more (true: withdrawn, destroy it now; false: another process
-  // holds a handle, keep it); withdrawn unconditionally.
-  virtual bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) = 0;
+  // Our target QPs of file domains: published (or their attributes rewritten) for the domain of file `domain`, held
+  // at first by the processes of `holders` (bit n: owner number n; null: none) (false when no slot is free or
+  // `attributes` is longer than kTargetAttributeBytes: then no other process can open it); released when none of our
+  // handles holds it any more (true: withdrawn, destroy it now; false: another process holds a handle, keep it);
+  // withdrawn unconditionally; handed over as we exit (its last published attributes are its final state).
+  virtual bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes,
+                                const uint64_t* holders) = 0;
   virtual bool ReleaseXrcTarget(uint32_t qpn) = 0;
   virtual void WithdrawXrcTarget(uint32_t qpn) = 0;
+  virtual void HandOverXrcTarget(uint32_t qpn) = 0;
+  // The process of owner number `owner` is gone: its final state of target QP `qpn` and its holders (false unless it
+  // handed the QP over); taking over its number, so that its QPs we hold run here: 0 (ours now), -EALREADY (another
+  // process of the host took it), -errno.
+  virtual bool ReadHandedOverXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) = 0;
+  virtual int AdoptOwner(uint8_t owner) = 0;
   // Another process's (ibv_open_qp(3)): a handle opened on its target QP `qpn` of `domain` (0; -EINVAL when there is
   // none, of that domain, or it is being destroyed; -EAGAIN when its process cannot be asked); its attributes
   // (false: it is gone); the handle closed.
@@ -239,8 +250,8 @@ class SharedXrc {
 //           (the owner's: WQE i is shown when i < posted, its length at lengths[i % kSrqWindow]), claimed u64
 //           (every taker's: claimed <= posted <= claimed + kSrqWindow).
 //   then    XRC target slots (256 bytes): key u32 (1 << 31 | qpn, with 1 << 30 while the owner is closing it),
-//           version u32 (odd while the attributes are rewritten), domain u64, attribute bytes u32, holders u64[4]
-//           (bit n: owner number n holds a handle), attributes u64[kTargetAttributeBytes / 8].
+//           version u32 (odd while the attributes are rewritten), domain u64, attribute bytes u32, handed over u32,
+//           holders u64[4] (bit n: owner number n holds a handle), attributes u64[kTargetAttributeBytes / 8].
 // An entry lives in the slot its number hashes to or one of the kProbe after it.
 class DirectTable {
  public:
@@ -287,9 +298,12 @@ class DirectTable {
   // count that shows it).
   void ShowSrqWqes(uint32_t srqn, uint64_t first, std::span<const uint32_t> lengths);
   void WithdrawSrq(uint32_t srqn);
-  // An XRC target QP of domain `domain` with `attributes` (at most kTargetAttributeBytes; no holders), or, when it is
-  // published, its attributes rewritten; false when no slot is free or the attributes are too long.
-  bool PublishTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes);
+  // An XRC target QP of domain `domain` with `attributes` (at most kTargetAttributeBytes), held by `holders` (null:
+  // none), or, when it is published, its attributes rewritten; false when no slot is free or they are too long.
+  bool PublishTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes,
+                     const uint64_t* holders = nullptr);
+  // Its attributes are final: we exit (whoever holds it may run it from them).
+  void HandOverTarget(uint32_t qpn);
   // Withdrawn unless a process that still exists holds a handle (true: withdrawn, or not published).
   bool ReleaseTarget(uint32_t qpn);
   void WithdrawTarget(uint32_t qpn);
@@ -306,6 +320,12 @@ class DirectTable {
   // Its attributes as last published, at most attributes.size() bytes (false: not published).
   bool ReadTarget(uint32_t qpn, std::span<uint8_t> attributes) const;
   void CloseTarget(uint32_t qpn, uint8_t me);
+  // Whether the owner handed it over (HandOverTarget), and then its holders.
+  bool TargetHandedOver(uint32_t qpn, uint64_t holders[4]) const;
+  // The pid the process of owner number `n` wrote beside its counters (0: none); written for it (a holder of a
+  // target QP another table had: the adopter's table takes its holders' pids along with their bits).
+  pid_t ProcessOf(uint8_t n) const;
+  void NoteProcess(uint8_t n, pid_t pid);
 
   // --- an initiator, owner number `me` (1..255) --------------------------------------------------------------------
   // Brackets every look-up and the copy that follows it: what Check found stays as it was until Leave. `self`: our

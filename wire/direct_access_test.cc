@@ -355,6 +355,31 @@ TEST_F(DirectTableTest, AnXrcTargetsHolderThatIsGoneHoldsNothing) {
   EXPECT_FALSE(peer_->ReadTarget(kTarget, read));
 }
 
+// Handed over as its owner exits: whoever reads the table then finds its final attributes and its holders; a
+// publication with holders (the adopter's) starts with them.
+TEST_F(DirectTableTest, AnXrcTargetHandedOverShowsItsFinalStateAndHolders) {
+  constexpr uint32_t kTarget = 0x030008;
+  const uint8_t attributes[4] = {4, 3, 2, 1};
+  ASSERT_TRUE(owner_->PublishTarget(kTarget, 5, attributes));
+  ASSERT_TRUE(peer_->OpenTarget(kTarget, 5, 70, getpid()));
+  uint64_t holders[4] = {};
+  EXPECT_FALSE(peer_->TargetHandedOver(kTarget, holders));
+  owner_->HandOverTarget(kTarget);
+  ASSERT_TRUE(peer_->TargetHandedOver(kTarget, holders));
+  EXPECT_EQ(holders[1], uint64_t{1} << (70 - 64));
+  EXPECT_EQ(holders[0] | holders[2] | holders[3], 0u);
+
+  EXPECT_EQ(peer_->ProcessOf(70), getpid());
+
+  constexpr uint32_t kAdopted = 0x030009;
+  const uint64_t others[4] = {uint64_t{1} << 9, 0, 0, 0};
+  ASSERT_TRUE(owner_->PublishTarget(kAdopted, 5, attributes, others));
+  EXPECT_TRUE(owner_->ReleaseTarget(kAdopted));  // number 9's process is not known here: it counts as gone
+  ASSERT_TRUE(owner_->PublishTarget(kAdopted, 5, attributes, others));
+  owner_->NoteProcess(9, getpid());
+  EXPECT_FALSE(owner_->ReleaseTarget(kAdopted));  // now it holds it (its pid: ours, alive)
+}
+
 // Opening races the owner's release: the opener either holds the QP (the owner kept it) or fails (the owner withdrew
 // it), never holds a QP that was withdrawn.
 TEST_F(DirectTableTest, AnOpenRacingTheReleaseEitherHoldsOrFails) {

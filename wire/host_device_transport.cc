@@ -37,6 +37,8 @@ constexpr unsigned kSteeredBatch = 16;
 // Another process we use the direct-access table of, watched for its exit (its pidfd) and its connection's hang-up:
 // this bit | the Peer's address.
 constexpr uint64_t kTagPeer = uint64_t{1} << 62;
+// The listener under an adopted owner's name (AdoptOwner): this bit | its descriptor.
+constexpr uint64_t kTagAdoptedListen = uint64_t{1} << 61;
 
 }  // namespace
 
@@ -53,6 +55,7 @@ HostDeviceTransport::HostDeviceTransport(std::unique_ptr<Transport> sender, cons
       buffers_(size_t{kBatch} * kMaxForwarded) {}
 
 HostDeviceTransport::~HostDeviceTransport() {
+  for (int fd : adopted_listen_fds_) close(fd);
   for (int fd : {forward_fd_, wake_fd_, epoll_fd_, listen_fd_, direct_table_fd_, steered_fd_}) {
     if (fd >= 0) close(fd);
   }
@@ -166,7 +169,7 @@ bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, 
     // send to), so that its death, which leaves the message unfinished, is reported (SetPeerGoneHandler).
     const auto delivery = XrcDelivery::Decode(bytes.subspan(ForwardHeader::kSize));
     const uint8_t owner = delivery ? OwnerOf24(delivery->target_qpn) : 0;
-    if (delivery && delivery->first && owner != 0 && owner != owner_) PeerFor(owner, false);
+    if (delivery && delivery->first && owner != 0 && !IsOurs(owner)) PeerFor(owner, false);
   }
   InDatagram d;
   d.src = header->src;
@@ -220,9 +223,9 @@ int HostDeviceTransport::DrainRings(const DatagramHandler& handler) {
   return delivered;
 }
 
-void HostDeviceTransport::Accept() {
+void HostDeviceTransport::Accept(int listener) {
   for (;;) {
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) break;
     if (!PeerIsUsOrRoot(fd)) {  // a stranger dialled our name
       close(fd);
@@ -290,7 +293,9 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
         if (on_service_lost_) on_service_lost_();
       }
     } else if (tag == kTagListen) {
-      Accept();
+      Accept(listen_fd_);
+    } else if ((tag & ~(kTagAdoptedListen - 1)) == kTagAdoptedListen) {
+      Accept(int(tag & (kTagAdoptedListen - 1)));
     } else if ((tag & ~(kTagPeer - 1)) == kTagPeer) {
       PeerGone(reinterpret_cast<Peer*>(tag & (kTagPeer - 1)));
     } else if (tag == kTagForward) {
@@ -410,7 +415,7 @@ void HostDeviceTransport::ConnectAhead(const UdpEndpoint& dst, uint32_t qpn) {
   Peer* peer = PeerFor(owner, false);
   if (peer == nullptr || same_host_ != SameHostPath::kSharedMemory) return;
   std::lock_guard lock(peer->mu);
-  if (!peer->offer_answered && direct_table_ != nullptr && owner != owner_) {
+  if (!peer->offer_answered && direct_table_ != nullptr && !IsOurs(owner)) {
     // With direct access, wait for the offer (its table): a WRITE or READ goes directly only when nothing of its QP
     // is outstanding, so a stream whose first operations went as packets (ib_write_bw keeps 128 in flight) would
     // stay packets to its end. The other process's polling thread answers at once unless it is starved.
@@ -604,7 +609,7 @@ DirectTable* HostDeviceTransport::DirectTableFor(const UdpEndpoint& peer, uint32
 }
 
 DirectTable* HostDeviceTransport::PeerTable(uint8_t owner, Peer** found) {
-  if (direct_table_ == nullptr || owner == 0 || owner == owner_) return nullptr;
+  if (direct_table_ == nullptr || owner == 0 || IsOurs(owner)) return nullptr;
   Peer* p = PeerFor(owner, false);
   if (p == nullptr) return nullptr;
   DirectTable* table = p->table.load(std::memory_order_acquire);
@@ -738,7 +743,7 @@ void HostDeviceTransport::WithdrawXrcSrq(uint32_t srqn) {
 }
 
 DirectTable* HostDeviceTransport::SrqTableFor(uint32_t srqn, Peer** found) {
-  if (direct_table_ != nullptr && OwnerOf24(srqn) == owner_) return direct_table_.get();
+  if (direct_table_ != nullptr && IsOurs(OwnerOf24(srqn))) return direct_table_.get();
   return PeerTable(OwnerOf24(srqn), found);  // SRQ numbers carry their owner's number as QPNs do
 }
 
@@ -767,8 +772,56 @@ bool HostDeviceTransport::DeliverXrc(const XrcDelivery& delivery, std::span<cons
   return WriteRecord(*p, local_, RingRecord::kXrcDelivery, record, pieces, [] {});
 }
 
-bool HostDeviceTransport::PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) {
-  return direct_table_ != nullptr && direct_table_->PublishTarget(qpn, domain, attributes);
+bool HostDeviceTransport::PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes,
+                                           const uint64_t* holders) {
+  return direct_table_ != nullptr && direct_table_->PublishTarget(qpn, domain, attributes, holders);
+}
+void HostDeviceTransport::HandOverXrcTarget(uint32_t qpn) {
+  if (direct_table_ != nullptr) direct_table_->HandOverTarget(qpn);
+}
+
+DirectTable* HostDeviceTransport::LastTableOf(uint8_t owner) {
+  std::lock_guard lock(peers_mu_);
+  if (auto it = peers_.find(owner); it != peers_.end() && it->second->table_owned) return it->second->table_owned.get();
+  for (auto it = retired_.rbegin(); it != retired_.rend(); ++it)
+    if ((*it)->owner == owner && (*it)->table_owned) return (*it)->table_owned.get();
+  return nullptr;
+}
+
+bool HostDeviceTransport::ReadHandedOverXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) {
+  // The table stays mapped after its process is gone (Peer::table_owned), so its final state can be read.
+  DirectTable* table = LastTableOf(OwnerOf24(qpn));
+  if (direct_table_ == nullptr || table == nullptr || !table->TargetHandedOver(qpn, holders) ||
+      !table->ReadTarget(qpn, attributes))
+    return false;
+  // The holders' pids come along into our table, which will count their bits (ReleaseTarget looks at them).
+  for (int n = 1; n < 256; ++n)
+    if ((holders[n / 64] >> (n % 64)) & 1) direct_table_->NoteProcess(uint8_t(n), table->ProcessOf(uint8_t(n)));
+  return true;
+}
+
+int HostDeviceTransport::AdoptOwner(uint8_t owner) {
+  if (owner == 0 || owner == owner_) return -EINVAL;
+  if (adopted_[owner].load(std::memory_order_acquire)) return 0;
+  if (!adopt_owner_) return -ENOTSUP;
+  if (int err = adopt_owner_(owner)) return -err;
+  // The gone process's name is free once its listener closed: the host's processes that send to its QPNs connect
+  // to it again and reach us.
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_un sun;
+  const socklen_t len = AbstractUnixAddress(HostDevicePeerName(local_.addr, owner), &sun);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sun), len) < 0 || listen(fd, SOMAXCONN) < 0) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    return -err;  // the number is ours at the service, but only packets from other hosts would reach us
+  }
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.u64 = kTagAdoptedListen | uint64_t(fd);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &e);
+  adopted_listen_fds_.push_back(fd);
+  adopted_[owner].store(true, std::memory_order_release);
+  return 0;
 }
 bool HostDeviceTransport::ReleaseXrcTarget(uint32_t qpn) {
   return direct_table_ == nullptr || direct_table_->ReleaseTarget(qpn);
@@ -777,35 +830,38 @@ void HostDeviceTransport::WithdrawXrcTarget(uint32_t qpn) {
   if (direct_table_ != nullptr) direct_table_->WithdrawTarget(qpn);
 }
 
-int HostDeviceTransport::OpenXrcTarget(uint32_t qpn, uint64_t domain) {
-  const uint8_t owner = OwnerOf24(qpn);
+DirectTable* HostDeviceTransport::TableOf(uint8_t owner, bool* unanswered) {
   Peer* p = nullptr;
   DirectTable* table = PeerTable(owner, &p);
-  if (table == nullptr && p != nullptr) {
-    // Connected just now: its polling thread accepts us and offers its ring and table.
-    std::lock_guard lock(p->mu);
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(kOpenWaitMs);
-    while (!p->offer_answered && std::chrono::steady_clock::now() < give_up) {
-      pollfd w{p->fd, POLLIN, 0};
-      poll(&w, 1, 10);
-      TakeRingOffer(*p);
-    }
-    if (!p->offer_answered) return -EAGAIN;
-    table = p->table.load(std::memory_order_acquire);
+  if (table != nullptr || p == nullptr) return table;
+  // Connected just now (never before, or again: its number went to the process that took it over): its polling
+  // thread accepts us and offers its ring and table.
+  std::lock_guard lock(p->mu);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(kOpenWaitMs);
+  while (!p->offer_answered && std::chrono::steady_clock::now() < give_up) {
+    pollfd w{p->fd, POLLIN, 0};
+    poll(&w, 1, 10);
+    TakeRingOffer(*p);
   }
+  if (unanswered != nullptr) *unanswered = !p->offer_answered;
+  return p->table.load(std::memory_order_acquire);
+}
+
+int HostDeviceTransport::OpenXrcTarget(uint32_t qpn, uint64_t domain) {
+  bool unanswered = false;
+  DirectTable* table = TableOf(OwnerOf24(qpn), &unanswered);
+  if (unanswered) return -EAGAIN;
   if (table == nullptr) return -EINVAL;  // no such process, or none whose table we may use
   return table->OpenTarget(qpn, domain, owner_, self_pid_) ? 0 : -EINVAL;
 }
 
 bool HostDeviceTransport::ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) {
-  Peer* p = nullptr;
-  DirectTable* table = PeerTable(OwnerOf24(qpn), &p);
+  DirectTable* table = TableOf(OwnerOf24(qpn), nullptr);
   return table != nullptr && table->ReadTarget(qpn, attributes);
 }
 
 void HostDeviceTransport::CloseXrcTarget(uint32_t qpn) {
-  Peer* p = nullptr;
-  if (DirectTable* table = PeerTable(OwnerOf24(qpn), &p)) table->CloseTarget(qpn, owner_);
+  if (DirectTable* table = TableOf(OwnerOf24(qpn), nullptr)) table->CloseTarget(qpn, owner_);
 }
 
 }  // namespace uroce::wire

@@ -82,6 +82,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
     on_peer_gone_ = std::move(on_peer_gone);
   }
   bool has_steered_socket() const { return steered_fd_ >= 0; }
+  // How AdoptOwner asks the service for a gone process's owner number (HostDeviceMembership::AdoptOwner): 0 or an
+  // errno (EALREADY: another process has it). Set before Init.
+  void SetOwnerAdopter(std::function<int(uint8_t owner)> adopt) { adopt_owner_ = std::move(adopt); }
 
   // 0, or -errno: of eventfd(2), epoll_create1(2), or of binding our peer name (-EADDRINUSE: someone holds it).
   int Init();
@@ -123,10 +126,17 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   int XrcSrqInDomain(uint32_t srqn, uint64_t domain) override;
   bool ClaimXrcWqe(uint32_t srqn, uint64_t* index, uint32_t* length) override;
   bool DeliverXrc(const XrcDelivery& delivery, std::span<const uint8_t> bytes) override;
-  bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes) override;
+  bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes,
+                        const uint64_t* holders) override;
   bool ReleaseXrcTarget(uint32_t qpn) override;
   void WithdrawXrcTarget(uint32_t qpn) override;
-  // Waits up to kOpenWaitMs for the owner's table when we never talked to its process.
+  void HandOverXrcTarget(uint32_t qpn) override;
+  // Also notes the holders' pids in our table, for when we publish the QP as ours.
+  bool ReadHandedOverXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) override;
+  // Asks the service through the adopter SetOwnerAdopter gave, then listens under the owner's peer name too: the
+  // host's other processes reach its QPNs here from now on.
+  int AdoptOwner(uint8_t owner) override;
+  // These three wait up to kOpenWaitMs for the owner's table when we connect to its process just now (TableOf).
   int OpenXrcTarget(uint32_t qpn, uint64_t domain) override;
   bool ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) override;
   void CloseXrcTarget(uint32_t qpn) override;
@@ -229,8 +239,18 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   int ReceiveReady(const DatagramHandler& handler, int timeout_ms);
   // What the kernel steered to our socket (one receive's worth: a recvmmsg of UDP_GRO runs). How many delivered.
   int ReceiveSteered(const DatagramHandler& handler);
-  void Accept();
+  // Takes the connections waiting on `listener` (our name's, or an adopted owner's).
+  void Accept(int listener);
   void CloseInbound(int fd, const DatagramHandler& handler);
+  // Whether `owner` is ours: our own number or one we adopted (AdoptOwner).
+  bool IsOurs(uint8_t owner) const {
+    return owner == owner_ || (owner != 0 && adopted_[owner].load(std::memory_order_acquire));
+  }
+  // The table of the last process of number `owner` we talked to, even if it is gone (null: none).
+  DirectTable* LastTableOf(uint8_t owner);
+  // The table of the process of number `owner` now, waiting up to kOpenWaitMs for its offer when we connect to it just
+  // now (null: no such process, none whose table we may use, or no offer yet: then *unanswered, if given).
+  DirectTable* TableOf(uint8_t owner, bool* unanswered);
   // The owner a datagram goes to directly, or 0 (to the network, the service included).
   uint8_t PeerOwner(const OutDatagram& dg) const;
   // Hands the first datagrams of `run` (all for process `owner`; at most kBatch) to it: into its ring, or in one
@@ -315,6 +335,10 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   std::unique_ptr<DirectTable> direct_table_;  // ours (EnableDirectAccess)
   int direct_table_fd_ = -1;
   pid_t self_pid_ = 0;
+  // Owner numbers of gone processes we took over (AdoptOwner), and the listeners under their names.
+  std::function<int(uint8_t)> adopt_owner_;
+  std::array<std::atomic<bool>, 256> adopted_{};
+  std::vector<int> adopted_listen_fds_;
   std::atomic<bool> direct_refused_{false};
   std::atomic<uint64_t> direct_bytes_{0};
 };

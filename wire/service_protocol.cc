@@ -125,7 +125,7 @@ std::optional<ControlMessage> ControlMessage::Decode(std::span<const uint8_t> in
   std::memcpy(&version, in.data() + 4, 2);
   std::memcpy(&t, in.data() + 6, 2);
   if (magic != kControlMagic || version != kControlVersion) return std::nullopt;
-  if (t < static_cast<uint16_t>(ControlType::kHello) || t > static_cast<uint16_t>(ControlType::kSteer)) {
+  if (t < static_cast<uint16_t>(ControlType::kHello) || t > static_cast<uint16_t>(ControlType::kAdoptOwner)) {
     return std::nullopt;
   }
   ControlMessage m;
