@@ -49,6 +49,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -188,6 +190,21 @@ std::string Unexpected(int i, const ibv_wc& wc, const uint8_t* bytes, int r, con
   return problem;
 }
 
+// An initiator's XRC_SEND QP, on the device's CQ.
+ibv_qp* CreateXrcSend(Device& d) {
+  ibv_qp_init_attr_ex a{};
+  a.qp_type = IBV_QPT_XRC_SEND;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD;
+  a.pd = d.pd;
+  a.send_cq = d.cq;
+  a.recv_cq = d.cq;
+  a.cap.max_send_wr = kMessages + 4;
+  a.cap.max_send_sge = 1;
+  ibv_qp* qp = ibv_create_qp_ex(d.ctx, &a);
+  if (qp == nullptr) Die("ibv_create_qp_ex (XRC_SEND)");
+  return qp;
+}
+
 // What a receiver tells the parent.
 struct ReceiverInfo {
   uint32_t srqn;
@@ -278,17 +295,8 @@ int Receiver(int r, int fd, const char* domain_file, const char* other_file) {
 // Initiator k: crossed_delivery; then not_ready (initiator 0) and other_domain (0) or write_refused (1).
 int Initiator(int k, int fd) {
   Device d = Open();
-  ibv_qp_init_attr_ex a{};
-  a.qp_type = IBV_QPT_XRC_SEND;
-  a.comp_mask = IBV_QP_INIT_ATTR_PD;
-  a.pd = d.pd;
-  a.send_cq = d.cq;
-  a.recv_cq = d.cq;
-  a.cap.max_send_wr = kMessages + 4;
-  a.cap.max_send_sge = 1;
-  ibv_qp* qp = ibv_create_qp_ex(d.ctx, &a);
-  ibv_qp* qp2 = ibv_create_qp_ex(d.ctx, &a);
-  if (qp == nullptr || qp2 == nullptr) Die("ibv_create_qp_ex (XRC_SEND)");
+  ibv_qp* qp = CreateXrcSend(d);
+  ibv_qp* qp2 = CreateXrcSend(d);
   std::vector<uint8_t> local(kSlot * (kMessages + 1), 0);
   ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) Die("ibv_reg_mr");
@@ -355,6 +363,38 @@ std::string GetProblem(int fd) {
   std::string s(Get<size_t>(fd), '\0');
   if (!s.empty()) ReceiveAll(fd, s.data(), s.size());
   return s;
+}
+
+// Forks `n` children; child c runs body(c, its end of a socket pair to us) and exits with what it returns (exit, not
+// _exit: the device's --stats counters print at its end). Our ends in fds[c], their pids in pids[c].
+void ForkChildren(int n, int* fds, pid_t* pids, const std::function<int(int, int)>& body) {
+  for (int c = 0; c < n; ++c) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) Die("socketpair");
+    pids[c] = fork();
+    if (pids[c] < 0) Die("fork");
+    if (pids[c] == 0) {
+      close(pair[0]);
+      exit(body(c, pair[1]));
+    }
+    close(pair[1]);
+    fds[c] = pair[0];
+  }
+}
+
+// Tells the children `which` to end and waits for them: how many did not exit with 0 (each said).
+int EndChildren(std::initializer_list<int> which, const int* fds, const pid_t* pids) {
+  for (int c : which) Put(fds[c], 'e');
+  int failed = 0;
+  for (int c : which) {
+    int st = 0;
+    waitpid(pids[c], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      printf("xrc_share_check: process %d ended with status 0x%x\n", c, st);
+      ++failed;
+    }
+  }
+  return failed;
 }
 
 // Whether `fd` has something to read within `ms`.
@@ -625,16 +665,7 @@ int OpeningInitiator(int fd, const char* netns, const char* addr) {
     setenv("UROCE_ADDR", addr, 1);  // read when the device is first opened
   }
   Device d = Open();
-  ibv_qp_init_attr_ex a{};
-  a.qp_type = IBV_QPT_XRC_SEND;
-  a.comp_mask = IBV_QP_INIT_ATTR_PD;
-  a.pd = d.pd;
-  a.send_cq = d.cq;
-  a.recv_cq = d.cq;
-  a.cap.max_send_wr = kMessages + 4;
-  a.cap.max_send_sge = 1;
-  ibv_qp* qps[2] = {ibv_create_qp_ex(d.ctx, &a), ibv_create_qp_ex(d.ctx, &a)};
-  if (qps[0] == nullptr || qps[1] == nullptr) Die("ibv_create_qp_ex (XRC_SEND)");
+  ibv_qp* qps[2] = {CreateXrcSend(d), CreateXrcSend(d)};
   std::vector<uint8_t> local(kSlot * kMessages, 0);
   ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) Die("ibv_reg_mr");
@@ -688,23 +719,14 @@ int OpenedTargets(const std::string (&files)[2], const char* netns, const char* 
   constexpr int kChildren = 5;
   int fds[kChildren];
   pid_t pids[kChildren];
-  for (int c = 0; c < kChildren; ++c) {
-    int pair[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) Die("socketpair");
-    pids[c] = fork();
-    if (pids[c] < 0) Die("fork");
-    if (pids[c] == 0) {
-      close(pair[0]);
-      const char* file = files[0].c_str();
-      exit(c == 0   ? Creator(pair[1], file)
-           : c == 1 ? Opener(pair[1], file, files[1].c_str())
-           : c == 2 ? OpeningInitiator(pair[1], netns, addr)
-           : c == 3 ? KilledCreator(pair[1], file)
-                    : SecondOpener(pair[1], file));
-    }
-    close(pair[1]);
-    fds[c] = pair[0];
-  }
+  const char* file = files[0].c_str();
+  ForkChildren(kChildren, fds, pids, [&](int c, int fd) {
+    return c == 0   ? Creator(fd, file)
+           : c == 1 ? Opener(fd, file, files[1].c_str())
+           : c == 2 ? OpeningInitiator(fd, netns, addr)
+           : c == 3 ? KilledCreator(fd, file)
+                    : SecondOpener(fd, file);
+  });
   const int creator = fds[0], opener = fds[1], initiator = fds[2], second = fds[4];
   const CreatorInfo created = Get<CreatorInfo>(creator);
   const uint32_t opener_srqn = Get<uint32_t>(opener);
@@ -762,14 +784,7 @@ int OpenedTargets(const std::string (&files)[2], const char* netns, const char* 
   waitpid(pids[3], &st, 0);
   Put(opener, 'g');
   failed += !Report("creator_killed", GetProblem(opener));
-  for (int c : {1, 2, 4}) {
-    Put(fds[c], 'e');
-    waitpid(pids[c], &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      printf("xrc_share_check: process %d ended with status 0x%x\n", c, st);
-      ++failed;
-    }
-  }
+  failed += EndChildren({1, 2, 4}, fds, pids);
   printf("xrc_share_check: %d of 6 cases failed\n", failed);
   return failed == 0 ? 0 : 1;
 }
@@ -779,19 +794,9 @@ int SharedSrqs(const std::string (&files)[2]) {
   // Children 0 and 1 receive, 2 and 3 initiate.
   int fds[4];
   pid_t pids[4];
-  for (int c = 0; c < 4; ++c) {
-    int pair[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) Die("socketpair");
-    pids[c] = fork();
-    if (pids[c] < 0) Die("fork");
-    if (pids[c] == 0) {
-      close(pair[0]);
-      // exit, not _exit: the device's --stats counters print at its end.
-      exit(c < 2 ? Receiver(c, pair[1], files[0].c_str(), files[1].c_str()) : Initiator(c - 2, pair[1]));
-    }
-    close(pair[1]);
-    fds[c] = pair[0];
-  }
+  ForkChildren(4, fds, pids, [&](int c, int fd) {
+    return c < 2 ? Receiver(c, fd, files[0].c_str(), files[1].c_str()) : Initiator(c - 2, fd);
+  });
   const ReceiverInfo rx[2] = {Get<ReceiverInfo>(fds[0]), Get<ReceiverInfo>(fds[1])};
   uint32_t ix[2][2];
   for (int k = 0; k < 2; ++k) ix[k][0] = Get<uint32_t>(fds[2 + k]), ix[k][1] = Get<uint32_t>(fds[2 + k]);
@@ -848,15 +853,7 @@ int SharedSrqs(const std::string (&files)[2]) {
     too_long_problem += "sender's status " + std::to_string(too_long) + ", want IBV_WC_REM_INV_REQ_ERR; ";
   if (!Get<bool>(fds[0])) too_long_problem += "the receive did not complete with IBV_WC_LOC_LEN_ERR; ";
   failed += !Report("too_long", too_long_problem);
-  for (int c = 0; c < 4; ++c) Put(fds[c], 'e');
-  for (int c = 0; c < 4; ++c) {
-    int st = 0;
-    waitpid(pids[c], &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      printf("xrc_share_check: process %d ended with status 0x%x\n", c, st);
-      ++failed;
-    }
-  }
+  failed += EndChildren({0, 1, 2, 3}, fds, pids);
   printf("xrc_share_check: %d of 5 cases failed\n", failed);
   return failed == 0 ? 0 : 1;
 }
