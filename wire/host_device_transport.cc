@@ -65,7 +65,7 @@ HostDeviceTransport::~HostDeviceTransport() {
 }
 
 HostDeviceTransport::Peer::~Peer() {
-  for (int f : {fd, doorbell, pidfd}) {
+  for (int f : {fd, doorbell, pidfd.load(std::memory_order_acquire)}) {
     if (f >= 0) close(f);
   }
 }
@@ -568,17 +568,19 @@ bool HostDeviceTransport::WatchExit(Peer& peer) {
   epoll_event e{};
   e.events = EPOLLIN;  // readable once the process has exited
   e.data.u64 = kTagPeer | reinterpret_cast<uint64_t>(&peer);
+  peer.pidfd.store(pidfd, std::memory_order_release);  // before it can fire: PeerGone takes it out of our epoll
   if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, pidfd, &e) < 0) {
+    peer.pidfd.store(-1, std::memory_order_release);
     close(pidfd);
     return false;
   }
-  peer.pidfd = pidfd;
   return true;
 }
 
 void HostDeviceTransport::PeerGone(Peer* peer) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->fd, nullptr);
-  if (peer->pidfd >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->pidfd, nullptr);
+  if (const int pidfd = peer->pidfd.load(std::memory_order_acquire); pidfd >= 0)
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, pidfd, nullptr);
   peer->closed.store(true, std::memory_order_seq_cst);
   peer->table.store(nullptr, std::memory_order_seq_cst);
   std::lock_guard lock(peers_mu_);

@@ -211,7 +211,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
     // Its DirectTable, once its ring offer brought one that names the same process; null again once it hangs up or
     // exits. Its exit is seen through a pidfd (pidfd_open(2)) in our epoll: the connection's hang-up alone comes late
     // when a child it forked holds its end, and a pid may be given to another process once its owner is gone.
-    int pidfd = -1;
+    // Set by whichever thread takes its offer, read by the polling thread when it fires (after its epoll_ctl).
+    std::atomic<int> pidfd{-1};
     std::unique_ptr<DirectTable> table_owned;
     std::atomic<DirectTable*> table{nullptr};
     ~Peer();
