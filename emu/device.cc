@@ -901,6 +901,7 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     if (PathWaitersMayWakeLocked()) next = now;
     // Our target QPs other processes hold handles on: asked again whether they still do.
     if (!unheld_targets_.empty()) next = wire::EarlierDeadline(next, now + kUnheldTargetLookNs);
+    next = wire::EarlierDeadline(next, EndOrphanedMessagesLocked(now));
     MutexLock lock(core_.timers_mu());
     core_.poller_deadline() = wire::EarlierDeadline(next, poller_returns_by_ns);
   }

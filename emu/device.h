@@ -16,6 +16,7 @@
 // Errors follow the verbs convention: 0 or a positive errno value (EINVAL, ENOMEM, EBUSY, EOPNOTSUPP, ...).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -60,10 +61,10 @@ class Device {
   // (ConnectionManager::OnPeerProcessGone), and the messages its target QPs were handing to our shared XRC SRQs end
   // with their WQEs flushed, as its kernel's QP going away would leave them.
   void OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner);
-  // We exit: our XRC target QPs that other processes of the host may hold are handed over as they are now (their
-  // attributes and responder state), so that a holder runs them on (OnPeerProcessGone, AdoptTargetsOf). Call once
-  // nothing runs the QPs any more.
-  void HandOverTargets();
+  // A message such a process's target QP was handing to our SRQ, when another process holds that target and may run
+  // it on, waits this long for its next piece before its WQE completes flushed: a requester's retransmission timeout
+  // (4.3 s at timeout 20) and the taking over.
+  static constexpr uint64_t kOrphanedMessageWaitNs = 5'000'000'000;
 
   // --- objects ------------------------------------------------------------------------------------------------
   ProtectionDomain* AllocPd();
@@ -164,9 +165,13 @@ class Device {
   // destroyed once none does (RunTimers, every kUnheldTargetLookNs); whether `qpn` is one of those (with the lock);
   // a domain closed while such a QP lived forgotten once none uses it (with the lock held exclusively).
   int CloseElsewhere(QueuePair* qp);
-  // The process of `owner` is gone: of the target QPs of its we hold, those it handed over become ours (its number
-  // taken over at the service, their state as it left them); their QPNs. *taken_elsewhere: another holder took them.
+  // The process of `owner` is gone: the target QPs of its we hold become ours (its number taken over at the service,
+  // each QP run on from the state it last published); their QPNs. *taken_elsewhere: another holder took them.
   std::vector<uint32_t> AdoptTargetsOf(uint8_t owner, bool* taken_elsewhere);
+  // A handle of ours becomes the QP, in the state `t` (with its lock and the object lock held exclusively): a SEND in
+  // progress into another process's SRQ is handed on (its pending piece again, resent); one into ours goes on from
+  // what reached us; a claim on our SRQ whose first piece never came gives its WQE back.
+  void RunOnFromLocked(QueuePair& qp, const SharedTargetState& t);
   void EndUnheldTargets(OutBatch& out);
   bool IsUnheldTargetLocked(uint32_t qpn) const;
   void ForgetXrcdIfUnusedLocked(XrcDomain* xrcd);
@@ -208,8 +213,10 @@ class Device {
   // completer. True when the response opened the path's window: the caller wakes its waiters once the QP's lock is
   // released (WakePathWaitersLocked).
   bool ReceiveRcLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
-  // XRC target (xrc.cc): checks the XRCETH's SRQ and runs the QP's RC responder with that SRQ's PD, CQ and WQEs.
+  // XRC target (xrc.cc): checks the XRCETH's SRQ and runs the QP's RC responder with that SRQ's PD, CQ and WQEs
+  // (ExecuteXrcTargetLocked), then publishes the QP's state if other processes may hold it.
   void ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
+  void ExecuteXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out);
   // Whether `srqn` is another process's XRC SRQ of `target`'s domain (DeviceConfig::shared_xrc), or may be: that
   // process cannot be asked yet.
   bool MayBeSharedXrcSrq(const QueuePair& target, uint32_t srqn) const;
@@ -273,9 +280,16 @@ class Device {
     uint64_t index = 0;  // its number in the SRQ (wire::XrcDelivery::index)
     uint64_t offset = 0;
     WcStatus status = WcStatus::kSuccess;
+    // When its target's process went, if another process holds that target and may run it on (0: not orphaned).
+    uint64_t orphaned_ns = 0;
   };
+  // Ends the orphaned messages that waited that long; when the next would (0: none waits). With the object lock.
+  uint64_t EndOrphanedMessagesLocked(uint64_t now);
+  std::atomic<bool> orphaned_messages_{false};  // some may be waiting
   Mutex xrc_inbound_mu_;
   std::unordered_map<uint64_t, XrcInbound> xrc_inbound_ GUARDED_BY(xrc_inbound_mu_);
+  // By target QPN: the PSN of the last piece it handed us (a resent piece up to it is dropped: wire::XrcDelivery).
+  std::unordered_map<uint32_t, uint32_t> xrc_last_psn_ GUARDED_BY(xrc_inbound_mu_);
   ConnectionManager cm_;  // its own lock, never taken with objects_mu_ held
 };
 

@@ -558,16 +558,32 @@ bool DeviceCore::SharesTarget(const QueuePair& qp) const {
          qp.init().xrcd != nullptr && qp.init().xrcd->inode().has_value() && !qp.runs_elsewhere;
 }
 
+void DeviceCore::PublishTargetState(QueuePair& qp, bool pending) {
+  static_assert(std::is_trivially_copyable_v<SharedTargetState> &&
+                sizeof(SharedTargetState) <= wire::kTargetAttributeBytes);
+  SharedTargetState t;
+  t.attributes = qp.attributes();
+  t.msn = qp.responder().state().msn;
+  t.pending = pending;
+  const InboundMessage& m = qp.inbound();
+  if (m.relay_srqn != 0) {
+    // A message into our own SRQ is not published: that SRQ goes with us.
+    t.in_message = m.kind == InboundMessage::Kind::kSend;
+    t.relay_srqn = m.relay_srqn;
+    t.relay_length = m.relay_length;
+    t.relay_index = m.relay_index;
+    t.offset = m.offset;
+  }
+  config.shared_xrc->PublishXrcTarget(qp.qpn(), *qp.init().xrcd->inode(),
+                                      {reinterpret_cast<const uint8_t*>(&t), sizeof t}, nullptr);
+}
+
 void DeviceCore::PublishDirect(QueuePair& qp, bool gone) {
   if (SharesTarget(qp)) {
-    // What the other processes' handles report (ibv_query_qp(3)); copied whole, as both ends run one build's layout.
-    static_assert(std::is_trivially_copyable_v<QpAttributes> && sizeof(QpAttributes) <= wire::kTargetAttributeBytes);
-    const QpAttributes& a = qp.attributes();
     if (gone) {
       config.shared_xrc->WithdrawXrcTarget(qp.qpn());
     } else {
-      config.shared_xrc->PublishXrcTarget(qp.qpn(), *qp.init().xrcd->inode(),
-                                          {reinterpret_cast<const uint8_t*>(&a), sizeof a}, nullptr);
+      PublishTargetState(qp, /*pending=*/false);
     }
     return;
   }

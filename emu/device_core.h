@@ -178,6 +178,23 @@ struct DeviceCounters {
 std::string FormatCounters(const DeviceCounters& c);
 
 
+// What the host's other processes see of a shared XRC target QP (wire::SharedXrc::PublishXrcTarget): its attributes
+// first (a handle's ibv_query_qp reads them), then what a process taking it over needs of its responder. Copied whole
+// between processes, which run one build.
+struct SharedTargetState {
+  QpAttributes attributes;  // rq_psn: the next PSN it expects
+  uint32_t msn = 0;
+  // A SEND in progress into another process's SRQ (InboundMessage::kind and its relay), or a first packet's claim kept
+  // for its retransmission (relay_srqn set, not in_message).
+  bool in_message = false;
+  // Published just before the piece at attributes.rq_psn was handed to another process: it may have arrived there.
+  bool pending = false;
+  uint32_t relay_srqn = 0;
+  uint32_t relay_length = 0;
+  uint64_t relay_index = 0;
+  uint64_t offset = 0;
+};
+
 class DeviceCore {
  public:
   DeviceCore(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
@@ -365,6 +382,10 @@ class DeviceCore {
   // Whether the host's other processes may open `qp` (ibv_open_qp(3)): an XRC target QP of a domain opened by a file,
   // on the host device.
   bool SharesTarget(const QueuePair& qp) const;
+  // Publishes such a QP's state (SharedTargetState) for a process that may take it over: after every request it
+  // executes (Device::ReceiveXrcTargetLocked), and `pending` just before it hands a piece at its rq_psn to another
+  // process (RcResponder::HandSend). With the QP's lock held.
+  void PublishTargetState(QueuePair& qp, bool pending);
   // Shows the QP's receive queue as it is now in its window: the lengths of WQEs not yet shown, how many WQEs
   // messages that came as packets have taken. With the QP's lock held, after every post and take.
   void PublishReceives(QueuePair& qp);

@@ -148,6 +148,10 @@ class QueuePair {
   // attributes are what that process publishes; and whether that process is gone (the QP with it).
   bool runs_elsewhere = false;
   bool gone_elsewhere = false;
+  // XRC_RECV taken over from a gone process whose last state was published pending (SharedTargetState): the piece
+  // at `resend_psn`, which it may have handed already, goes again marked resent (wire::XrcDelivery).
+  bool resend_pending = false;
+  uint32_t resend_psn = 0;
   // XRC_RECV: the PD and receive CQ borrowed from the SRQ named by the request being processed, and that SRQ.
   SharedReceiveQueue* packet_srq = nullptr;
   // ... or, when that SRQ is another process's of the host (wire::SharedXrc), its number.

@@ -452,6 +452,8 @@ RequestOutcome RcResponder::HandSend(const Request& q) {
   d.target_qpn = qp_.qpn();
   d.src_qpn = qp_.attributes().dest_qp_num;
   d.index = m.relay_index;
+  d.psn = q.psn;
+  d.resent = qp_.resend_pending && q.psn == qp_.resend_psn;
   d.first = q.starts;
   d.last = q.ends;
   d.solicited = q.p.bth.solicited;
@@ -459,6 +461,9 @@ RequestOutcome RcResponder::HandSend(const Request& q) {
     d.with_imm = true;
     d.imm = q.p.imm->imm;
   }
+  // Our state as it is before the piece leaves: if we die before the state after it is published, whoever takes the
+  // QP over hands this piece again, marked resent (wire/direct_access.h).
+  if (core_.SharesTarget(qp_)) core_.PublishTargetState(qp_, /*pending=*/true);
   if (core_.config.shared_xrc->DeliverXrc(d, q.p.payload)) {
     core_.Count(&DeviceCounters::xrc_pieces_handed);
     return RequestOutcome::kPass;

@@ -662,10 +662,9 @@ struct HostProcesses {
     }
     bool ReleaseXrcTarget(uint32_t qpn) override { return table->ReleaseTarget(qpn); }
     void WithdrawXrcTarget(uint32_t qpn) override { table->WithdrawTarget(qpn); }
-    void HandOverXrcTarget(uint32_t qpn) override { table->HandOverTarget(qpn); }
-    bool ReadHandedOverXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) override {
+    bool ReadGoneXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) override {
       Process* p = host->ByOwner(wire::OwnerOf24(qpn));
-      return p != nullptr && p->table->TargetHandedOver(qpn, holders) && p->table->ReadTarget(qpn, attributes);
+      return p != nullptr && p->table->TargetHolders(qpn, holders) && p->table->ReadTarget(qpn, attributes);
     }
     // As the service answers (the fabric's packets still go by address: a test hands the adopter its packets).
     int AdoptOwner(uint8_t) override { return adopt_result; }
@@ -1109,13 +1108,14 @@ TEST(XrcTargetAcrossProcesses, AHolderWhoseProcessIsGoneHoldsNothing) {
   EXPECT_EQ(sent[0].status, WcStatus::kRetryExcErr);
 }
 
-// The target's process gone: the QP went with it (README: a kernel's would live on). The holder gets the QP's
+// The target's process gone and its number not to be taken over: the QP went with it. The holder gets the QP's
 // catastrophic error event (IBTA 11.6.3.1), its handle reports the error state, and it cannot be opened again.
 TEST(XrcTargetAcrossProcesses, TheTargetsProcessGoneIsTheHandlesFatalError) {
   SharedXrcBench x;
   const uint32_t qpn = x.link.tq->qpn();
   QueuePair* h = nullptr;
   ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
+  x.host.procs[1].adopt_result = -EINVAL;  // its number cannot be taken over
   x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
   ASSERT_EQ(x.b->events.size(), 1u);
   EXPECT_EQ(x.b->events[0].type, AsyncEventType::kQpFatal);
@@ -1128,18 +1128,17 @@ TEST(XrcTargetAcrossProcesses, TheTargetsProcessGoneIsTheHandlesFatalError) {
   EXPECT_EQ(x.b->device->DestroyQp(h), 0);
 }
 
-// The target's process exits (not killed) while another process holds the QP, in the middle of a SEND into that
-// process's SRQ: it hands the QP over as it stops, and the holder, once it sees the process gone, runs the QP from
-// there: no fatal event, the handle is the QP's own, and the message's next packets (now arriving at the holder, as
-// the service routes the gone process's number there) finish it in the WQE it had taken.
-TEST(XrcTargetAcrossProcesses, AHolderRunsTheTargetOnAfterItsProcessExited) {
+// The target's process is gone (exited or killed) while another process holds the QP, in the middle of a SEND into
+// that process's SRQ: the holder, once it sees the process gone, runs the QP from the state it last published: no
+// fatal event, the handle is the QP's own, and the message's next packets (now arriving at the holder, as the
+// service routes the gone process's number there) finish it in the WQE it had taken.
+TEST(XrcTargetAcrossProcesses, AHolderRunsTheTargetOnAfterItsProcessIsGone) {
   SharedXrcBench x;
   const uint32_t qpn = x.link.tq->qpn();
   QueuePair* h = nullptr;
   ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
   ASSERT_NO_FATAL_FAILURE(HandFirstPacketOnly(x));  // 1024 of a 3-packet SEND into b's SRQ, its WQE 1 taken there
   const uint32_t next_psn = x.link.tq->attributes().rq_psn;
-  x.a->device->HandOverTargets();
   x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
   EXPECT_TRUE(x.b->events.empty());
   EXPECT_EQ(x.b->device->counters().xrc_targets_adopted, 1u);
@@ -1183,13 +1182,117 @@ TEST(XrcTargetAcrossProcesses, AnotherHolderTakesItOrNobodyCan) {
   SharedXrcBench x;
   QueuePair* h = nullptr;
   ASSERT_EQ(x.b->device->OpenQp(x.xb, x.link.tq->qpn(), QpType::kXrcRecv, &h), 0);
-  x.a->device->HandOverTargets();
   x.host.procs[1].adopt_result = -EALREADY;
   x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
   EXPECT_TRUE(x.b->events.empty());
   EXPECT_TRUE(h->runs_elsewhere);
   EXPECT_EQ(x.b->device->counters().xrc_targets_adopted, 0u);
   EXPECT_EQ(x.b->device->DestroyQp(h), 0);
+}
+
+// The gone process's last state was published just before it handed a piece (pending), which arrived: the holder
+// that takes the QP over counts that piece as received (its own SRQ has it) and does not place it twice.
+TEST(XrcTargetAcrossProcesses, APieceHandedJustBeforeTheProcessWentIsNotTakenTwice) {
+  SharedXrcBench x;
+  const uint32_t qpn = x.link.tq->qpn();
+  QueuePair* h = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
+  ASSERT_NO_FATAL_FAILURE(HandFirstPacketOnly(x));
+  // As if it died between handing the first piece and publishing its state after it.
+  SharedTargetState pending;
+  pending.attributes = x.link.tq->attributes();
+  const uint32_t first_psn = (pending.attributes.rq_psn + 0xffffff) & 0xffffff;
+  pending.attributes.rq_psn = first_psn;
+  pending.msn = x.link.tq->responder().state().msn;
+  pending.in_message = true;
+  pending.pending = true;
+  pending.relay_srqn = x.srq->srqn();
+  pending.relay_index = x.link.tq->inbound().relay_index;
+  pending.relay_length = x.link.tq->inbound().relay_length;
+  ASSERT_TRUE(x.host.procs[0].table->PublishTarget(qpn, kDomainFile, {reinterpret_cast<const uint8_t*>(&pending),
+                                                                        sizeof pending}));
+  x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
+  QpAttributes got;
+  ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
+  EXPECT_EQ(got.rq_psn, (first_psn + 1) & 0xffffff);
+  const std::vector<uint8_t> last(700, 0x7c);
+  wire::PacketSpec spec;
+  spec.bth.dest_qp = qpn;
+  spec.xrc = wire::XrcEth{.srqn = x.srq->srqn()};
+  spec.bth.opcode = wire::opcode::kXrcBase | 0x02;  // XRC SEND LAST
+  spec.bth.psn = (first_psn + 1) & 0xffffff;
+  spec.bth.ack_req = true;
+  x.f.Inject(*x.i, *x.b, spec, last);
+  x.f.PumpUntil(x.f.clock().NowNs() + 5'000'000);
+  auto done = Drain(x.bcq);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(done[0].byte_len, 1024u + 700);
+  EXPECT_EQ(x.dst.bytes[1023], 0x5a);
+  EXPECT_EQ(x.dst.bytes[1024], 0x7c);
+  EXPECT_EQ(x.b->device->DestroyQp(h), 0);
+}
+
+// A piece a target hands again marked resent (its new runner's first), which the SRQ's process has already, is
+// dropped there; one it has not had is placed.
+TEST(XrcAcrossProcesses, APieceHandedAgainThatArrivedBeforeIsDropped) {
+  SharedXrcBench x;
+  ASSERT_NO_FATAL_FAILURE(HandFirstPacketOnly(x));  // first piece placed, WQE 1 taken
+  const uint32_t first_psn = (x.link.tq->attributes().rq_psn + 0xffffff) & 0xffffff;
+  wire::XrcDelivery again;
+  again.srqn = x.srq->srqn();
+  again.target_qpn = x.link.tq->qpn();
+  again.index = x.link.tq->inbound().relay_index;
+  again.psn = first_psn;
+  again.first = again.resent = true;
+  std::vector<uint8_t> record(wire::XrcDelivery::kSize);
+  again.Encode(record.data());
+  record.resize(record.size() + 1024, 0x33);
+  x.host.procs[1].ring.push_back(record);
+  const uint64_t dropped = x.b->device->counters().xrc_pieces_dropped;
+  x.host.procs[1].DeliverRing(*x.b->device);
+  EXPECT_EQ(x.b->device->counters().xrc_pieces_dropped, dropped + 1);
+  EXPECT_EQ(x.dst.bytes[0], 0x5a);  // not overwritten
+  EXPECT_TRUE(Drain(x.bcq).empty());  // the message is still open, its WQE not flushed
+  EXPECT_EQ(x.srq->depth(), 1u);
+}
+
+// The target's process dies with a message half handed over, but another process holds that target (and runs it on,
+// elsewhere): the WQE waits for its next pieces, which finish it; one that never comes is flushed after
+// Device::kOrphanedMessageWaitNs.
+TEST(XrcTargetAcrossProcesses, AMessageOfATargetRunOnElsewhereWaitsForItsPieces) {
+  for (const bool comes : {true, false}) {
+    SCOPED_TRACE(comes ? "the rest comes" : "nothing comes");
+    SharedXrcBench x;
+    QueuePair* h = nullptr;
+    ASSERT_EQ(x.b->device->OpenQp(x.xb, x.link.tq->qpn(), QpType::kXrcRecv, &h), 0);
+    x.host.procs[1].adopt_result = -EALREADY;  // a third process took it over
+    ASSERT_NO_FATAL_FAILURE(HandFirstPacketOnly(x));
+    const uint32_t next_psn = x.link.tq->attributes().rq_psn;
+    x.b->device->OnPeerProcessGone(x.a->device->config().address, 1);
+    EXPECT_TRUE(Drain(x.bcq).empty());
+    if (comes) {
+      wire::XrcDelivery rest;  // as the process that runs the target now hands it
+      rest.srqn = x.srq->srqn();
+      rest.target_qpn = x.link.tq->qpn();
+      rest.index = x.link.tq->inbound().relay_index;
+      rest.psn = next_psn;
+      rest.last = true;
+      std::vector<uint8_t> record(wire::XrcDelivery::kSize);
+      rest.Encode(record.data());
+      record.resize(record.size() + 300, 0x44);
+      x.host.procs[1].ring.push_back(record);
+      x.host.procs[1].DeliverRing(*x.b->device);
+    }
+    x.f.PumpUntil(x.f.clock().NowNs() + Device::kOrphanedMessageWaitNs + 1'000'000'000);
+    auto got = Drain(x.bcq);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].wr_id, 1u);
+    EXPECT_EQ(got[0].status, comes ? WcStatus::kSuccess : WcStatus::kWrFlushErr);
+    if (comes) {
+      EXPECT_EQ(got[0].byte_len, 1024u + 300);
+    }
+  }
 }
 
 }  // namespace

@@ -70,6 +70,13 @@ void ToQpTransport(const QueuePair& qp, const SendWr* wr, wire::PacketSpec& spec
 }
 
 void Device::ReceiveXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
+  ExecuteXrcTargetLocked(qp, p, out);
+  if (qp->resend_pending && PsnDiff(qp->attributes().rq_psn, qp->resend_psn) > 0) qp->resend_pending = false;
+  // Its state as it is now, for a process that may take the QP over (wire/direct_access.h).
+  if (core_.SharesTarget(*qp)) core_.PublishTargetState(*qp, /*pending=*/false);
+}
+
+void Device::ExecuteXrcTargetLocked(QueuePair* qp, const wire::PacketView& p, OutBatch& out) {
   if (!p.info->is_request || !p.xrc) {
     core_.Count(&DeviceCounters::rx_wrong_transport);  // a target only responds; responses to it make no sense
     return;
@@ -152,6 +159,18 @@ void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
   MutexLock lock(xrc_inbound_mu_);
   const uint64_t key = uint64_t{h->srqn} << 32 | h->target_qpn;
   auto it = xrc_inbound_.find(key);
+  if (!h->abort) {
+    // The last PSN each target handed us: a piece handed again by the process that took a gone target over, which
+    // we have already (wire::XrcDelivery::resent), is dropped.
+    auto [last, fresh] = xrc_last_psn_.try_emplace(h->target_qpn, h->psn);
+    if (!fresh && h->resent && PsnDiff(h->psn, last->second) <= 0) {
+      core_.Count(&DeviceCounters::xrc_pieces_dropped);
+      return;
+    }
+    last->second = h->psn;
+  } else {
+    xrc_last_psn_.erase(h->target_qpn);
+  }
   if (h->abort) {
     // The target abandoned the message (its QP left RTR/RTS, or the message was longer than the WQE): the WQE it
     // claimed completes with the status it says, as the target's own receive would have (IBTA 10.3.1, 9.7.5.2.x).
@@ -185,6 +204,7 @@ void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
     return;
   }
   XrcInbound& m = it->second;
+  m.orphaned_ns = 0;  // its target runs (on)
   // The target checked the length against the WQE's (HandSend); our keys may still refuse the buffers.
   if (m.status == WcStatus::kSuccess) m.status = core_.Scatter(srq->pd(), m.wr.sg_list, m.offset, bytes);
   m.offset += bytes.size();
@@ -219,69 +239,51 @@ void Device::EndHandedMessagesLocked(const std::function<bool(uint32_t target_qp
   }
 }
 
-namespace {
-
-// What a target QP's process publishes as it exits (Device::HandOverTargets), for the holder that runs it on: its
-// attributes (rq_psn: the next PSN it expects) and the responder's state they do not hold.
-struct HandedOverTarget {
-  QpAttributes attributes;
-  uint32_t msn = 0;
-  // A SEND in progress into another process's SRQ (InboundMessage's relay): the WQE claimed, how far it is filled.
-  uint32_t relay_srqn = 0;
-  uint32_t relay_length = 0;
-  uint64_t relay_index = 0;
-  uint64_t offset = 0;
-};
-static_assert(std::is_trivially_copyable_v<HandedOverTarget> && sizeof(HandedOverTarget) <= wire::kTargetAttributeBytes);
-
-template <typename T>
-std::span<uint8_t> BytesOf(T& v) {
-  return {reinterpret_cast<uint8_t*>(&v), sizeof v};
-}
-
-}  // namespace
-
-void Device::HandOverTargets() {
-  if (core_.config.shared_xrc == nullptr) return;
-  std::shared_lock objects(objects_mu_);
-  for (auto& [qpn, qp] : qps_) {
-    if (!core_.SharesTarget(*qp)) continue;
-    std::lock_guard lock(qp->mutex());
-    HandedOverTarget h;
-    h.attributes = qp->attributes();
-    h.msn = qp->responder().state().msn;
-    const InboundMessage& in = qp->inbound();
-    if (in.kind == InboundMessage::Kind::kSend && in.relay_srqn != 0) {
-      // A message into our own SRQ goes with us: the holder finds none in progress (the next packet of it is
-      // refused there, as by a QP whose SRQ was destroyed).
-      h.relay_srqn = in.relay_srqn;
-      h.relay_length = in.relay_length;
-      h.relay_index = in.relay_index;
-      h.offset = in.offset;
+uint64_t Device::EndOrphanedMessagesLocked(uint64_t now) {
+  if (!orphaned_messages_.load(std::memory_order_acquire)) return 0;  // the common case: one load
+  uint64_t next = 0;
+  MutexLock lock(xrc_inbound_mu_);
+  bool waiting = false;
+  for (auto it = xrc_inbound_.begin(); it != xrc_inbound_.end();) {
+    const uint64_t since = it->second.orphaned_ns;
+    auto srq = srqs_.find(uint32_t(it->first >> 32));
+    if (since == 0 || srq == srqs_.end()) {
+      ++it;
+      continue;
     }
-    core_.config.shared_xrc->PublishXrcTarget(qpn, *qp->init().xrcd->inode(), BytesOf(h), nullptr);
-    core_.config.shared_xrc->HandOverXrcTarget(qpn);
+    if (now - since < kOrphanedMessageWaitNs) {
+      waiting = true;
+      next = wire::EarlierDeadline(next, since + kOrphanedMessageWaitNs);
+      ++it;
+      continue;
+    }
+    const uint32_t target_qpn = uint32_t(it->first);
+    core_.Complete(srq->second->cq(), DeviceCore::ReceiveError(target_qpn, it->second.wr.wr_id, WcStatus::kWrFlushErr));
+    it = xrc_inbound_.erase(it);
   }
+  orphaned_messages_.store(waiting, std::memory_order_release);
+  return next;
 }
 
 std::vector<uint32_t> Device::AdoptTargetsOf(uint8_t owner, bool* taken_elsewhere) {
   *taken_elsewhere = false;
-  struct Handed {
+  struct Gone {
     uint32_t qpn;
-    HandedOverTarget state;
+    SharedTargetState state;
     uint64_t holders[4];
   };
-  std::vector<Handed> handed;
+  std::vector<Gone> gone;
   {
     std::shared_lock objects(objects_mu_);
     if (core_.config.shared_xrc == nullptr) return {};
     for (auto& [qpn, qp] : opened_targets_) {
       if (wire::OwnerOf24(qpn) != owner || qp->gone_elsewhere) continue;
-      Handed h{qpn, {}, {}};
-      if (core_.config.shared_xrc->ReadHandedOverXrcTarget(qpn, BytesOf(h.state), h.holders)) handed.push_back(h);
+      Gone g{qpn, {}, {}};
+      std::span<uint8_t> bytes(reinterpret_cast<uint8_t*>(&g.state), sizeof g.state);
+      if (core_.config.shared_xrc->ReadGoneXrcTarget(qpn, bytes, g.holders)) gone.push_back(g);
     }
   }
-  if (handed.empty()) return {};
+  if (gone.empty()) return {};
   // Its number becomes ours at the service (without our lock: the service may make us wait for its leaving).
   if (const int rc = core_.config.shared_xrc->AdoptOwner(owner); rc != 0) {
     *taken_elsewhere = rc == -EALREADY;  // another holder runs them: our handles reach them there
@@ -289,55 +291,112 @@ std::vector<uint32_t> Device::AdoptTargetsOf(uint8_t owner, bool* taken_elsewher
   }
   std::vector<uint32_t> adopted;
   std::unique_lock lock(objects_mu_);
-  for (Handed& h : handed) {
-    auto it = opened_targets_.find(h.qpn);
+  for (Gone& g : gone) {
+    auto it = opened_targets_.find(g.qpn);
     if (it == opened_targets_.end()) continue;  // its last handle went meanwhile
     std::unique_ptr<QueuePair> qp = std::move(it->second);
     opened_targets_.erase(it);
     {
       std::lock_guard qp_lock(qp->mutex());
-      qp->runs_elsewhere = false;
-      qp->mutable_attributes() = h.state.attributes;
-      qp->responder().state().msn = h.state.msn;
-      qp->responder().state().comm_established = true;
-      InboundMessage& in = qp->inbound();
-      if (h.state.relay_srqn != 0) {
-        in.kind = InboundMessage::Kind::kSend;
-        in.offset = h.state.offset;
-        MutexLock inbound(xrc_inbound_mu_);
-        auto mine = xrc_inbound_.find(uint64_t(h.state.relay_srqn) << 32 | h.qpn);
-        if (mine != xrc_inbound_.end()) {
-          // Into one of our SRQs, whose WQE we took at its first piece: it goes on here as the QP's own message.
-          in.rqe = std::move(mine->second.wr);
-          in.offset = mine->second.offset;
-          xrc_inbound_.erase(mine);
-        } else {
-          in.rqe = RecvWr{};  // another process's: handed on from where its creator stopped
-          in.relay_srqn = h.state.relay_srqn;
-          in.relay_index = h.state.relay_index;
-          in.relay_length = h.state.relay_length;
-        }
-      }
+      RunOnFromLocked(*qp, g.state);
       // Published as ours, held by the other processes that held it (our own handles are counted here).
       const uint8_t me = core_.config.owner;
-      h.holders[me / 64] &= ~(uint64_t{1} << (me % 64));
-      core_.config.shared_xrc->PublishXrcTarget(h.qpn, *qp->init().xrcd->inode(), BytesOf(qp->mutable_attributes()),
-                                                h.holders);
+      g.holders[me / 64] &= ~(uint64_t{1} << (me % 64));
+      SharedTargetState now = g.state;
+      now.attributes = qp->attributes();
+      core_.config.shared_xrc->PublishXrcTarget(g.qpn, *qp->init().xrcd->inode(),
+                                                {reinterpret_cast<const uint8_t*>(&now), sizeof now}, g.holders);
     }
     core_.Count(&DeviceCounters::xrc_targets_adopted);
-    adopted.push_back(h.qpn);
-    qps_[h.qpn] = std::move(qp);
+    adopted.push_back(g.qpn);
+    qps_[g.qpn] = std::move(qp);
   }
   return adopted;
 }
 
+void Device::RunOnFromLocked(QueuePair& qp, const SharedTargetState& t) {
+  qp.runs_elsewhere = false;
+  qp.mutable_attributes() = t.attributes;
+  qp.responder().state().msn = t.msn;
+  qp.responder().state().comm_established = true;
+  InboundMessage& in = qp.inbound();
+  in = InboundMessage{};
+  const uint32_t at = t.attributes.rq_psn;
+  // A pending first piece was handed before its message counted as open (RcResponder::ExecuteMessagePacket keeps
+  // the claim for its retransmission, as after an RNR NAK).
+  const bool open = t.in_message && !(t.pending && t.offset == 0);
+  if (t.relay_srqn == 0) return;  // nothing in progress, or into the gone process's own SRQ (gone with it)
+  if (wire::OwnerOf24(t.relay_srqn) != core_.config.owner) {
+    // Another process's SRQ: handed on from where the gone process stopped; the pending piece again, resent.
+    in.kind = open ? InboundMessage::Kind::kSend : InboundMessage::Kind::kNone;
+    in.rqe = RecvWr{};
+    in.relay_srqn = t.relay_srqn;
+    in.relay_index = t.relay_index;
+    in.relay_length = t.relay_length;
+    in.offset = t.offset;
+    qp.resend_pending = t.pending;
+    qp.resend_psn = at;
+    return;
+  }
+  // Ours: what reached us decides. The pending piece did if it is the last we were handed by this target.
+  MutexLock inbound(xrc_inbound_mu_);
+  auto last = xrc_last_psn_.find(qp.qpn());
+  const bool arrived = t.pending && last != xrc_last_psn_.end() && last->second == at;
+  auto mine = xrc_inbound_.find(uint64_t(t.relay_srqn) << 32 | qp.qpn());
+  if (mine != xrc_inbound_.end()) {
+    // A message whose WQE we took at its first piece goes on here as the QP's own.
+    in.kind = InboundMessage::Kind::kSend;
+    in.rqe = std::move(mine->second.wr);
+    in.offset = mine->second.offset;
+    xrc_inbound_.erase(mine);
+    if (arrived) qp.mutable_attributes().rq_psn = PsnAdd(at, 1);
+    return;
+  }
+  if (arrived && t.in_message) {
+    // It was the message's last piece: completed here.
+    qp.mutable_attributes().rq_psn = PsnAdd(at, 1);
+    qp.responder().state().msn = PsnAdd(t.msn, 1);
+    return;
+  }
+  // A claim on our SRQ whose first piece never came: the WQE goes back (the QP, ours now, takes its WQEs itself).
+  auto srq = srqs_.find(t.relay_srqn);
+  if (srq == srqs_.end()) return;
+  bool limit_reached = false;
+  if (std::optional<RecvWr> wr = srq->second->TakeAt(t.relay_index, &limit_reached)) srq->second->Post(std::move(*wr));
+  core_.ShowSharedWqes(*srq->second);
+}
+
 void Device::OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner) {
   cm_.OnPeerProcessGone(peer, owner);
-  // Its target QPs we hold that it handed over as it exited run here from now on (or in another holder's process).
+  // Its target QPs we hold run here from now on, from the state it last published (or in another holder's process).
   bool taken_elsewhere = false;
   const std::vector<uint32_t> adopted = AdoptTargetsOf(owner, &taken_elsewhere);
   std::shared_lock objects(objects_mu_);
-  EndHandedMessagesLocked([owner](uint32_t target_qpn) { return wire::OwnerOf24(target_qpn) == owner; });
+  // The messages its target QPs were handing to our SRQs end (their WQEs flushed), but those of a target another
+  // process holds, which that process may run on: they wait for its pieces (EndOrphanedMessagesLocked).
+  std::vector<uint32_t> targets;
+  {
+    MutexLock lock(xrc_inbound_mu_);
+    for (const auto& [key, m] : xrc_inbound_)
+      if (wire::OwnerOf24(uint32_t(key)) == owner) targets.push_back(uint32_t(key));
+  }
+  std::vector<uint32_t> held;
+  for (uint32_t target : targets) {
+    uint64_t holders[4] = {};
+    if (core_.config.shared_xrc != nullptr && core_.config.shared_xrc->ReadGoneXrcTarget(target, {}, holders) &&
+        (holders[0] | holders[1] | holders[2] | holders[3]) != 0)
+      held.push_back(target);
+  }
+  const uint64_t now = core_.Now();
+  {
+    MutexLock lock(xrc_inbound_mu_);
+    for (auto& [key, m] : xrc_inbound_)
+      if (std::find(held.begin(), held.end(), uint32_t(key)) != held.end() && m.orphaned_ns == 0) m.orphaned_ns = now;
+    if (!held.empty()) orphaned_messages_.store(true, std::memory_order_release);
+  }
+  EndHandedMessagesLocked([&](uint32_t target_qpn) {
+    return wire::OwnerOf24(target_qpn) == owner && std::find(held.begin(), held.end(), target_qpn) == held.end();
+  });
   if (taken_elsewhere) return;
   // The others went with it (its kernel's would have lived on: README, XRC): the QP's catastrophic error (IBTA
   // 11.6.3.1) tells the holder.

@@ -192,8 +192,8 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std
       return Reply(p, ControlType::kReply, 0, m.value);
     }
     case ControlType::kAdoptOwner: {
-      // A number whose process has left, taken over by one that holds XRC target QPs it handed over as it exited
-      // (wire/direct_access.h): its packets go there until that process leaves. Not a live process's number.
+      // A number whose process has left, taken over by one that holds XRC target QPs of it, which it runs on from
+      // there (wire/direct_access.h): its packets go there until that process leaves. Not a live process's number.
       const uint64_t n = m.value;
       if (p.owner == 0 || n == 0 || n >= 256 || n == p.owner) return refuse(EINVAL, ControlType::kReply);
       if (Process* holder = by_owner_[n]; holder != nullptr) {

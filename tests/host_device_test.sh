@@ -22,8 +22,8 @@
 #                                 until the other process posts; another domain's SRQ, a WRITE and a SEND longer than
 #                                 the receive refused as the SRQ's own target refuses them; `open`: other processes
 #                                 open target QPs by number (ibv_open_qp), which live on while one holds them: after
-#                                 their creator let go, and after it exited (a holder runs them on), not after it was
-#                                 killed; one goes with its last handle), and
+#                                 their creator let go, and after it exited or was killed (a holder runs them on);
+#                                 one goes with its last handle), and
 #                                 ibv_xsrq_pingpong with three clients, whose server answers each client through
 #                                 another client's target QP
 #   xrc_open_across_hosts         (root) the same `open` check with the initiator on another host (two network

@@ -28,10 +28,11 @@
 //                     with IBV_WC_RETRY_EXC_ERR, opening it again is EINVAL)
 //   creator_exit      the creator's process exits (without closing anything) while the opener and a second opener
 //                     hold the second target QP, connected to the initiator's second QP: the QP lives on, now in one
-//                     of their processes (the creator handed it over as it exited): the initiator's messages through
+//                     of their processes (from the state its creator last published): the initiator's messages through
 //                     it arrive in both openers' SRQs alternately, their handles report IBV_QPS_RTR, no fatal event
-//   creator_killed    a second creator, killed (-9) while the opener holds its target QP: that QP went with it (a
-//                     kernel's would live on; README): IBV_EVENT_QP_FATAL on the handle, which reports IBV_QPS_ERR
+//   creator_killed    a second creator, killed (-9) while the opener holds its target QP (connected to the
+//                     initiator's third QP): the QP lives on in the opener's process, from the state its creator
+//                     last published: the initiator's messages through it arrive, RTR, no fatal event
 // `xrc_share_check open NETNS ADDR` puts the initiator on another host: it enters network namespace NETNS (a file of
 // /run/netns) and opens the host device of ADDR there.
 // Exit status 0 when every case passed.
@@ -422,11 +423,11 @@ struct CreatorInfo {
 };
 // What the initiator tells the parent, and what it is told.
 struct InitiatorInfo {
-  uint32_t qpn[2];
+  uint32_t qpn[3];
   ibv_gid gid;
 };
 struct OpenPlan {
-  uint32_t target[2];
+  uint32_t target[3];
   uint32_t srqn[3];  // the creator's, the opener's and the second opener's SRQ
   ibv_gid gid;       // the creator's
 };
@@ -526,7 +527,8 @@ int Creator(int fd, const char* file) {
   // Another open of the file finds the QP again, ours to hold.
   x = OpenDomain(d, file);
   ibv_qp* again = OpenTarget(d, target_qpn, x);
-  if (again == nullptr) problem += "ibv_open_qp of our own target QP after letting go: " + std::string(strerror(errno)) + "; ";
+  if (again == nullptr)
+    problem += "ibv_open_qp of our own target QP after letting go: " + std::string(strerror(errno)) + "; ";
   if (again != nullptr && ibv_destroy_qp(again)) problem += "ibv_destroy_qp of it again failed; ";
   if (ibv_close_xrcd(x)) problem += "ibv_close_xrcd again failed; ";
   PutProblem(fd, problem);
@@ -534,11 +536,15 @@ int Creator(int fd, const char* file) {
   return 0;
 }
 
-// A creator killed (creator_killed): its target QP, which the opener holds, goes with it.
+// A creator killed (creator_killed) while the opener holds its target QP, connected to the initiator's third QP.
 int KilledCreator(int fd, const char* file) {
   Device d = Open();
   ibv_xrcd* x = OpenDomain(d, file);
-  Put(fd, CreateTarget(d, x)->qp_num);
+  ibv_qp* target = CreateTarget(d, x);
+  Put(fd, target->qp_num);
+  const InitiatorInfo initiator = Get<InitiatorInfo>(fd);
+  Connect(d, target, initiator.qpn[2], /*initiator=*/false, &initiator.gid);
+  Put(fd, 'r');
   Get<char>(fd);  // never comes: SIGKILL does
   return 0;
 }
@@ -549,7 +555,7 @@ int Opener(int fd, const char* file, const char* other_file) {
   ibv_xrcd* other = OpenDomain(d, other_file);
   std::vector<uint8_t> buffer(kSlot * kSlots, 0);
   ibv_mr* mr = nullptr;
-  ibv_srq* srq = SrqWithReceives(d, x, buffer, &mr, kBoth / 2 + 2 * kAfter);
+  ibv_srq* srq = SrqWithReceives(d, x, buffer, &mr, kBoth / 2 + kAfter + kAfter / 2 + kAfter);
   uint32_t srqn = 0;
   if (ibv_get_srq_num(srq, &srqn)) Die("ibv_get_srq_num");
   Put(fd, srqn);
@@ -617,12 +623,12 @@ int Opener(int fd, const char* file, const char* other_file) {
   if (int rc = ibv_destroy_qp(lasting)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
   PutProblem(fd, problem);
 
-  // creator_killed
+  // creator_killed: its QP runs here now, from the state it published last.
   Get<char>(fd);
-  problem.clear();
-  if (!FatalEventFor(d, killed, 10'000)) problem += "no IBV_EVENT_QP_FATAL for the handle within 10 s; ";
-  if (const int state = StateOf(killed); state != IBV_QPS_ERR)
-    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_ERR; ";
+  problem = ReceiveChecked(d, buffer, kAfter, 1, killed_qpn);
+  if (const int state = StateOf(killed); state != IBV_QPS_RTR)
+    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_RTR; ";
+  if (FatalEventFor(d, killed, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
   if (int rc = ibv_destroy_qp(killed)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
   PutProblem(fd, problem);
   Get<char>(fd);  // the end
@@ -665,13 +671,13 @@ int OpeningInitiator(int fd, const char* netns, const char* addr) {
     setenv("UROCE_ADDR", addr, 1);  // read when the device is first opened
   }
   Device d = Open();
-  ibv_qp* qps[2] = {CreateXrcSend(d), CreateXrcSend(d)};
+  ibv_qp* qps[3] = {CreateXrcSend(d), CreateXrcSend(d), CreateXrcSend(d)};
   std::vector<uint8_t> local(kSlot * kMessages, 0);
   ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) Die("ibv_reg_mr");
-  Put(fd, InitiatorInfo{{qps[0]->qp_num, qps[1]->qp_num}, d.gid});
+  Put(fd, InitiatorInfo{{qps[0]->qp_num, qps[1]->qp_num, qps[2]->qp_num}, d.gid});
   const OpenPlan plan = Get<OpenPlan>(fd);
-  for (int q = 0; q < 2; ++q) Connect(d, qps[q], plan.target[q], /*initiator=*/true, &plan.gid);
+  for (int q = 0; q < 3; ++q) Connect(d, qps[q], plan.target[q], /*initiator=*/true, &plan.gid);
   int m = 0;
   // `n` messages through QP `q`, into SRQ s(i) for the i-th: the statuses of their completions (`report`: as a
   // problem; else the first's status is put).
@@ -709,6 +715,8 @@ int OpeningInitiator(int fd, const char* netns, const char* addr) {
   send(1, 0, [](int) { return 1; }, false);  // last_handle: the QP is gone
   Get<char>(fd);
   send(kAfter, 1, [](int i) { return 1 + i % 2; }, true);  // creator_exit: through the second QP, run on elsewhere
+  Get<char>(fd);
+  send(kAfter, 2, [](int) { return 1; }, true);  // creator_killed: through the third, run by the opener now
   Get<char>(fd);  // the end
   return 0;
 }
@@ -735,6 +743,8 @@ int OpenedTargets(const std::string (&files)[2], const char* netns, const char* 
   const uint32_t second_srqn = Get<uint32_t>(second);
   Put(creator, sender);
   Get<char>(creator);  // its target QPs are connected
+  Put(fds[3], sender);
+  Get<char>(fds[3]);
   int failed = 0;
   Put(opener, created);
   Put(opener, sender);
@@ -744,7 +754,7 @@ int OpenedTargets(const std::string (&files)[2], const char* netns, const char* 
   Get<char>(second);  // it holds it too
 
   Put(initiator,
-      OpenPlan{{created.target, created.lasting}, {created.srqn, opener_srqn, second_srqn}, created.gid});
+      OpenPlan{{created.target, created.lasting, killed_qpn}, {created.srqn, opener_srqn, second_srqn}, created.gid});
   Put(initiator, 'g');
   std::string both;
   const char* who[3] = {"creator: ", "opener: ", "initiator: "};
@@ -783,7 +793,11 @@ int OpenedTargets(const std::string (&files)[2], const char* netns, const char* 
   kill(pids[3], SIGKILL);
   waitpid(pids[3], &st, 0);
   Put(opener, 'g');
-  failed += !Report("creator_killed", GetProblem(opener));
+  Put(initiator, 'g');
+  std::string killed;
+  if (std::string p = GetProblem(initiator); !p.empty()) killed += who[2] + p;
+  if (std::string p = GetProblem(opener); !p.empty()) killed += who[1] + p;
+  failed += !Report("creator_killed", killed);
   failed += EndChildren({1, 2, 4}, fds, pids);
   printf("xrc_share_check: %d of 6 cases failed\n", failed);
   return failed == 0 ? 0 : 1;

@@ -866,8 +866,6 @@ void Engine::Finish() {
   if (transport_) transport_->Wake();
   ArmLeaseTimer(0);
   if (progress_.joinable()) progress_.join();
-  // Nothing runs our QPs any more: the XRC target QPs other processes hold go to them as they are now.
-  if (device_) device_->HandOverTargets();
 }
 
 Engine::~Engine() {

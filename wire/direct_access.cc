@@ -59,8 +59,7 @@ struct DirectTable::Layout {
     std::atomic<uint32_t> version;  // a sequence count: odd while the attributes are rewritten
     std::atomic<uint64_t> domain;
     std::atomic<uint32_t> attribute_bytes;
-    std::atomic<uint32_t> handed_over;  // the owner exited: the attributes are its final state
-    std::atomic<uint64_t> holders[4];   // the openers'
+    std::atomic<uint64_t> holders[4];  // the openers'
     std::atomic<uint64_t> attributes[kTargetAttributeBytes / 8];
   };
   static constexpr uint32_t kQpValid = 1u << 31;
@@ -332,7 +331,6 @@ bool DirectTable::PublishTarget(uint32_t qpn, uint64_t domain, std::span<const u
   s->version.store(version + 2, std::memory_order_release);
   if (published) return true;
   s->domain.store(domain, std::memory_order_relaxed);
-  s->handed_over.store(0, std::memory_order_relaxed);
   for (int i = 0; i < 4; ++i) s->holders[i].store(holders != nullptr ? holders[i] : 0, std::memory_order_relaxed);
   s->key.store(Layout::kQpValid | qpn, std::memory_order_seq_cst);  // the fields before the key
   target_slot_[qpn] = uint32_t(s - slots);
@@ -367,20 +365,16 @@ bool DirectTable::ReleaseTarget(uint32_t qpn) {
   return true;
 }
 
-void DirectTable::HandOverTarget(uint32_t qpn) {
-  std::lock_guard lock(mu_);
-  auto it = target_slot_.find(qpn);
-  if (it != target_slot_.end()) Layout::targets(base_)[it->second].handed_over.store(1, std::memory_order_seq_cst);
-}
-
-bool DirectTable::TargetHandedOver(uint32_t qpn, uint64_t holders[4]) const {
+bool DirectTable::TargetHolders(uint32_t qpn, uint64_t holders[4]) const {
   const auto* s = FindTarget<Layout::TargetSlot>(qpn);
-  if (s == nullptr || s->handed_over.load(std::memory_order_seq_cst) == 0) return false;
+  if (s == nullptr) return false;
   for (int i = 0; i < 4; ++i) holders[i] = s->holders[i].load(std::memory_order_seq_cst);
   return true;
 }
 
-pid_t DirectTable::ProcessOf(uint8_t n) const { return Layout::initiators(base_)[n].pid.load(std::memory_order_relaxed); }
+pid_t DirectTable::ProcessOf(uint8_t n) const {
+  return Layout::initiators(base_)[n].pid.load(std::memory_order_relaxed);
+}
 
 void DirectTable::NoteProcess(uint8_t n, pid_t pid) {
   Layout::initiators(base_)[n].pid.store(pid, std::memory_order_relaxed);
@@ -522,28 +516,32 @@ std::optional<DirectSend> DirectSend::Decode(std::span<const uint8_t> in) {
 void XrcDelivery::Encode(uint8_t out[kSize]) const {
   std::memset(out, 0, kSize);
   out[0] = 'X';
-  out[1] = uint8_t((first ? 1 : 0) | (last ? 2 : 0) | (with_imm ? 4 : 0) | (solicited ? 8 : 0) | (abort ? 16 : 0));
+  out[1] = uint8_t((first ? 1 : 0) | (last ? 2 : 0) | (with_imm ? 4 : 0) | (solicited ? 8 : 0) | (abort ? 16 : 0) |
+                  (resent ? 32 : 0));
   out[2] = status;
   std::memcpy(out + 4, &srqn, 4);
   std::memcpy(out + 8, &target_qpn, 4);
   std::memcpy(out + 12, &src_qpn, 4);
   std::memcpy(out + 16, &imm, 4);
+  std::memcpy(out + 20, &psn, 4);
   std::memcpy(out + 24, &index, 8);
 }
 
 std::optional<XrcDelivery> XrcDelivery::Decode(std::span<const uint8_t> in) {
-  if (in.size() < kSize || in[0] != 'X' || (in[1] & ~31) != 0) return std::nullopt;
+  if (in.size() < kSize || in[0] != 'X' || (in[1] & ~63) != 0) return std::nullopt;
   XrcDelivery d;
   d.first = (in[1] & 1) != 0;
   d.last = (in[1] & 2) != 0;
   d.with_imm = (in[1] & 4) != 0;
   d.solicited = (in[1] & 8) != 0;
   d.abort = (in[1] & 16) != 0;
+  d.resent = (in[1] & 32) != 0;
   d.status = in[2];
   std::memcpy(&d.srqn, in.data() + 4, 4);
   std::memcpy(&d.target_qpn, in.data() + 8, 4);
   std::memcpy(&d.src_qpn, in.data() + 12, 4);
   std::memcpy(&d.imm, in.data() + 16, 4);
+  std::memcpy(&d.psn, in.data() + 20, 4);
   std::memcpy(&d.index, in.data() + 24, 8);
   return d;
 }

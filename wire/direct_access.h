@@ -51,10 +51,12 @@
 // the QP is still there; the owner, about to destroy a QP none of its own handles holds, marks it closing, then looks
 // at the bits: either the opener sees the mark (its open fails) or the owner sees the bit (the QP stays), never
 // neither. A holder whose process is gone (its pid, which it writes beside its copy counters, no longer exists)
-// counts no more. The QP runs where it was created: only that process receives its packets. When that process
-// exits (not when it is killed), it publishes each such QP's state as it stops (attributes, the responder's MSN and
-// message in progress) and marks it handed over; a holder that sees the process gone then takes over its owner
-// number at the service (the routes of its QPNs, its peer name) and runs the QP from that state.
+// counts no more. The QP runs where it was created: only that process receives its packets. Its state (attributes,
+// the responder's MSN and message in progress) is published after every request it executes, and before each piece
+// it hands to another process, marked pending (the piece may or may not have arrived); so when that process is gone
+// (exited or killed), a holder takes over its owner number at the service (the routes of its QPNs, its peer name)
+// and runs the QP from the last state: a piece it hands again that its receiver already has is recognised there by
+// its PSN (XrcDelivery::resent) and dropped.
 //
 // Error contract (as liburing's): functions that can fail return 0 or a count on success, -errno on failure.
 #pragma once
@@ -115,6 +117,10 @@ struct XrcDelivery {
   uint32_t src_qpn = 0;     // the initiator's QP: the completion's src_qp
   uint32_t imm = 0;         // as the IMMDt carries it
   uint64_t index = 0;       // the WQE the target claimed (counted from the SRQ's publication)
+  uint32_t psn = 0;         // the packet's
+  // Handed again by a process that took the target QP over from one that was gone: the receiver may have it already
+  // (the last piece it was handed by that target has this PSN or a later one): then it is dropped.
+  bool resent = false;
   bool first = false;       // the message's first packet: it takes that WQE
   bool last = false;        // its last: the WQE completes
   bool with_imm = false;
@@ -215,16 +221,15 @@ class SharedXrc {
   // at first by the processes of `holders` (bit n: owner number n; null: none) (false when no slot is free or
   // `attributes` is longer than kTargetAttributeBytes: then no other process can open it); released when none of our
   // handles holds it any more (true: withdrawn, destroy it now; false: another process holds a handle, keep it);
-  // withdrawn unconditionally; handed over as we exit (its last published attributes are its final state).
+  // withdrawn unconditionally.
   virtual bool PublishXrcTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes,
                                 const uint64_t* holders) = 0;
   virtual bool ReleaseXrcTarget(uint32_t qpn) = 0;
   virtual void WithdrawXrcTarget(uint32_t qpn) = 0;
-  virtual void HandOverXrcTarget(uint32_t qpn) = 0;
-  // The process of owner number `owner` is gone: its final state of target QP `qpn` and its holders (false unless it
-  // handed the QP over); taking over its number, so that its QPs we hold run here: 0 (ours now), -EALREADY (another
+  // The process of target QP `qpn` is gone: the last state it published and the QP's holders (false: none
+  // published); taking over its owner number, so that its QPs we hold run here: 0 (ours now), -EALREADY (another
   // process of the host took it), -errno.
-  virtual bool ReadHandedOverXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) = 0;
+  virtual bool ReadGoneXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) = 0;
   virtual int AdoptOwner(uint8_t owner) = 0;
   // Another process's (ibv_open_qp(3)): a handle opened on its target QP `qpn` of `domain` (0; -EINVAL when there is
   // none, of that domain, or it is being destroyed; -EAGAIN when its process cannot be asked); its attributes
@@ -250,8 +255,8 @@ class SharedXrc {
 //           (the owner's: WQE i is shown when i < posted, its length at lengths[i % kSrqWindow]), claimed u64
 //           (every taker's: claimed <= posted <= claimed + kSrqWindow).
 //   then    XRC target slots (256 bytes): key u32 (1 << 31 | qpn, with 1 << 30 while the owner is closing it),
-//           version u32 (odd while the attributes are rewritten), domain u64, attribute bytes u32, handed over u32,
-//           holders u64[4] (bit n: owner number n holds a handle), attributes u64[kTargetAttributeBytes / 8].
+//           version u32 (odd while the attributes are rewritten), domain u64, attribute bytes u32, holders u64[4]
+//           (bit n: owner number n holds a handle), attributes u64[kTargetAttributeBytes / 8].
 // An entry lives in the slot its number hashes to or one of the kProbe after it.
 class DirectTable {
  public:
@@ -302,8 +307,6 @@ class DirectTable {
   // none), or, when it is published, its attributes rewritten; false when no slot is free or they are too long.
   bool PublishTarget(uint32_t qpn, uint64_t domain, std::span<const uint8_t> attributes,
                      const uint64_t* holders = nullptr);
-  // Its attributes are final: we exit (whoever holds it may run it from them).
-  void HandOverTarget(uint32_t qpn);
   // Withdrawn unless a process that still exists holds a handle (true: withdrawn, or not published).
   bool ReleaseTarget(uint32_t qpn);
   void WithdrawTarget(uint32_t qpn);
@@ -320,8 +323,8 @@ class DirectTable {
   // Its attributes as last published, at most attributes.size() bytes (false: not published).
   bool ReadTarget(uint32_t qpn, std::span<uint8_t> attributes) const;
   void CloseTarget(uint32_t qpn, uint8_t me);
-  // Whether the owner handed it over (HandOverTarget), and then its holders.
-  bool TargetHandedOver(uint32_t qpn, uint64_t holders[4]) const;
+  // Its holders (false: not published).
+  bool TargetHolders(uint32_t qpn, uint64_t holders[4]) const;
   // The pid the process of owner number `n` wrote beside its counters (0: none); written for it (a holder of a
   // target QP another table had: the adopter's table takes its holders' pids along with their bits).
   pid_t ProcessOf(uint8_t n) const;

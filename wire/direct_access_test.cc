@@ -355,17 +355,16 @@ TEST_F(DirectTableTest, AnXrcTargetsHolderThatIsGoneHoldsNothing) {
   EXPECT_FALSE(peer_->ReadTarget(kTarget, read));
 }
 
-// Handed over as its owner exits: whoever reads the table then finds its final attributes and its holders; a
-// publication with holders (the adopter's) starts with them.
-TEST_F(DirectTableTest, AnXrcTargetHandedOverShowsItsFinalStateAndHolders) {
+// Whoever reads the table finds a target's holders (and their pids, which a process taking the QP over carries into
+// its own table); a publication with holders (the adopter's) starts with them.
+TEST_F(DirectTableTest, AnXrcTargetsHoldersAreReadWithTheirPids) {
   constexpr uint32_t kTarget = 0x030008;
   const uint8_t attributes[4] = {4, 3, 2, 1};
+  uint64_t holders[4] = {};
+  EXPECT_FALSE(peer_->TargetHolders(kTarget, holders));
   ASSERT_TRUE(owner_->PublishTarget(kTarget, 5, attributes));
   ASSERT_TRUE(peer_->OpenTarget(kTarget, 5, 70, getpid()));
-  uint64_t holders[4] = {};
-  EXPECT_FALSE(peer_->TargetHandedOver(kTarget, holders));
-  owner_->HandOverTarget(kTarget);
-  ASSERT_TRUE(peer_->TargetHandedOver(kTarget, holders));
+  ASSERT_TRUE(peer_->TargetHolders(kTarget, holders));
   EXPECT_EQ(holders[1], uint64_t{1} << (70 - 64));
   EXPECT_EQ(holders[0] | holders[2] | holders[3], 0u);
 
@@ -412,6 +411,7 @@ TEST(XrcDeliveryRecord, EncodesAndDecodesEveryField) {
   d.src_qpn = 0x123456;
   d.imm = 0xdeadbeef;
   d.index = (uint64_t{1} << 33) + 7;
+  d.psn = 0xabcdef;
   d.status = 12;
   d.first = d.with_imm = d.abort = true;
   uint8_t bytes[XrcDelivery::kSize];
@@ -423,15 +423,16 @@ TEST(XrcDeliveryRecord, EncodesAndDecodesEveryField) {
   EXPECT_EQ(back->src_qpn, d.src_qpn);
   EXPECT_EQ(back->imm, d.imm);
   EXPECT_EQ(back->index, d.index);
+  EXPECT_EQ(back->psn, d.psn);
   EXPECT_EQ(back->status, 12);
   EXPECT_TRUE(back->first && back->with_imm && back->abort);
-  EXPECT_FALSE(back->last || back->solicited);
+  EXPECT_FALSE(back->last || back->solicited || back->resent);
   d = XrcDelivery{};
-  d.last = d.solicited = true;
+  d.last = d.solicited = d.resent = true;
   d.Encode(bytes);
   back = XrcDelivery::Decode(bytes);
   ASSERT_TRUE(back);
-  EXPECT_TRUE(back->last && back->solicited);
+  EXPECT_TRUE(back->last && back->solicited && back->resent);
   EXPECT_FALSE(back->first || back->with_imm || back->abort);
   EXPECT_FALSE(XrcDelivery::Decode(std::span<const uint8_t>(bytes, XrcDelivery::kSize - 1)));
   bytes[0] = 'S';  // a direct SEND's marker

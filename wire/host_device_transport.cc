@@ -778,9 +778,6 @@ bool HostDeviceTransport::PublishXrcTarget(uint32_t qpn, uint64_t domain, std::s
                                            const uint64_t* holders) {
   return direct_table_ != nullptr && direct_table_->PublishTarget(qpn, domain, attributes, holders);
 }
-void HostDeviceTransport::HandOverXrcTarget(uint32_t qpn) {
-  if (direct_table_ != nullptr) direct_table_->HandOverTarget(qpn);
-}
 
 DirectTable* HostDeviceTransport::LastTableOf(uint8_t owner) {
   std::lock_guard lock(peers_mu_);
@@ -790,10 +787,10 @@ DirectTable* HostDeviceTransport::LastTableOf(uint8_t owner) {
   return nullptr;
 }
 
-bool HostDeviceTransport::ReadHandedOverXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) {
-  // The table stays mapped after its process is gone (Peer::table_owned), so its final state can be read.
+bool HostDeviceTransport::ReadGoneXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) {
+  // The table stays mapped after its process is gone (Peer::table_owned), so its last state can be read.
   DirectTable* table = LastTableOf(OwnerOf24(qpn));
-  if (direct_table_ == nullptr || table == nullptr || !table->TargetHandedOver(qpn, holders) ||
+  if (direct_table_ == nullptr || table == nullptr || !table->TargetHolders(qpn, holders) ||
       !table->ReadTarget(qpn, attributes))
     return false;
   // The holders' pids come along into our table, which will count their bits (ReleaseTarget looks at them).

@@ -130,9 +130,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
                         const uint64_t* holders) override;
   bool ReleaseXrcTarget(uint32_t qpn) override;
   void WithdrawXrcTarget(uint32_t qpn) override;
-  void HandOverXrcTarget(uint32_t qpn) override;
   // Also notes the holders' pids in our table, for when we publish the QP as ours.
-  bool ReadHandedOverXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) override;
+  bool ReadGoneXrcTarget(uint32_t qpn, std::span<uint8_t> attributes, uint64_t holders[4]) override;
   // Asks the service through the adopter SetOwnerAdopter gave, then listens under the owner's peer name too: the
   // host's other processes reach its QPNs here from now on.
   int AdoptOwner(uint8_t owner) override;

@@ -93,7 +93,7 @@ enum class ControlType : uint16_t {
   // process -> service, once it receives on the UDP socket the welcome brought: steer my packets there from now on
   // (kReply: 0, or EINVAL when it was given none)
   kSteer = 7,
-  // process -> service: the process of owner number `value` is gone and we hold XRC target QPs it handed over: route
+  // process -> service: the process of owner number `value` is gone and we hold XRC target QPs of it: route
   // what is for its number to us from now on, until we leave (kReply: 0; EAGAIN: its process has not left yet, ask
   // again; EALREADY: another process took it; EINVAL: not a number that may be taken)
   kAdoptOwner = 8,
