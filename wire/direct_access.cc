@@ -325,7 +325,7 @@ bool DirectTable::PublishTarget(uint32_t qpn, uint64_t domain, std::span<const u
   s->version.store(version + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   uint64_t words[kTargetAttributeBytes / 8] = {};
-  std::memcpy(words, attributes.data(), attributes.size());
+  if (!attributes.empty()) std::memcpy(words, attributes.data(), attributes.size());
   for (size_t i = 0; i < std::size(words); ++i) s->attributes[i].store(words[i], std::memory_order_relaxed);
   s->attribute_bytes.store(uint32_t(attributes.size()), std::memory_order_relaxed);
   s->version.store(version + 2, std::memory_order_release);
@@ -428,8 +428,8 @@ bool DirectTable::ReadTarget(uint32_t qpn, std::span<uint8_t> attributes) const 
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s->version.load(std::memory_order_relaxed) == before) break;
   }
-  std::memcpy(attributes.data(), words, std::min<size_t>(std::min<size_t>(bytes, kTargetAttributeBytes),
-                                                         attributes.size()));
+  const size_t n = std::min<size_t>(std::min<size_t>(bytes, kTargetAttributeBytes), attributes.size());
+  if (n > 0) std::memcpy(attributes.data(), words, n);  // (an empty span may have no data: only a presence check)
   return true;
 }
 
