@@ -289,7 +289,7 @@ void Device::Fail() {
     std::unique_lock objects(objects_mu_);
     failed_ = true;
     for (auto& [srqn, srq] : srqs_) FlushSrqLocked(*srq);
-    EndHandedMessagesLocked([](uint32_t) { return true; });  // those other processes were handing over: taken WQEs
+    EndHandedMessagesLocked([](uint32_t, uint64_t) { return true; });  // what other processes were handing over
     for (auto& [_, qp] : opened_targets_) qp->gone_elsewhere = true;  // other processes' target QPs: out of reach
   }
   core_.Raise(AsyncEvent{AsyncEventType::kDeviceFatal});
@@ -888,6 +888,7 @@ bool Device::PathWaitersMayWakeLocked() {
 uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
   OutBatch out;
   uint64_t next = 0;
+  bool unheld_targets = false;
   {
     std::shared_lock objects(objects_mu_);
     const uint64_t now = core_.Now();
@@ -900,12 +901,13 @@ uint64_t Device::RunTimers(uint64_t poller_returns_by_ns) {
     next = wire::EarlierDeadline(next, FlushOverdueReceivesLocked(now));
     if (PathWaitersMayWakeLocked()) next = now;
     // Our target QPs other processes hold handles on: asked again whether they still do.
-    if (!unheld_targets_.empty()) next = wire::EarlierDeadline(next, now + kUnheldTargetLookNs);
+    unheld_targets = !unheld_targets_.empty();
+    if (unheld_targets) next = wire::EarlierDeadline(next, now + kUnheldTargetLookNs);
     next = wire::EarlierDeadline(next, EndOrphanedMessagesLocked(now));
     MutexLock lock(core_.timers_mu());
     core_.poller_deadline() = wire::EarlierDeadline(next, poller_returns_by_ns);
   }
-  EndUnheldTargets(out);
+  if (unheld_targets) EndUnheldTargets(out);  // (it takes the object lock exclusively to destroy them)
   Transmit(out);
   return wire::EarlierDeadline(next, cm_.RunTimers());
 }

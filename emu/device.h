@@ -166,8 +166,8 @@ class Device {
   // a domain closed while such a QP lived forgotten once none uses it (with the lock held exclusively).
   int CloseElsewhere(QueuePair* qp);
   // The process of `owner` is gone: the target QPs of its we hold become ours (its number taken over at the service,
-  // each QP run on from the state it last published); their QPNs. *taken_elsewhere: another holder took them.
-  std::vector<uint32_t> AdoptTargetsOf(uint8_t owner, bool* taken_elsewhere);
+  // each QP run on from the state it last published). *taken_elsewhere: another holder took them.
+  void AdoptTargetsOf(uint8_t owner, bool* taken_elsewhere);
   // A handle of ours becomes the QP, in the state `t` (with its lock and the object lock held exclusively): a SEND in
   // progress into another process's SRQ is handed on (its pending piece again, resent); one into ours goes on from
   // what reached us; a claim on our SRQ whose first piece never came gives its WQE back.
@@ -223,9 +223,9 @@ class Device {
   // A piece of a message another process's target QP received for one of our shared XRC SRQs (wire::XrcDelivery):
   // the first takes a WQE (the target claimed it), each is placed, the last completes in the SRQ's CQ.
   void ReceiveXrcDeliveryLocked(const wire::InDatagram& d);
-  // Ends the messages being handed to our shared XRC SRQs by the target QPs `ends` picks: their WQEs complete
-  // flushed. With the object lock held.
-  void EndHandedMessagesLocked(const std::function<bool(uint32_t target_qpn)>& ends);
+  // Ends the messages being handed to our shared XRC SRQs that `ends` picks, by their target QP and since when they
+  // are orphaned (XrcInbound::orphaned_ns, 0: not): their WQEs complete flushed. With the object lock held.
+  void EndHandedMessagesLocked(const std::function<bool(uint32_t target_qpn, uint64_t orphaned_ns)>& ends);
   // Resumes requesters that stopped for the window towards `peer` while it has room (rc.cc). With the object lock
   // held shared and no QP's lock: it takes each woken QP's.
   void WakePathWaitersLocked(const wire::IpAddress& peer, OutBatch& out);

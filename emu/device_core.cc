@@ -558,7 +558,7 @@ bool DeviceCore::SharesTarget(const QueuePair& qp) const {
          qp.init().xrcd != nullptr && qp.init().xrcd->inode().has_value() && !qp.runs_elsewhere;
 }
 
-void DeviceCore::PublishTargetState(QueuePair& qp, bool pending) {
+void DeviceCore::PublishTargetState(QueuePair& qp, bool pending, const uint64_t* holders) {
   static_assert(std::is_trivially_copyable_v<SharedTargetState> &&
                 sizeof(SharedTargetState) <= wire::kTargetAttributeBytes);
   SharedTargetState t;
@@ -575,7 +575,7 @@ void DeviceCore::PublishTargetState(QueuePair& qp, bool pending) {
     t.offset = m.offset;
   }
   config.shared_xrc->PublishXrcTarget(qp.qpn(), *qp.init().xrcd->inode(),
-                                      {reinterpret_cast<const uint8_t*>(&t), sizeof t}, nullptr);
+                                      {reinterpret_cast<const uint8_t*>(&t), sizeof t}, holders);
 }
 
 void DeviceCore::PublishDirect(QueuePair& qp, bool gone) {

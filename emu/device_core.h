@@ -384,8 +384,9 @@ class DeviceCore {
   bool SharesTarget(const QueuePair& qp) const;
   // Publishes such a QP's state (SharedTargetState) for a process that may take it over: after every request it
   // executes (Device::ReceiveXrcTargetLocked), and `pending` just before it hands a piece at its rq_psn to another
-  // process (RcResponder::HandSend). With the QP's lock held.
-  void PublishTargetState(QueuePair& qp, bool pending);
+  // process (RcResponder::HandSend); `holders` (null: none) hold it from its first publication on (a QP taken over
+  // keeps its holders). With the QP's lock held.
+  void PublishTargetState(QueuePair& qp, bool pending, const uint64_t* holders = nullptr);
   // Shows the QP's receive queue as it is now in its window: the lengths of WQEs not yet shown, how many WQEs
   // messages that came as packets have taken. With the QP's lock held, after every post and take.
   void PublishReceives(QueuePair& qp);

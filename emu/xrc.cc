@@ -159,19 +159,8 @@ void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
   MutexLock lock(xrc_inbound_mu_);
   const uint64_t key = uint64_t{h->srqn} << 32 | h->target_qpn;
   auto it = xrc_inbound_.find(key);
-  if (!h->abort) {
-    // The last PSN each target handed us: a piece handed again by the process that took a gone target over, which
-    // we have already (wire::XrcDelivery::resent), is dropped.
-    auto [last, fresh] = xrc_last_psn_.try_emplace(h->target_qpn, h->psn);
-    if (!fresh && h->resent && PsnDiff(h->psn, last->second) <= 0) {
-      core_.Count(&DeviceCounters::xrc_pieces_dropped);
-      return;
-    }
-    last->second = h->psn;
-  } else {
-    xrc_last_psn_.erase(h->target_qpn);
-  }
   if (h->abort) {
+    xrc_last_psn_.erase(h->target_qpn);
     // The target abandoned the message (its QP left RTR/RTS, or the message was longer than the WQE): the WQE it
     // claimed completes with the status it says, as the target's own receive would have (IBTA 10.3.1, 9.7.5.2.x).
     std::optional<RecvWr> wr;
@@ -186,6 +175,14 @@ void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
     if (wr) core_.Complete(srq->cq(), DeviceCore::ReceiveError(h->target_qpn, wr->wr_id, status));
     return;
   }
+  // The last PSN each target handed us: a piece handed again by the process that took a gone target over, which we
+  // have already (wire::XrcDelivery::resent), is dropped.
+  auto [last, fresh] = xrc_last_psn_.try_emplace(h->target_qpn, h->psn);
+  if (!fresh && h->resent && PsnDiff(h->psn, last->second) <= 0) {
+    core_.Count(&DeviceCounters::xrc_pieces_dropped);
+    return;
+  }
+  last->second = h->psn;
   if (h->first) {
     // A message of this target still open here was left without a word (its abandonment found the ring full).
     if (it != xrc_inbound_.end()) {
@@ -225,12 +222,12 @@ void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
   xrc_inbound_.erase(it);
 }
 
-void Device::EndHandedMessagesLocked(const std::function<bool(uint32_t target_qpn)>& ends) {
+void Device::EndHandedMessagesLocked(const std::function<bool(uint32_t target_qpn, uint64_t orphaned_ns)>& ends) {
   MutexLock lock(xrc_inbound_mu_);
   for (auto it = xrc_inbound_.begin(); it != xrc_inbound_.end();) {
     const auto srqn = uint32_t(it->first >> 32), target_qpn = uint32_t(it->first);
     auto srq = srqs_.find(srqn);
-    if (!ends(target_qpn) || srq == srqs_.end()) {
+    if (!ends(target_qpn, it->second.orphaned_ns) || srq == srqs_.end()) {
       ++it;
       continue;
     }
@@ -242,30 +239,19 @@ void Device::EndHandedMessagesLocked(const std::function<bool(uint32_t target_qp
 uint64_t Device::EndOrphanedMessagesLocked(uint64_t now) {
   if (!orphaned_messages_.load(std::memory_order_acquire)) return 0;  // the common case: one load
   uint64_t next = 0;
-  MutexLock lock(xrc_inbound_mu_);
   bool waiting = false;
-  for (auto it = xrc_inbound_.begin(); it != xrc_inbound_.end();) {
-    const uint64_t since = it->second.orphaned_ns;
-    auto srq = srqs_.find(uint32_t(it->first >> 32));
-    if (since == 0 || srq == srqs_.end()) {
-      ++it;
-      continue;
-    }
-    if (now - since < kOrphanedMessageWaitNs) {
-      waiting = true;
-      next = wire::EarlierDeadline(next, since + kOrphanedMessageWaitNs);
-      ++it;
-      continue;
-    }
-    const uint32_t target_qpn = uint32_t(it->first);
-    core_.Complete(srq->second->cq(), DeviceCore::ReceiveError(target_qpn, it->second.wr.wr_id, WcStatus::kWrFlushErr));
-    it = xrc_inbound_.erase(it);
-  }
+  EndHandedMessagesLocked([&](uint32_t, uint64_t since) {
+    if (since == 0) return false;
+    if (now - since >= kOrphanedMessageWaitNs) return true;
+    waiting = true;
+    next = wire::EarlierDeadline(next, since + kOrphanedMessageWaitNs);
+    return false;
+  });
   orphaned_messages_.store(waiting, std::memory_order_release);
   return next;
 }
 
-std::vector<uint32_t> Device::AdoptTargetsOf(uint8_t owner, bool* taken_elsewhere) {
+void Device::AdoptTargetsOf(uint8_t owner, bool* taken_elsewhere) {
   *taken_elsewhere = false;
   struct Gone {
     uint32_t qpn;
@@ -275,7 +261,7 @@ std::vector<uint32_t> Device::AdoptTargetsOf(uint8_t owner, bool* taken_elsewher
   std::vector<Gone> gone;
   {
     std::shared_lock objects(objects_mu_);
-    if (core_.config.shared_xrc == nullptr) return {};
+    if (core_.config.shared_xrc == nullptr) return;
     for (auto& [qpn, qp] : opened_targets_) {
       if (wire::OwnerOf24(qpn) != owner || qp->gone_elsewhere) continue;
       Gone g{qpn, {}, {}};
@@ -283,13 +269,12 @@ std::vector<uint32_t> Device::AdoptTargetsOf(uint8_t owner, bool* taken_elsewher
       if (core_.config.shared_xrc->ReadGoneXrcTarget(qpn, bytes, g.holders)) gone.push_back(g);
     }
   }
-  if (gone.empty()) return {};
+  if (gone.empty()) return;
   // Its number becomes ours at the service (without our lock: the service may make us wait for its leaving).
   if (const int rc = core_.config.shared_xrc->AdoptOwner(owner); rc != 0) {
     *taken_elsewhere = rc == -EALREADY;  // another holder runs them: our handles reach them there
-    return {};
+    return;
   }
-  std::vector<uint32_t> adopted;
   std::unique_lock lock(objects_mu_);
   for (Gone& g : gone) {
     auto it = opened_targets_.find(g.qpn);
@@ -302,16 +287,11 @@ std::vector<uint32_t> Device::AdoptTargetsOf(uint8_t owner, bool* taken_elsewher
       // Published as ours, held by the other processes that held it (our own handles are counted here).
       const uint8_t me = core_.config.owner;
       g.holders[me / 64] &= ~(uint64_t{1} << (me % 64));
-      SharedTargetState now = g.state;
-      now.attributes = qp->attributes();
-      core_.config.shared_xrc->PublishXrcTarget(g.qpn, *qp->init().xrcd->inode(),
-                                                {reinterpret_cast<const uint8_t*>(&now), sizeof now}, g.holders);
+      core_.PublishTargetState(*qp, /*pending=*/false, g.holders);
     }
     core_.Count(&DeviceCounters::xrc_targets_adopted);
-    adopted.push_back(g.qpn);
     qps_[g.qpn] = std::move(qp);
   }
-  return adopted;
 }
 
 void Device::RunOnFromLocked(QueuePair& qp, const SharedTargetState& t) {
@@ -370,7 +350,7 @@ void Device::OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner) {
   cm_.OnPeerProcessGone(peer, owner);
   // Its target QPs we hold run here from now on, from the state it last published (or in another holder's process).
   bool taken_elsewhere = false;
-  const std::vector<uint32_t> adopted = AdoptTargetsOf(owner, &taken_elsewhere);
+  AdoptTargetsOf(owner, &taken_elsewhere);
   std::shared_lock objects(objects_mu_);
   // The messages its target QPs were handing to our SRQs end (their WQEs flushed), but those of a target another
   // process holds, which that process may run on: they wait for its pieces (EndOrphanedMessagesLocked).
@@ -394,7 +374,7 @@ void Device::OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner) {
       if (std::find(held.begin(), held.end(), uint32_t(key)) != held.end() && m.orphaned_ns == 0) m.orphaned_ns = now;
     if (!held.empty()) orphaned_messages_.store(true, std::memory_order_release);
   }
-  EndHandedMessagesLocked([&](uint32_t target_qpn) {
+  EndHandedMessagesLocked([&](uint32_t target_qpn, uint64_t) {
     return wire::OwnerOf24(target_qpn) == owner && std::find(held.begin(), held.end(), target_qpn) == held.end();
   });
   if (taken_elsewhere) return;

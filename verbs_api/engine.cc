@@ -563,7 +563,7 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   transport->SetPeerGoneHandler([this, address = *bound](uint8_t owner) {
     device_->OnPeerProcessGone(address, owner);
   });
-  // XRC target QPs a gone process handed over as it exited run here if we hold them (emu::Device::OnPeerProcessGone).
+  // A gone process's XRC target QPs we hold run on here (emu::Device::OnPeerProcessGone takes its number over).
   transport->SetOwnerAdopter([joined = membership.get()](uint8_t owner) { return joined->AdoptOwner(owner); });
   if (int rc = transport->Init(); rc < 0) {
     fprintf(stderr, "uroce: cannot take packets from this host's other processes on %s: %s\n",

@@ -95,6 +95,9 @@ struct DirectTable::Layout {
 
 namespace {
 
+// Whether the process that wrote `pid` beside its owner number is gone (none written counts as gone).
+bool ProcessGone(pid_t pid) { return pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH); }
+
 // Where a number's probe sequence starts: a multiplicative hash, since QPNs and keys count up from a random start.
 uint32_t Home(uint32_t number, uint32_t slots) { return (number * 0x9E3779B1u) % slots; }
 
@@ -139,8 +142,7 @@ void DirectTable::WaitForCopies() {
         std::this_thread::yield();
         continue;
       }
-      const pid_t pid = init[n].pid.load(std::memory_order_relaxed);
-      if (pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH)) break;
+      if (ProcessGone(init[n].pid.load(std::memory_order_relaxed))) break;
       usleep(50);
     }
   }
@@ -349,8 +351,7 @@ bool DirectTable::ReleaseTarget(uint32_t qpn) {
   for (int n = 1; n < 256; ++n) {
     const uint64_t bit = uint64_t{1} << (n % 64);
     if ((s.holders[n / 64].load(std::memory_order_seq_cst) & bit) == 0) continue;
-    const pid_t pid = processes[n].pid.load(std::memory_order_relaxed);
-    if (pid > 0 && !(kill(pid, 0) < 0 && errno == ESRCH)) {
+    if (!ProcessGone(processes[n].pid.load(std::memory_order_relaxed))) {
       held = true;
       break;
     }
