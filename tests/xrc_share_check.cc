@@ -501,6 +501,17 @@ bool FatalEventFor(Device& d, ibv_qp* qp, int ms) {
   return false;
 }
 
+// A target QP whose creator is gone, run on by a holder (here or elsewhere): `n` messages through it into SRQ `s`
+// arrive, checked; `handle` reports RTR and got no fatal event; it is destroyed.
+std::string RunsOn(Device& d, const std::vector<uint8_t>& buffer, int n, int s, ibv_qp* handle) {
+  std::string problem = ReceiveChecked(d, buffer, n, s, handle->qp_num);
+  if (const int state = StateOf(handle); state != IBV_QPS_RTR)
+    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_RTR; ";
+  if (FatalEventFor(d, handle, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
+  if (int rc = ibv_destroy_qp(handle)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  return problem;
+}
+
 int Creator(int fd, const char* file) {
   Device d = Open();
   ibv_xrcd* x = OpenDomain(d, file);
@@ -616,20 +627,12 @@ int Opener(int fd, const char* file, const char* other_file) {
   // creator_exit: the second QP runs on, here or in the second opener's process; the initiator's messages through it
   // arrive (half of them in the second opener's SRQ).
   Get<char>(fd);
-  problem = ReceiveChecked(d, buffer, kAfter / 2, 1, c.lasting);
-  if (const int state = StateOf(lasting); state != IBV_QPS_RTR)
-    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_RTR; ";
-  if (FatalEventFor(d, lasting, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
-  if (int rc = ibv_destroy_qp(lasting)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  problem = RunsOn(d, buffer, kAfter / 2, 1, lasting);
   PutProblem(fd, problem);
 
   // creator_killed: its QP runs here now, from the state it published last.
   Get<char>(fd);
-  problem = ReceiveChecked(d, buffer, kAfter, 1, killed_qpn);
-  if (const int state = StateOf(killed); state != IBV_QPS_RTR)
-    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_RTR; ";
-  if (FatalEventFor(d, killed, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
-  if (int rc = ibv_destroy_qp(killed)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  problem = RunsOn(d, buffer, kAfter, 1, killed);
   PutProblem(fd, problem);
   Get<char>(fd);  // the end
   return 0;
@@ -651,11 +654,7 @@ int SecondOpener(int fd, const char* file) {
   if (lasting == nullptr) Die("ibv_open_qp of the creator's second target QP");
   Put(fd, 'r');
   Get<char>(fd);  // creator_exit
-  std::string problem = ReceiveChecked(d, buffer, kAfter / 2, 2, lasting_qpn);
-  if (const int state = StateOf(lasting); state != IBV_QPS_RTR)
-    problem += "its state is " + std::to_string(state) + ", want IBV_QPS_RTR; ";
-  if (FatalEventFor(d, lasting, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
-  if (int rc = ibv_destroy_qp(lasting)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
+  const std::string problem = RunsOn(d, buffer, kAfter / 2, 2, lasting);
   PutProblem(fd, problem);
   Get<char>(fd);  // the end
   return 0;
