@@ -277,6 +277,7 @@ int HostDeviceTransport::ReceiveReady(const DatagramHandler& handler, int timeou
     if (tag == kTagWake) {
       uint64_t v;
       [[maybe_unused]] ssize_t r = read(wake_fd_, &v, sizeof v);
+      woken_.store(true, std::memory_order_relaxed);
     } else if (tag == kTagSteered) {
       const int r = steered_fd_ >= 0 ? ReceiveSteered(handler) : 0;  // closed by an earlier event of this batch
       if (r > 0) delivered += r;
@@ -336,6 +337,10 @@ int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns
   if (r < 0) return got > 0 ? got : r;
   got += r;
   if (got != 0 || timeout_ns == 0) return got;
+  // A Wake() that a look which could not wait consumed (this one or an earlier, maybe another thread's) still ends
+  // the first call that could: its caller was asked to look at something (an engine stopping set its flag before it
+  // woke us; blocking now would never see it).
+  if (woken_.exchange(false, std::memory_order_relaxed)) return got;
   // About to block: the rings' producers ring our doorbell from now on. A record published before they could see
   // the flag is found by the look after setting it (wire/packet_ring.h, "Sleeping").
   bool waiting = false;
@@ -346,6 +351,7 @@ int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns
   }
   const int timeout_ms = timeout_ns < 0 ? -1 : int(std::min<int64_t>((timeout_ns + 999'999) / 1'000'000, 1 << 30));
   const int slept = waiting ? 0 : ReceiveReady(handler, timeout_ms);
+  woken_.store(false, std::memory_order_relaxed);  // this call returns: whatever woke it is looked at
   for (Inbound& in : inbound_) {
     if (in.ring) in.ring->SetSleeping(false);
   }

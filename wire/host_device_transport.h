@@ -305,6 +305,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   int control_fd_;
   SameHostPath same_host_;
   int wake_fd_ = -1;  // Wake() and our rings' doorbell
+  std::atomic<bool> woken_{false};  // ReceiveReady consumed wake_fd_ and no call that could wait has returned since
   int epoll_fd_ = -1;
   int listen_fd_ = -1;
   std::function<void()> on_service_lost_;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
 #include <thread>
 #include <vector>
@@ -222,6 +223,28 @@ TEST_F(HostDeviceTransportTest, ConnectingAheadPutsTheFirstPacketInTheRing) {
   d.transport->ConnectAhead({address_, kRoceV2UdpPort}, WithOwner24(2, 0x11));
   EXPECT_TRUE(ReceiveNumbered(*b.transport, 1, 50'000'000).empty());  // no connection came to accept
   EXPECT_EQ(c.transport->peer_sent() + d.transport->peer_sent(), 0u);
+}
+
+TEST_F(HostDeviceTransportTest, AWakeALookThatCouldNotWaitConsumedStillEndsTheNextWait) {
+  // An engine stopping sets its flag and calls Wake(); when the polling thread's look that may not wait reads the
+  // wake-up first, its next wait must return all the same, or the thread sleeps for ever (the engine's destructor
+  // joined it: ibv_import_device of a non-device fd, which starts and drops an engine, hung 1 run in 6).
+  Member a;
+  Join(a, 1, 40001);
+  for (int round = 0; round < 3; ++round) {
+    a.transport->Wake();
+    EXPECT_EQ(a.transport->Poll([](const InDatagram&) {}, 0), 0);  // reads the wake-up
+    auto waited = std::async(std::launch::async, [&] { return a.transport->Poll([](const InDatagram&) {}, -1); });
+    const bool returned = waited.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    EXPECT_TRUE(returned) << "round " << round << ": the wait did not end within 10 s";
+    if (!returned) a.transport->Wake();  // let the stuck thread go, so that the test ends
+    EXPECT_EQ(waited.get(), 0);
+    if (!returned) return;
+  }
+  // Once that wait returned, the next one waits again: it returns after its timeout, not at once.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(a.transport->Poll([](const InDatagram&) {}, 50'000'000), 0);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(40));
 }
 
 TEST_F(HostDeviceTransportTest, ASleepingReceiverIsWokenByItsDoorbell) {
