@@ -66,6 +66,7 @@ ProtectionDomain* Device::AllocPd() {
   const uint32_t handle = next_pd_++;
   auto& pd = pds_[handle];
   pd = std::make_unique<ProtectionDomain>(handle);
+  if (core_.config.exports != nullptr) core_.config.exports->ExportPd(handle);
   return pd.get();
 }
 
@@ -81,6 +82,7 @@ int Device::DeallocPd(ProtectionDomain* pd) {
     if (srq->pd() == pd) return EBUSY;
   ReaderLock keys(core_.keys_mu());
   if (core_.keys().AnyInPd(pd)) return EBUSY;
+  if (core_.config.exports != nullptr) core_.config.exports->WithdrawPd(pd->handle());
   pds_.erase(it);
   return 0;
 }
@@ -102,8 +104,18 @@ int Device::RegisterMr(ProtectionDomain* pd, void* host, uint64_t length, uint64
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), implicit ? 0 : iova, length, access, 0, 0};
   mr.implicit = implicit;
   *out = core_.mutable_keys().Register(mr);
-  core_.PublishDirect(*out);
+  if (out->lkey == 0) return ENOMEM;
+  core_.PublishRegion(*out);
   return 0;
+}
+
+int Device::ImportMr(ProtectionDomain* pd, MemoryRegion theirs) {
+  if (pd == nullptr || theirs.foreign == nullptr || theirs.implicit || theirs.lkey == 0) return EINVAL;
+  theirs.pd = pd;
+  std::unique_lock lock(objects_mu_);
+  WriterLock keys(core_.keys_mu());
+  if (core_.keys().size() >= core_.config.limits.max_mr) return ENOMEM;
+  return core_.mutable_keys().Adopt(theirs);
 }
 
 int Device::ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova,
@@ -113,12 +125,13 @@ int Device::ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64
   WriterLock keys(core_.keys_mu());
   const MemoryRegion* cur = core_.keys().Find(lkey);
   if (cur == nullptr) return EINVAL;
+  if (cur->foreign != nullptr) return EOPNOTSUPP;  // its process's to change
   MemoryRegion mr{pd, static_cast<uint8_t*>(host), iova, length, access, 0, 0};
   // Other processes stop reaching the old region before it changes (ibv_rereg_mr(3): as a deregistration).
-  core_.WithdrawDirect(*cur);
+  core_.WithdrawRegion(*cur);
   if (!core_.mutable_keys().Update(lkey, mr)) return EINVAL;
   *out = *core_.keys().Find(lkey);
-  core_.PublishDirect(*out);
+  core_.PublishRegion(*out);
   return 0;
 }
 
@@ -126,7 +139,7 @@ int Device::DeregisterMr(uint32_t lkey) {
   std::unique_lock lock(objects_mu_);
   WriterLock keys(core_.keys_mu());
   // IBTA 10.6.3.2: once deregistered, the region is no longer accessed, by another process's copy either.
-  if (const MemoryRegion* mr = core_.keys().Find(lkey)) core_.WithdrawDirect(*mr);
+  if (const MemoryRegion* mr = core_.keys().Find(lkey)) core_.WithdrawRegion(*mr);
   return core_.mutable_keys().Deregister(lkey) ? 0 : EINVAL;
 }
 
@@ -159,7 +172,7 @@ int Device::AllocMw(ProtectionDomain* pd, uint8_t type, uint32_t* rkey) {
   std::unique_lock lock(objects_mu_);
   WriterLock keys(core_.keys_mu());
   *rkey = core_.mutable_keys().AllocateWindow(pd, type);
-  return 0;
+  return *rkey != 0 ? 0 : ENOMEM;
 }
 
 int Device::DeallocMw(uint32_t rkey) {

@@ -77,6 +77,11 @@ class Device {
   int ReregisterMr(uint32_t lkey, ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova, uint32_t access,
                    MemoryRegion* out);
   int DeregisterMr(uint32_t lkey);
+  // Registers another process's region (ibv_import_mr(3) across processes) in `pd`: `theirs` holds its keys, iova,
+  // length, access and address there, and `foreign` the way to its memory; the keys stay theirs (the host device has
+  // one key space). EINVAL for a region without a way to its memory or an on-demand one, EEXIST when its keys are
+  // registered here already, ENOMEM past max_mr. Deregistered as any (DeregisterMr).
+  int ImportMr(ProtectionDomain* pd, MemoryRegion theirs);
   int QueryMr(uint32_t lkey, MemoryRegion* out) const;  // EINVAL for an unknown key
   // The PD or MR a handle names, for ibv_import_pd(3) / ibv_import_mr(3): nullptr / EINVAL when none does.
   ProtectionDomain* FindPd(uint32_t handle);

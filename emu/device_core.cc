@@ -199,7 +199,7 @@ WcStatus DeviceCore::Gather(const QueuePair& qp, const SendWr& wr, std::vector<u
     if (!r.ok()) return WcStatus::kLocProtErr;
     const size_t at = out.size();
     out.resize(at + sge.length);
-    if (!CopyGuarded(out.data() + at, r.host, sge.length)) return WcStatus::kLocProtErr;  // unmapped since
+    if (!ReadRegion(r, out.data() + at, sge.length)) return WcStatus::kLocProtErr;  // unmapped since
   }
   return WcStatus::kSuccess;
 }
@@ -211,6 +211,9 @@ bool DeviceCore::GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t off
     pieces.emplace_back(wr.inline_data.data() + offset, len);
     return true;
   }
+  // An imported region's bytes are copied here first (ForeignMemory); the pieces are consumed before this thread
+  // gathers again.
+  static thread_local std::vector<uint8_t> bounce;
   uint64_t skip = offset, got = 0;
   for (const Sge& sge : wr.sg_list) {
     if (got == len) break;
@@ -221,6 +224,14 @@ bool DeviceCore::GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t off
     const uint64_t n = std::min<uint64_t>(sge.length - skip, len - got);
     AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, 0);
     if (!r.ok()) return false;
+    if (r.foreign != nullptr) {
+      if (bounce.size() < len) bounce.resize(len);  // sized once per call: earlier pieces stay where they are
+      if (!ReadRegion(r, bounce.data() + got, n)) return false;
+      pieces.emplace_back(bounce.data() + got, n);
+      got += n;
+      skip = 0;
+      continue;
+    }
     pieces.emplace_back(r.host, n);
     got += n;
     skip = 0;
@@ -236,7 +247,7 @@ bool DeviceCore::ScatterRange(const QueuePair& qp, std::span<const Sge> sg_list,
     if (got == len) break;
     const uint64_t n = std::min<uint64_t>(sge.length, len - got);
     AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr, n, access::kLocalWrite);
-    if (!r.ok()) return false;
+    if (!r.ok() || r.foreign != nullptr) return false;  // an imported region's memory is not ours to hand out
     pieces.emplace_back(r.host, n);
     got += n;
   }
@@ -261,7 +272,7 @@ WcStatus DeviceCore::Scatter(const ProtectionDomain* pd, std::span<const Sge> sg
     }
     const size_t n = std::min<uint64_t>(sge.length - skip, data.size() - done);
     AccessResult r = keys_.CheckLocal(sge.lkey, pd, sge.addr + skip, n, access::kLocalWrite);
-    if (!r.ok() || !CopyGuarded(r.host, data.data() + done, n)) return WcStatus::kLocProtErr;
+    if (!r.ok() || !WriteRegion(r, data.data() + done, n)) return WcStatus::kLocProtErr;
     done += n;
     skip = 0;
   }
@@ -273,10 +284,10 @@ bool DeviceCore::MayAccessRemote(const QueuePair& qp, uint32_t rkey, uint64_t va
   return keys_.CheckRemote(rkey, qp.init().pd, va, len, access, qp.qpn()).ok();
 }
 
-uint8_t* DeviceCore::WriteTarget(const QueuePair& qp, const InboundMessage& m, size_t len) {
-  const AccessResult acc =
-      keys_.CheckRemote(m.write_rkey, qp.init().pd, m.write_va + m.offset, len, access::kRemoteWrite, qp.qpn());
-  return acc.ok() ? acc.host : nullptr;
+bool DeviceCore::WriteInbound(const QueuePair& qp, const InboundMessage& m, std::span<const uint8_t> payload) {
+  const AccessResult acc = keys_.CheckRemote(m.write_rkey, qp.init().pd, m.write_va + m.offset, payload.size(),
+                                             access::kRemoteWrite, qp.qpn());
+  return acc.ok() && WriteRegion(acc, payload.data(), payload.size());
 }
 
 WcStatus DeviceCore::ExecuteLocalOp(const QueuePair& qp, const SendWr& wr) {
@@ -629,14 +640,20 @@ void DeviceCore::PublishReceives(QueuePair& qp) {
   w.published = std::max(w.published, end);
 }
 
-void DeviceCore::PublishDirect(const MemoryRegion& mr) {
-  if (config.direct == nullptr) return;
+void DeviceCore::PublishRegion(const MemoryRegion& mr) {
+  if (mr.implicit || mr.foreign) return;  // (an imported region is its own process's to publish)
+  const auto host = reinterpret_cast<uint64_t>(mr.host);
+  if (config.exports != nullptr) {
+    config.exports->ExportRegion({mr.lkey, mr.pd->handle(), mr.access, mr.iova, mr.length, host});
+  }
   const uint32_t rights = DirectRights(mr.access);
-  if (rights == 0 || mr.implicit) return;
-  config.direct->PublishRegion({mr.rkey, mr.pd->handle(), rights, mr.iova, mr.length, mr.host});
+  if (config.direct != nullptr && rights != 0) {
+    config.direct->PublishRegion({mr.rkey, mr.pd->handle(), rights, mr.iova, mr.length, mr.host});
+  }
 }
 
-void DeviceCore::WithdrawDirect(const MemoryRegion& mr) {
+void DeviceCore::WithdrawRegion(const MemoryRegion& mr) {
+  if (config.exports != nullptr) config.exports->WithdrawExportedRegion(mr.lkey);
   if (config.direct != nullptr) config.direct->WithdrawRegion(mr.rkey);
 }
 

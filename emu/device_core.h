@@ -94,6 +94,9 @@ struct DeviceConfig {
   // published there, and our target QPs deliver into other processes' of their domain. Null: a target reaches only
   // this device's SRQs (the per-process device).
   wire::SharedXrc* shared_xrc = nullptr;
+  // Where our PDs and regions are offered to the host's other processes for import (wire/direct_access.h,
+  // ExportedObjects). Null: nothing is (the per-process device).
+  wire::ExportedObjects* exports = nullptr;
 };
 
 // "0x00abcd": a QPN or PSN as the trace and the counters print them.
@@ -198,7 +201,7 @@ struct SharedTargetState {
 class DeviceCore {
  public:
   DeviceCore(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
-      : config(std::move(config)), transport(transport), clock(clock), keys_(this->config.id_seed) {}
+      : config(std::move(config)), transport(transport), clock(clock), keys_(this->config.id_seed, this->config.owner) {}
   DeviceCore(const DeviceCore&) = delete;
   DeviceCore& operator=(const DeviceCore&) = delete;
 
@@ -307,11 +310,13 @@ class DeviceCore {
   WcStatus Gather(const QueuePair& qp, const SendWr& wr, std::vector<uint8_t>& out);
   // Where message bytes [offset, offset+len) of a send WR are: the pieces of registered memory (or inline data) that
   // hold them, in order, valid while keys_mu is held (the caller holds it shared); false if an SGE is refused (RC: no
-  // copy before the packet).
+  // copy before the packet). An imported region's bytes are copied into a buffer of the calling thread first, valid
+  // until its next call.
   bool GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t offset, uint64_t len,
                    std::vector<std::span<const uint8_t>>& pieces) REQUIRES_SHARED(keys_mu_);
   // Where the first `len` bytes received into the scatter list `sg_list` go (local write access needed), in order,
-  // valid while keys_mu is held (the caller holds it shared); false if an SGE is refused or the list is shorter.
+  // valid while keys_mu is held (the caller holds it shared); false if an SGE is refused or the list is shorter, or
+  // names an imported region (another process's memory: the caller receives as packets instead).
   bool ScatterRange(const QueuePair& qp, std::span<const Sge> sg_list, uint64_t len,
                     std::vector<std::span<uint8_t>>& pieces) REQUIRES_SHARED(keys_mu_);
   // Places `data` at byte `offset` of the scatter list (local write access needed): kSuccess, kLocLenErr or
@@ -320,10 +325,11 @@ class DeviceCore {
   // The same with the keys of protection domain `pd` (an XRC SRQ's).
   WcStatus Scatter(const ProtectionDomain* pd, std::span<const Sge> sg_list, uint64_t offset,
                    std::span<const uint8_t> data);
-  // Where the next `len` bytes of the RDMA WRITE `m` go, checked against the key table now (IBTA 10.6.3.2:
-  // a deregistered region is no longer accessible); nullptr when the access is no longer allowed. The caller holds
-  // keys_mu shared until it has copied.
-  uint8_t* WriteTarget(const QueuePair& qp, const InboundMessage& m, size_t len) REQUIRES_SHARED(keys_mu_);
+  // Places `payload`, the next bytes of the RDMA WRITE `m`, where its key names, checked against the key table now
+  // (IBTA 10.6.3.2: a deregistered region is no longer accessible); false when the access is no longer allowed or the
+  // memory could not be written. The caller holds keys_mu shared.
+  bool WriteInbound(const QueuePair& qp, const InboundMessage& m, std::span<const uint8_t> payload)
+      REQUIRES_SHARED(keys_mu_);
   // Whether the QP's peer may access [va, va+len) through `rkey` with `access` (IBTA 10.6.3.2: key, PD, bounds, rights,
   // a window's QP), checked now; for a check that copies nothing. Takes keys_mu.
   bool MayAccessRemote(const QueuePair& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t access);
@@ -390,10 +396,11 @@ class DeviceCore {
   // Shows the QP's receive queue as it is now in its window: the lengths of WQEs not yet shown, how many WQEs
   // messages that came as packets have taken. With the QP's lock held, after every post and take.
   void PublishReceives(QueuePair& qp);
-  // Likewise for a memory region: published when it grants remote access (an implicit ODP region never is); and
-  // withdrawn before it changes or goes (returns once no other process copies through it).
-  void PublishDirect(const MemoryRegion& mr);
-  void WithdrawDirect(const MemoryRegion& mr);
+  // Likewise for a memory region: published for direct access when it grants remote access, and exported for import
+  // (an implicit ODP region and one imported from another process are neither); withdrawn from both before it
+  // changes or goes (returns once no other process copies through it).
+  void PublishRegion(const MemoryRegion& mr);
+  void WithdrawRegion(const MemoryRegion& mr);
   // UD/UC: the WR completes with `status` and the send queue enters SQE (IBTA 10.3.1.5); receives go on.
   void FailUnreliableSend(QueuePair& qp, const SendWr& wr, WcStatus status);
 

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <vector>
 
+#include "emu/host_memory.h"
+
 namespace uroce::emu {
 
 namespace {
@@ -33,15 +35,31 @@ uint8_t* MemoryRegion::Translate(uint64_t va, uint64_t len) const {
   return host + offset;
 }
 
-KeyTable::KeyTable(uint64_t seed) {
+KeyTable::KeyTable(uint64_t seed, uint8_t owner) : owner_(owner) {
   if (seed == 0) return;
   next_index_ = uint32_t(seed % 0xfffffe) + 1;  // 24 bits, never 0
   generation_ = uint8_t(seed >> 32);
 }
 
+bool ReadRegion(const AccessResult& access, void* into, size_t n) {
+  if (n == 0) return true;
+  if (access.foreign != nullptr) return access.foreign->Read(reinterpret_cast<uintptr_t>(access.host), into, n);
+  return CopyGuarded(into, access.host, n);
+}
+
+bool WriteRegion(const AccessResult& access, const void* from, size_t n) {
+  if (n == 0) return true;
+  if (access.foreign != nullptr) return access.foreign->Write(reinterpret_cast<uintptr_t>(access.host), from, n);
+  return CopyGuarded(access.host, from, n);
+}
+
 uint32_t KeyTable::NewIndex() {
-  uint32_t index = next_index_ & 0xffffff;
-  while (index == 0 || regions_.count(index) || windows_.count(index)) index = (index + 1) & 0xffffff;
+  // The indices this table may hand out: 24 bits, or the owner's 16 below its byte.
+  const uint32_t base = uint32_t(owner_) << 16, mask = owner_ != 0 ? 0xffff : 0xffffff;
+  auto in_space = [&](uint32_t n) { return base | (n & mask); };
+  if (regions_.size() + windows_.size() >= mask) return 0;  // every index taken
+  uint32_t index = in_space(next_index_);
+  while ((index & mask) == 0 || regions_.count(index) || windows_.count(index)) index = in_space(index + 1);
   next_index_ = index + 1;
   generation_ = static_cast<uint8_t>(generation_ * 5 + 1);
   return index;
@@ -49,9 +67,17 @@ uint32_t KeyTable::NewIndex() {
 
 MemoryRegion KeyTable::Register(MemoryRegion mr) {
   const uint32_t index = NewIndex();
+  if (index == 0) return mr;  // keys 0: none free
   mr.lkey = mr.rkey = (index << 8) | generation_;
   regions_[index] = mr;
   return mr;
+}
+
+int KeyTable::Adopt(const MemoryRegion& mr) {
+  const uint32_t index = mr.lkey >> 8;
+  if (index == 0 || mr.rkey != mr.lkey || regions_.count(index) || windows_.count(index)) return EEXIST;
+  regions_[index] = mr;
+  return 0;
 }
 
 bool KeyTable::AnyInPd(const ProtectionDomain* pd) const {
@@ -96,7 +122,7 @@ AccessResult KeyTable::CheckLocal(uint32_t lkey, const ProtectionDomain* pd, uin
   if ((mr->access & needed) != needed) return {AccessError::kNoPermission};
   uint8_t* host = mr->Translate(va, len);
   if (host == nullptr) return {AccessError::kOutOfBounds};
-  return {AccessError::kNone, host};
+  return {AccessError::kNone, host, mr->foreign.get()};
 }
 
 AccessResult KeyTable::CheckRemote(uint32_t rkey, const ProtectionDomain* pd, uint64_t va, uint64_t len,
@@ -113,7 +139,7 @@ AccessResult KeyTable::CheckRemote(uint32_t rkey, const ProtectionDomain* pd, ui
     const MemoryRegion* under = Find(w->mr_lkey);
     uint8_t* host = under ? under->Translate(va, len) : nullptr;
     if (host == nullptr) return {AccessError::kOutOfBounds};
-    return {AccessError::kNone, host};
+    return {AccessError::kNone, host, under->foreign.get()};
   }
   const MemoryRegion* mr = Find(rkey);
   if (mr == nullptr) return {AccessError::kBadKey};
@@ -121,11 +147,12 @@ AccessResult KeyTable::CheckRemote(uint32_t rkey, const ProtectionDomain* pd, ui
   if ((mr->access & needed) != needed) return {AccessError::kNoPermission};
   uint8_t* host = mr->Translate(va, len);
   if (host == nullptr) return {AccessError::kOutOfBounds};
-  return {AccessError::kNone, host};
+  return {AccessError::kNone, host, mr->foreign.get()};
 }
 
 uint32_t KeyTable::AllocateWindow(const ProtectionDomain* pd, uint8_t type) {
   const uint32_t index = NewIndex();
+  if (index == 0) return 0;
   MemoryWindow w;
   w.pd = pd;
   w.type = type;

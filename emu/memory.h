@@ -23,9 +23,23 @@ class ProtectionDomain {
   uint32_t handle_;
 };
 
+// The memory of a region another process registered and this one imported (ibv_import_mr(3) of a handle that came
+// with that process's cmd_fd): the HCA reaches it only through these copies, at addresses of that process. Each is
+// false when nothing or not all could be copied (the region deregistered there, the process gone, the range unmapped
+// since): the caller answers as for an access outside a valid region. Atomics are not offered (they would not be
+// atomic against that process's CPU): the caller refuses them. Called from any thread.
+class ForeignMemory {
+ public:
+  virtual ~ForeignMemory() = default;
+  virtual bool Read(uint64_t there, void* into, size_t n) = 0;
+  virtual bool Write(uint64_t there, const void* from, size_t n) = 0;
+};
+
 struct MemoryRegion {
   const ProtectionDomain* pd = nullptr;
-  uint8_t* host = nullptr;  // where the region's first byte lives in this process
+  // Where the region's first byte lives in this process; of an imported region (foreign set), in the process that
+  // registered it: never dereferenced here then.
+  uint8_t* host = nullptr;
   uint64_t iova = 0;        // the address work requests and peers use for that first byte
   uint64_t length = 0;
   uint32_t access = 0;      // emu::access flags
@@ -34,6 +48,7 @@ struct MemoryRegion {
   // Implicit on-demand paging (IBV_ACCESS_ON_DEMAND over the whole address space, ibv_reg_mr(pd, NULL, SIZE_MAX)):
   // every address is its own host address, and is checked to be mapped when used instead of at registration.
   bool implicit = false;
+  std::shared_ptr<ForeignMemory> foreign;  // set for a region imported from another process
 
   // The host pointer for [va, va+len) if it lies within the region, else nullptr. len 0 is within any region.
   uint8_t* Translate(uint64_t va, uint64_t len) const;
@@ -60,17 +75,28 @@ enum class AccessError : uint8_t { kNone, kBadKey, kWrongPd, kOutOfBounds, kNoPe
 struct AccessResult {
   AccessError error = AccessError::kNone;
   uint8_t* host = nullptr;
+  ForeignMemory* foreign = nullptr;  // `host` is another process's address, reached through this (ForeignMemory)
   bool ok() const { return error == AccessError::kNone; }
 };
+
+// Copies out of (ReadRegion) or into (WriteRegion) the memory an access was granted, [host, host+n): guarded in our
+// own memory (emu/host_memory.h), through ForeignMemory in another process's. False when it could not be done.
+bool ReadRegion(const AccessResult& access, void* into, size_t n);
+bool WriteRegion(const AccessResult& access, const void* from, size_t n);
 
 // lkey/rkey -> region. Keys are (slot index << 8) | generation, so a stale key of a deregistered region does not
 // alias its successor (the low byte is the "key" part of an L_Key/R_Key, IBTA 10.6.3.3).
 class KeyTable {
  public:
-  // Keys start at index 1 with key byte 0x17 for seed 0, else at an index and key byte drawn from `seed`.
-  explicit KeyTable(uint64_t seed = 0);
-  // Registers a region; returns it with lkey/rkey filled in.
+  // Keys start at index 1 with key byte 0x17 for seed 0, else at an index and key byte drawn from `seed`. A non-zero
+  // `owner` (a process's share of the host device, DeviceConfig::owner) confines the indices to owner << 16 | n, so
+  // that the keys of the host's processes never collide: the host's one device has one key space.
+  explicit KeyTable(uint64_t seed = 0, uint8_t owner = 0);
+  // Registers a region; returns it with lkey/rkey filled in (0 when every index is taken).
   MemoryRegion Register(MemoryRegion mr);
+  // Registers a region under keys given to it (an imported region keeps the keys its process gave it): EEXIST when
+  // another region or window has their index.
+  int Adopt(const MemoryRegion& mr);
   bool AnyInPd(const ProtectionDomain* pd) const;
   // Updates a registered region in place (rereg_mr); false if the key is unknown.
   bool Update(uint32_t lkey, const MemoryRegion& mr);
@@ -87,7 +113,7 @@ class KeyTable {
   AccessResult CheckRemote(uint32_t rkey, const ProtectionDomain* pd, uint64_t va, uint64_t len, uint32_t needed,
                            uint32_t qpn = 0) const;
 
-  // Memory windows. Allocation returns the window's first R_Key.
+  // Memory windows. Allocation returns the window's first R_Key (0 when every index is taken).
   uint32_t AllocateWindow(const ProtectionDomain* pd, uint8_t type);
   // EBUSY for a bound type 2 window (it must be invalidated first), EINVAL for an unknown key.
   int DeallocateWindow(uint32_t rkey);
@@ -110,6 +136,7 @@ class KeyTable {
   std::unordered_map<uint32_t, MemoryWindow> windows_;  // by index, disjoint from regions_'
   uint32_t next_index_ = 1;
   uint8_t generation_ = 0x17;
+  uint8_t owner_ = 0;
 };
 
 }  // namespace uroce::emu

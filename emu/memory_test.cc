@@ -51,4 +51,30 @@ TEST(KeyTable, FindByHandleIgnoresTheKeyByte) {
   EXPECT_EQ(keys.FindByHandle(a.lkey >> 8), nullptr);
 }
 
+TEST(KeyTable, AProcessOfTheHostDeviceHandsOutKeysOfItsOwnOnlyUntilTheyAreAllTaken) {
+  // Owner 3's keys are (3 << 16 | n) << 8 | key byte: no other process of the host has them, so one imported from
+  // another process (Adopt) never meets one of ours.
+  ProtectionDomain pd(1);
+  uint8_t buf[16];
+  KeyTable keys(/*seed=*/0x1234'5678'9abcull, /*owner=*/3);
+  MemoryRegion first = keys.Register({&pd, buf, 0, sizeof buf, 0});
+  EXPECT_EQ(first.lkey >> 24, 3u);
+  MemoryRegion theirs{&pd, buf, 0, sizeof buf, 0};
+  theirs.lkey = theirs.rkey = (((4u << 16) | 7u) << 8) | 0x55;
+  EXPECT_EQ(keys.Adopt(theirs), 0);
+  EXPECT_EQ(keys.Find(theirs.lkey), keys.FindByHandle(theirs.lkey >> 8));
+  EXPECT_EQ(keys.Adopt(theirs), EEXIST);
+  const uint32_t window = keys.AllocateWindow(&pd, 1);
+  EXPECT_EQ(window >> 24, 3u);
+  // 0xffff keys in all (regions, windows, and the adopted one counts too); then none is given out.
+  size_t made = keys.size() + 1;  // + the window
+  for (; made < 0xffff; ++made) ASSERT_EQ(keys.Register({&pd, buf, 0, sizeof buf, 0}).lkey >> 24, 3u);
+  EXPECT_EQ(keys.Register({&pd, buf, 0, sizeof buf, 0}).lkey, 0u);
+  EXPECT_EQ(keys.AllocateWindow(&pd, 1), 0u);
+  ASSERT_TRUE(keys.Deregister(first.lkey));
+  const MemoryRegion again = keys.Register({&pd, buf, 0, sizeof buf, 0});
+  EXPECT_NE(again.lkey, 0u);
+  EXPECT_EQ(again.lkey >> 24, 3u);
+}
+
 }  // namespace uroce::emu

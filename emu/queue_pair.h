@@ -60,7 +60,7 @@ struct InboundMessage {
   uint64_t relay_index = 0;
   uint32_t relay_length = 0;
   uint64_t offset = 0;        // bytes placed so far
-  // RDMA WRITE: the target the RETH named. Every packet checks its own part again (DeviceCore::WriteTarget): the MR
+  // RDMA WRITE: the target the RETH named. Every packet checks its own part again (DeviceCore::WriteInbound): the MR
   // may be deregistered, or its window invalidated, while the message is arriving.
   uint64_t write_va = 0;
   uint32_t write_rkey = 0;

@@ -119,8 +119,16 @@ void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_
     spec.bth.psn = PsnAdd(res.psn, k);
     if (f || l) spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
     ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
-    if (!out.Add(core_.transport, spec, std::span<const uint8_t>(acc.host ? acc.host + off : nullptr, len),
-                 qp_.peer(), qp_.source_port())) {
+    std::span<const uint8_t> payload(acc.host ? acc.host + off : nullptr, len);
+    if (acc.foreign != nullptr) {  // an imported region: its bytes copied here first
+      static thread_local std::vector<uint8_t> bounce;
+      bounce.resize(len);
+      AccessResult at = acc;
+      at.host += off;
+      payload = ReadRegion(at, bounce.data(), len) ? std::span<const uint8_t>(bounce) : std::span<const uint8_t>();
+    }
+    if ((acc.foreign != nullptr && payload.size() != len) ||
+        !out.Add(core_.transport, spec, payload, qp_.peer(), qp_.source_port())) {
       // The region's memory was unmapped since its registration: as any access outside a valid region (9.7.5.2.5),
       // named by the response that could not be built -- a PSN the requester is waiting for.
       keys.Unlock();
@@ -478,11 +486,9 @@ RequestOutcome RcResponder::PlaceWrite(const Request& q) {
   // On an error the message is abandoned with the QP: the error state flushes the receive WQE a WRITE with
   // immediate took.
   ReaderLock keys(core_.keys_mu());
-  uint8_t* target = core_.WriteTarget(qp_, qp_.inbound(), q.p.payload.size());
   // The region was deregistered (or its window invalidated, or its memory unmapped) while the message was arriving:
   // the rest is refused like any access outside a valid region (IBTA 9.7.5.2.5, remote access error).
-  if (target == nullptr || !CopyGuarded(target, q.p.payload.data(), q.p.payload.size()))
-    return RequestOutcome::kAccessDenied;
+  if (!core_.WriteInbound(qp_, qp_.inbound(), q.p.payload)) return RequestOutcome::kAccessDenied;
   return RequestOutcome::kPass;
 }
 
@@ -526,6 +532,8 @@ RequestOutcome RcResponder::ExecuteAtomic(Request& q, OutBatch& out) {
   ReaderLock keys(core_.keys_mu());
   AccessResult acc = core_.keys().CheckRemote(ae.rkey, qp_.init().pd, ae.va, 8, access::kRemoteAtomic, qp_.qpn());
   if (!acc.ok()) return RequestOutcome::kAccessDenied;  // deregistered since CheckKey
+  // Another process's memory (an imported region) takes no atomic of ours: its CPU would not see one.
+  if (acc.foreign != nullptr) return RequestOutcome::kAccessDenied;
   auto* target = reinterpret_cast<uint64_t*>(acc.host);
   uint64_t original = 0;
   // The application's CPU may touch the word concurrently: a real atomic (IBV_ATOMIC_HCA semantics).

@@ -172,8 +172,7 @@ bool UcTransport::Place(const wire::PacketView& p) {
   }
   if (!p.payload.empty()) {
     ReaderLock keys(core_.keys_mu());  // the region is written while the key table cannot change
-    uint8_t* target = core_.WriteTarget(qp_, m, p.payload.size());
-    if (target == nullptr || !CopyGuarded(target, p.payload.data(), p.payload.size())) {
+    if (!core_.WriteInbound(qp_, m, p.payload)) {
       keys.Unlock();
       DropMessage(&DeviceCounters::rx_remote_access_denied);  // deregistered (or unmapped) mid-message
       return false;

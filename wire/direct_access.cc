@@ -62,6 +62,15 @@ struct DirectTable::Layout {
     std::atomic<uint64_t> holders[4];  // the openers'
     std::atomic<uint64_t> attributes[kTargetAttributeBytes / 8];
   };
+  struct PdSlot {
+    std::atomic<uint32_t> key;  // kQpValid | handle, 0: empty
+    uint32_t unused;
+  };
+  struct ExportSlot {
+    std::atomic<uint64_t> key;  // kRegionValid | lkey, 0: empty
+    uint32_t pd, access;
+    uint64_t iova, length, host;
+  };
   static constexpr uint32_t kQpValid = 1u << 31;
   static constexpr uint32_t kClosing = 1u << 30;
   static constexpr uint64_t kRegionValid = uint64_t{1} << 32;
@@ -71,9 +80,12 @@ struct DirectTable::Layout {
   static constexpr size_t kReceiveOffset = (kRegionOffset + kRegionSlots * sizeof(RegionSlot) + 63) & ~size_t{63};
   static constexpr size_t kSrqOffset = kReceiveOffset + kReceiveSlots * sizeof(ReceiveSlot);
   static constexpr size_t kTargetOffset = kSrqOffset + kSrqSlots * sizeof(SrqSlot);
-  static constexpr size_t kBytes = kTargetOffset + kTargetSlots * sizeof(TargetSlot);
+  static constexpr size_t kPdOffset = kTargetOffset + kTargetSlots * sizeof(TargetSlot);
+  static constexpr size_t kExportOffset = kPdOffset + kPdSlots * sizeof(PdSlot);
+  static constexpr size_t kBytes = kExportOffset + kExportSlots * sizeof(ExportSlot);
   static_assert(sizeof(Initiator) == 64 && sizeof(QpSlot) == 16 && sizeof(RegionSlot) == 40 &&
-                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 384 && sizeof(TargetSlot) == 320);
+                sizeof(ReceiveSlot) == 192 && sizeof(SrqSlot) == 384 && sizeof(TargetSlot) == 320 &&
+                sizeof(PdSlot) == 8 && sizeof(ExportSlot) == 40);
   static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
   static Header* header(void* base) { return static_cast<Header*>(base); }
@@ -90,6 +102,10 @@ struct DirectTable::Layout {
   static SrqSlot* srqs(void* base) { return reinterpret_cast<SrqSlot*>(static_cast<uint8_t*>(base) + kSrqOffset); }
   static TargetSlot* targets(void* base) {
     return reinterpret_cast<TargetSlot*>(static_cast<uint8_t*>(base) + kTargetOffset);
+  }
+  static PdSlot* pds(void* base) { return reinterpret_cast<PdSlot*>(static_cast<uint8_t*>(base) + kPdOffset); }
+  static ExportSlot* exports(void* base) {
+    return reinterpret_cast<ExportSlot*>(static_cast<uint8_t*>(base) + kExportOffset);
   }
 };
 
@@ -214,6 +230,74 @@ bool DirectTable::PublishRegion(const DirectAccess::Region& region) {
 void DirectTable::WithdrawRegion(uint32_t rkey) {
   std::lock_guard lock(mu_);
   Withdraw(region_slot_, Layout::regions(base_), rkey);
+}
+
+bool DirectTable::ExportPd(uint32_t handle) {
+  std::lock_guard lock(mu_);
+  if (pd_slot_.count(handle)) return true;
+  Layout::PdSlot* slots = Layout::pds(base_);
+  Layout::PdSlot* s = Probe(slots, kPdSlots, handle, 0u);
+  if (s == nullptr) return false;
+  s->key.store(Layout::kQpValid | handle, std::memory_order_seq_cst);
+  pd_slot_[handle] = uint32_t(s - slots);
+  return true;
+}
+
+void DirectTable::WithdrawPd(uint32_t handle) {
+  std::lock_guard lock(mu_);
+  auto it = pd_slot_.find(handle);
+  if (it == pd_slot_.end()) return;
+  Layout::pds(base_)[it->second].key.store(0, std::memory_order_seq_cst);
+  pd_slot_.erase(it);
+}
+
+bool DirectTable::ExportRegion(const ExportedRegion& region) {
+  std::lock_guard lock(mu_);
+  Layout::ExportSlot* slots = Layout::exports(base_);
+  Withdraw(export_slot_, slots, region.lkey);
+  // Homed by the handle (the key's index), which is all an importer knows.
+  Layout::ExportSlot* s = Probe(slots, kExportSlots, region.lkey >> 8, uint64_t{0});
+  if (s == nullptr) return false;
+  s->pd = region.pd;
+  s->access = region.access;
+  s->iova = region.iova;
+  s->length = region.length;
+  s->host = region.host;
+  s->key.store(Layout::kRegionValid | region.lkey, std::memory_order_seq_cst);  // the fields before the key
+  export_slot_[region.lkey] = uint32_t(s - slots);
+  return true;
+}
+
+void DirectTable::WithdrawExportedRegion(uint32_t lkey) {
+  std::lock_guard lock(mu_);
+  Withdraw(export_slot_, Layout::exports(base_), lkey);
+}
+
+bool DirectTable::HasPd(uint32_t handle) const {
+  return handle != 0 && Probe(Layout::pds(base_), kPdSlots, handle, Layout::kQpValid | handle) != nullptr;
+}
+
+const void* DirectTable::FindExport(uint32_t handle, ExportedRegion* out) const {
+  const uint32_t home = Home(handle, kExportSlots);
+  const Layout::ExportSlot* slots = Layout::exports(base_);
+  for (uint32_t i = 0; i < kProbe; ++i) {
+    const Layout::ExportSlot& s = slots[(home + i) % kExportSlots];
+    const uint64_t key = s.key.load(std::memory_order_seq_cst);
+    if (!(key & Layout::kRegionValid) || (uint32_t(key) >> 8) != handle) continue;
+    if (out != nullptr) *out = {uint32_t(key), s.pd, s.access, s.iova, s.length, s.host};
+    return &s;
+  }
+  return nullptr;
+}
+
+bool DirectTable::FindExportedRegion(uint32_t handle, ExportedRegion* out) const {
+  return handle != 0 && FindExport(handle, out) != nullptr;
+}
+
+bool DirectTable::Exported(uint32_t lkey, uint64_t there, uint64_t n) const {
+  ExportedRegion r;
+  if (FindExport(lkey >> 8, &r) == nullptr || r.lkey != lkey) return false;
+  return there >= r.host && n <= r.length && there - r.host <= r.length - n;
 }
 
 bool DirectTable::OpenReceives(uint32_t qpn, uint32_t epoch) {

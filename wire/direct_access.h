@@ -239,6 +239,29 @@ class SharedXrc {
   virtual void CloseXrcTarget(uint32_t qpn) = 0;
 };
 
+// A memory region as its process offers it for import (ibv_import_mr(3) by another process of the host).
+struct ExportedRegion {
+  uint32_t lkey = 0;    // its keys (lkey == rkey); its handle is lkey >> 8
+  uint32_t pd = 0;      // its protection domain's handle
+  uint32_t access = 0;  // emu::access flags
+  uint64_t iova = 0;
+  uint64_t length = 0;
+  uint64_t host = 0;    // where its first byte lives in its process
+};
+
+// What the HCA (emu) offers the host's other processes to import (DeviceConfig::exports): its PDs and regions, so
+// that a process given our cmd_fd (SCM_RIGHTS) reaches them by handle (ibv_import_pd(3), ibv_import_mr(3)). Every
+// method may be called from any thread.
+class ExportedObjects {
+ public:
+  virtual ~ExportedObjects() = default;
+  virtual void ExportPd(uint32_t handle) = 0;
+  virtual void WithdrawPd(uint32_t handle) = 0;
+  virtual void ExportRegion(const ExportedRegion& region) = 0;
+  // Returns once no importer copies through the region any more (IBTA 10.6.3.2: deregistered, it is not accessed).
+  virtual void WithdrawExportedRegion(uint32_t lkey) = 0;
+};
+
 // One process's table in shared memory. The owner publishes and withdraws; the host's other processes look up and
 // count their copies (Enter/Leave). Layout (host byte order; both ends run on one host):
 //   0       magic u64, owner's pid i32, QP slots u32, region slots u32
@@ -257,15 +280,20 @@ class SharedXrc {
 //   then    XRC target slots (256 bytes): key u32 (1 << 31 | qpn, with 1 << 30 while the owner is closing it),
 //           version u32 (odd while the attributes are rewritten), domain u64, attribute bytes u32, holders u64[4]
 //           (bit n: owner number n holds a handle), attributes u64[kTargetAttributeBytes / 8].
+//   then    exported PD slots (8 bytes): key u32 (1 << 31 | handle, 0: empty), unused u32
+//   then    exported region slots (40 bytes), homed by the region's handle (lkey >> 8): key u64 (1 << 32 | lkey),
+//           pd u32, access u32 (emu::access), iova u64, length u64, host u64
 // An entry lives in the slot its number hashes to or one of the kProbe after it.
 class DirectTable {
  public:
-  static constexpr uint64_t kMagic = 0x75726f63'44697234ULL;  // "urocDir4"
+  static constexpr uint64_t kMagic = 0x75726f63'44697235ULL;  // "urocDir5"
   static constexpr uint32_t kQpSlots = 4096;
   static constexpr uint32_t kRegionSlots = 8192;
   static constexpr uint32_t kReceiveSlots = 4096;
   static constexpr uint32_t kSrqSlots = 1024;
   static constexpr uint32_t kTargetSlots = 1024;
+  static constexpr uint32_t kPdSlots = 1024;
+  static constexpr uint32_t kExportSlots = 8192;
   static constexpr uint32_t kProbe = 32;
 
   // The owner's side: a new table in a new sealed memfd, whose descriptor (close-on-exec, the caller's) is stored in
@@ -311,6 +339,21 @@ class DirectTable {
   bool ReleaseTarget(uint32_t qpn);
   void WithdrawTarget(uint32_t qpn);
 
+  // What the host's other processes may import (ExportedObjects): a PD by handle, a region by its handle (the key's
+  // index); false when no slot is free. Withdrawing a region returns once no importer copies through it.
+  bool ExportPd(uint32_t handle);
+  void WithdrawPd(uint32_t handle);
+  bool ExportRegion(const ExportedRegion& region);
+  void WithdrawExportedRegion(uint32_t lkey);
+
+  // --- a process importing the owner's PDs and regions ----------------------------------------------------------------
+  bool HasPd(uint32_t handle) const;
+  // The region of handle `handle` as exported (false: none).
+  bool FindExportedRegion(uint32_t handle, ExportedRegion* out) const;
+  // Whether the region of `lkey` is still exported and holds [there, there + n) (the owner's addresses): between
+  // Enter and Leave, the copy that follows stays within it.
+  bool Exported(uint32_t lkey, uint64_t there, uint64_t n) const;
+
   // --- whoever takes from the owner's XRC SRQs (the owner too) -------------------------------------------------------
   bool SrqInDomain(uint32_t srqn, uint64_t domain) const;
   // The next shown WQE of SRQ `srqn` claimed: its number in *index, its length in *length (false when every shown
@@ -352,6 +395,8 @@ class DirectTable {
   DirectTable(void* base, size_t bytes);
   // Whether the owner's QP `dest_qpn` executes `right` for our QP `src_qpn` (its peer); its PD in *pd if given.
   bool Responds(uint32_t dest_qpn, uint32_t src_qpn, uint32_t right, uint32_t* pd) const;
+  // The exported region slot of handle `handle` (a Layout::ExportSlot), its fields in *out if given; null when none.
+  const void* FindExport(uint32_t handle, ExportedRegion* out) const;
   // A target QP's slot (a Layout::TargetSlot) whether or not its owner is closing it; null when not published.
   template <typename Slot>
   Slot* FindTarget(uint32_t qpn) const;
@@ -370,6 +415,8 @@ class DirectTable {
   std::unordered_map<uint32_t, uint32_t> receive_slot_;  // qpn -> slot
   std::unordered_map<uint32_t, uint32_t> srq_slot_;      // srqn -> slot
   std::unordered_map<uint32_t, uint32_t> target_slot_;   // qpn -> slot
+  std::unordered_map<uint32_t, uint32_t> pd_slot_;       // handle -> slot
+  std::unordered_map<uint32_t, uint32_t> export_slot_;   // lkey -> slot
 };
 
 // Copies between our memory and another process's (process_vm_writev(2), process_vm_readv(2)): whether all `length`

@@ -235,6 +235,54 @@ TEST(DirectSendRecord, EncodesAndDecodesEveryField) {
 
 // --- XRC SRQs shared by the host's processes ------------------------------------------------------------------------
 
+TEST_F(DirectTableTest, ExportedPdsAndRegionsAreFoundByHandleWhileExported) {
+  EXPECT_FALSE(peer_->HasPd(3));
+  ASSERT_TRUE(owner_->ExportPd(3));
+  ASSERT_TRUE(owner_->ExportPd(4));
+  EXPECT_TRUE(peer_->HasPd(3));
+  EXPECT_TRUE(peer_->HasPd(4));
+  EXPECT_FALSE(peer_->HasPd(5));
+  owner_->WithdrawPd(3);
+  EXPECT_FALSE(peer_->HasPd(3));
+  EXPECT_TRUE(peer_->HasPd(4));
+  // A region is found by its handle (the key's index), whatever its key byte; a local-only one (access without remote
+  // rights) too: an importer may use it locally.
+  const uint32_t lkey = (0x030007u << 8) | 0x5c;
+  ASSERT_TRUE(owner_->ExportRegion({lkey, 4, /*access=*/1, 0x10000, 8192, 0x7f0000001000}));
+  ExportedRegion r;
+  ASSERT_TRUE(peer_->FindExportedRegion(lkey >> 8, &r));
+  EXPECT_EQ(r.lkey, lkey);
+  EXPECT_EQ(r.pd, 4u);
+  EXPECT_EQ(r.access, 1u);
+  EXPECT_EQ(r.iova, 0x10000u);
+  EXPECT_EQ(r.length, 8192u);
+  EXPECT_EQ(r.host, 0x7f0000001000u);
+  EXPECT_FALSE(peer_->FindExportedRegion((lkey >> 8) + 1, &r));
+  // Within it, at its process's addresses; not past its end, not under another key byte.
+  EXPECT_TRUE(peer_->Exported(lkey, 0x7f0000001000, 8192));
+  EXPECT_TRUE(peer_->Exported(lkey, 0x7f0000002000, 4096));
+  EXPECT_FALSE(peer_->Exported(lkey, 0x7f0000002000, 4097));
+  EXPECT_FALSE(peer_->Exported(lkey, 0x7f0000000fff, 2));
+  EXPECT_FALSE(peer_->Exported(lkey ^ 1, 0x7f0000001000, 8));
+  // The direct-access check does not grant through an exported region: it was not published for remote access.
+  EXPECT_EQ(peer_->Check(kQpn, kPeerQpn, lkey, 0x10000, 8, direct_rights::kWrite), 0u);
+  owner_->WithdrawExportedRegion(lkey);
+  EXPECT_FALSE(peer_->FindExportedRegion(lkey >> 8, &r));
+  EXPECT_FALSE(peer_->Exported(lkey, 0x7f0000001000, 8));
+}
+
+TEST_F(DirectTableTest, WithdrawingAnExportedRegionWaitsForAnImportersCopy) {
+  const uint32_t lkey = (0x030008u << 8) | 0x11;
+  ASSERT_TRUE(owner_->ExportRegion({lkey, 4, 1, 0, 4096, 0x7f0000001000}));
+  peer_->Enter(9, getpid());
+  ASSERT_TRUE(peer_->Exported(lkey, 0x7f0000001000, 8));
+  auto withdrawal = std::async(std::launch::async, [&] { owner_->WithdrawExportedRegion(lkey); });
+  // It cannot return before Leave: still waiting after a while.
+  EXPECT_EQ(withdrawal.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  peer_->Leave(9);
+  EXPECT_EQ(withdrawal.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+}
+
 TEST_F(DirectTableTest, AnXrcSrqIsFoundOnlyForItsDomainAndWhilePublished) {
   constexpr uint32_t kSrqn = 0x030001;
   EXPECT_FALSE(peer_->SrqInDomain(kSrqn, 77));
