@@ -109,42 +109,6 @@ ibv_qp* CreateQp(Device& d) {
   return qp;
 }
 
-// RESET -> INIT -> RTR -> RTS towards `peer_qpn` at our own GID (one host device), with `access` as the QP's remote
-// access flags. Short timeouts: a target in error costs (retry_cnt + 1) x 4 ms.
-void Connect(Device& d, ibv_qp* qp, uint32_t peer_qpn, int access) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = access;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) Die("to INIT");
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = peer_qpn;
-  a.rq_psn = 0;
-  a.max_dest_rd_atomic = 4;
-  a.min_rnr_timer = 1;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = d.gid;
-  a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    Die("to RTR");
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 10;
-  a.retry_cnt = 1;
-  a.rnr_retry = 1;
-  a.sq_psn = 0;
-  a.max_rd_atomic = 4;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                        IBV_QP_MAX_QP_RD_ATOMIC))
-    Die("to RTS");
-}
-
 // The target's side of one case; writes whether its buffer holds what it should to `fd` at the end.
 void Target(Device& d, int fd, Case c) {
   std::vector<uint8_t> buffer(kBufferBytes, kUntouched);
@@ -159,7 +123,7 @@ void Target(Device& d, int fd, Case c) {
   ReceiveAll(fd, &peer_qpn, sizeof peer_qpn);
   const int qp_access = c == Case::kQpNotWritable ? IBV_ACCESS_REMOTE_READ
                                                   : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  Connect(d, qp, peer_qpn, qp_access);
+  ConnectRc(d, qp, peer_qpn, qp_access);
   if (c == Case::kDeregistered && ibv_dereg_mr(mr) == 0) mr = nullptr;
   if (c == Case::kTargetInError) {
     ibv_qp_attr a{};
@@ -250,7 +214,7 @@ std::string Initiator(Device& d, int fd, Case c) {
   ReceiveAll(fd, &t, sizeof t);
   ibv_qp* qp = CreateQp(d);
   SendAll(fd, &qp->qp_num, sizeof qp->qp_num);
-  Connect(d, qp, t.qpn, 0);
+  ConnectRc(d, qp, t.qpn, 0);
   std::vector<uint8_t> local(kBufferBytes, 0);
   for (size_t i = 0; i < local.size(); ++i) local[i] = uint8_t((i + 100) * 7 + 1);  // the target's pattern at 100+i
   ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);

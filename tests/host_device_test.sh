@@ -17,6 +17,10 @@
 #                                 responder's error completion), an rdma_verify pair of one operation at a time (WRITEs
 #                                 and READs direct, atomics as packets between them, every byte checked), and the same
 #                                 with --no-direct (none direct)
+#   imports_across_processes      ibv_import_device/pd/mr of another process's cmd_fd (SCM_RIGHTS): tests/
+#                                 import_share_check (the importer's QP, in the imported PD, receives into, sends
+#                                 from, and is written and read through the exporter's region; its keys and handles;
+#                                 refusals), with direct access on and off; on the per-process device ENODEV
 #   xrc_between_processes         processes sharing an XRC domain by one file: tests/xrc_share_check (target QPs of
 #                                 two processes delivering into each other's SRQs, bytes and completions checked; RNR
 #                                 until the other process posts; another domain's SRQ, a WRITE and a SEND longer than
@@ -72,6 +76,7 @@ UROCE="$PREFIX/bin/uroce"
 RDMA_VERIFY="$PWD/tests/rdma_verify"
 DIRECT_CHECK="$PWD/tests/direct_access_check"
 XRC_CHECK="$PWD/tests/xrc_share_check"
+IMPORT_CHECK="$PWD/tests/import_share_check"
 CM_QUITTER="$PWD/tests/cm_quitter"
 TIMEOUT=60
 
@@ -232,6 +237,21 @@ case_direct_access() {
 
 # case_ucx_direct: UCX's ucx_perftest put and get (64 KiB, rc_verbs) between two processes sharing one address: a
 # framework's RDMA WRITEs and READs (its fences, unsignaled WRs, completions) carried out by direct access.
+case_imports_across_processes() {
+  local addr log="$WORK/imports" problems="" direct
+  addr=$(random_loopback)
+  for direct in on off; do
+    local -a knob=()
+    [ "$direct" = on ] || knob=(--no-direct)
+    timeout "$TIMEOUT" "$UROCE" run --host-device "${knob[@]}" --addr "$addr" -- "$IMPORT_CHECK" >"$log.$direct" 2>&1 ||
+      problems+="import_share_check ($direct): exit $?: $(grep -v ': ok$' "$log.$direct" | head -n 5)"$'\n'
+  done
+  # Each process a device of its own: another process's cmd_fd names none of ours.
+  timeout "$TIMEOUT" "$UROCE" run -- "$IMPORT_CHECK" refused >"$log.refused" 2>&1 ||
+    problems+="import_share_check refused: exit $?: $(grep -v ': ok$' "$log.refused" | head -n 5)"$'\n'
+  junit_check imports_across_processes "$problems"
+}
+
 case_ucx_direct() {
   local addr log="$WORK/ucx" problems="" test port server rc counter
   addr=$(random_loopback)
@@ -681,6 +701,7 @@ main() {
   case_same_host_paths
   case_faults_through_the_rings
   case_direct_access
+  case_imports_across_processes
   case_xrc_between_processes
   case_xrc_open_across_hosts
   case_ucx_direct

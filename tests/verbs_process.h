@@ -61,4 +61,40 @@ inline Device OpenFirstDevice(int cq_entries) {
   return d;
 }
 
+// RESET -> INIT -> RTR -> RTS towards `peer_qpn` at our own GID (one host device), with `access` as the QP's remote
+// access flags. Short timeouts: a target in error costs (retry_cnt + 1) x 4 ms.
+inline void ConnectRc(Device& d, ibv_qp* qp, uint32_t peer_qpn, int access) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = access;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) Die("to INIT");
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = peer_qpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 4;
+  a.min_rnr_timer = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = d.gid;
+  a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.port_num = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    Die("to RTR");
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 10;
+  a.retry_cnt = 1;
+  a.rnr_retry = 1;
+  a.sq_psn = 0;
+  a.max_rd_atomic = 4;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                        IBV_QP_MAX_QP_RD_ATOMIC))
+    Die("to RTS");
+}
+
 }  // namespace uroce::checks

@@ -1,6 +1,7 @@
 // Device discovery, contexts and queries: ibv_get_device_list ... ibv_query_gid_type.
 #include <infiniband/verbs.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -164,6 +165,52 @@ bool IsDeviceFile(int fd) {
          a.st_ino == b.st_ino;
 }
 
+// What the device file says of the device behind it, for a process of the host it is passed to (SCM_RIGHTS): on the
+// host device, whose share it is (our owner number and pid) and which host device (network namespace and address).
+struct DeviceFileRecord {
+  static constexpr uint64_t kMagic = 0x75726f63'436d6431ULL;  // "urocCmd1"
+  uint64_t magic = 0;
+  int32_t pid = 0;
+  uint8_t owner = 0;  // 0: a per-process device (nothing to import from another process)
+  uint8_t unused[3] = {};
+  uint64_t netns = 0;  // the inode of the network namespace
+  uint8_t address[16] = {};
+};
+
+uint64_t NetworkNamespace() {
+  struct stat st;
+  return stat("/proc/self/ns/net", &st) == 0 ? uint64_t(st.st_ino) : 0;
+}
+
+DeviceFileRecord RecordOf(Engine& engine) {
+  DeviceFileRecord r;
+  r.magic = DeviceFileRecord::kMagic;
+  r.pid = getpid();
+  if (engine.host_transport() != nullptr) r.owner = engine.host_transport()->owner();
+  r.netns = NetworkNamespace();
+  std::memcpy(r.address, engine.address().bytes().data(), sizeof r.address);
+  return r;
+}
+
+// Written whenever a context opens (the engine, and with it the owner number, may be a new one since the last).
+void WriteDeviceFileRecord(Engine& engine) {
+  const DeviceFileRecord r = RecordOf(engine);
+  if (pwrite(DeviceFile(), &r, sizeof r, 0) != ssize_t(sizeof r)) return;  // then nobody can import from us
+}
+
+// The owner number of the process whose device file `fd` is, when it shares our host device (same network namespace
+// and address, another owner number, alive); 0 when it does not.
+uint8_t ImportableOwner(int fd, Engine& engine) {
+  DeviceFileRecord theirs;
+  if (pread(fd, &theirs, sizeof theirs, 0) != ssize_t(sizeof theirs) || theirs.magic != DeviceFileRecord::kMagic)
+    return 0;
+  const DeviceFileRecord ours = RecordOf(engine);
+  if (ours.owner == 0 || theirs.owner == 0 || theirs.owner == ours.owner || theirs.netns != ours.netns ||
+      std::memcmp(theirs.address, ours.address, sizeof ours.address) != 0 || kill(theirs.pid, 0) != 0)
+    return 0;
+  return theirs.owner;
+}
+
 // A new context on the process's engine that owns `cmd_fd` (closed by ibv_close_device, also on failure here).
 ibv_context* NewContext(ibv_device* device, int cmd_fd) {
   auto fail = [cmd_fd](int err) -> ibv_context* {
@@ -193,6 +240,7 @@ ibv_context* NewContext(ibv_device* device, int cmd_fd) {
   c.num_comp_vectors = 1;
   pthread_mutex_init(&c.mutex, nullptr);
   c.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  WriteDeviceFileRecord(*ctx->engine);
   {
     std::lock_guard lock(g_contexts_mu);
     g_contexts.insert(ctx);
@@ -235,15 +283,23 @@ ibv_context* ibv_open_device(ibv_device* device) {
 
 // ibv_import_device(3): a context on the device behind a dup of another context's cmd_fd; it owns that fd. Within
 // one process every context shares the one device, so objects created through either are visible to both by handle
-// (ibv_import_pd, ibv_import_mr, ibv_import_dm). Another process's cmd_fd names another device: ENODEV.
+// (ibv_import_pd, ibv_import_mr, ibv_import_dm). Another process's cmd_fd (passed with SCM_RIGHTS) names the same
+// device when both share the host device: the context then reaches that process's PDs and regions (ibv_import_pd,
+// ibv_import_mr); otherwise it names a device this process does not have: ENODEV.
 ibv_context* ibv_import_device(int cmd_fd) {
   struct stat st;
   if (fstat(cmd_fd, &st) != 0) return nullptr;  // EBADF
-  if (!IsDeviceFile(cmd_fd)) {
+  if (IsDeviceFile(cmd_fd)) return NewContext(TheDevice(), cmd_fd);
+  auto engine = Engine::Acquire();
+  if (!engine) return nullptr;
+  const uint8_t owner = ImportableOwner(cmd_fd, *engine);
+  if (owner == 0) {
     errno = ENODEV;
     return nullptr;
   }
-  return NewContext(TheDevice(), cmd_fd);
+  ibv_context* context = NewContext(TheDevice(), cmd_fd);
+  if (context != nullptr) Ctx(context)->imported_owner = owner;
+  return context;
 }
 
 int ibv_close_device(ibv_context* context) {

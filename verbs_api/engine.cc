@@ -456,7 +456,11 @@ int Engine::Start(const EngineConfig& config) {
   dc.retry_cnt_7_infinite = config.retry_forever;
   if (membership_) dc.owner = membership_->owner();
   // XRC SRQs shared with the host's other processes replace no packet: on whatever watches them.
-  if (host_transport_ != nullptr && host_transport_->ShareXrcSrqs() == 0) dc.shared_xrc = host_transport_;
+  // So do PDs and regions offered for import (ibv_import_pd(3), ibv_import_mr(3) by a process given our cmd_fd).
+  if (host_transport_ != nullptr && host_transport_->ShareXrcSrqs() == 0) {
+    dc.shared_xrc = host_transport_;
+    dc.exports = host_transport_;
+  }
   // Direct access needs the packets it replaces to be nothing anybody watches or alters.
   if (host_transport_ != nullptr && config.direct && faults_ == nullptr && pcap_ == nullptr &&
       host_transport_->EnableDirectAccess() == 0) {

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -110,8 +111,18 @@ class Engine {
   // starts the multicast receiver's thread). 0, or EINVAL (IPv6 group) / the errno of its socket.
   int JoinMulticast(const wire::IpAddress& group);
   void LeaveMulticast(const wire::IpAddress& group);
-  // Our share of the host device (UROCE_DEVICE=host), or nullptr.
+  // Our share of the host device (UROCE_DEVICE=host), or nullptr; its transport, or nullptr.
   HostDeviceMembership* membership() { return membership_.get(); }
+  wire::HostDeviceTransport* host_transport() { return host_transport_; }
+  // What this process imported from the host's other processes (ibv_import_pd(3) / ibv_import_mr(3) of handles
+  // that came with another process's cmd_fd): one PD of ours stands for each of theirs, and each of their regions
+  // is registered here once, however many handles are on it.
+  struct Imports {
+    std::mutex mu;
+    std::map<std::pair<uint8_t, uint32_t>, std::pair<emu::ProtectionDomain*, int>> pds;  // (owner, handle) -> ours
+    std::map<uint32_t, int> regions;  // lkey -> handles
+  };
+  Imports& imports() { return imports_; }
   // "io_uring", "socket" or "host device": the transport this engine runs on.
   const char* transport_name() const { return transport_name_; }
 
@@ -221,6 +232,7 @@ class Engine {
   void OnServiceLost();
   // Our membership in the host device (UROCE_DEVICE=host); outlives transport_, which watches its control socket.
   std::unique_ptr<HostDeviceMembership> membership_;
+  Imports imports_;
   std::unique_ptr<wire::PcapWriter> pcap_;  // outlives transport_, which writes to it
   std::unique_ptr<wire::Transport> transport_;
   std::unique_ptr<emu::Device> device_;

@@ -72,6 +72,9 @@ struct Context {
   verbs_context vctx;  // must be first: ibv_context is its last member, and &vctx.context is what we return
   std::shared_ptr<Engine> engine;
   EventQueue<ibv_async_event> async_events;
+  // A context ibv_import_device(3) made from another process's cmd_fd: that process's owner number on the host device
+  // (PDs imported through this context are its PDs); 0 for a context on our own objects.
+  uint8_t imported_owner;
   emu::Device& dev() { return engine->device(); }
 };
 inline Context* ToContext(ibv_context* c) {
@@ -157,11 +160,15 @@ struct Pd {
   // that PD's, and `extends` points at it.
   Pd* extends = nullptr;
   std::atomic<int> parent_domains{0};  // parent domains extending this PD: it cannot be deallocated before them
+  // Another process's PD (imported through a context of its cmd_fd): its owner number; `emu` is the PD of ours that
+  // stands for it, and pd.handle is its handle there.
+  uint8_t imported_owner = 0;
 };
 inline Pd* ToPd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 
 struct Mr {
   ibv_mr mr;
+  uint8_t imported_owner = 0;  // another process's region (imported through one of its PDs): its owner number
 };
 
 struct CompChannel {

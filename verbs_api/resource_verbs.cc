@@ -244,6 +244,8 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
 
 int ibv_dealloc_pd(ibv_pd* pd) {
   Pd* p = ToPd(pd);
+  // Another process's PD: it is that process's to destroy (ibv_unimport_pd forgets our handle).
+  if (p->imported_owner != 0) return EOPNOTSUPP;
   if (p->extends != nullptr) {  // a parent domain: only it goes (ibv_alloc_parent_domain(3))
     p->extends->parent_domains.fetch_sub(1);
     delete p;
@@ -255,15 +257,45 @@ int ibv_dealloc_pd(ibv_pd* pd) {
   return 0;
 }
 
-// ibv_import_pd(3): another handle on a PD of this device (created through any context of the process).
+// ibv_import_pd(3): another handle on a PD of this device (created through any context of the process), or, through a
+// context of another process's cmd_fd, on a PD of that process: a PD of ours stands for it (the same one for every
+// handle on it), in which our QPs and the regions imported from it meet.
 ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
-  emu::ProtectionDomain* epd = Ctx(context)->dev().FindPd(pd_handle);
-  if (epd == nullptr) return Fail<ibv_pd>(EINVAL);
-  return &(new Pd{{context, pd_handle}, epd})->pd;
+  Context* ctx = Ctx(context);
+  if (ctx->imported_owner == 0) {
+    emu::ProtectionDomain* epd = ctx->dev().FindPd(pd_handle);
+    if (epd == nullptr) return Fail<ibv_pd>(EINVAL);
+    return &(new Pd{{context, pd_handle}, epd})->pd;
+  }
+  const uint8_t owner = ctx->imported_owner;
+  if (int rc = ctx->engine->host_transport()->ImportablePd(owner, pd_handle)) return Fail<ibv_pd>(-rc);
+  Engine::Imports& imports = ctx->engine->imports();
+  std::lock_guard lock(imports.mu);
+  auto& [ours, handles] = imports.pds[{owner, pd_handle}];
+  if (ours == nullptr && (ours = ctx->dev().AllocPd()) == nullptr) {
+    imports.pds.erase({owner, pd_handle});
+    return Fail<ibv_pd>(ENOMEM);
+  }
+  ++handles;
+  auto* pd = new Pd{{context, pd_handle}, ours};
+  pd->imported_owner = owner;
+  return &pd->pd;
 }
 
-// ibv_unimport_pd(3): forgets the handle without destroying the PD.
-void ibv_unimport_pd(ibv_pd* pd) { delete ToPd(pd); }
+// ibv_unimport_pd(3): forgets the handle without destroying the PD. The last handle on another process's PD lets the
+// PD of ours that stood for it go, unless our objects are still in it.
+void ibv_unimport_pd(ibv_pd* pd) {
+  Pd* p = ToPd(pd);
+  if (p->imported_owner != 0) {
+    Context* ctx = Ctx(pd->context);
+    Engine::Imports& imports = ctx->engine->imports();
+    std::lock_guard lock(imports.mu);
+    auto it = imports.pds.find({p->imported_owner, pd->handle});
+    if (it != imports.pds.end() && --it->second.second == 0 && ctx->dev().DeallocPd(it->second.first) == 0)
+      imports.pds.erase(it);
+  }
+  delete p;
+}
 
 // --- MR ---
 static ibv_mr* RegMrIova2Unguarded(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
@@ -360,8 +392,69 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
   return 0;
 }
 
-// ibv_import_mr(3): another handle on an MR of this device; its addr is NULL, as the man page says.
+namespace {
+
+// Another process's registered memory, reached through the host device's cross-memory copies while that process
+// still exports the region.
+class ImportedMemory final : public emu::ForeignMemory {
+ public:
+  ImportedMemory(wire::HostDeviceTransport* transport, uint8_t owner, uint32_t lkey)
+      : transport_(transport), owner_(owner), lkey_(lkey) {}
+  bool Read(uint64_t there, void* into, size_t n) override {
+    return transport_->CopyExported(owner_, lkey_, there, into, n, /*write=*/false);
+  }
+  bool Write(uint64_t there, const void* from, size_t n) override {
+    return transport_->CopyExported(owner_, lkey_, there, const_cast<void*>(from), n, /*write=*/true);
+  }
+
+ private:
+  wire::HostDeviceTransport* transport_;
+  uint8_t owner_;
+  uint32_t lkey_;
+};
+
+// ibv_import_mr of another process's region, through a PD imported from it.
+ibv_mr* ImportForeignMr(ibv_pd* pd, uint32_t mr_handle) {
+  Context* ctx = Ctx(pd->context);
+  const uint8_t owner = ToPd(pd)->imported_owner;
+  wire::HostDeviceTransport* transport = ctx->engine->host_transport();
+  wire::ExportedRegion r;
+  if (int rc = transport->ImportableRegion(owner, mr_handle, &r)) return Fail<ibv_mr>(-rc);
+  if (r.pd != pd->handle) return Fail<ibv_mr>(EINVAL);  // the MR belongs to another PD
+  Engine::Imports& imports = ctx->engine->imports();
+  std::lock_guard lock(imports.mu);
+  int& handles = imports.regions[r.lkey];
+  if (handles == 0) {
+    emu::MemoryRegion m;
+    m.host = reinterpret_cast<uint8_t*>(r.host);
+    m.iova = r.iova;
+    m.length = r.length;
+    m.access = r.access;
+    m.lkey = m.rkey = r.lkey;
+    m.foreign = std::make_shared<ImportedMemory>(transport, owner, r.lkey);
+    if (int err = ctx->dev().ImportMr(ToPd(pd)->emu, std::move(m))) {
+      imports.regions.erase(r.lkey);
+      return Fail<ibv_mr>(err);
+    }
+  }
+  ++handles;
+  auto* mr = new Mr{};
+  mr->mr.context = pd->context;
+  mr->mr.pd = pd;
+  mr->mr.length = r.length;
+  mr->mr.handle = mr_handle;
+  mr->mr.lkey = mr->mr.rkey = r.lkey;
+  mr->imported_owner = owner;
+  return &mr->mr;
+}
+
+}  // namespace
+
+// ibv_import_mr(3): another handle on an MR of this device, or, through a PD imported from another process, on a
+// region of that process (our work requests and our QPs' peers then reach its memory); its addr is NULL, as the man
+// page says.
 ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
+  if (ToPd(pd)->imported_owner != 0) return ImportForeignMr(pd, mr_handle);
   emu::MemoryRegion m;
   if (Ctx(pd->context)->dev().QueryMrByHandle(mr_handle, &m) != 0) return Fail<ibv_mr>(EINVAL);
   if (m.pd != ToPd(pd)->emu) return Fail<ibv_mr>(EINVAL);  // the MR belongs to another PD
@@ -375,9 +468,26 @@ ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
   return &mr->mr;
 }
 
-void ibv_unimport_mr(ibv_mr* mr) { delete reinterpret_cast<Mr*>(mr); }
+// ibv_unimport_mr(3): forgets the handle without deregistering the MR. The last handle on another process's region
+// lets our registration of it go.
+void ibv_unimport_mr(ibv_mr* mr) {
+  Mr* m = reinterpret_cast<Mr*>(mr);
+  if (m->imported_owner != 0) {
+    Context* ctx = Ctx(mr->context);
+    Engine::Imports& imports = ctx->engine->imports();
+    std::lock_guard lock(imports.mu);
+    auto it = imports.regions.find(mr->lkey);
+    if (it != imports.regions.end() && --it->second == 0) {
+      ctx->dev().DeregisterMr(mr->lkey);
+      imports.regions.erase(it);
+    }
+  }
+  delete m;
+}
 
 int ibv_dereg_mr(ibv_mr* mr) {
+  // Another process's region: it is that process's to deregister (ibv_unimport_mr forgets our handle).
+  if (reinterpret_cast<Mr*>(mr)->imported_owner != 0) return EOPNOTSUPP;
   if (int err = Ctx(mr->context)->dev().DeregisterMr(mr->lkey)) return err;
   delete reinterpret_cast<Mr*>(mr);
   return 0;

@@ -852,6 +852,54 @@ DirectTable* HostDeviceTransport::TableOf(uint8_t owner, bool* unanswered) {
   return p->table.load(std::memory_order_acquire);
 }
 
+void HostDeviceTransport::ExportPd(uint32_t handle) {
+  if (direct_table_ != nullptr) direct_table_->ExportPd(handle);
+}
+void HostDeviceTransport::WithdrawPd(uint32_t handle) {
+  if (direct_table_ != nullptr) direct_table_->WithdrawPd(handle);
+}
+void HostDeviceTransport::ExportRegion(const ExportedRegion& region) {
+  if (direct_table_ != nullptr) direct_table_->ExportRegion(region);
+}
+void HostDeviceTransport::WithdrawExportedRegion(uint32_t lkey) {
+  if (direct_table_ != nullptr) direct_table_->WithdrawExportedRegion(lkey);
+}
+
+int HostDeviceTransport::ImportablePd(uint8_t owner, uint32_t handle) {
+  bool unanswered = false;
+  DirectTable* table = TableOf(owner, &unanswered);
+  if (unanswered) return -EAGAIN;
+  return table != nullptr && table->HasPd(handle) ? 0 : -EINVAL;
+}
+
+int HostDeviceTransport::ImportableRegion(uint8_t owner, uint32_t handle, ExportedRegion* out) {
+  bool unanswered = false;
+  DirectTable* table = TableOf(owner, &unanswered);
+  if (unanswered) return -EAGAIN;
+  return table != nullptr && table->FindExportedRegion(handle, out) ? 0 : -EINVAL;
+}
+
+bool HostDeviceTransport::CopyExported(uint8_t owner, uint32_t lkey, uint64_t there, void* local, size_t n,
+                                       bool write) {
+  DirectTable* table = TableOf(owner, nullptr);
+  if (table == nullptr) return false;
+  // Between Enter and Leave the region stays exported: its process's deregistration waits for us to leave.
+  table->Enter(owner_, self_pid_);
+  int rc = 0;
+  if (table->Exported(lkey, there, n)) {
+    auto* bytes = static_cast<uint8_t*>(local);
+    if (write) {
+      const std::span<const uint8_t> piece(bytes, n);
+      rc = CopyToProcess(table->pid(), there, {&piece, 1}, n);
+    } else {
+      const std::span<uint8_t> piece(bytes, n);
+      rc = CopyFromProcess(table->pid(), there, {&piece, 1}, n);
+    }
+  }
+  table->Leave(owner_);
+  return rc == 1;
+}
+
 int HostDeviceTransport::OpenXrcTarget(uint32_t qpn, uint64_t domain) {
   bool unanswered = false;
   DirectTable* table = TableOf(OwnerOf24(qpn), &unanswered);

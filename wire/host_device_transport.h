@@ -58,7 +58,7 @@ enum class SameHostPath {
   kUdp,           // the network's way: every packet on real UDP to the device's UDP 4791, for tcpdump
 };
 
-class HostDeviceTransport final : public Transport, public DirectAccess, public SharedXrc {
+class HostDeviceTransport final : public Transport, public DirectAccess, public SharedXrc, public ExportedObjects {
  public:
   // `forward_fd`: our end of the datagram socket the service forwards on (taken over: closed by the destructor).
   // `control_fd`: the connection to the service, only watched (not closed). `local`: address:4791 of the device.
@@ -139,6 +139,21 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   int OpenXrcTarget(uint32_t qpn, uint64_t domain) override;
   bool ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) override;
   void CloseXrcTarget(uint32_t qpn) override;
+
+  // ExportedObjects (wire/direct_access.h): into our table, when there is one (EnableDirectAccess, ShareXrcSrqs).
+  void ExportPd(uint32_t handle) override;
+  void WithdrawPd(uint32_t handle) override;
+  void ExportRegion(const ExportedRegion& region) override;
+  void WithdrawExportedRegion(uint32_t lkey) override;
+  // Importing from the process of owner number `owner` (each waits up to kOpenWaitMs for its table, as
+  // OpenXrcTarget): its PD `handle` (0; -EINVAL: none such, or no table of it to use; -EAGAIN: its process cannot be
+  // asked); its region of handle `handle`, into *out (the same); copies between `local` and [there, there + n) of its
+  // region `lkey` (its addresses): whether all of it was copied (false once the region is withdrawn or its process is
+  // gone, or when cross-memory attach is refused).
+  int ImportablePd(uint8_t owner, uint32_t handle);
+  int ImportableRegion(uint8_t owner, uint32_t handle, ExportedRegion* out);
+  bool CopyExported(uint8_t owner, uint32_t lkey, uint64_t there, void* local, size_t n, bool write);
+  uint8_t owner() const { return owner_; }
 
   UdpEndpoint local() const override { return local_; }
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override {
