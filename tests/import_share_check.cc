@@ -9,7 +9,8 @@
 //   imported_handles   the imported context, PD and MR name the exporter's objects: the PD's handle, the MR's
 //                      handle, keys and length are the exporter's (addr NULL, ibv_import_mr(3)); an fd that is not a
 //                      device's is ENODEV, a PD handle the exporter has not EINVAL, an MR of the exporter's other PD
-//                      EINVAL; deregistering or deallocating through the importer's handles is EOPNOTSUPP
+//                      EINVAL; deregistering or deallocating through the importer's handles is EOPNOTSUPP, and so
+//                      is importing the exporter's device memory (ibv_import_dm)
 //   receive_into       the exporter SENDs 3000 bytes; the importer's receive names the imported MR: they land in the
 //                      exporter's buffer
 //   send_from          the importer SENDs 5000 bytes gathered from the imported MR: the exporter receives its own
@@ -203,6 +204,8 @@ void Importer(int sock, bool refused) {
     note("the imported MR's handle, keys, length or addr differ from the exporter's");
   if (ibv_dereg_mr(mr) != EOPNOTSUPP) note("ibv_dereg_mr of an imported MR is not EOPNOTSUPP");
   if (ibv_dealloc_pd(pd) != EOPNOTSUPP) note("ibv_dealloc_pd of an imported PD is not EOPNOTSUPP");
+  errno = 0;
+  if (ibv_import_dm(ctx, 1) != nullptr || errno != EOPNOTSUPP) note("ibv_import_dm through it is not EOPNOTSUPP");
 
   // Our QP, in the imported PD, connected to the exporter's.
   Device d;

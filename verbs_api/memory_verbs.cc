@@ -157,8 +157,13 @@ void FillMemoryOps(verbs_context* v) {
 
 extern "C" {
 
-// ibv_import_dm(3): another handle on device memory allocated through any context of this process.
+// ibv_import_dm(3): another handle on device memory allocated through any context of this process. Through a context
+// of another process's cmd_fd the handle names that process's device memory, which is not shared: EOPNOTSUPP.
 ibv_dm* ibv_import_dm(ibv_context* context, uint32_t dm_handle) {
+  if (Ctx(context)->imported_owner != 0) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
   std::shared_ptr<DmMemory> memory;
   {
     DmTable& t = Dms();
