@@ -72,34 +72,35 @@ struct Handles {
   uint32_t qpn = 0;  // the exporter's QP
 };
 
-void SendFd(int sock, int fd) {
+// A message of one byte with room for one descriptor (SCM_RIGHTS). Not copied: it points into itself.
+struct FdMessage {
   char byte = 0;
   iovec iov{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  FdMessage() {
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+};
+
+void SendFd(int sock, int fd) {
+  FdMessage f;
+  cmsghdr* c = CMSG_FIRSTHDR(&f.m);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  if (sendmsg(sock, &m, 0) != 1) Die("sendmsg SCM_RIGHTS");
+  if (sendmsg(sock, &f.m, 0) != 1) Die("sendmsg SCM_RIGHTS");
 }
 
 int ReceiveFd(int sock) {
-  char byte;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  if (recvmsg(sock, &m, 0) != 1) Die("recvmsg SCM_RIGHTS");
-  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  FdMessage f;
+  if (recvmsg(sock, &f.m, 0) != 1) Die("recvmsg SCM_RIGHTS");
+  cmsghdr* c = CMSG_FIRSTHDR(&f.m);
   if (c == nullptr || c->cmsg_type != SCM_RIGHTS) Die("no descriptor came");
   int fd;
   std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
