@@ -197,17 +197,6 @@ void Target(Device& d, int fd, Case c) {
   if (mr != nullptr) ibv_dereg_mr(mr);
 }
 
-// Waits up to 10 s for one completion.
-bool PollOne(ibv_cq* cq, ibv_wc* wc) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < give_up) {
-    const int n = ibv_poll_cq(cq, 1, wc);
-    if (n < 0) Die("ibv_poll_cq");
-    if (n == 1) return true;
-  }
-  return false;
-}
-
 // The initiator's side of one case: "" or what went wrong.
 std::string Initiator(Device& d, int fd, Case c) {
   TargetInfo t;
@@ -234,7 +223,7 @@ std::string Initiator(Device& d, int fd, Case c) {
     wr.wr.rdma.rkey = rkey;
     if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
     ibv_wc wc{};
-    if (!PollOne(d.cq, &wc)) return std::string("no completion within 10 s");
+    if (!checks::PollOne(d.cq, &wc, 10)) return std::string("no completion within 10 s");
     return std::string(wc.status == IBV_WC_SUCCESS ? "" : ibv_wc_status_str(wc.status)) +
            (wc.wr_id != 42 ? " (wrong wr_id)" : "");
   };
@@ -248,7 +237,7 @@ std::string Initiator(Device& d, int fd, Case c) {
     wr.send_flags = IBV_SEND_SIGNALED | flags;
     if (ibv_post_send(qp, &wr, &bad)) Die("ibv_post_send");
     ibv_wc wc{};
-    if (!PollOne(d.cq, &wc)) return std::string("no completion within 10 s");
+    if (!checks::PollOne(d.cq, &wc, 10)) return std::string("no completion within 10 s");
     return std::string(wc.status == IBV_WC_SUCCESS ? "" : ibv_wc_status_str(wc.status));
   };
   auto expect = [&](const std::string& got, const char* want) {

@@ -118,20 +118,10 @@ ibv_qp* CreateQp(ibv_pd* pd, ibv_cq* cq) {
   return qp;
 }
 
-bool PollOne(ibv_cq* cq, ibv_wc* wc) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < give_up) {
-    const int n = ibv_poll_cq(cq, 1, wc);
-    if (n < 0) Die("ibv_poll_cq");
-    if (n == 1) return true;
-  }
-  return false;
-}
-
 // "" when a completion of `status` came, else what came.
 std::string Expect(ibv_cq* cq, ibv_wc_status status) {
   ibv_wc wc{};
-  if (!PollOne(cq, &wc)) return "no completion in 20 s";
+  if (!checks::PollOne(cq, &wc, 20)) return "no completion in 20 s";
   if (wc.status == status) return "";
   return std::string("completion ") + ibv_wc_status_str(wc.status) + ", not " + ibv_wc_status_str(status);
 }

@@ -1,12 +1,14 @@
-// What the multi-process verbs checks (tests/direct_access_check.cc, tests/xrc_share_check.cc) share: dying with a
-// message, whole reads and writes on the socket to another process of the check, and opening the first device with a
-// PD, a CQ and GID 0. Each check runs under `uroce run --host-device`, every process opening the device after fork.
+// What the multi-process verbs checks (tests/direct_access_check.cc, tests/xrc_share_check.cc,
+// tests/import_share_check.cc) share: dying with a message, whole reads and writes on the socket to another process of
+// the check, opening the first device with a PD, a CQ and GID 0, connecting an RC QP, waiting for a completion. Each
+// check runs under `uroce run --host-device`, every process opening the device after fork.
 #pragma once
 
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -95,6 +97,17 @@ inline void ConnectRc(Device& d, ibv_qp* qp, uint32_t peer_qpn, int access) {
                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                         IBV_QP_MAX_QP_RD_ATOMIC))
     Die("to RTS");
+}
+
+// Waits up to `seconds` for one completion: false when none came.
+inline bool PollOne(ibv_cq* cq, ibv_wc* wc, int seconds) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < give_up) {
+    const int n = ibv_poll_cq(cq, 1, wc);
+    if (n < 0) Die("ibv_poll_cq");
+    if (n == 1) return true;
+  }
+  return false;
 }
 
 }  // namespace uroce::checks
