@@ -20,7 +20,8 @@
 #   imports_across_processes      ibv_import_device/pd/mr of another process's cmd_fd (SCM_RIGHTS): tests/
 #                                 import_share_check (the importer's QP, in the imported PD, receives into, sends
 #                                 from, and is written and read through the exporter's region; its keys and handles;
-#                                 refusals), with direct access on and off; on the per-process device ENODEV
+#                                 refusals; after its deregistration, and after a second exporter is killed (-9),
+#                                 LOC_PROT_ERR at once), with direct access on and off; on the per-process device ENODEV
 #   xrc_between_processes         processes sharing an XRC domain by one file: tests/xrc_share_check (target QPs of
 #                                 two processes delivering into each other's SRQs, bytes and completions checked; RNR
 #                                 until the other process posts; another domain's SRQ, a WRITE and a SEND longer than

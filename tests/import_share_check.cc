@@ -19,11 +19,15 @@
 //                      then READs it back through it: the bytes land in, and come back from, the exporter's buffer
 //   after_dereg        the exporter deregisters the region: the importer's next SEND from it completes with
 //                      IBV_WC_LOC_PROT_ERR, and importing it again is EINVAL
+//   exporter_killed    a second exporter (its cmd_fd relayed by the first) is killed (-9) after the importer's SEND
+//                      from its region delivered that region's bytes: the next SEND from it completes with
+//                      IBV_WC_LOC_PROT_ERR at once, nothing hangs
 // `import_share_check refused`, run where each process has a device of its own (the per-process device): the
 // exporter's cmd_fd names a device the importer does not have:
 //   refused            ibv_import_device of it is ENODEV
 // Exit status 0 when every case passed.
 #include <infiniband/verbs.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -235,6 +239,35 @@ void Importer(int sock, bool refused) {
   if (ibv_import_mr(pd, h.mr) != nullptr || errno != EINVAL) note("a deregistered region imported again");
   ibv_unimport_mr(mr);
   PutText(sock, problem);
+  problem.clear();
+
+  // exporter_killed: the second exporter's PD and region, a QP of ours in that PD connected to the first exporter's
+  // second QP.
+  const int second_fd = ReceiveFd(sock);
+  const Handles h2 = Get<Handles>(sock);
+  const uint64_t base2 = Get<uint64_t>(sock);
+  ibv_context* ctx2 = ibv_import_device(second_fd);
+  ibv_pd* pd2 = ctx2 ? ibv_import_pd(ctx2, h2.pd) : nullptr;
+  ibv_mr* mr2 = pd2 ? ibv_import_mr(pd2, h2.mr) : nullptr;
+  if (mr2 == nullptr) Die("importing the second exporter's context, PD and region");
+  ibv_qp* qp2 = CreateQp(pd2, d.cq);
+  Put(sock, qp2->qp_num);
+  checks::ConnectRc(d, qp2, h2.qpn, 0);
+  Get<char>(sock);
+  if (Post(qp2, IBV_WR_SEND, base2, kSendBytes, mr2->lkey)) Die("ibv_post_send");
+  note(Expect(d.cq, IBV_WC_SUCCESS));
+  PutText(sock, problem);
+  Get<char>(sock);  // it is dead now
+  const auto start = std::chrono::steady_clock::now();
+  if (Post(qp2, IBV_WR_SEND, base2, 100, mr2->lkey)) Die("ibv_post_send");
+  problem = Expect(d.cq, IBV_WC_LOC_PROT_ERR);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (problem.empty() && seconds > 5) problem = "the error took " + std::to_string(seconds) + " s";
+  PutText(sock, problem);
+  ibv_destroy_qp(qp2);
+  ibv_unimport_mr(mr2);
+  ibv_unimport_pd(pd2);
+  ibv_close_device(ctx2);
 
   ibv_destroy_qp(qp);
   ibv_destroy_cq(d.cq);
@@ -259,6 +292,27 @@ int main(int argc, char** argv) {
   }
   close(sv[1]);
   const int sock = sv[0];
+  // The second exporter, which exporter_killed kills: its cmd_fd, handles and buffer's address go to us, and we pass
+  // them on.
+  int ev[2];
+  if (!refused && socketpair(AF_UNIX, SOCK_STREAM, 0, ev) != 0) Die("socketpair");
+  pid_t second = -1;
+  if (!refused && (second = fork()) < 0) Die("fork");
+  if (second == 0) {
+    close(ev[0]);
+    close(sock);
+    Device e = checks::OpenFirstDevice(4);
+    std::vector<uint8_t> bytes(kSendBytes);
+    for (size_t j = 0; j < bytes.size(); ++j) bytes[j] = Pattern(5, j);
+    ibv_mr* region = ibv_reg_mr(e.pd, bytes.data(), bytes.size(), IBV_ACCESS_LOCAL_WRITE);
+    if (region == nullptr) Die("ibv_reg_mr");
+    SendFd(ev[1], e.ctx->cmd_fd);
+    Put(ev[1], Handles{e.pd->handle, region->handle, 0, region->lkey, region->rkey, region->length, 0});
+    Put(ev[1], uint64_t(reinterpret_cast<uintptr_t>(bytes.data())));
+    Get<char>(ev[1]);  // killed meanwhile
+    _exit(3);
+  }
+  if (!refused) close(ev[1]);
 
   // The exporter.
   Device d = checks::OpenFirstDevice(16);
@@ -329,6 +383,30 @@ int main(int argc, char** argv) {
   if (ibv_dereg_mr(mr)) Die("ibv_dereg_mr");
   Put(sock, 'g');
   Report("after_dereg", GetText(sock), &ok);
+
+  // exporter_killed
+  const int second_fd = ReceiveFd(ev[0]);
+  Handles h2 = Get<Handles>(ev[0]);
+  const uint64_t base2 = Get<uint64_t>(ev[0]);
+  ibv_qp* qp2 = CreateQp(d.pd, d.cq);
+  h2.qpn = qp2->qp_num;
+  SendFd(sock, second_fd);
+  Put(sock, h2);
+  Put(sock, base2);
+  checks::ConnectRc(d, qp2, Get<uint32_t>(sock), 0);
+  std::fill(mine.begin(), mine.end(), 0);
+  if (PostReceive(qp2, uintptr_t(mine.data()), kSendBytes, own->lkey)) Die("ibv_post_recv");
+  Put(sock, 'g');
+  problem = GetText(sock);
+  problem += Expect(d.cq, IBV_WC_SUCCESS);
+  for (size_t j = 0; problem.empty() && j < kSendBytes; ++j)
+    if (mine[j] != Pattern(5, j)) problem = "the bytes sent from the second exporter's region are not its";
+  kill(second, SIGKILL);
+  waitpid(second, nullptr, 0);
+  if (PostReceive(qp2, uintptr_t(mine.data()), kSendBytes, own->lkey)) Die("ibv_post_recv");
+  Put(sock, 'g');
+  problem += GetText(sock);
+  Report("exporter_killed", problem, &ok);
 
   int status = 0;
   if (waitpid(importer, &status, 0) != importer || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
