@@ -616,6 +616,7 @@ void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
 void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi) {
   if (d.record == wire::RingRecord::kDirectSend) return ReceiveDirectSendLocked(d);
   if (d.record == wire::RingRecord::kXrcDelivery) return ReceiveXrcDeliveryLocked(d);
+  if (d.record == wire::RingRecord::kXrcTargetEvent) return ReceiveXrcTargetEventLocked(d);
   core_.Count(&DeviceCounters::rx_packets);
   core_.Count(&DeviceCounters::rx_bytes, d.payload.size());
   auto parsed = wire::ParsePacket(d.payload);

@@ -228,6 +228,8 @@ class Device {
   // A piece of a message another process's target QP received for one of our shared XRC SRQs (wire::XrcDelivery):
   // the first takes a WQE (the target claimed it), each is placed, the last completes in the SRQ's CQ.
   void ReceiveXrcDeliveryLocked(const wire::InDatagram& d);
+  // An event of another process's target QP that we hold a handle on (wire::XrcTargetEvent): raised on our handle.
+  void ReceiveXrcTargetEventLocked(const wire::InDatagram& d);
   // Ends the messages being handed to our shared XRC SRQs that `ends` picks, by their target QP and since when they
   // are orphaned (XrcInbound::orphaned_ns, 0: not): their WQEs complete flushed. With the object lock held.
   void EndHandedMessagesLocked(const std::function<bool(uint32_t target_qpn, uint64_t orphaned_ns)>& ends);

@@ -564,6 +564,14 @@ uint32_t DirectRights(uint32_t access_flags) {
 
 }  // namespace
 
+void DeviceCore::Raise(const AsyncEvent& e) {
+  if (async_handler) async_handler(e);
+  // ibv_open_qp(3): every handle on a shared XRC target QP gets its events, those of other processes too.
+  if (e.qp != nullptr && SharesTarget(*e.qp)) {
+    config.shared_xrc->TellXrcTargetHolders(e.qp->qpn(), static_cast<uint8_t>(e.type));
+  }
+}
+
 bool DeviceCore::SharesTarget(const QueuePair& qp) const {
   return qp.type() == QpType::kXrcRecv && config.shared_xrc != nullptr && config.owner != 0 &&
          qp.init().xrcd != nullptr && qp.init().xrcd->inode().has_value() && !qp.runs_elsewhere;

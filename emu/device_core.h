@@ -281,9 +281,8 @@ class DeviceCore {
   DeviceCounters Counters() const;
 
   uint64_t Now() const { return clock.NowNs(); }
-  void Raise(const AsyncEvent& e) {
-    if (async_handler) async_handler(e);
-  }
+  // Hands an event to the verbs layer; one of a shared XRC target QP also to the other processes holding it.
+  void Raise(const AsyncEvent& e);
   // Stamps and queues a completion; an overflow is counted and raises IBV_EVENT_CQ_ERR. No-op without a CQ (an XRC
   // QP has none for the direction it does not have).
   void Complete(CompletionQueue* cq, const Completion& c);

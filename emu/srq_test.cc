@@ -680,8 +680,22 @@ struct HostProcesses {
     void CloseXrcTarget(uint32_t qpn) override {
       if (Process* p = host->ByOwner(wire::OwnerOf24(qpn))) p->table->CloseTarget(qpn, Me());
     }
+    void TellXrcTargetHolders(uint32_t qpn, uint8_t event) override {
+      uint64_t holders[4];
+      if (!table->TargetHolders(qpn, holders)) return;
+      for (uint8_t n = 1; n <= 3; ++n) {
+        if (n == Me() || !(holders[0] >> n & 1)) continue;
+        std::vector<uint8_t> record(wire::XrcTargetEvent::kSize);
+        wire::XrcTargetEvent{qpn, event}.Encode(record.data());
+        host->ByOwner(n)->event_ring.push_back(std::move(record));
+      }
+    }
+    std::vector<std::vector<uint8_t>> event_ring;  // the events of target QPs it holds, as its ring carries them
     pid_t pid = getpid();  // what it writes beside its holder bits (a test makes it a process that is gone)
-    void DeliverRing(Device& device) { testing::DeliverRing(device, wire::RingRecord::kXrcDelivery, ring); }
+    void DeliverRing(Device& device) {
+      testing::DeliverRing(device, wire::RingRecord::kXrcDelivery, ring);
+      testing::DeliverRing(device, wire::RingRecord::kXrcTargetEvent, event_ring);
+    }
   };
 
   Process procs[3];
@@ -1065,6 +1079,47 @@ TEST(XrcTargetAcrossProcesses, TheTargetQpLivesWhileAnotherProcessHoldsIt) {
   ASSERT_EQ(sent.size(), 1u);
   EXPECT_EQ(sent[0].status, WcStatus::kRetryExcErr);
   EXPECT_TRUE(Drain(x.bcq).empty());
+}
+
+// ibv_open_qp(3): the events of a shared QP reach every handle on it. The creator moves its target QP to the error
+// state: IBV_EVENT_QP_LAST_WQE_REACHED (IBTA 11.6.3.1, a QP on an SRQ) is raised on its handle and on the other
+// process's; an event record that names a QP nobody here holds, or an event that is not a QP's, raises nothing.
+TEST(XrcTargetAcrossProcesses, EveryHandleGetsTheTargetQpsEvents) {
+  SharedXrcBench x;
+  const uint32_t qpn = x.link.tq->qpn();
+  QueuePair* h = nullptr;
+  ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &h), 0);
+  x.a->events.clear();
+  x.b->events.clear();
+  QpAttributes err;
+  err.qp_state = QpState::kErr;
+  ASSERT_EQ(x.a->device->ModifyQp(x.link.tq, err, attr::kState), 0);
+  auto is_last_wqe = [](QueuePair* qp) {
+    return [qp](const AsyncEvent& e) { return e.type == AsyncEventType::kQpLastWqeReached && e.qp == qp; };
+  };
+  EXPECT_EQ(std::count_if(x.a->events.begin(), x.a->events.end(), is_last_wqe(x.link.tq)), 1);
+  EXPECT_TRUE(x.b->events.empty());  // not before its polling thread reads its ring
+  x.host.procs[1].DeliverRing(*x.b->device);
+  ASSERT_EQ(x.b->events.size(), 1u);
+  EXPECT_TRUE(is_last_wqe(h)(x.b->events[0]));
+  // A record for a QP it does not hold, and a device event, are dropped.
+  std::vector<std::vector<uint8_t>> ring(2, std::vector<uint8_t>(wire::XrcTargetEvent::kSize));
+  wire::XrcTargetEvent{wire::WithOwner24(1, 0x7777), uint8_t(AsyncEventType::kQpFatal)}.Encode(ring[0].data());
+  wire::XrcTargetEvent{qpn, uint8_t(AsyncEventType::kDeviceFatal)}.Encode(ring[1].data());
+  testing::DeliverRing(*x.b->device, wire::RingRecord::kXrcTargetEvent, ring);
+  EXPECT_EQ(x.b->events.size(), 1u);
+  // Once it let go of its handle, nothing more reaches it.
+  ASSERT_EQ(x.b->device->DestroyQp(h), 0);
+  x.b->events.clear();
+  QpAttributes reset;
+  reset.qp_state = QpState::kReset;
+  ASSERT_EQ(x.a->device->ModifyQp(x.link.tq, reset, attr::kState), 0);
+  Connect(*x.a->device, x.link.tq, *x.i->device, x.link.iq->qpn());
+  x.a->events.clear();
+  ASSERT_EQ(x.a->device->ModifyQp(x.link.tq, err, attr::kState), 0);
+  EXPECT_EQ(std::count_if(x.a->events.begin(), x.a->events.end(), is_last_wqe(x.link.tq)), 1);
+  x.host.procs[1].DeliverRing(*x.b->device);
+  EXPECT_TRUE(x.b->events.empty());
 }
 
 // The creator opening its QP again after destroying its handle holds it again: the QP stays when the other process

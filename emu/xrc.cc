@@ -137,6 +137,29 @@ bool Device::MayBeSharedXrcSrq(const QueuePair& target, uint32_t srqn) const {
   return core_.config.shared_xrc->XrcSrqInDomain(srqn, *file) != 0;  // yes, or not known yet (-EAGAIN)
 }
 
+void Device::ReceiveXrcTargetEventLocked(const wire::InDatagram& d) {
+  const std::optional<wire::XrcTargetEvent> e = wire::XrcTargetEvent::Decode(d.payload);
+  if (!e) return;
+  // Only what a QP raises (ibv_get_async_event(3): the events whose element is a QP).
+  const auto type = static_cast<AsyncEventType>(e->event);
+  switch (type) {
+    case AsyncEventType::kQpFatal:
+    case AsyncEventType::kQpReqErr:
+    case AsyncEventType::kQpAccessErr:
+    case AsyncEventType::kCommEst:
+    case AsyncEventType::kSqDrained:
+    case AsyncEventType::kPathMig:
+    case AsyncEventType::kPathMigErr:
+    case AsyncEventType::kQpLastWqeReached:
+      break;
+    default:
+      return;
+  }
+  auto it = opened_targets_.find(e->qpn);
+  if (it == opened_targets_.end() || it->second->gone_elsewhere) return;  // not held here (any more)
+  core_.Raise({type, it->second.get()});
+}
+
 void Device::ReceiveXrcDeliveryLocked(const wire::InDatagram& d) {
   const std::optional<wire::XrcDelivery> h = wire::XrcDelivery::Decode(d.payload);
   SharedReceiveQueue* srq = nullptr;

@@ -631,6 +631,21 @@ std::optional<XrcDelivery> XrcDelivery::Decode(std::span<const uint8_t> in) {
   return d;
 }
 
+void XrcTargetEvent::Encode(uint8_t out[kSize]) const {
+  std::memset(out, 0, kSize);
+  out[0] = 'E';
+  out[1] = event;
+  std::memcpy(out + 4, &qpn, 4);
+}
+
+std::optional<XrcTargetEvent> XrcTargetEvent::Decode(std::span<const uint8_t> in) {
+  if (in.size() < kSize || in[0] != 'E') return std::nullopt;
+  XrcTargetEvent e;
+  e.event = in[1];
+  std::memcpy(&e.qpn, in.data() + 4, 4);
+  return e;
+}
+
 namespace {
 
 // At most this many pieces in one call (a send WR has at most max_send_sge; IOV_MAX is 1024).

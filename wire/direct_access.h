@@ -135,6 +135,18 @@ struct XrcDelivery {
   static std::optional<XrcDelivery> Decode(std::span<const uint8_t> in);
 };
 
+// An asynchronous event of an XRC target QP, as its process tells the processes that hold handles on it (kSize bytes,
+// host byte order): ibv_open_qp(3)'s handles all get the events of the QP they share.
+struct XrcTargetEvent {
+  static constexpr size_t kSize = 8;
+  uint32_t qpn = 0;
+  uint8_t event = 0;  // an enum ibv_event_type value
+
+  void Encode(uint8_t out[kSize]) const;
+  // nullopt for bytes that are not one (short, bad marker).
+  static std::optional<XrcTargetEvent> Decode(std::span<const uint8_t> in);
+};
+
 // What the HCA (emu) sees of direct access: DeviceConfig::direct. Every method may be called from any thread.
 class DirectAccess {
  public:
@@ -237,6 +249,9 @@ class SharedXrc {
   virtual int OpenXrcTarget(uint32_t qpn, uint64_t domain) = 0;
   virtual bool ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) = 0;
   virtual void CloseXrcTarget(uint32_t qpn) = 0;
+  // Our target QP `qpn` raised `event` (an enum ibv_event_type value): the other processes holding handles on it (its
+  // holder bits) are told, each through its ring (RingRecord::kXrcTargetEvent); one whose ring is full misses it.
+  virtual void TellXrcTargetHolders(uint32_t qpn, uint8_t event) = 0;
 };
 
 // A memory region as its process offers it for import (ibv_import_mr(3) by another process of the host).

@@ -452,6 +452,18 @@ TEST_F(DirectTableTest, AnOpenRacingTheReleaseEitherHoldsOrFails) {
   }
 }
 
+TEST(XrcTargetEventRecord, EncodesAndDecodesEveryField) {
+  uint8_t bytes[XrcTargetEvent::kSize];
+  XrcTargetEvent{0x02abcd, 16}.Encode(bytes);
+  const auto e = XrcTargetEvent::Decode(bytes);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->qpn, 0x02abcdu);
+  EXPECT_EQ(e->event, 16);
+  EXPECT_FALSE(XrcTargetEvent::Decode(std::span<const uint8_t>(bytes, XrcTargetEvent::kSize - 1)));
+  bytes[0] = 'X';  // another record's marker
+  EXPECT_FALSE(XrcTargetEvent::Decode(bytes));
+}
+
 TEST(XrcDeliveryRecord, EncodesAndDecodesEveryField) {
   XrcDelivery d;
   d.srqn = 0x050001;

@@ -852,6 +852,18 @@ DirectTable* HostDeviceTransport::TableOf(uint8_t owner, bool* unanswered) {
   return p->table.load(std::memory_order_acquire);
 }
 
+void HostDeviceTransport::TellXrcTargetHolders(uint32_t qpn, uint8_t event) {
+  uint64_t holders[4];
+  if (direct_table_ == nullptr || !direct_table_->TargetHolders(qpn, holders)) return;
+  uint8_t record[XrcTargetEvent::kSize];
+  XrcTargetEvent{qpn, event}.Encode(record);
+  for (unsigned n = 1; n < 256; ++n) {
+    if (!(holders[n / 64] >> (n % 64) & 1) || IsOurs(uint8_t(n))) continue;
+    Peer* p = nullptr;
+    if (PeerTable(uint8_t(n), &p) != nullptr) WriteRecord(*p, local_, RingRecord::kXrcTargetEvent, record, {}, [] {});
+  }
+}
+
 void HostDeviceTransport::ExportPd(uint32_t handle) {
   if (direct_table_ != nullptr) direct_table_->ExportPd(handle);
 }

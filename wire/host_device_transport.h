@@ -139,6 +139,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   int OpenXrcTarget(uint32_t qpn, uint64_t domain) override;
   bool ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) override;
   void CloseXrcTarget(uint32_t qpn) override;
+  void TellXrcTargetHolders(uint32_t qpn, uint8_t event) override;
 
   // ExportedObjects (wire/direct_access.h): into our table, when there is one (EnableDirectAccess, ShareXrcSrqs).
   void ExportPd(uint32_t handle) override;

@@ -41,6 +41,8 @@ enum class RingRecord : uint8_t {
   // A piece of an XRC message for one of our XRC SRQs that another process's target QP received (wire::XrcDelivery,
   // then the packet's payload).
   kXrcDelivery = 2,
+  // An asynchronous event of another process's XRC target QP that we hold a handle on (wire::XrcTargetEvent).
+  kXrcTargetEvent = 3,
 };
 
 // One received datagram, valid only during the handler call.
