@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
 #include <mutex>
 #include <shared_mutex>
 
@@ -267,23 +268,51 @@ int Device::CreateQp(QpInitAttributes& init, QueuePair** out) {
 }
 
 int Device::ModifyQp(QueuePair* qp, const QpAttributes& attr, uint32_t mask) {
-  // A handle on another process's target QP: that process modifies it (README: XRC).
-  if (qp->runs_elsewhere) return EOPNOTSUPP;
+  // A handle on another process's target QP: that process modifies it, asked through its ring (ibv_open_qp(3): any
+  // handle may); no lock of ours is held while it answers.
+  if (qp->runs_elsewhere) {
+    if (core_.config.shared_xrc == nullptr) return EOPNOTSUPP;
+    static_assert(std::is_trivially_copyable_v<QpAttributes>);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&attr);
+    return core_.config.shared_xrc->ModifyXrcTarget(qp->qpn(), {bytes, sizeof attr}, mask);
+  }
   OutBatch out;
   int err;
   {
     std::shared_lock objects(objects_mu_);
-    std::lock_guard lock(qp->mutex());
-    // A real HCA would have sent a held ACK long before the QP leaves the states that send (AckTiming::kHeld).
-    const QpState next = (mask & attr::kState) ? attr.qp_state : qp->state();
-    if (next == QpState::kReset || next == QpState::kErr) qp->responder().SendHeldAck(out);
-    err = ModifyQpLocked(qp, attr, mask);
-    // Work posted while the QP could not send (SQD) goes out once it can.
-    if (err == 0 && (qp->type() == QpType::kRc || qp->type() == QpType::kXrcSend) && qp->state() == QpState::kRts)
-      qp->requester().Progress(out);
+    err = ModifyQpHeld(qp, attr, mask, out);
   }
   Transmit(out);
   return err;
+}
+
+int Device::ModifyQpHeld(QueuePair* qp, const QpAttributes& attr, uint32_t mask, OutBatch& out) {
+  std::lock_guard lock(qp->mutex());
+  // A real HCA would have sent a held ACK long before the QP leaves the states that send (AckTiming::kHeld).
+  const QpState next = (mask & attr::kState) ? attr.qp_state : qp->state();
+  if (next == QpState::kReset || next == QpState::kErr) qp->responder().SendHeldAck(out);
+  const int err = ModifyQpLocked(qp, attr, mask);
+  // Work posted while the QP could not send (SQD) goes out once it can.
+  if (err == 0 && (qp->type() == QpType::kRc || qp->type() == QpType::kXrcSend) && qp->state() == QpState::kRts)
+    qp->requester().Progress(out);
+  return err;
+}
+
+void Device::ModifyForHolder(const wire::InDatagram& d) {
+  const std::optional<wire::XrcTargetModify> m = wire::XrcTargetModify::Decode(d.payload);
+  if (!m || m->answer || core_.config.shared_xrc == nullptr) return;
+  const std::span<const uint8_t> bytes = d.payload.subspan(wire::XrcTargetModify::kSize);
+  int err = EINVAL;  // no such target QP here, or the requester holds no handle on it
+  OutBatch out;
+  if (bytes.size() == sizeof(QpAttributes) && core_.config.shared_xrc->HoldsXrcTarget(m->qpn, m->from)) {
+    QpAttributes attr;
+    std::memcpy(&attr, bytes.data(), sizeof attr);
+    std::shared_lock objects(objects_mu_);
+    auto it = qps_.find(m->qpn);
+    if (it != qps_.end() && core_.SharesTarget(*it->second)) err = ModifyQpHeld(it->second.get(), attr, m->mask, out);
+  }
+  Transmit(out);
+  core_.config.shared_xrc->AnswerXrcTargetModify(m->from, m->request, err);
 }
 
 void Device::Fail() {
@@ -585,6 +614,8 @@ void Device::Transmit(OutBatch& out) {
 // --- data path: packets to QPs ---------------------------------------------------------------------------------
 
 void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
+  // A holder's request to modify one of our target QPs: as ModifyQp, which takes the locks it needs.
+  if (d.record == wire::RingRecord::kXrcTargetModify) return ModifyForHolder(d);
   OutBatch out;
   std::optional<GsiMad> gsi;
   HeldNotifications events;  // delivered once `out` has left (completion_queue.h)

@@ -228,6 +228,11 @@ class Device {
   // A piece of a message another process's target QP received for one of our shared XRC SRQs (wire::XrcDelivery):
   // the first takes a WQE (the target claimed it), each is placed, the last completes in the SRQ's CQ.
   void ReceiveXrcDeliveryLocked(const wire::InDatagram& d);
+  // ModifyQp of our own QP, with objects_mu held shared.
+  int ModifyQpHeld(QueuePair* qp, const QpAttributes& attr, uint32_t mask, OutBatch& out);
+  // A request of a process holding a handle on one of our target QPs to modify it (wire::XrcTargetModify): carried
+  // out as ours, answered through SharedXrc.
+  void ModifyForHolder(const wire::InDatagram& d);
   // An event of another process's target QP that we hold a handle on (wire::XrcTargetEvent): raised on our handle.
   void ReceiveXrcTargetEventLocked(const wire::InDatagram& d);
   // Ends the messages being handed to our shared XRC SRQs that `ends` picks, by their target QP and since when they

@@ -691,6 +691,33 @@ struct HostProcesses {
       }
     }
     std::vector<std::vector<uint8_t>> event_ring;  // the events of target QPs it holds, as its ring carries them
+    // A request goes into the running process's ring, which is read at once (its polling thread), and its answer
+    // comes back into ours.
+    int ModifyXrcTarget(uint32_t qpn, std::span<const uint8_t> attributes, uint32_t mask) override {
+      Process* p = host->ByOwner(wire::OwnerOf24(qpn));
+      if (p == nullptr || p->device == nullptr) return EINVAL;
+      wire::XrcTargetModify m;
+      m.request = ++requests;
+      m.qpn = qpn;
+      m.mask = mask;
+      m.from = Me();
+      std::vector<std::vector<uint8_t>> ring(1, std::vector<uint8_t>(wire::XrcTargetModify::kSize));
+      m.Encode(ring[0].data());
+      ring[0].insert(ring[0].end(), attributes.begin(), attributes.end());
+      testing::DeliverRing(*p->device, wire::RingRecord::kXrcTargetModify, ring);
+      auto it = answers.find(m.request);
+      return it == answers.end() ? EAGAIN : it->second;
+    }
+    void AnswerXrcTargetModify(uint8_t owner, uint32_t request, int result) override {
+      if (Process* p = host->ByOwner(owner)) p->answers[request] = result;
+    }
+    bool HoldsXrcTarget(uint32_t qpn, uint8_t owner) override {
+      uint64_t holders[4];
+      return table->TargetHolders(qpn, holders) && (holders[0] >> owner & 1);
+    }
+    Device* device = nullptr;  // its device, for the requests it receives
+    uint32_t requests = 0;
+    std::map<uint32_t, int> answers;
     pid_t pid = getpid();  // what it writes beside its holder bits (a test makes it a process that is gone)
     void DeliverRing(Device& device) {
       testing::DeliverRing(device, wire::RingRecord::kXrcDelivery, ring);
@@ -736,6 +763,8 @@ struct SharedXrcBench {
     i = &f.AddNode(Mtu::k1024);
     a = &f.AddNode(Mtu::k1024);
     b = &f.AddNode(Mtu::k1024);
+    host.procs[0].device = a->device.get();
+    host.procs[1].device = b->device.get();
     EXPECT_EQ(a->device->OpenXrcd(kDomainFile, true, false, &xa), 0);
     EXPECT_EQ(b->device->OpenXrcd(b_domain_file, true, false, &xb), 0);
     bpd = b->device->AllocPd();
@@ -1017,12 +1046,40 @@ TEST(XrcTargetAcrossProcesses, AnotherProcessOfTheDomainOpensTheTargetQp) {
   EXPECT_EQ(got.rq_psn, 100u);
   EXPECT_EQ(got.path_mtu, Mtu::k1024);
   EXPECT_EQ(got.max_dest_rd_atomic, 1);
+  // Modified through the other process's handle (ibv_open_qp(3): any handle may), as through the creator's: the
+  // creator's QP changes, and what the handle reports follows.
+  QpAttributes rnr;
+  rnr.min_rnr_timer = 21;
+  ASSERT_EQ(x.b->device->ModifyQp(h, rnr, attr::kMinRnrTimer), 0);
+  EXPECT_EQ(x.link.tq->attributes().min_rnr_timer, 21);
+  ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
+  EXPECT_EQ(got.min_rnr_timer, 21);
+  QpAttributes bad;  // what the creator's ibv_modify_qp refuses is refused the same: RTS -> RTR
+  bad.qp_state = QpState::kRtr;
+  EXPECT_EQ(x.b->device->ModifyQp(h, bad, attr::kState), EINVAL);
   QpAttributes err;
   err.qp_state = QpState::kErr;
-  EXPECT_EQ(x.b->device->ModifyQp(h, err, attr::kState), EOPNOTSUPP);
-  ASSERT_EQ(x.a->device->ModifyQp(x.link.tq, err, attr::kState), 0);
+  ASSERT_EQ(x.b->device->ModifyQp(h, err, attr::kState), 0);
+  EXPECT_EQ(x.link.tq->state(), QpState::kErr);
   ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
   EXPECT_EQ(got.qp_state, QpState::kErr);
+  // A process that holds no handle on it cannot (the third process forges a request in the creator's ring).
+  {
+    wire::XrcTargetModify forged;
+    forged.request = 99;
+    forged.qpn = qpn;
+    forged.mask = attr::kState;
+    forged.from = 3;
+    QpAttributes reset;
+    reset.qp_state = QpState::kReset;
+    std::vector<std::vector<uint8_t>> ring(1, std::vector<uint8_t>(wire::XrcTargetModify::kSize));
+    forged.Encode(ring[0].data());
+    const auto* raw = reinterpret_cast<const uint8_t*>(&reset);
+    ring[0].insert(ring[0].end(), raw, raw + sizeof reset);
+    testing::DeliverRing(*x.a->device, wire::RingRecord::kXrcTargetModify, ring);
+    EXPECT_EQ(x.host.procs[2].answers[99], EINVAL);
+    EXPECT_EQ(x.link.tq->state(), QpState::kErr);
+  }
 
   QueuePair* again = nullptr;
   ASSERT_EQ(x.b->device->OpenQp(x.xb, qpn, QpType::kXrcRecv, &again), 0);

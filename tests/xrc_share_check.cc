@@ -19,9 +19,13 @@
 // `xrc_share_check open` shows ibv_open_qp(3) across processes instead: a creator makes two target QPs (connected to
 // an initiator's two XRC_SEND QPs) and an XRC SRQ in the domain; an opener opens the domain by the same file, makes an
 // SRQ and opens both target QPs by number (and a third, of a creator the check kills). Cases:
-//   opened_handle     the opener's handle reports the QP's state, peer and path MTU (ibv_query_qp); modifying
-//                     through it is EOPNOTSUPP; a number without such a QP or a domain of another file is EINVAL
-//   both_srqs         the initiator's messages through the one target QP land in both processes' SRQs alternately
+//   opened_handle     the opener's handle reports the QP's state, peer and path MTU (ibv_query_qp); a number without
+//                     such a QP or a domain of another file is EINVAL
+//   both_srqs         the initiator's messages through the one target QP land in both processes' SRQs alternately;
+//                     the QP's IBV_EVENT_COMM_EST (its first packet in RTR, in the creator's process) reaches the
+//                     opener's handle too; modified through that handle (RTR -> RTS, min_rnr_timer) the QP changes in
+//                     the creator's process and the handle reports it; a transition the creator's would refuse is
+//                     EINVAL
 //   creator_let_go    the creator destroys its handles and SRQ and closes its domain (each returns 0); the QP goes on
 //                     receiving into the opener's SRQ
 //   last_handle       the opener destroys its handle of that QP: the QP is gone (the initiator's next message ends
@@ -485,8 +489,8 @@ int StateOf(ibv_qp* qp) {
   return ibv_query_qp(qp, &a, IBV_QP_STATE, &init) == 0 ? int(a.qp_state) : -1;
 }
 
-// Whether an IBV_EVENT_QP_FATAL for `qp` comes within `ms` (other events are taken and acknowledged).
-bool FatalEventFor(Device& d, ibv_qp* qp, int ms) {
+// Whether an event `type` for `qp` comes within `ms` (other events are taken and acknowledged).
+bool EventFor(Device& d, ibv_qp* qp, ibv_event_type type, int ms) {
   const int flags = fcntl(d.ctx->async_fd, F_GETFL);
   fcntl(d.ctx->async_fd, F_SETFL, flags | O_NONBLOCK);
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
@@ -494,9 +498,9 @@ bool FatalEventFor(Device& d, ibv_qp* qp, int ms) {
   do {
     ibv_async_event e{};
     if (ibv_get_async_event(d.ctx, &e) != 0) continue;
-    const bool fatal = e.event_type == IBV_EVENT_QP_FATAL && e.element.qp == qp;
+    const bool found = e.event_type == type && e.element.qp == qp;
     ibv_ack_async_event(&e);
-    if (fatal) return true;
+    if (found) return true;
   } while (std::chrono::steady_clock::now() < until && poll(&p, 1, 50) >= 0);
   return false;
 }
@@ -507,7 +511,7 @@ std::string RunsOn(Device& d, const std::vector<uint8_t>& buffer, int n, int s, 
   std::string problem = ReceiveChecked(d, buffer, n, s, handle->qp_num);
   if (const int state = StateOf(handle); state != IBV_QPS_RTR)
     problem += "its state is " + std::to_string(state) + ", want IBV_QPS_RTR; ";
-  if (FatalEventFor(d, handle, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
+  if (EventFor(d, handle, IBV_EVENT_QP_FATAL, 0)) problem += "IBV_EVENT_QP_FATAL for it; ";
   if (int rc = ibv_destroy_qp(handle)) problem += "ibv_destroy_qp: " + std::string(strerror(rc)) + "; ";
   return problem;
 }
@@ -589,10 +593,6 @@ int Opener(int fd, const char* file, const char* other_file) {
                " path_mtu " + std::to_string(a.path_mtu) + "; ";
   }
   if (target->qp_num != c.target || target->qp_type != IBV_QPT_XRC_RECV) problem += "the handle's qp_num or type; ";
-  a = {};
-  a.qp_state = IBV_QPS_ERR;
-  if (int rc = ibv_modify_qp(target, &a, IBV_QP_STATE); rc != EOPNOTSUPP)
-    problem += "ibv_modify_qp through the handle: " + std::to_string(rc) + ", want EOPNOTSUPP; ";
   errno = 0;
   if (OpenTarget(d, c.target, other) != nullptr || errno != EINVAL) problem += "opened in a domain of another file; ";
   errno = 0;
@@ -600,7 +600,29 @@ int Opener(int fd, const char* file, const char* other_file) {
   if (OpenTarget(d, none, x) != nullptr || errno != EINVAL) problem += "opened a number without a QP; ";
   PutProblem(fd, problem);
 
-  PutProblem(fd, ReceiveChecked(d, buffer, kBoth / 2, 1, c.target));  // both_srqs
+  // both_srqs: the messages, and the QP's first packet in RTR, IBV_EVENT_COMM_EST, which the creator's process
+  // raised, on this handle too (ibv_open_qp(3): every handle gets the QP's events).
+  problem = ReceiveChecked(d, buffer, kBoth / 2, 1, c.target);
+  if (!EventFor(d, target, IBV_EVENT_COMM_EST, 2000)) problem += "no IBV_EVENT_COMM_EST on the handle; ";
+  // Modified through the handle (ibv_open_qp(3): any handle may; the creator's process carries it out): RTR -> RTS
+  // (it goes on receiving), then what its ibv_modify_qp refuses is refused the same.
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.sq_psn = 0;
+  a.min_rnr_timer = 3;
+  if (int rc = ibv_modify_qp(target, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN | IBV_QP_MIN_RNR_TIMER)) {
+    problem += "ibv_modify_qp to RTS through the handle: " + std::string(strerror(rc)) + "; ";
+  } else if (ibv_query_qp(target, &a, IBV_QP_STATE | IBV_QP_MIN_RNR_TIMER, &init) || a.qp_state != IBV_QPS_RTS ||
+             a.min_rnr_timer != 3) {
+    problem += "after ibv_modify_qp through the handle it reports state " + std::to_string(a.qp_state) +
+               ", min_rnr_timer " + std::to_string(a.min_rnr_timer) + "; ";
+  }
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  if (int rc = ibv_modify_qp(target, &a, IBV_QP_STATE); rc != EINVAL)
+    problem += "RTS -> RTR through the handle: " + std::to_string(rc) + ", want EINVAL; ";
+  PutProblem(fd, problem);
   PutProblem(fd, ReceiveChecked(d, buffer, kAfter, 1, c.target));     // creator_let_go
 
   // last_handle: the creator's timers destroy the QP once nobody holds it (within milliseconds).

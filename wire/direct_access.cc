@@ -631,6 +631,29 @@ std::optional<XrcDelivery> XrcDelivery::Decode(std::span<const uint8_t> in) {
   return d;
 }
 
+void XrcTargetModify::Encode(uint8_t out[kSize]) const {
+  std::memset(out, 0, kSize);
+  out[0] = 'M';
+  out[1] = from;
+  out[2] = answer ? 1 : 0;
+  std::memcpy(out + 4, &request, 4);
+  std::memcpy(out + 8, &qpn, 4);
+  std::memcpy(out + 12, &mask, 4);
+  std::memcpy(out + 16, &result, 4);
+}
+
+std::optional<XrcTargetModify> XrcTargetModify::Decode(std::span<const uint8_t> in) {
+  if (in.size() < kSize || in[0] != 'M' || in[2] > 1) return std::nullopt;
+  XrcTargetModify m;
+  m.from = in[1];
+  m.answer = in[2] == 1;
+  std::memcpy(&m.request, in.data() + 4, 4);
+  std::memcpy(&m.qpn, in.data() + 8, 4);
+  std::memcpy(&m.mask, in.data() + 12, 4);
+  std::memcpy(&m.result, in.data() + 16, 4);
+  return m;
+}
+
 void XrcTargetEvent::Encode(uint8_t out[kSize]) const {
   std::memset(out, 0, kSize);
   out[0] = 'E';

@@ -147,6 +147,22 @@ struct XrcTargetEvent {
   static std::optional<XrcTargetEvent> Decode(std::span<const uint8_t> in);
 };
 
+// ibv_modify_qp(3) through a handle on another process's XRC target QP: the request to the process running the QP
+// (the QP's attributes follow it, opaque here: emu's) and that process's answer (kSize bytes, host byte order).
+struct XrcTargetModify {
+  static constexpr size_t kSize = 24;
+  uint32_t request = 0;  // the requester's number for it, which the answer repeats
+  uint32_t qpn = 0;
+  uint32_t mask = 0;     // the request's attribute mask
+  int32_t result = 0;    // the answer's: 0 or an errno
+  uint8_t from = 0;      // the requester's owner number
+  bool answer = false;
+
+  void Encode(uint8_t out[kSize]) const;
+  // nullopt for bytes that are not one (short, bad marker).
+  static std::optional<XrcTargetModify> Decode(std::span<const uint8_t> in);
+};
+
 // What the HCA (emu) sees of direct access: DeviceConfig::direct. Every method may be called from any thread.
 class DirectAccess {
  public:
@@ -252,6 +268,14 @@ class SharedXrc {
   // Our target QP `qpn` raised `event` (an enum ibv_event_type value): the other processes holding handles on it (its
   // holder bits) are told, each through its ring (RingRecord::kXrcTargetEvent); one whose ring is full misses it.
   virtual void TellXrcTargetHolders(uint32_t qpn, uint8_t event) = 0;
+  // Through our handle on another process's target QP `qpn`: asks that process to modify it (`attributes` opaque
+  // here) and waits for its answer: 0 or the errno its ibv_modify_qp gave; EAGAIN when it did not answer in time (or
+  // its ring was full), EINVAL when it is gone.
+  virtual int ModifyXrcTarget(uint32_t qpn, std::span<const uint8_t> attributes, uint32_t mask) = 0;
+  // Our answer `result` to request `request` of the process of owner number `owner`.
+  virtual void AnswerXrcTargetModify(uint8_t owner, uint32_t request, int result) = 0;
+  // Whether the process of owner number `owner` holds a handle on our target QP `qpn` (its holder bit).
+  virtual bool HoldsXrcTarget(uint32_t qpn, uint8_t owner) = 0;
 };
 
 // A memory region as its process offers it for import (ibv_import_mr(3) by another process of the host).

@@ -164,6 +164,20 @@ bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, 
     malformed_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
+  if (header->record == RingRecord::kXrcTargetModify) {
+    // An answer to a request of ours (ModifyXrcTarget): for the thread waiting for it, not for the device.
+    const auto m = XrcTargetModify::Decode(bytes.subspan(ForwardHeader::kSize));
+    if (!m) {
+      malformed_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    if (m->answer) {
+      std::lock_guard lock(modify_mu_);
+      modify_answers_[m->request] = m->result;
+      modify_answered_.notify_all();
+      return false;
+    }
+  }
   if (header->record == RingRecord::kXrcDelivery) {
     // The process whose target QP hands us a message is watched (a connection of ours to it, as to any process we
     // send to), so that its death, which leaves the message unfinished, is reported (SetPeerGoneHandler).
@@ -859,9 +873,57 @@ void HostDeviceTransport::TellXrcTargetHolders(uint32_t qpn, uint8_t event) {
   XrcTargetEvent{qpn, event}.Encode(record);
   for (unsigned n = 1; n < 256; ++n) {
     if (!(holders[n / 64] >> (n % 64) & 1) || IsOurs(uint8_t(n))) continue;
+    // A holder we never sent to yet: connected now, its ring offered within kOpenWaitMs (it connected to us to
+    // open the QP, so it runs and answers).
     Peer* p = nullptr;
-    if (PeerTable(uint8_t(n), &p) != nullptr) WriteRecord(*p, local_, RingRecord::kXrcTargetEvent, record, {}, [] {});
+    if (TableOf(uint8_t(n), nullptr) != nullptr && PeerTable(uint8_t(n), &p) != nullptr)
+      WriteRecord(*p, local_, RingRecord::kXrcTargetEvent, record, {}, [] {});
   }
+}
+
+int HostDeviceTransport::ModifyXrcTarget(uint32_t qpn, std::span<const uint8_t> attributes, uint32_t mask) {
+  const uint8_t owner = OwnerOf24(qpn);
+  bool unanswered = false;
+  Peer* p = nullptr;
+  if (TableOf(owner, &unanswered) == nullptr || PeerTable(owner, &p) == nullptr) return unanswered ? EAGAIN : EINVAL;
+  XrcTargetModify m;
+  m.qpn = qpn;
+  m.mask = mask;
+  m.from = owner_;
+  {
+    std::lock_guard lock(modify_mu_);
+    m.request = next_modify_++;
+  }
+  uint8_t record[XrcTargetModify::kSize];
+  m.Encode(record);
+  const std::span<const uint8_t> pieces[] = {attributes};
+  if (!WriteRecord(*p, local_, RingRecord::kXrcTargetModify, record, pieces, [] {})) return EAGAIN;
+  std::unique_lock lock(modify_mu_);
+  if (!modify_answered_.wait_for(lock, std::chrono::milliseconds(kOpenWaitMs),
+                                 [&] { return modify_answers_.count(m.request) != 0; })) {
+    return EAGAIN;  // (a late answer stays in the map: one int)
+  }
+  const int result = modify_answers_[m.request];
+  modify_answers_.erase(m.request);
+  return result;
+}
+
+bool HostDeviceTransport::HoldsXrcTarget(uint32_t qpn, uint8_t owner) {
+  uint64_t holders[4];
+  return direct_table_ != nullptr && direct_table_->TargetHolders(qpn, holders) && (holders[owner / 64] >> (owner % 64) & 1);
+}
+
+void HostDeviceTransport::AnswerXrcTargetModify(uint8_t owner, uint32_t request, int result) {
+  Peer* p = nullptr;
+  if (TableOf(owner, nullptr) == nullptr || PeerTable(owner, &p) == nullptr) return;  // gone: nobody waits
+  XrcTargetModify m;
+  m.request = request;
+  m.result = result;
+  m.from = owner_;
+  m.answer = true;
+  uint8_t record[XrcTargetModify::kSize];
+  m.Encode(record);
+  WriteRecord(*p, local_, RingRecord::kXrcTargetModify, record, {}, [] {});
 }
 
 void HostDeviceTransport::ExportPd(uint32_t handle) {

@@ -34,11 +34,13 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "wire/address.h"
@@ -140,6 +142,10 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   bool ReadXrcTarget(uint32_t qpn, std::span<uint8_t> attributes) override;
   void CloseXrcTarget(uint32_t qpn) override;
   void TellXrcTargetHolders(uint32_t qpn, uint8_t event) override;
+  // Waits up to kOpenWaitMs (the answer comes through our ring, which our polling thread reads).
+  int ModifyXrcTarget(uint32_t qpn, std::span<const uint8_t> attributes, uint32_t mask) override;
+  void AnswerXrcTargetModify(uint8_t owner, uint32_t request, int result) override;
+  bool HoldsXrcTarget(uint32_t qpn, uint8_t owner) override;
 
   // ExportedObjects (wire/direct_access.h): into our table, when there is one (EnableDirectAccess, ShareXrcSrqs).
   void ExportPd(uint32_t handle) override;
@@ -321,6 +327,11 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   int control_fd_;
   SameHostPath same_host_;
   int wake_fd_ = -1;  // Wake() and our rings' doorbell
+  // ModifyXrcTarget's requests waiting for their answers (Deliver takes the answers out of the ring).
+  std::mutex modify_mu_;
+  std::condition_variable modify_answered_;
+  uint32_t next_modify_ = 1;
+  std::unordered_map<uint32_t, int> modify_answers_;  // request -> result
   std::atomic<bool> woken_{false};  // ReceiveReady consumed wake_fd_ and no call that could wait has returned since
   int epoll_fd_ = -1;
   int listen_fd_ = -1;

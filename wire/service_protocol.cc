@@ -83,7 +83,7 @@ int AttachOwnerSteering(int fd, const std::array<uint16_t, 256>& index_of_owner)
   return setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) == 0 ? 0 : -errno;
 }
 
-// Layout: version u8 | flags u8 (bit 0: congestion experienced, 1: ICRC vouched, 2-3: the RingRecord) | reserved u16
+// Layout: version u8 | flags u8 (bit 0: congestion experienced, 1: ICRC vouched, 2-5: the RingRecord) | reserved u16
 // | src (16 address bytes, port u16) | dst (the same) | reserved u16.
 void ForwardHeader::Encode(uint8_t out[kSize]) const {
   std::memset(out, 0, kSize);
@@ -98,8 +98,8 @@ std::optional<ForwardHeader> ForwardHeader::Decode(std::span<const uint8_t> in) 
   ForwardHeader h;
   h.congestion_experienced = (in[1] & 1) != 0;
   h.icrc_vouched = (in[1] & 2) != 0;
-  const uint8_t record = (in[1] >> 2) & 3;
-  if (record > static_cast<uint8_t>(RingRecord::kXrcDelivery)) return std::nullopt;
+  const uint8_t record = (in[1] >> 2) & 15;
+  if (record > static_cast<uint8_t>(kLastRingRecord) || (in[1] >> 6) != 0) return std::nullopt;
   h.record = static_cast<RingRecord>(record);
   h.src = GetEndpoint(in.data() + 4);
   h.dst = GetEndpoint(in.data() + 22);

@@ -96,7 +96,8 @@ TEST(ServiceProtocol, ForwardHeaderRoundTrips) {
   EXPECT_FALSE(back->congestion_experienced);
   EXPECT_TRUE(back->icrc_vouched);
   EXPECT_EQ(back->record, RingRecord::kPacket);
-  for (RingRecord r : {RingRecord::kDirectSend, RingRecord::kXrcDelivery}) {
+  for (RingRecord r : {RingRecord::kDirectSend, RingRecord::kXrcDelivery, RingRecord::kXrcTargetEvent,
+                       RingRecord::kXrcTargetModify}) {
     h.record = r;
     h.Encode(bytes);
     back = ForwardHeader::Decode(bytes);
@@ -104,7 +105,9 @@ TEST(ServiceProtocol, ForwardHeaderRoundTrips) {
     EXPECT_EQ(back->record, r);
     EXPECT_TRUE(back->icrc_vouched);
   }
-  bytes[1] |= 3 << 2;  // no such record
+  bytes[1] = uint8_t((bytes[1] & 3) | (uint8_t(kLastRingRecord) + 1) << 2);  // no such record
+  EXPECT_FALSE(ForwardHeader::Decode(bytes));
+  bytes[1] = 1 << 6;  // a flag that does not exist
   EXPECT_FALSE(ForwardHeader::Decode(bytes));
   bytes[0] = 2;
   EXPECT_FALSE(ForwardHeader::Decode(bytes));

@@ -43,7 +43,12 @@ enum class RingRecord : uint8_t {
   kXrcDelivery = 2,
   // An asynchronous event of another process's XRC target QP that we hold a handle on (wire::XrcTargetEvent).
   kXrcTargetEvent = 3,
+  // A request to modify one of our XRC target QPs from a process holding a handle on it, or our answer to it
+  // (wire::XrcTargetModify; a request's attributes follow).
+  kXrcTargetModify = 4,
 };
+// The last kind: a header naming a later one is not ours (wire::ForwardHeader::Decode).
+inline constexpr RingRecord kLastRingRecord = RingRecord::kXrcTargetModify;
 
 // One received datagram, valid only during the handler call.
 struct InDatagram {
