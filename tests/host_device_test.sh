@@ -26,7 +26,8 @@
 #                                 two processes delivering into each other's SRQs, bytes and completions checked; RNR
 #                                 until the other process posts; another domain's SRQ, a WRITE and a SEND longer than
 #                                 the receive refused as the SRQ's own target refuses them; `open`: other processes
-#                                 open target QPs by number (ibv_open_qp), which live on while one holds them: after
+#                                 open target QPs by number (ibv_open_qp), modify them and get their events through
+#                                 their handles, and the QPs live on while one holds them: after
 #                                 their creator let go, and after it exited or was killed (a holder runs them on);
 #                                 one goes with its last handle), and
 #                                 ibv_xsrq_pingpong with three clients, whose server answers each client through
