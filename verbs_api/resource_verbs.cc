@@ -401,10 +401,10 @@ class ImportedMemory final : public emu::ForeignMemory {
   ImportedMemory(wire::HostDeviceTransport* transport, uint8_t owner, uint32_t lkey)
       : transport_(transport), owner_(owner), lkey_(lkey) {}
   bool Read(uint64_t there, void* into, size_t n) override {
-    return transport_->CopyExported(owner_, lkey_, there, into, n, /*write=*/false);
+    return transport_->ReadExported(owner_, lkey_, there, into, n);
   }
   bool Write(uint64_t there, const void* from, size_t n) override {
-    return transport_->CopyExported(owner_, lkey_, there, const_cast<void*>(from), n, /*write=*/true);
+    return transport_->WriteExported(owner_, lkey_, there, from, n);
   }
 
  private:

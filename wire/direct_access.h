@@ -301,6 +301,9 @@ class ExportedObjects {
   virtual void WithdrawExportedRegion(uint32_t lkey) = 0;
 };
 
+// Whether bit `n` of a target QP's holders (DirectTable::TargetHolders) is set: owner number `n` holds a handle.
+inline bool HasHolder(const uint64_t holders[4], unsigned n) { return (holders[n / 64] >> (n % 64)) & 1; }
+
 // One process's table in shared memory. The owner publishes and withdraws; the host's other processes look up and
 // count their copies (Enter/Leave). Layout (host byte order; both ends run on one host):
 //   0       magic u64, owner's pid i32, QP slots u32, region slots u32
@@ -385,7 +388,7 @@ class DirectTable {
   bool ExportRegion(const ExportedRegion& region);
   void WithdrawExportedRegion(uint32_t lkey);
 
-  // --- a process importing the owner's PDs and regions ----------------------------------------------------------------
+  // --- a process importing the owner's PDs and regions --------------------------------------------------------------
   bool HasPd(uint32_t handle) const;
   // The region of handle `handle` as exported (false: none).
   bool FindExportedRegion(uint32_t handle, ExportedRegion* out) const;

@@ -815,7 +815,7 @@ bool HostDeviceTransport::ReadGoneXrcTarget(uint32_t qpn, std::span<uint8_t> att
     return false;
   // The holders' pids come along into our table, which will count their bits (ReleaseTarget looks at them).
   for (int n = 1; n < 256; ++n)
-    if ((holders[n / 64] >> (n % 64)) & 1) direct_table_->NoteProcess(uint8_t(n), table->ProcessOf(uint8_t(n)));
+    if (HasHolder(holders, n)) direct_table_->NoteProcess(uint8_t(n), table->ProcessOf(uint8_t(n)));
   return true;
 }
 
@@ -849,9 +849,10 @@ void HostDeviceTransport::WithdrawXrcTarget(uint32_t qpn) {
   if (direct_table_ != nullptr) direct_table_->WithdrawTarget(qpn);
 }
 
-DirectTable* HostDeviceTransport::TableOf(uint8_t owner, bool* unanswered) {
+DirectTable* HostDeviceTransport::TableOf(uint8_t owner, bool* unanswered, Peer** found) {
   Peer* p = nullptr;
   DirectTable* table = PeerTable(owner, &p);
+  if (found != nullptr) *found = p;
   if (table != nullptr || p == nullptr) return table;
   // Connected just now (never before, or again: its number went to the process that took it over): its polling
   // thread accepts us and offers its ring and table.
@@ -872,11 +873,11 @@ void HostDeviceTransport::TellXrcTargetHolders(uint32_t qpn, uint8_t event) {
   uint8_t record[XrcTargetEvent::kSize];
   XrcTargetEvent{qpn, event}.Encode(record);
   for (unsigned n = 1; n < 256; ++n) {
-    if (!(holders[n / 64] >> (n % 64) & 1) || IsOurs(uint8_t(n))) continue;
+    if (!HasHolder(holders, n) || IsOurs(uint8_t(n))) continue;
     // A holder we never sent to yet: connected now, its ring offered within kOpenWaitMs (it connected to us to
     // open the QP, so it runs and answers).
     Peer* p = nullptr;
-    if (TableOf(uint8_t(n), nullptr) != nullptr && PeerTable(uint8_t(n), &p) != nullptr)
+    if (TableOf(uint8_t(n), nullptr, &p) != nullptr)
       WriteRecord(*p, local_, RingRecord::kXrcTargetEvent, record, {}, [] {});
   }
 }
@@ -885,7 +886,7 @@ int HostDeviceTransport::ModifyXrcTarget(uint32_t qpn, std::span<const uint8_t> 
   const uint8_t owner = OwnerOf24(qpn);
   bool unanswered = false;
   Peer* p = nullptr;
-  if (TableOf(owner, &unanswered) == nullptr || PeerTable(owner, &p) == nullptr) return unanswered ? EAGAIN : EINVAL;
+  if (TableOf(owner, &unanswered, &p) == nullptr) return unanswered ? EAGAIN : EINVAL;
   XrcTargetModify m;
   m.qpn = qpn;
   m.mask = mask;
@@ -910,12 +911,12 @@ int HostDeviceTransport::ModifyXrcTarget(uint32_t qpn, std::span<const uint8_t> 
 
 bool HostDeviceTransport::HoldsXrcTarget(uint32_t qpn, uint8_t owner) {
   uint64_t holders[4];
-  return direct_table_ != nullptr && direct_table_->TargetHolders(qpn, holders) && (holders[owner / 64] >> (owner % 64) & 1);
+  return direct_table_ != nullptr && direct_table_->TargetHolders(qpn, holders) && HasHolder(holders, owner);
 }
 
 void HostDeviceTransport::AnswerXrcTargetModify(uint8_t owner, uint32_t request, int result) {
   Peer* p = nullptr;
-  if (TableOf(owner, nullptr) == nullptr || PeerTable(owner, &p) == nullptr) return;  // gone: nobody waits
+  if (TableOf(owner, nullptr, &p) == nullptr) return;  // gone: nobody waits
   XrcTargetModify m;
   m.request = request;
   m.result = result;
@@ -953,25 +954,25 @@ int HostDeviceTransport::ImportableRegion(uint8_t owner, uint32_t handle, Export
   return table != nullptr && table->FindExportedRegion(handle, out) ? 0 : -EINVAL;
 }
 
-bool HostDeviceTransport::CopyExported(uint8_t owner, uint32_t lkey, uint64_t there, void* local, size_t n,
-                                       bool write) {
+template <typename Copy>
+bool HostDeviceTransport::ExportedCopy(uint8_t owner, uint32_t lkey, uint64_t there, size_t n, const Copy& copy) {
   DirectTable* table = TableOf(owner, nullptr);
   if (table == nullptr) return false;
   // Between Enter and Leave the region stays exported: its process's deregistration waits for us to leave.
   table->Enter(owner_, self_pid_);
-  int rc = 0;
-  if (table->Exported(lkey, there, n)) {
-    auto* bytes = static_cast<uint8_t*>(local);
-    if (write) {
-      const std::span<const uint8_t> piece(bytes, n);
-      rc = CopyToProcess(table->pid(), there, {&piece, 1}, n);
-    } else {
-      const std::span<uint8_t> piece(bytes, n);
-      rc = CopyFromProcess(table->pid(), there, {&piece, 1}, n);
-    }
-  }
+  const int rc = table->Exported(lkey, there, n) ? copy(table->pid()) : 0;
   table->Leave(owner_);
   return rc == 1;
+}
+
+bool HostDeviceTransport::ReadExported(uint8_t owner, uint32_t lkey, uint64_t there, void* into, size_t n) {
+  const std::span<uint8_t> piece(static_cast<uint8_t*>(into), n);
+  return ExportedCopy(owner, lkey, there, n, [&](pid_t pid) { return CopyFromProcess(pid, there, {&piece, 1}, n); });
+}
+
+bool HostDeviceTransport::WriteExported(uint8_t owner, uint32_t lkey, uint64_t there, const void* from, size_t n) {
+  const std::span<const uint8_t> piece(static_cast<const uint8_t*>(from), n);
+  return ExportedCopy(owner, lkey, there, n, [&](pid_t pid) { return CopyToProcess(pid, there, {&piece, 1}, n); });
 }
 
 int HostDeviceTransport::OpenXrcTarget(uint32_t qpn, uint64_t domain) {

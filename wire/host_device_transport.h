@@ -154,12 +154,13 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   void WithdrawExportedRegion(uint32_t lkey) override;
   // Importing from the process of owner number `owner` (each waits up to kOpenWaitMs for its table, as
   // OpenXrcTarget): its PD `handle` (0; -EINVAL: none such, or no table of it to use; -EAGAIN: its process cannot be
-  // asked); its region of handle `handle`, into *out (the same); copies between `local` and [there, there + n) of its
-  // region `lkey` (its addresses): whether all of it was copied (false once the region is withdrawn or its process is
-  // gone, or when cross-memory attach is refused).
+  // asked); its region of handle `handle`, into *out (the same); copies from [there, there + n) of its region `lkey`
+  // (its addresses) into `into`, or from `from` into it: whether all of it was copied (false once the region is
+  // withdrawn or its process is gone, or when cross-memory attach is refused).
   int ImportablePd(uint8_t owner, uint32_t handle);
   int ImportableRegion(uint8_t owner, uint32_t handle, ExportedRegion* out);
-  bool CopyExported(uint8_t owner, uint32_t lkey, uint64_t there, void* local, size_t n, bool write);
+  bool ReadExported(uint8_t owner, uint32_t lkey, uint64_t there, void* into, size_t n);
+  bool WriteExported(uint8_t owner, uint32_t lkey, uint64_t there, const void* from, size_t n);
   uint8_t owner() const { return owner_; }
 
   UdpEndpoint local() const override { return local_; }
@@ -271,8 +272,12 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // The table of the last process of number `owner` we talked to, even if it is gone (null: none).
   DirectTable* LastTableOf(uint8_t owner);
   // The table of the process of number `owner` now, waiting up to kOpenWaitMs for its offer when we connect to it just
-  // now (null: no such process, none whose table we may use, or no offer yet: then *unanswered, if given).
-  DirectTable* TableOf(uint8_t owner, bool* unanswered);
+  // now (null: no such process, none whose table we may use, or no offer yet: then *unanswered, if given); our
+  // connection to it in *found, if given, when there is a table (its ring takes our records: WriteRecord).
+  DirectTable* TableOf(uint8_t owner, bool* unanswered, Peer** found = nullptr);
+  // Enter, the region's check (DirectTable::Exported), `copy(pid)` and Leave, for ReadExported / WriteExported.
+  template <typename Copy>
+  bool ExportedCopy(uint8_t owner, uint32_t lkey, uint64_t there, size_t n, const Copy& copy);
   // The owner a datagram goes to directly, or 0 (to the network, the service included).
   uint8_t PeerOwner(const OutDatagram& dg) const;
   // Hands the first datagrams of `run` (all for process `owner`; at most kBatch) to it: into its ring, or in one
