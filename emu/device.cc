@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <type_traits>
 #include <mutex>
 #include <shared_mutex>
+#include <type_traits>
 
 #include "emu/out_batch.h"
 #include "emu/qp_state_machine.h"

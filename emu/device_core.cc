@@ -224,15 +224,13 @@ bool DeviceCore::GatherRange(const QueuePair& qp, const SendWr& wr, uint64_t off
     const uint64_t n = std::min<uint64_t>(sge.length - skip, len - got);
     AccessResult r = keys_.CheckLocal(sge.lkey, qp.init().pd, sge.addr + skip, n, 0);
     if (!r.ok()) return false;
+    const uint8_t* at = r.host;
     if (r.foreign != nullptr) {
       if (bounce.size() < len) bounce.resize(len);  // sized once per call: earlier pieces stay where they are
       if (!ReadRegion(r, bounce.data() + got, n)) return false;
-      pieces.emplace_back(bounce.data() + got, n);
-      got += n;
-      skip = 0;
-      continue;
+      at = bounce.data() + got;
     }
-    pieces.emplace_back(r.host, n);
+    pieces.emplace_back(at, n);
     got += n;
     skip = 0;
   }

@@ -201,7 +201,10 @@ struct SharedTargetState {
 class DeviceCore {
  public:
   DeviceCore(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
-      : config(std::move(config)), transport(transport), clock(clock), keys_(this->config.id_seed, this->config.owner) {}
+      : config(std::move(config)),
+        transport(transport),
+        clock(clock),
+        keys_(this->config.id_seed, this->config.owner) {}
   DeviceCore(const DeviceCore&) = delete;
   DeviceCore& operator=(const DeviceCore&) = delete;
 

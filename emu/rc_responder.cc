@@ -120,15 +120,16 @@ void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_
     if (f || l) spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, res.msn);
     ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
     std::span<const uint8_t> payload(acc.host ? acc.host + off : nullptr, len);
+    bool read = true;
     if (acc.foreign != nullptr) {  // an imported region: its bytes copied here first
       static thread_local std::vector<uint8_t> bounce;
       bounce.resize(len);
       AccessResult at = acc;
       at.host += off;
-      payload = ReadRegion(at, bounce.data(), len) ? std::span<const uint8_t>(bounce) : std::span<const uint8_t>();
+      read = ReadRegion(at, bounce.data(), len);
+      payload = bounce;
     }
-    if ((acc.foreign != nullptr && payload.size() != len) ||
-        !out.Add(core_.transport, spec, payload, qp_.peer(), qp_.source_port())) {
+    if (!read || !out.Add(core_.transport, spec, payload, qp_.peer(), qp_.source_port())) {
       // The region's memory was unmapped since its registration: as any access outside a valid region (9.7.5.2.5),
       // named by the response that could not be built -- a PSN the requester is waiting for.
       keys.Unlock();

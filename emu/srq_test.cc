@@ -684,7 +684,7 @@ struct HostProcesses {
       uint64_t holders[4];
       if (!table->TargetHolders(qpn, holders)) return;
       for (uint8_t n = 1; n <= 3; ++n) {
-        if (n == Me() || !(holders[0] >> n & 1)) continue;
+        if (n == Me() || !wire::HasHolder(holders, n)) continue;
         std::vector<uint8_t> record(wire::XrcTargetEvent::kSize);
         wire::XrcTargetEvent{qpn, event}.Encode(record.data());
         host->ByOwner(n)->event_ring.push_back(std::move(record));
@@ -713,7 +713,7 @@ struct HostProcesses {
     }
     bool HoldsXrcTarget(uint32_t qpn, uint8_t owner) override {
       uint64_t holders[4];
-      return table->TargetHolders(qpn, holders) && (holders[0] >> owner & 1);
+      return table->TargetHolders(qpn, holders) && wire::HasHolder(holders, owner);
     }
     Device* device = nullptr;  // its device, for the requests it receives
     uint32_t requests = 0;
@@ -777,6 +777,18 @@ struct SharedXrcBench {
     src = Register(*i->device, link.ipd, 8192, kAll);
     for (size_t k = 0; k < src.bytes.size(); ++k) src.bytes[k] = uint8_t(k * 7 + 1);
     dst = Register(*b->device, bpd, 8192, kAll);
+  }
+  // A packet of an XRC SEND through target QP `target_qpn` into b's SRQ, crafted as the initiator's and sent straight
+  // to b (which the service routes a gone target process's number to): `position` 0x01 MIDDLE, or 0x02 LAST, which
+  // asks for the ACK.
+  void InjectSendPiece(uint32_t target_qpn, uint8_t position, uint32_t psn, std::span<const uint8_t> payload) {
+    wire::PacketSpec spec;
+    spec.bth.dest_qp = target_qpn;
+    spec.xrc = wire::XrcEth{.srqn = srq->srqn()};
+    spec.bth.opcode = wire::opcode::kXrcBase | position;
+    spec.bth.psn = psn & 0xffffff;
+    spec.bth.ack_req = position == 0x02;
+    f.Inject(*i, *b, spec, payload);
   }
   std::vector<Completion> Run() {
     f.Pump();
@@ -1262,16 +1274,8 @@ TEST(XrcTargetAcrossProcesses, AHolderRunsTheTargetOnAfterItsProcessIsGone) {
   EXPECT_EQ(got.dest_qp_num, x.link.iq->qpn());
 
   const std::vector<uint8_t> middle(1024, 0x6b), last(500, 0x7c);
-  wire::PacketSpec spec;
-  spec.bth.dest_qp = qpn;
-  spec.xrc = wire::XrcEth{.srqn = x.srq->srqn()};
-  spec.bth.opcode = wire::opcode::kXrcBase | 0x01;  // XRC SEND MIDDLE
-  spec.bth.psn = next_psn;
-  x.f.Inject(*x.i, *x.b, spec, middle);
-  spec.bth.opcode = wire::opcode::kXrcBase | 0x02;  // XRC SEND LAST
-  spec.bth.psn = (next_psn + 1) & 0xffffff;
-  spec.bth.ack_req = true;
-  x.f.Inject(*x.i, *x.b, spec, last);
+  x.InjectSendPiece(qpn, 0x01, next_psn, middle);  // XRC SEND MIDDLE
+  x.InjectSendPiece(qpn, 0x02, next_psn + 1, last);  // XRC SEND LAST
   x.f.PumpUntil(x.f.clock().NowNs() + 5'000'000);
   auto done = Drain(x.bcq);
   ASSERT_EQ(done.size(), 1u);
@@ -1328,13 +1332,7 @@ TEST(XrcTargetAcrossProcesses, APieceHandedJustBeforeTheProcessWentIsNotTakenTwi
   ASSERT_EQ(x.b->device->QueryQp(h, &got), 0);
   EXPECT_EQ(got.rq_psn, (first_psn + 1) & 0xffffff);
   const std::vector<uint8_t> last(700, 0x7c);
-  wire::PacketSpec spec;
-  spec.bth.dest_qp = qpn;
-  spec.xrc = wire::XrcEth{.srqn = x.srq->srqn()};
-  spec.bth.opcode = wire::opcode::kXrcBase | 0x02;  // XRC SEND LAST
-  spec.bth.psn = (first_psn + 1) & 0xffffff;
-  spec.bth.ack_req = true;
-  x.f.Inject(*x.i, *x.b, spec, last);
+  x.InjectSendPiece(qpn, 0x02, first_psn + 1, last);  // XRC SEND LAST
   x.f.PumpUntil(x.f.clock().NowNs() + 5'000'000);
   auto done = Drain(x.bcq);
   ASSERT_EQ(done.size(), 1u);
