@@ -43,10 +43,14 @@
 #                                 device open and idle, the service uses no CPU (at most 2 clock ticks in 3 s)
 #   openmpi across two hosts      (root) an Open MPI job of 2 x 4 ranks across the two namespaces, pml ucx and
 #                                 pml cm/mtl ofi over verbs;ofi_rxm: mpi_check's ping-pong, allreduce, alltoall
+#   the default device            (root) with no setting, the host device on the host's address: a namespace's veth
+#                                 address (GID 0; an ibv_rc_pingpong pair shares it), 127.0.0.1 where only lo is; a
+#                                 service in another PID namespace is not joined by default (a device of its own)
 #   fi_pingpong on one address    (root) libfabric's verbs provider (non-loopback interfaces only): msg and rdm pairs
-#                                 of two processes sharing one veth address
-#   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm, unmodified: two processes binding the device's one
-#                                 address, found through its netdev in sysfs; on a veth address and on 127.0.0.1
+#                                 of two processes sharing one veth address, with no setting
+#   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm and test_shared_pd, unmodified: two processes binding
+#                                 the device's one address, found through its netdev in sysfs; with no setting (a veth
+#                                 address) and on 127.0.0.1
 #   service_open_files            a service started by a process with a soft limit of 64 open files still admits
 #                                 25 processes holding the device and two pairs (it raises its own limit: each process
 #                                 costs it several descriptors)
@@ -362,16 +366,18 @@ case_mpi_two_hosts() {
 
 # case_libfabric_one_address msg|rdm: libfabric's verbs provider, which offers MSG and RDM endpoints only on
 # non-loopback interfaces: a fi_pingpong pair of two processes sharing one such address (the veth of a namespace),
-# connected through rdma_cm (the service routes the REQ by its listen), data process to process.
+# connected through rdma_cm (the service routes the REQ by its listen), data process to process. With no setting
+# (no UROCE_DEVICE, no UROCE_ADDR): the host device, on the namespace's one non-loopback address.
 case_libfabric_one_address() {
-  local ep="$1" name="fi_pingpong -e $1: two processes on one non-loopback address" log="$WORK/fi.$1" problems=""
+  local ep="$1" name="fi_pingpong -e $1: two processes on one non-loopback address, no setting" log="$WORK/fi.$1"
+  local problems=""
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
   two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
-  ip netns exec "$HOST_A" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" -- \
+  ip netns exec "$HOST_A" env -u UROCE_DEVICE -u UROCE_ADDR timeout "$TIMEOUT" "$UROCE" run -- \
     fi_pingpong -p verbs -e "$ep" -B 9228 -I 100 >"$log.server" 2>&1 &
   local server=$! rc=0
   wait_listening_in "$HOST_A" 9228 "$server"
-  ip netns exec "$HOST_A" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$ADDR_A" --stats -- \
+  ip netns exec "$HOST_A" env -u UROCE_DEVICE -u UROCE_ADDR timeout "$TIMEOUT" "$UROCE" run --stats -- \
     fi_pingpong -p verbs -e "$ep" -P 9228 -I 100 "$ADDR_A" >"$log.client" 2>&1 || rc=$?
   wait "$server" || problems+="server exit status $?: $(tail -n 5 "$log.server")"$'\n'
   two_hosts_down
@@ -384,29 +390,92 @@ case_libfabric_one_address() {
   junit_check "$name" "$problems"
 }
 
-# case_pyverbs_rdmacm: rdma-core's own rdmacm tests (python3-pyverbs), unmodified, in a namespace: they take the
-# device's IP address from the first address of its netdev (/sys/class/infiniband/uroce0/device/net/, which the
-# host device lists), fork two processes that both bind it, and connect them (RC, UD, multicast joins and leaves,
-# reads, writes, rejects). Once on the namespace's veth address, once on the host device's default (127.0.0.1, the
-# namespace's own lo). pyverbs counts a player that died of a signal as a pass, so a fault handler makes such a death
-# print "Fatal Python error", which fails the case.
+# case_pyverbs_rdmacm: rdma-core's own rdmacm and shared-PD tests (python3-pyverbs), unmodified, in a namespace: the
+# rdmacm tests take the device's IP address from the first address of its netdev (/sys/class/infiniband/uroce0/
+# device/net/, which the host device lists), fork two processes that both bind it, and connect them (RC, UD,
+# multicast joins and leaves, reads, writes, rejects); the shared-PD test imports a PD and MR (ibv_import_*). Once
+# with no setting (the host device on the namespace's veth address), once on 127.0.0.1 (the namespace's own lo).
+# pyverbs counts a player that died of a signal as a pass, so a fault handler makes such a death print "Fatal Python
+# error", which fails the case.
 case_pyverbs_rdmacm() {
-  local name="pyverbs rdmacm tests: two processes on one address" tests="$WORK/pyverbs/tests" problems="" where
+  local name="pyverbs rdmacm and shared-PD tests: two processes on one address, with no setting and on 127.0.0.1"
+  local tests="$WORK/pyverbs/tests" problems="" where
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
   if [ ! -d /usr/share/doc/rdma-core/tests ]; then junit_fail "$name" "python3-pyverbs is not installed"; return; fi
   mkdir -p "$WORK/pyverbs"
   cp -r /usr/share/doc/rdma-core/tests "$tests" && gunzip -f "$tests"/*.gz
   two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
-  for where in "$ADDR_A" 127.0.0.1; do
-    local log="$WORK/pyverbs/rdmacm.$where" rc=0
+  for where in "no setting" 127.0.0.1; do
+    local log="$WORK/pyverbs/rdmacm.${where// /_}" rc=0
+    local -a how=(env -u UROCE_DEVICE -u UROCE_ADDR "$UROCE" run --)
+    [ "$where" = "no setting" ] || how=("$UROCE" run --host-device --addr "$where" --)
     (cd "$WORK/pyverbs" && ip netns exec "$HOST_A" env PYTHONFAULTHANDLER=1 timeout "$TIMEOUT" \
-      "$UROCE" run --host-device --addr "$where" -- /usr/bin/python3 tests/run_tests.py --dev uroce0 --gid 0 -v \
-      test_rdmacm) >"$log" 2>&1 || rc=$?
+      "${how[@]}" /usr/bin/python3 tests/run_tests.py --dev uroce0 --gid 0 -v test_rdmacm test_shared_pd) \
+      >"$log" 2>&1 || rc=$?
     [ "$rc" -eq 0 ] || problems+="on $where: exit status $rc: $(tail -n 5 "$log")"$'\n'
-    grep -q '^Ran 10 tests' "$log" || problems+="on $where: not the 10 cases of test_rdmacm: $(tail -n 3 "$log")"$'\n'
+    grep -q '^Ran 11 tests' "$log" ||
+      problems+="on $where: not the 10 cases of test_rdmacm and 1 of test_shared_pd: $(tail -n 3 "$log")"$'\n'
     ! grep -q 'skipped' "$log" || problems+="on $where: skipped: $(grep -m 1 skipped "$log")"$'\n'
     ! grep -q 'Fatal Python error' "$log" || problems+="on $where: a player died: $(grep -m 3 -A 3 Fatal "$log")"$'\n'
   done
+  two_hosts_down
+  junit_check "$name" "$problems"
+}
+
+# case_the_default_device: with no setting (no UROCE_DEVICE, no UROCE_ADDR) a process gets the host device on the
+# host's address: in a namespace whose only other interface is a veth, its address is GID 0, and an ibv_rc_pingpong
+# pair shares the one device (two owner numbers, one address); in a namespace with lo alone, 127.0.0.1. A service
+# started in another PID namespace (as another Bazel test's sandbox would) is not joined by default, since it ends
+# with that namespace: the process says so and takes a device of its own on a loopback address; --host-device
+# (UROCE_DEVICE=host) joins it all the same.
+case_the_default_device() {
+  local name="the default device: the host device on the host's address" log="$WORK/default" problems="" port
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  local bare="uroce-hd-$$-lo"
+  ip netns add "$bare" && ip -n "$bare" link set lo up || problems+="could not make a namespace with lo alone"$'\n'
+  local -a unset=(env -u UROCE_DEVICE -u UROCE_ADDR)
+  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.devinfo" 2>&1
+  grep -q "GID\[  0\]:.*::ffff:$ADDR_A, RoCE v2" "$log.devinfo" ||
+    problems+="GID 0 is not the veth's $ADDR_A: $(grep -m 2 'GID\|uroce:' "$log.devinfo")"$'\n'
+  ip netns exec "$bare" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.bare" 2>&1
+  grep -q 'GID\[  0\]:.*::ffff:127.0.0.1, RoCE v2' "$log.bare" ||
+    problems+="with lo alone, GID 0 is not 127.0.0.1: $(grep -m 2 'GID\|uroce:' "$log.bare")"$'\n'
+  ip netns del "$bare" 2>/dev/null
+  port=$(free_tcp_port)
+  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -c -s 4096 -n 200 -p "$port" >"$log.server" 2>&1 &
+  local server=$! rc=0
+  wait_listening_in "$HOST_A" "$port" "$server"
+  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -c -s 4096 -n 200 -p "$port" 127.0.0.1 >"$log.client" 2>&1 || rc=$?
+  wait "$server" || problems+="pingpong server: exit $?: $(grep -v '^[a-z_]* [0-9]*$' "$log.server" | tail -n 3)"$'\n'
+  [ "$rc" -eq 0 ] || problems+="pingpong client: exit $rc: $(grep -v '^[a-z_]* [0-9]*$' "$log.client" | tail -n 3)"$'\n'
+  local owners
+  owners=$(cat "$log.server" "$log.client" | awk '/^host_device_owner / {print $2}' | sort -u | wc -l)
+  [ "$(grep -c "counters of uroce0 at $ADDR_A (host device transport)" "$log.server" "$log.client" |
+    awk -F: '{n += $2} END {print n}')" -eq 2 ] && [ "$owners" -eq 2 ] ||
+    problems+="the pair did not share the host device of $ADDR_A under two owner numbers"$'\n'
+  # A holder of the device in a PID namespace of its own starts the service there, once the pair's has left.
+  local tries=0
+  while ip netns exec "$HOST_A" grep -q "@uroce/device/v1/$ADDR_A\$" /proc/net/unix && [ $((tries += 1)) -le 100 ]; do
+    sleep 0.05
+  done
+  port=$(free_tcp_port)
+  ip netns exec "$HOST_A" "${unset[@]}" unshare --pid --fork --kill-child --mount-proc timeout "$TIMEOUT" "$UROCE" run -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -p "$port" >"$log.sandboxed" 2>&1 &
+  local holder=$!
+  wait_listening_in "$HOST_A" "$port" "$holder"
+  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.outside" 2>&1
+  grep -q 'served from another PID namespace' "$log.outside" && grep -q 'GID\[  0\]:.*::ffff:127\.' "$log.outside" ||
+    problems+="beside a service in another PID namespace, no device of its own: $(grep -m 3 'GID\|uroce:' \
+      "$log.outside")"$'\n'
+  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run --host-device -- ibv_devinfo -v \
+    >"$log.insisting" 2>&1
+  grep -q "GID\[  0\]:.*::ffff:$ADDR_A, RoCE v2" "$log.insisting" ||
+    problems+="--host-device did not join the service: $(grep -m 3 'GID\|uroce:' "$log.insisting")"$'\n'
+  kill -KILL "$holder" 2>/dev/null  # unshare --fork ignores SIGTERM; --kill-child ends the namespace with it
+  wait "$holder" 2>/dev/null
   two_hosts_down
   junit_check "$name" "$problems"
 }
@@ -711,6 +780,7 @@ main() {
   case_sixty_four_processes
   case_mpi_two_hosts ucx
   case_mpi_two_hosts ofi
+  case_the_default_device
   case_libfabric_one_address msg
   case_libfabric_one_address rdm
   case_pyverbs_rdmacm

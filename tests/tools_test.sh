@@ -11,6 +11,9 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=tools/uroce.bash
 source "$ROOT/tools/uroce.bash"
+# Each process a device of its own on a loopback address, as in the Bazel tests (.bazelrc): the default, the host
+# device, would take this machine's own address; tests/host_device_test.sh tests it in namespaces of its own.
+export UROCE_DEVICE=process
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/uroce-tools-test.XXXXXX")
 SERVER_PID=""
@@ -242,7 +245,7 @@ test_install_works_away_from_the_checkout() {
   [ -x "$WORK/made/lib/uroce/libibverbs.so.1" ] || fail "no lib/uroce/libibverbs.so.1"
   mv "$WORK/made" "$WORK/moved"
   local prefix="$WORK/moved"
-  local -a clean_env=(env -i "PATH=/usr/bin:/bin" "HOME=$WORK")
+  local -a clean_env=(env -i "PATH=/usr/bin:/bin" "HOME=$WORK" UROCE_DEVICE=process)
   rc=0
   (cd / && "${clean_env[@]}" "$prefix/bin/uroce" run --mtu 2048 -- ibv_devinfo) >"$WORK/devinfo.out" 2>&1 || rc=$?
   expect_status 0 "$rc" "installed uroce run -- ibv_devinfo"

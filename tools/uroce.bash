@@ -4,9 +4,12 @@
 # The options of `uroce run`, for the usage texts of both commands.
 uroce_run_options_help() {
   cat <<'HELP'
-      --addr IP         pin the device's address (default: first free of 127.0.0.1 ... 127.0.255.254)
-      --host-device     share the host device of the address (default 127.0.0.1) with every other process that
-                        does so in this network namespace, through the host's device service
+      --addr IP         pin the device's address (default: the host's address, see README; with
+                        --process-device the first free of 127.0.0.1 ... 127.0.255.254)
+      --host-device     share the host device of the address with every other process of this network namespace,
+                        through the host's device service, or fail (the default shares it when it can, else
+                        gives the process a device of its own)
+      --process-device  a device of the process's own on an address of its own (UROCE_DEVICE=process)
       --same-host P     on the host device, how packets between its processes travel: shm (shared-memory rings,
                         the default), unix (UNIX sockets), udp (real UDP to UDP 4791, for tcpdump)
       --no-direct       on the host device, RDMA WRITE and READ between its processes go as packets too (by
@@ -36,6 +39,7 @@ uroce_parse_run_options() {
       --) shift; break ;;
       --stats) RUN_ENV+=("UROCE_STATS=1"); shift; continue ;;
       --host-device) RUN_ENV+=("UROCE_DEVICE=host"); shift; continue ;;
+      --process-device) RUN_ENV+=("UROCE_DEVICE=process"); shift; continue ;;
       --trace) RUN_ENV+=("UROCE_TRACE=1"); shift; continue ;;
       --one-packet-per-datagram) RUN_ENV+=("UROCE_ONE_PACKET_PER_DATAGRAM=1"); shift; continue ;;
       --no-direct) RUN_ENV+=("UROCE_DIRECT=0"); shift; continue ;;

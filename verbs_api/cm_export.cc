@@ -54,7 +54,7 @@ int SetSink(uroce_cm* cm, uroce_cm_event_fn fn, void* sink_context) {
   });
 }
 
-// On the host device (UROCE_DEVICE=host) a listen is also a route: the service sends new connections for the service
+// On the host device (the default; not UROCE_DEVICE=process) a listen is also a route: the service sends new connections for the service
 // ID to this process (wire/service_protocol.h). The service IDs of this process's listens, by listen ID.
 std::mutex g_routes_mu;
 auto& g_routed_listens = *new std::map<uint32_t, uint64_t>;

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <net/route.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
@@ -94,10 +95,12 @@ int ApplySetting(EngineConfig* c, const std::string& key, const std::string& val
   } else if (key == "one_packet_per_datagram") {
     c->one_packet_per_datagram = value == "1" || value == "yes" || value == "true";
   } else if (key == "device") {
-    if (value == "host") {
+    if (value == "host" || value == "process") {
+      c->host_device = value == "host";
+      c->device_chosen = true;
+    } else if (value.empty()) {
       c->host_device = true;
-    } else if (value == "process" || value.empty()) {
-      c->host_device = false;
+      c->device_chosen = false;
     } else {
       return *error = "bad device '" + value + "' (host or process)", EINVAL;
     }
@@ -377,10 +380,20 @@ int Engine::Start(const EngineConfig& config) {
   bool reported = false;
   TransportChoice choice = config.transport;
   const bool offloads = !config.one_packet_per_datagram;
+  bool own_device = !config.host_device;
   if (config.host_device) {
     rc = StartOnHostDevice(config, &bound);
     reported = true;
-  } else if (config.address && !config.address_prefix_len) {
+    if (rc < 0 && !config.device_chosen) {
+      // The host device is only the default: a device of our own still lets this process work (it reaches the host's
+      // other processes over UDP, as one on another host would).
+      fprintf(stderr, "uroce: this process takes a device of its own instead (UROCE_DEVICE=host insists on sharing)\n");
+      udp_counters_ = nullptr;
+      own_device = true;
+      reported = false;
+    }
+  }
+  if (own_device && config.address && !config.address_prefix_len) {
     bound = *config.address;
     // A process that had this address a moment ago may still hold its socket: io_uring drops it from a kernel worker
     // after the process has gone, and the next program on the same UROCE_ADDR, started at once, failed with
@@ -394,9 +407,9 @@ int Engine::Start(const EngineConfig& config) {
       fprintf(stderr, "uroce: cannot bind %s: %s\n", wire::UdpEndpoint{bound, config.port}.ToString().c_str(),
               strerror(-rc));
     }
-  } else {
-    // The first free of several: the embedded default's loopback addresses, so that processes on one machine reach
-    // each other unconfigured, or this host's addresses in UROCE_ADDR's prefix.
+  } else if (own_device) {
+    // The first free of several: loopback addresses, so that processes with devices of their own on one machine
+    // reach each other with no address set, or this host's addresses in UROCE_ADDR's prefix.
     const Candidates candidates = config.address ? HostAddressesIn(*config.address, *config.address_prefix_len)
                                                  : LoopbackCandidates();
     rc = -EADDRINUSE;
@@ -421,7 +434,7 @@ int Engine::Start(const EngineConfig& config) {
     }
   }
   if (rc < 0) return -rc;
-  transport_name_ = config.host_device ? "host device" : choice == TransportChoice::kSocket ? "socket" : "io_uring";
+  transport_name_ = membership_ ? "host device" : choice == TransportChoice::kSocket ? "socket" : "io_uring";
   if (auto* uring = dynamic_cast<wire::UringTransport*>(transport_.get())) {
     udp_counters_ = [uring] { return uring->counters(); };
   } else if (auto* socket = dynamic_cast<wire::SocketTransport*>(transport_.get())) {
@@ -526,8 +539,47 @@ int Engine::Start(const EngineConfig& config) {
   return 0;
 }
 
+wire::IpAddress DefaultHostAddress() {
+  // The interface of the IPv4 default route with the lowest metric (/proc/net/route is this network namespace's:
+  // "Iface Destination Gateway Flags RefCnt Use Metric Mask ...", addresses in hex).
+  std::string route_interface;
+  if (FILE* f = fopen("/proc/net/route", "re")) {
+    char line[256], name[IFNAMSIZ + 1];
+    unsigned destination, flags, mask;
+    long metric, best = -1;
+    while (fgets(line, sizeof line, f) != nullptr) {
+      if (sscanf(line, "%16s %x %*x %x %*d %*d %ld %x", name, &destination, &flags, &metric, &mask) == 5 &&
+          destination == 0 && mask == 0 && (flags & RTF_UP) != 0 && (best < 0 || metric < best)) {
+        best = metric;
+        route_interface = name;
+      }
+    }
+    fclose(f);
+  }
+  std::vector<wire::IpAddress> on_route, v4, v6;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+      const auto a = wire::IpAddressOf(i->ifa_addr);
+      const unsigned wanted = IFF_UP | IFF_RUNNING;
+      if (!a || (i->ifa_flags & wanted) != wanted || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+      if (a->is_v4()) {
+        if ((a->v4() >> 16) == 0xa9fe || (a->v4() >> 24) == 127) continue;  // link-local, loopback
+        (route_interface == i->ifa_name ? on_route : v4).push_back(*a);
+      } else if (!(a->bytes()[0] == 0xfe && (a->bytes()[1] & 0xc0) == 0x80) && *a != *wire::IpAddress::Parse("::1")) {
+        v6.push_back(*a);
+      }
+    }
+    freeifaddrs(list);
+  }
+  for (auto* found : {&on_route, &v4, &v6}) {
+    if (!found->empty()) return *std::min_element(found->begin(), found->end());
+  }
+  return wire::IpAddress::V4(0x7f000001);
+}
+
 std::optional<wire::IpAddress> EngineConfig::HostDeviceAddress() const {
-  if (!address_prefix_len) return address.value_or(wire::IpAddress::V4(0x7f000001));
+  if (!address_prefix_len) return address ? *address : DefaultHostAddress();
   // The lowest: processes started apart must all come to the same one.
   const Candidates inside = HostAddressesIn(*address, *address_prefix_len);
   if (inside.count == 0) return std::nullopt;
@@ -544,7 +596,8 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   *bound = *address;
   auto membership = std::make_unique<HostDeviceMembership>();
   std::string error;
-  if (int err = membership->Join(*bound, &error)) {
+  // Unchosen, the host device is shared only with a service that lasts as long as we do (HostDeviceMembership::Join).
+  if (int err = membership->Join(*bound, /*lasting_only=*/!config.device_chosen, &error)) {
     fprintf(stderr, "uroce: %s\n", error.c_str());
     return -err;
   }

@@ -60,13 +60,18 @@ struct EngineConfig {
   // UROCE_ONE_PACKET_PER_DATAGRAM=1: no UDP_SEGMENT runs, so that a capture of the interface (tcpdump -i lo, where
   // loopback never splits a run) shows each RoCE packet as a datagram of its own, its ICRC for the IP ID 0 it has.
   bool one_packet_per_datagram = false;
-  // UROCE_DEVICE=host: this process shares the host device of `address` (default 127.0.0.1) with every process of
-  // the network namespace that does the same, through the host's device service (docs/ARCHITECTURE.md, "The host
-  // device"). process (the default): the device owns an address of its own.
-  bool host_device = false;
-  // The address a host device takes: `address`; with address_prefix_len (UROCE_ADDR=A/N) the lowest of this host's
-  // addresses inside A/N, which every process of the host finds alike, or nullopt when the host has none there; with
-  // neither, 127.0.0.1.
+  // The host device (the default, or UROCE_DEVICE=host): this process shares the host device of HostDeviceAddress()
+  // with every process of the network namespace that does the same, through the host's device service
+  // (docs/ARCHITECTURE.md, "The host device"), as every process of a host shares its HCA. UROCE_DEVICE=process: the
+  // device owns an address of its own (`address`, or the first free loopback address).
+  bool host_device = true;
+  // UROCE_DEVICE was given. Without it, a process that cannot share the host device (no service binary, 255 processes
+  // on it, a service in a PID namespace that may end before us) falls back to a device of its own, saying why once;
+  // with UROCE_DEVICE=host it fails instead.
+  bool device_chosen = false;
+  // The address a host device takes, its GID index 0: `address`; with address_prefix_len (UROCE_ADDR=A/N) the lowest
+  // of this host's addresses inside A/N, which every process of the host finds alike, or nullopt when the host has
+  // none there; with neither, DefaultHostAddress().
   std::optional<wire::IpAddress> HostDeviceAddress() const;
   // UROCE_SAME_HOST=shm|unix|udp: on the host device, how packets between two processes of the host travel
   // (wire/host_device_transport.h): shared-memory rings (default), the peers' UNIX connections, or real UDP through
@@ -85,6 +90,12 @@ struct EngineConfig {
 // Returns 0, or an errno with *error set to a message naming the variable or file line at fault: EINVAL for a bad
 // value or line, the open error (ENOENT, EACCES) for an unreadable UROCE_CONFIG.
 int LoadEngineConfig(EngineConfig* config, std::string* error);
+
+// The address the host device takes when nothing names one: the host's address, as a RoCE NIC's GID 0 is its
+// interface's. The first IPv4 address of the interface of the IPv4 default route; else the lowest IPv4 address of
+// an interface that is up and running, not a loopback one and not link-local (169.254.0.0/16); else the lowest such
+// IPv6 address (not fe80::/10); else 127.0.0.1. Every process of a network namespace comes to the same one.
+wire::IpAddress DefaultHostAddress();
 
 // Node GUID of this host's uroce0 (stable for a host, never 0; the device exists before its address is bound).
 uint64_t NodeGuid();
@@ -111,7 +122,7 @@ class Engine {
   // starts the multicast receiver's thread). 0, or EINVAL (IPv6 group) / the errno of its socket.
   int JoinMulticast(const wire::IpAddress& group);
   void LeaveMulticast(const wire::IpAddress& group);
-  // Our share of the host device (UROCE_DEVICE=host), or nullptr; its transport, or nullptr.
+  // Our share of the host device (the default), or nullptr; its transport, or nullptr.
   HostDeviceMembership* membership() { return membership_.get(); }
   wire::HostDeviceTransport* host_transport() { return host_transport_; }
   // What this process imported from the host's other processes (ibv_import_pd(3) / ibv_import_mr(3) of handles
@@ -230,7 +241,7 @@ class Engine {
   int StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound);
   // The host device's service died (from the thread that polls the transport): the device fails (emu::Device::Fail).
   void OnServiceLost();
-  // Our membership in the host device (UROCE_DEVICE=host); outlives transport_, which watches its control socket.
+  // Our membership in the host device; outlives transport_, which watches its control socket.
   std::unique_ptr<HostDeviceMembership> membership_;
   Imports imports_;
   std::unique_ptr<wire::PcapWriter> pcap_;  // outlives transport_, which writes to it
@@ -245,7 +256,7 @@ class Engine {
   std::atomic<uint64_t> live_counters_due_ns_{0};
   std::function<wire::UdpCounters()> udp_counters_;  // the UDP socket transport's, for UROCE_STATS
   wire::FaultInjectingTransport* faults_ = nullptr;  // the fault decorator inside transport_ (UROCE_FAULTS)
-  wire::HostDeviceTransport* host_transport_ = nullptr;  // inside transport_ on the host device (UROCE_DEVICE=host)
+  wire::HostDeviceTransport* host_transport_ = nullptr;  // inside transport_ on the host device
   std::atomic<bool> stop_{false};
 
   wire::DatagramHandler handler_;  // into device_

@@ -1,8 +1,10 @@
-// EngineConfig: which address the host device takes (UROCE_DEVICE=host with UROCE_ADDR an address, a prefix, or
-// nothing), read through LoadEngineConfig as a program's environment gives it.
+// EngineConfig: which device a process gets (the host device unless UROCE_DEVICE=process; chosen or by default) and
+// which address the host device takes (UROCE_ADDR an address, a prefix, or nothing), read through LoadEngineConfig as
+// a program's environment gives it.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cerrno>
 #include <string>
 
 #include "verbs_api/engine.h"
@@ -25,9 +27,50 @@ EngineConfig Load(const char* addr) {
   return config;
 }
 
-TEST(EngineConfig, TheHostDeviceTakesTheAddressGivenOr127001) {
-  EXPECT_EQ(Load(nullptr).HostDeviceAddress(), wire::IpAddress::V4(0x7f000001));
+// The device setting: given or not.
+EngineConfig LoadDevice(const char* device) {
+  unsetenv("UROCE_CONFIG");
+  unsetenv("UROCE_ADDR");
+  if (device != nullptr) {
+    setenv("UROCE_DEVICE", device, 1);
+  } else {
+    unsetenv("UROCE_DEVICE");
+  }
+  EngineConfig config;
+  std::string error;
+  EXPECT_EQ(LoadEngineConfig(&config, &error), 0) << error;
+  return config;
+}
+
+TEST(EngineConfig, TheHostDeviceIsTheDefaultAndUroceDeviceChooses) {
+  EngineConfig config = LoadDevice(nullptr);
+  EXPECT_TRUE(config.host_device);
+  EXPECT_FALSE(config.device_chosen);  // so a process that cannot share it gets a device of its own
+  config = LoadDevice("");
+  EXPECT_TRUE(config.host_device);
+  EXPECT_FALSE(config.device_chosen);
+  config = LoadDevice("host");
+  EXPECT_TRUE(config.host_device);
+  EXPECT_TRUE(config.device_chosen);
+  config = LoadDevice("process");
+  EXPECT_FALSE(config.host_device);
+  EXPECT_TRUE(config.device_chosen);
+  setenv("UROCE_DEVICE", "nic", 1);
+  std::string error;
+  EXPECT_EQ(LoadEngineConfig(&config, &error), EINVAL);
+  EXPECT_NE(error.find("bad device 'nic'"), std::string::npos) << error;
+}
+
+// Unpinned, the host's address (DefaultHostAddress): here one of this host's non-loopback addresses, or 127.0.0.1
+// where it has none (tests/host_device_test.sh checks which in namespaces it makes).
+TEST(EngineConfig, TheHostDeviceTakesTheAddressGivenOrTheHosts) {
+  const wire::IpAddress host = DefaultHostAddress();
+  EXPECT_EQ(Load(nullptr).HostDeviceAddress(), host);
   EXPECT_EQ(Load("127.0.0.9").HostDeviceAddress(), wire::IpAddress::V4(0x7f000009));
+  if (host != wire::IpAddress::V4(0x7f000001)) {
+    EXPECT_FALSE(host.is_v4() && (host.v4() >> 24) == 127) << host.ToString();
+    EXPECT_NE(host, *wire::IpAddress::Parse("::1"));
+  }
 }
 
 // With a prefix, the lowest of this host's addresses inside it: every process of the host comes to the same one, so

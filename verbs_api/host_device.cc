@@ -104,6 +104,18 @@ int ConnectService(const wire::IpAddress& address) {
   return fd;
 }
 
+// The service at the other end of `fd` runs in our PID namespace: its PID is visible to us (SO_PEERCRED gives 0 for
+// one that is not) and /proc names the same namespace for it as for us.
+bool InOurPidNamespace(int fd) {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) < 0 || peer.pid <= 0) return false;
+  struct stat ours, theirs;
+  const std::string path = "/proc/" + std::to_string(peer.pid) + "/ns/pid";
+  if (stat("/proc/self/ns/pid", &ours) < 0 || stat(path.c_str(), &theirs) < 0) return true;  // no /proc: PID seen
+  return ours.st_ino == theirs.st_ino && ours.st_dev == theirs.st_dev;
+}
+
 }  // namespace
 
 HostDeviceMembership::~HostDeviceMembership() {
@@ -112,9 +124,15 @@ HostDeviceMembership::~HostDeviceMembership() {
   if (steered_fd_ >= 0) close(steered_fd_);
 }
 
-int HostDeviceMembership::TryJoin(const wire::IpAddress& address, std::string* error) {
+int HostDeviceMembership::TryJoin(const wire::IpAddress& address, bool lasting_only, std::string* error) {
   const int fd = ConnectService(address);
   if (fd < 0) return fd == -ENOENT ? -ECONNREFUSED : fd;  // a name nobody holds: ECONNREFUSED
+  if (lasting_only && !InOurPidNamespace(fd)) {
+    close(fd);
+    *error = "the host device of " + address.ToString() +
+             " is served from another PID namespace (a sandbox's?), which may end before this process";
+    return EXDEV;
+  }
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, pair) < 0) {
     const int err = errno;
@@ -157,11 +175,11 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, std::string* e
   return 0;
 }
 
-int HostDeviceMembership::Join(const wire::IpAddress& address, std::string* error) {
+int HostDeviceMembership::Join(const wire::IpAddress& address, bool lasting_only, std::string* error) {
   const auto give_up = std::chrono::steady_clock::now() + kJoinTimeout;
   std::optional<std::chrono::steady_clock::time_point> last_spawn;
   for (int attempt = 0;; ++attempt) {
-    const int rc = TryJoin(address, error);
+    const int rc = TryJoin(address, lasting_only, error);
     if (rc >= 0) return rc;
     const auto now = std::chrono::steady_clock::now();
     if (now > give_up) {

@@ -1,4 +1,4 @@
-// A process's membership in the host device (docs/ARCHITECTURE.md, "The host device"; UROCE_DEVICE=host): the
+// A process's membership in the host device (docs/ARCHITECTURE.md, "The host device"; the default): the
 // connection to the host's device service for an address, started on demand (no command to run first, no root).
 #pragma once
 
@@ -23,7 +23,10 @@ class HostDeviceMembership {
   // hands it the datagram socket it forwards our packets on and gets our owner number. 0, or an errno with *error
   // saying why: what the service could not do (EADDRINUSE: UDP 4791 of the address is another program's; EUSERS: 255
   // processes share it already; EACCES: it runs as another user), ENOENT (no service binary), ETIMEDOUT.
-  int Join(const wire::IpAddress& address, std::string* error);
+  // `lasting_only`: join only a service of our own PID namespace, else EXDEV. One started in another (a sibling
+  // sandbox's, such as another Bazel test's) ends with that namespace, taking the device from under us; one in a
+  // parent namespace cannot be told from it (its PID is 0 to us, SO_PEERCRED).
+  int Join(const wire::IpAddress& address, bool lasting_only, std::string* error);
 
   // Asks the service to route new connections for a CM service ID to us / to stop. 0 or an errno (EADDRINUSE:
   // another process listens; EPIPE: the service is gone).
@@ -58,7 +61,7 @@ class HostDeviceMembership {
   uint8_t owner() const { return owner_; }
 
  private:
-  int TryJoin(const wire::IpAddress& address, std::string* error);
+  int TryJoin(const wire::IpAddress& address, bool lasting_only, std::string* error);
   int Request(wire::ControlType type, uint64_t value, std::span<const int> passed_fds = {});
 
   int control_fd_ = -1;
