@@ -12,47 +12,44 @@
 namespace uroce::verbs {
 namespace {
 
-EngineConfig Load(const char* addr) {
-  unsetenv("UROCE_CONFIG");  // /etc/uroce.conf, if a machine has one, sets neither key this test reads
-  setenv("UROCE_DEVICE", "host", 1);
-  if (addr != nullptr) {
-    setenv("UROCE_ADDR", addr, 1);
+// Sets (or, for nullptr, unsets) one variable.
+void SetOrUnset(const char* name, const char* value) {
+  if (value != nullptr) {
+    setenv(name, value, 1);
   } else {
-    unsetenv("UROCE_ADDR");
+    unsetenv(name);
   }
+}
+
+// The configuration a program's environment gives with UROCE_DEVICE `device` and UROCE_ADDR `addr`.
+EngineConfig Load(const char* device, const char* addr) {
+  unsetenv("UROCE_CONFIG");  // /etc/uroce.conf, if a machine has one, sets neither key this test reads
+  SetOrUnset("UROCE_DEVICE", device);
+  SetOrUnset("UROCE_ADDR", addr);
   EngineConfig config;
   std::string error;
   EXPECT_EQ(LoadEngineConfig(&config, &error), 0) << error;
-  EXPECT_TRUE(config.host_device);
   return config;
 }
 
-// The device setting: given or not.
-EngineConfig LoadDevice(const char* device) {
-  unsetenv("UROCE_CONFIG");
-  unsetenv("UROCE_ADDR");
-  if (device != nullptr) {
-    setenv("UROCE_DEVICE", device, 1);
-  } else {
-    unsetenv("UROCE_DEVICE");
-  }
-  EngineConfig config;
-  std::string error;
-  EXPECT_EQ(LoadEngineConfig(&config, &error), 0) << error;
+// The host device's, with UROCE_ADDR `addr`.
+EngineConfig Load(const char* addr) {
+  EngineConfig config = Load("host", addr);
+  EXPECT_TRUE(config.host_device);
   return config;
 }
 
 TEST(EngineConfig, TheHostDeviceIsTheDefaultAndUroceDeviceChooses) {
-  EngineConfig config = LoadDevice(nullptr);
+  EngineConfig config = Load(nullptr, nullptr);
   EXPECT_TRUE(config.host_device);
   EXPECT_FALSE(config.device_chosen);  // so a process that cannot share it gets a device of its own
-  config = LoadDevice("");
+  config = Load("", nullptr);
   EXPECT_TRUE(config.host_device);
   EXPECT_FALSE(config.device_chosen);
-  config = LoadDevice("host");
+  config = Load("host", nullptr);
   EXPECT_TRUE(config.host_device);
   EXPECT_TRUE(config.device_chosen);
-  config = LoadDevice("process");
+  config = Load("process", nullptr);
   EXPECT_FALSE(config.host_device);
   EXPECT_TRUE(config.device_chosen);
   setenv("UROCE_DEVICE", "nic", 1);
