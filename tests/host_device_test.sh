@@ -37,12 +37,14 @@
 #   ucx_direct                    UCX's ucx_perftest put and get (rc_verbs) between two processes on one address:
 #                                 a framework's WRITEs and READs carried out by direct access
 #   two_hosts_eight_processes_each (root: network namespaces) two namespaces joined by a veth pair, 8 processes on
-#                                 each one's address: 4 rdma_verify and 4 ibv_rc_pingpong pairs across; what comes
-#                                 from the other host reaches each process on its own socket (the kernel steers it)
+#                                 each one's address (no setting: the default): 4 rdma_verify and 4 ibv_rc_pingpong
+#                                 pairs across; what comes from the other host reaches each process on its own socket
+#                                 (the kernel steers it)
 #   sixty_four_processes          32 ibv_rc_pingpong pairs at once on one address; then, with processes holding the
 #                                 device open and idle, the service uses no CPU (at most 2 clock ticks in 3 s)
 #   openmpi across two hosts      (root) an Open MPI job of 2 x 4 ranks across the two namespaces, pml ucx and
-#                                 pml cm/mtl ofi over verbs;ofi_rxm: mpi_check's ping-pong, allreduce, alltoall
+#                                 pml cm/mtl ofi over verbs;ofi_rxm, no uroce setting: mpi_check's ping-pong,
+#                                 allreduce, alltoall
 #   the default device            (root) with no setting, the host device on the host's address: a namespace's veth
 #                                 address (GID 0; an ibv_rc_pingpong pair shares it), 127.0.0.1 where only lo is; a
 #                                 service in another PID namespace is not joined by default (a device of its own)
@@ -92,8 +94,8 @@ make_prefix() {  # the layout `uroce install` makes, from the runfiles; the MPI 
   mkdir -p "$PREFIX/bin" "$PREFIX/lib/uroce" "$PREFIX/share/uroce"
   mpicc.openmpi -O2 -o "$WORK/mpi_check_openmpi" tests/frameworks/mpi_check.c
   # Open MPI's rsh agent for hosts that are network namespaces: `nsexec HOST COMMAND` runs COMMAND (one string, for
-  # a shell) in namespace HOST under that host name, with mpirun's environment (UROCE_ADDR a prefix both hosts have
-  # their one address in: each rank's host device takes its own host's).
+  # a shell) in namespace HOST under that host name, with mpirun's environment (no UROCE_DEVICE or UROCE_ADDR: each
+  # rank's host device takes its own host's address by default).
   cat >"$NSEXEC" <<'AGENT'
 #!/bin/sh
 host=$1; shift
@@ -106,6 +108,8 @@ AGENT
   cp tools/uroce_launcher "$PREFIX/bin/uroce"
 }
 
+# The environment of a program run with no setting: the suite's UROCE_DEVICE=process (.bazelrc) removed.
+NO_SETTING=(env -u UROCE_DEVICE -u UROCE_ADDR)
 random_loopback() { echo "127.$((100 + RANDOM % 100)).$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1))"; }
 service_listed() { grep -q "@uroce/device/v1/$1\$" /proc/net/unix; }  # service_listed ADDRESS
 service_pid() { pgrep -f "uroce-deviced --address $1 " | head -n 1; }
@@ -290,20 +294,20 @@ case_two_hosts_eight_processes_each() {
   # namespaces are new: every TCP port is free in them.
   local -a pids=() names=() ports=()
   for i in 1 2 3 4; do
-    ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" --stats -- \
+    ip netns exec "$a" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
       "$RDMA_VERIFY" --role=server --port=$((20000 + i)) --seed=$i --qp-timeout=18 >"$log.verify_server$i" 2>&1 &
     pids+=($!); names+=("verify_server$i"); ports+=($((20000 + i)))
-    ip netns exec "$a" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_a" -- \
+    ip netns exec "$a" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- \
       ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p $((21000 + i)) >"$log.pingpong_server$i" 2>&1 &
     pids+=($!); names+=("pingpong_server$i"); ports+=($((21000 + i)))
   done
   for i in "${!ports[@]}"; do wait_listening_in "$a" "${ports[$i]}" "${pids[$i]}"; done
   for i in 1 2 3 4; do
-    ip netns exec "$b" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_b" -- \
+    ip netns exec "$b" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- \
       "$RDMA_VERIFY" --role=client --port=$((20000 + i)) --host="$addr_a" --ops=1000 --seed=$i --qp-timeout=18 \
       >"$log.verify_client$i" 2>&1 &
     pids+=($!); names+=("verify_client$i")
-    ip netns exec "$b" timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$addr_b" -- \
+    ip netns exec "$b" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- \
       ibv_rc_pingpong -d uroce0 -g 0 -e -c -s 4096 -n 200 -p $((21000 + i)) "$addr_a" >"$log.pingpong_client$i" 2>&1 &
     pids+=($!); names+=("pingpong_client$i")
   done
@@ -321,7 +325,7 @@ case_two_hosts_eight_processes_each() {
   [ "$gids" = "::ffff:$addr_a ::ffff:$addr_b " ] || problems+="GIDs seen: $gids"$'\n'
   # The port's active MTU follows the interface's, as rxe's does: 1024 on a 1500-byte veth (a 4096-byte packet
   # could not leave it).
-  ip netns exec "$a" "$UROCE" run --host-device --addr "$addr_a" -- ibv_devinfo -d uroce0 >"$log.devinfo" 2>&1
+  ip netns exec "$a" "${NO_SETTING[@]}" "$UROCE" run -- ibv_devinfo -d uroce0 >"$log.devinfo" 2>&1
   grep -Eq "active_mtu:[[:space:]]+1024 \(3\)" "$log.devinfo" ||
     problems+="active_mtu on a 1500-byte veth: $(grep active_mtu "$log.devinfo")"$'\n'
   two_hosts_down
@@ -345,7 +349,7 @@ case_mpi_two_hosts() {
   fi
   local net="${ADDR_A%.*}.0/24"
   ip netns exec "$HOST_A" unshare --uts -- bash -c 'hostname "$1"; shift; exec "$@"' _ "$HOST_A" \
-    timeout "$TIMEOUT" "$UROCE" run --host-device --addr "$net" --stats -- \
+    "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
     mpirun.openmpi --allow-run-as-root --oversubscribe --host "$HOST_A:4,$HOST_B:4" -np 8 \
     --mca plm_rsh_agent "$NSEXEC" --mca oob_tcp_if_include "$net" --mca btl '^vader,tcp,openib,uct' \
     "${transport[@]}" "$WORK/mpi_check_openmpi" >"$log" 2>&1 || rc=$?
@@ -373,11 +377,11 @@ case_libfabric_one_address() {
   local problems=""
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
   two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
-  ip netns exec "$HOST_A" env -u UROCE_DEVICE -u UROCE_ADDR timeout "$TIMEOUT" "$UROCE" run -- \
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- \
     fi_pingpong -p verbs -e "$ep" -B 9228 -I 100 >"$log.server" 2>&1 &
   local server=$! rc=0
   wait_listening_in "$HOST_A" 9228 "$server"
-  ip netns exec "$HOST_A" env -u UROCE_DEVICE -u UROCE_ADDR timeout "$TIMEOUT" "$UROCE" run --stats -- \
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
     fi_pingpong -p verbs -e "$ep" -P 9228 -I 100 "$ADDR_A" >"$log.client" 2>&1 || rc=$?
   wait "$server" || problems+="server exit status $?: $(tail -n 5 "$log.server")"$'\n'
   two_hosts_down
@@ -407,7 +411,7 @@ case_pyverbs_rdmacm() {
   two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
   for where in "no setting" 127.0.0.1; do
     local log="$WORK/pyverbs/rdmacm.${where// /_}" rc=0
-    local -a how=(env -u UROCE_DEVICE -u UROCE_ADDR "$UROCE" run --)
+    local -a how=("${NO_SETTING[@]}" "$UROCE" run --)
     [ "$where" = "no setting" ] || how=("$UROCE" run --host-device --addr "$where" --)
     (cd "$WORK/pyverbs" && ip netns exec "$HOST_A" env PYTHONFAULTHANDLER=1 timeout "$TIMEOUT" \
       "${how[@]}" /usr/bin/python3 tests/run_tests.py --dev uroce0 --gid 0 -v test_rdmacm test_shared_pd) \
@@ -434,20 +438,19 @@ case_the_default_device() {
   two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
   local bare="uroce-hd-$$-lo"
   ip netns add "$bare" && ip -n "$bare" link set lo up || problems+="could not make a namespace with lo alone"$'\n'
-  local -a unset=(env -u UROCE_DEVICE -u UROCE_ADDR)
-  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.devinfo" 2>&1
+    ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.devinfo" 2>&1
   grep -q "GID\[  0\]:.*::ffff:$ADDR_A, RoCE v2" "$log.devinfo" ||
     problems+="GID 0 is not the veth's $ADDR_A: $(grep -m 2 'GID\|uroce:' "$log.devinfo")"$'\n'
-  ip netns exec "$bare" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.bare" 2>&1
+  ip netns exec "$bare" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.bare" 2>&1
   grep -q 'GID\[  0\]:.*::ffff:127.0.0.1, RoCE v2' "$log.bare" ||
     problems+="with lo alone, GID 0 is not 127.0.0.1: $(grep -m 2 'GID\|uroce:' "$log.bare")"$'\n'
   ip netns del "$bare" 2>/dev/null
   port=$(free_tcp_port)
-  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
     ibv_rc_pingpong -d uroce0 -g 0 -c -s 4096 -n 200 -p "$port" >"$log.server" 2>&1 &
   local server=$! rc=0
   wait_listening_in "$HOST_A" "$port" "$server"
-  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
     ibv_rc_pingpong -d uroce0 -g 0 -c -s 4096 -n 200 -p "$port" 127.0.0.1 >"$log.client" 2>&1 || rc=$?
   wait "$server" || problems+="pingpong server: exit $?: $(grep -v '^[a-z_]* [0-9]*$' "$log.server" | tail -n 3)"$'\n'
   [ "$rc" -eq 0 ] || problems+="pingpong client: exit $rc: $(grep -v '^[a-z_]* [0-9]*$' "$log.client" | tail -n 3)"$'\n'
@@ -462,15 +465,15 @@ case_the_default_device() {
     sleep 0.05
   done
   port=$(free_tcp_port)
-  ip netns exec "$HOST_A" "${unset[@]}" unshare --pid --fork --kill-child --mount-proc timeout "$TIMEOUT" "$UROCE" run -- \
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" unshare --pid --fork --kill-child --mount-proc timeout "$TIMEOUT" "$UROCE" run -- \
     ibv_rc_pingpong -d uroce0 -g 0 -p "$port" >"$log.sandboxed" 2>&1 &
   local holder=$!
   wait_listening_in "$HOST_A" "$port" "$holder"
-  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.outside" 2>&1
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.outside" 2>&1
   grep -q 'served from another PID namespace' "$log.outside" && grep -q 'GID\[  0\]:.*::ffff:127\.' "$log.outside" ||
     problems+="beside a service in another PID namespace, no device of its own: $(grep -m 3 'GID\|uroce:' \
       "$log.outside")"$'\n'
-  ip netns exec "$HOST_A" "${unset[@]}" timeout "$TIMEOUT" "$UROCE" run --host-device -- ibv_devinfo -v \
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --host-device -- ibv_devinfo -v \
     >"$log.insisting" 2>&1
   grep -q "GID\[  0\]:.*::ffff:$ADDR_A, RoCE v2" "$log.insisting" ||
     problems+="--host-device did not join the service: $(grep -m 3 'GID\|uroce:' "$log.insisting")"$'\n'

@@ -561,8 +561,9 @@ wire::IpAddress DefaultHostAddress() {
   if (getifaddrs(&list) == 0) {
     for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
       const auto a = wire::IpAddressOf(i->ifa_addr);
-      const unsigned wanted = IFF_UP | IFF_RUNNING;
-      if (!a || (i->ifa_flags & wanted) != wanted || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+      // Up, not running: a link's carrier comes and goes (a veth's peer, a cable), and linkwatch reports it up to a
+      // second late, so processes started together would not all come to the same address.
+      if (!a || (i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
       if (a->is_v4()) {
         if ((a->v4() >> 16) == 0xa9fe || (a->v4() >> 24) == 127) continue;  // link-local, loopback
         (route_interface == i->ifa_name ? on_route : v4).push_back(*a);

@@ -93,8 +93,8 @@ int LoadEngineConfig(EngineConfig* config, std::string* error);
 
 // The address the host device takes when nothing names one: the host's address, as a RoCE NIC's GID 0 is its
 // interface's. The first IPv4 address of the interface of the IPv4 default route; else the lowest IPv4 address of
-// an interface that is up and running, not a loopback one and not link-local (169.254.0.0/16); else the lowest such
-// IPv6 address (not fe80::/10); else 127.0.0.1. Every process of a network namespace comes to the same one.
+// an interface that is up (carrier or not), not a loopback one and not link-local (169.254.0.0/16); else the lowest
+// such IPv6 address (not fe80::/10); else 127.0.0.1. Every process of a network namespace comes to the same one.
 wire::IpAddress DefaultHostAddress();
 
 // Node GUID of this host's uroce0 (stable for a host, never 0; the device exists before its address is bound).
