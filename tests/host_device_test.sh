@@ -46,8 +46,9 @@
 #                                 pml cm/mtl ofi over verbs;ofi_rxm, no uroce setting: mpi_check's ping-pong,
 #                                 allreduce, alltoall
 #   the default device            (root) with no setting, the host device on the host's address: a namespace's veth
-#                                 address (GID 0; an ibv_rc_pingpong pair shares it), 127.0.0.1 where only lo is; a
-#                                 service in another PID namespace is not joined by default (a device of its own)
+#                                 address (GID 0; an ibv_rc_pingpong pair shares it), 127.0.0.1 where only lo is, the
+#                                 lowest IPv6 address where only those are; a service in another PID namespace is not
+#                                 joined by default (a device of its own)
 #   fi_pingpong on one address    (root) libfabric's verbs provider (non-loopback interfaces only): msg and rdm pairs
 #                                 of two processes sharing one veth address, with no setting
 #   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm and test_shared_pd, unmodified: two processes binding
@@ -428,7 +429,8 @@ case_pyverbs_rdmacm() {
 
 # case_the_default_device: with no setting (no UROCE_DEVICE, no UROCE_ADDR) a process gets the host device on the
 # host's address: in a namespace whose only other interface is a veth, its address is GID 0, and an ibv_rc_pingpong
-# pair shares the one device (two owner numbers, one address); in a namespace with lo alone, 127.0.0.1. A service
+# pair shares the one device (two owner numbers, one address); in a namespace with lo alone, 127.0.0.1; with IPv6
+# addresses only, the lowest of them. A service
 # started in another PID namespace (as another Bazel test's sandbox would) is not joined by default, since it ends
 # with that namespace: the process says so and takes a device of its own on a loopback address; --host-device
 # (UROCE_DEVICE=host) joins it all the same.
@@ -444,6 +446,13 @@ case_the_default_device() {
   ip netns exec "$bare" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.bare" 2>&1
   grep -q 'GID\[  0\]:.*::ffff:127.0.0.1, RoCE v2' "$log.bare" ||
     problems+="with lo alone, GID 0 is not 127.0.0.1: $(grep -m 2 'GID\|uroce:' "$log.bare")"$'\n'
+  # With no IPv4 address but loopback's, the lowest IPv6 one (a veth pair inside the namespace: up, ULA, no DAD).
+  ip -n "$bare" link add v6a type veth peer name v6b && ip -n "$bare" link set v6a up && ip -n "$bare" link set v6b up &&
+    ip -n "$bare" addr add fd00:7e::9/64 dev v6a nodad && ip -n "$bare" addr add fd00:7e::5/64 dev v6b nodad ||
+    problems+="could not give the namespace IPv6 addresses"$'\n'
+  ip netns exec "$bare" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.v6" 2>&1
+  grep -q 'GID\[  0\]:.*fd00:7e::5, RoCE v2' "$log.v6" ||
+    problems+="with IPv6 addresses only, GID 0 is not the lowest: $(grep -m 2 'GID\|uroce:' "$log.v6")"$'\n'
   ip netns del "$bare" 2>/dev/null
   port=$(free_tcp_port)
   ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
