@@ -125,6 +125,30 @@ enum class AsyncEventType : uint8_t {
   kGidChange = 18,
 };
 
+// What an async event is about (ibv_get_async_event(3): which member of its `element` names the object): a QP, a CQ,
+// an SRQ, or nothing (port and device events).
+enum class EventElement : uint8_t { kQp, kCq, kSrq, kPort };
+inline EventElement ElementOf(AsyncEventType type) {
+  switch (type) {
+    case AsyncEventType::kCqErr:
+      return EventElement::kCq;
+    case AsyncEventType::kQpFatal:
+    case AsyncEventType::kQpReqErr:
+    case AsyncEventType::kQpAccessErr:
+    case AsyncEventType::kCommEst:
+    case AsyncEventType::kSqDrained:
+    case AsyncEventType::kPathMig:
+    case AsyncEventType::kPathMigErr:
+    case AsyncEventType::kQpLastWqeReached:
+      return EventElement::kQp;
+    case AsyncEventType::kSrqErr:
+    case AsyncEventType::kSrqLimitReached:
+      return EventElement::kSrq;
+    default:
+      return EventElement::kPort;
+  }
+}
+
 struct AsyncEvent {
   AsyncEventType type;
   QueuePair* qp = nullptr;

@@ -142,19 +142,7 @@ void Device::ReceiveXrcTargetEventLocked(const wire::InDatagram& d) {
   if (!e) return;
   // Only what a QP raises (ibv_get_async_event(3): the events whose element is a QP).
   const auto type = static_cast<AsyncEventType>(e->event);
-  switch (type) {
-    case AsyncEventType::kQpFatal:
-    case AsyncEventType::kQpReqErr:
-    case AsyncEventType::kQpAccessErr:
-    case AsyncEventType::kCommEst:
-    case AsyncEventType::kSqDrained:
-    case AsyncEventType::kPathMig:
-    case AsyncEventType::kPathMigErr:
-    case AsyncEventType::kQpLastWqeReached:
-      break;
-    default:
-      return;
-  }
+  if (ElementOf(type) != EventElement::kQp) return;
   auto it = opened_targets_.find(e->qpn);
   if (it == opened_targets_.end() || it->second->gone_elsewhere) return;  // not held here (any more)
   core_.Raise({type, it->second.get()});

@@ -82,28 +82,12 @@ inline Context* ToContext(ibv_context* c) {
 }
 inline Context* Ctx(ibv_context* c) { return ToContext(c); }
 
-// What an async event is about (ibv_get_async_event(3): which member of `element` it sets).
-enum class EventElement { kQp, kCq, kSrq, kPort };
-inline EventElement ElementOf(ibv_event_type type) {
-  switch (type) {
-    case IBV_EVENT_CQ_ERR:
-      return EventElement::kCq;
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-      return EventElement::kQp;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
-      return EventElement::kSrq;
-    default:
-      return EventElement::kPort;  // port and device events name no object
-  }
-}
+// What an async event is about (emu::ElementOf; ibv_event_type numbers AsyncEventType's events alike: qp_verbs.cc).
+using emu::EventElement;
+static_assert(int(emu::AsyncEventType::kCqErr) == IBV_EVENT_CQ_ERR &&
+              int(emu::AsyncEventType::kQpLastWqeReached) == IBV_EVENT_QP_LAST_WQE_REACHED &&
+              int(emu::AsyncEventType::kSrqErr) == IBV_EVENT_SRQ_ERR);
+inline EventElement ElementOf(ibv_event_type type) { return emu::ElementOf(static_cast<emu::AsyncEventType>(type)); }
 
 // The object an async event names; nullptr for a port or device event.
 inline const void* ObjectOf(const ibv_async_event& e) {
