@@ -47,8 +47,9 @@
 #                                 allreduce, alltoall
 #   the default device            (root) with no setting, the host device on the host's address: a namespace's veth
 #                                 address (GID 0; an ibv_rc_pingpong pair shares it), 127.0.0.1 where only lo is, the
-#                                 lowest IPv6 address where only those are; a service in another PID namespace is not
-#                                 joined by default (a device of its own)
+#                                 lowest IPv6 address where only those are, the default route's interface's before a
+#                                 lower one; a service in another PID namespace is not joined by default (a device of
+#                                 its own)
 #   fi_pingpong on one address    (root) libfabric's verbs provider (non-loopback interfaces only): msg and rdm pairs
 #                                 of two processes sharing one veth address, with no setting
 #   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm and test_shared_pd, unmodified: two processes binding
@@ -430,7 +431,7 @@ case_pyverbs_rdmacm() {
 # case_the_default_device: with no setting (no UROCE_DEVICE, no UROCE_ADDR) a process gets the host device on the
 # host's address: in a namespace whose only other interface is a veth, its address is GID 0, and an ibv_rc_pingpong
 # pair shares the one device (two owner numbers, one address); in a namespace with lo alone, 127.0.0.1; with IPv6
-# addresses only, the lowest of them. A service
+# addresses only, the lowest of them; with a default route, its interface's, not a lower one. A service
 # started in another PID namespace (as another Bazel test's sandbox would) is not joined by default, since it ends
 # with that namespace: the process says so and takes a device of its own on a loopback address; --host-device
 # (UROCE_DEVICE=host) joins it all the same.
@@ -453,6 +454,13 @@ case_the_default_device() {
   ip netns exec "$bare" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.v6" 2>&1
   grep -q 'GID\[  0\]:.*fd00:7e::5, RoCE v2' "$log.v6" ||
     problems+="with IPv6 addresses only, GID 0 is not the lowest: $(grep -m 2 'GID\|uroce:' "$log.v6")"$'\n'
+  # With a default route, its interface's address, though another interface's is lower.
+  ip -n "$bare" link add v4a type veth peer name v4b && ip -n "$bare" link set v4a up && ip -n "$bare" link set v4b up &&
+    ip -n "$bare" addr add 10.200.0.9/24 dev v4a && ip -n "$bare" addr add 10.100.0.9/24 dev v4b &&
+    ip -n "$bare" route add default via 10.200.0.1 dev v4a onlink || problems+="could not give the namespace a route"$'\n'
+  ip netns exec "$bare" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.route" 2>&1
+  grep -q 'GID\[  0\]:.*::ffff:10.200.0.9, RoCE v2' "$log.route" ||
+    problems+="GID 0 is not the default route's interface's: $(grep -m 2 'GID\|uroce:' "$log.route")"$'\n'
   ip netns del "$bare" 2>/dev/null
   port=$(free_tcp_port)
   ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
