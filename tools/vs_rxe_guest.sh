@@ -81,10 +81,17 @@ pair() {
   esac
   if [ "$rc" -ne 0 ] || [ -z "$value" ]; then
     echo "vs-rxe: failed $impl $test: exit $rc: $(tail -n 3 /tmp/client.out | tr '\n' ' ')"
+  elif ! is_figure "$value" || { [ -n "$p999" ] && ! is_figure "$p999"; }; then
+    # perftest printed "inf" or "nan": its own estimate of the clock failed (a TCG guest's cycle counter), the run
+    # did not. No figure, not a fast one: left out of the medians, and said.
+    echo "vs-rxe: unmeasured $impl $test: perftest printed '$value' '$p999'"
   else
     echo "vs-rxe: $impl $test $value $p999"
   fi
 }
+
+# is_figure TEXT: a plain decimal number (not empty, inf or nan).
+is_figure() { case "$1" in '' | *[!0-9.]* | *.*.*) return 1 ;; *) return 0 ;; esac; }
 
 run_all() {
   pair "$1" write_bw ib_write_bw -s 65536 -n $bw_iters
