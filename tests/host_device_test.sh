@@ -48,8 +48,8 @@
 #   the default device            (root) with no setting, the host device on the host's address: a namespace's veth
 #                                 address (GID 0; an ibv_rc_pingpong pair shares it), 127.0.0.1 where only lo is, the
 #                                 lowest IPv6 address where only those are, the default route's interface's before a
-#                                 lower one; a service in another PID namespace is not joined by default (a device of
-#                                 its own)
+#                                 lower one; with no service binary, or a service in another PID namespace, a device
+#                                 of its own by default, and --host-device fails or joins
 #   fi_pingpong on one address    (root) libfabric's verbs provider (non-loopback interfaces only): msg and rdm pairs
 #                                 of two processes sharing one veth address, with no setting
 #   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm and test_shared_pd, unmodified: two processes binding
@@ -114,6 +114,14 @@ AGENT
 NO_SETTING=(env -u UROCE_DEVICE -u UROCE_ADDR)
 random_loopback() { echo "127.$((100 + RANDOM % 100)).$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1))"; }
 service_listed() { grep -q "@uroce/device/v1/$1\$" /proc/net/unix; }  # service_listed ADDRESS
+# service_gone_in NAMESPACE ADDRESS: waits (up to 5 s) until no service serves ADDRESS in NAMESPACE (it leaves 0.5 s
+# after its last process).
+service_gone_in() {
+  local tries=0
+  while ip netns exec "$1" grep -q "@uroce/device/v1/$2\$" /proc/net/unix && [ $((tries += 1)) -le 100 ]; do
+    sleep 0.05
+  done
+}
 service_pid() { pgrep -f "uroce-deviced --address $1 " | head -n 1; }
 
 # run_pairs LOG_PREFIX ADDRESS N: N ibv_rc_pingpong pairs at once on the host device of ADDRESS; sets PROBLEMS.
@@ -431,7 +439,8 @@ case_pyverbs_rdmacm() {
 # case_the_default_device: with no setting (no UROCE_DEVICE, no UROCE_ADDR) a process gets the host device on the
 # host's address: in a namespace whose only other interface is a veth, its address is GID 0, and an ibv_rc_pingpong
 # pair shares the one device (two owner numbers, one address); in a namespace with lo alone, 127.0.0.1; with IPv6
-# addresses only, the lowest of them; with a default route, its interface's, not a lower one. A service
+# addresses only, the lowest of them; with a default route, its interface's, not a lower one. With no service binary
+# to start, the default falls back to a device of its own and --host-device fails. A service
 # started in another PID namespace (as another Bazel test's sandbox would) is not joined by default, since it ends
 # with that namespace: the process says so and takes a device of its own on a loopback address; --host-device
 # (UROCE_DEVICE=host) joins it all the same.
@@ -476,11 +485,19 @@ case_the_default_device() {
   [ "$(grep -c "counters of uroce0 at $ADDR_A (host device transport)" "$log.server" "$log.client" |
     awk -F: '{n += $2} END {print n}')" -eq 2 ] && [ "$owners" -eq 2 ] ||
     problems+="the pair did not share the host device of $ADDR_A under two owner numbers"$'\n'
-  # A holder of the device in a PID namespace of its own starts the service there, once the pair's has left.
-  local tries=0
-  while ip netns exec "$HOST_A" grep -q "@uroce/device/v1/$ADDR_A\$" /proc/net/unix && [ $((tries += 1)) -le 100 ]; do
-    sleep 0.05
-  done
+  # No service to start (once the pair's has left): by default a device of its own (said), with --host-device none.
+  service_gone_in "$HOST_A" "$ADDR_A"
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" UROCE_DEVICE_SERVICE="$WORK/no-such-service" timeout "$TIMEOUT" \
+    "$UROCE" run -- ibv_devinfo -v >"$log.unstartable" 2>&1
+  grep -q 'cannot start' "$log.unstartable" && grep -q 'a device of its own instead' "$log.unstartable" &&
+    grep -q 'GID\[  0\]:.*::ffff:127\.' "$log.unstartable" ||
+    problems+="with no service to start, no device of its own: $(grep -m 3 'GID\|uroce:' "$log.unstartable")"$'\n'
+  local insisted=0
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" UROCE_DEVICE_SERVICE="$WORK/no-such-service" timeout "$TIMEOUT" \
+    "$UROCE" run --host-device -- ibv_devinfo -v >"$log.unstartable_insisting" 2>&1 || insisted=$?
+  [ "$insisted" -ne 0 ] && ! grep -q 'GID\[' "$log.unstartable_insisting" ||
+    problems+="--host-device with no service to start opened a device: $(tail -n 3 "$log.unstartable_insisting")"$'\n'
+  # A holder of the device in a PID namespace of its own starts the service there.
   port=$(free_tcp_port)
   ip netns exec "$HOST_A" "${NO_SETTING[@]}" unshare --pid --fork --kill-child --mount-proc timeout "$TIMEOUT" "$UROCE" run -- \
     ibv_rc_pingpong -d uroce0 -g 0 -p "$port" >"$log.sandboxed" 2>&1 &
