@@ -36,11 +36,12 @@ DeviceService::Process::~Process() {
 }
 
 DeviceService::DeviceService(asio::io_context& io, const wire::IpAddress& address, uint16_t udp_port,
-                             std::chrono::milliseconds linger)
+                             std::chrono::milliseconds linger, unsigned max_processes)
     : io_(io),
       address_(address),
       udp_port_(udp_port),
       linger_(linger),
+      max_processes_(max_processes),
       acceptor_(io),
       udp_(io),
       linger_timer_(io) {
@@ -168,8 +169,9 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std
         return refuse(EINVAL, ControlType::kWelcome);
       }
       if (udp_error_ != 0) return refuse(udp_error_, ControlType::kWelcome);
-      const uint8_t owner = NextOwner();
+      const uint8_t owner = members_ < max_processes_ ? NextOwner() : 0;
       if (owner == 0) return refuse(EUSERS, ControlType::kWelcome);
+      ++members_;
       p.owner = owner;
       p.pid = pid_t(m.value);
       p.forward_fd = passed_fd;
@@ -258,6 +260,7 @@ void DeviceService::Leave(Process& p) {
       it = it->second == p.owner ? listeners_.erase(it) : std::next(it);
     }
     p.owner = 0;
+    --members_;
   }
   boost::system::error_code ec;
   p.control.close(ec);

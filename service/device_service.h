@@ -48,9 +48,10 @@ struct ServiceCounters {
 class DeviceService {
  public:
   // `linger`: how long the service stays with no process before it leaves (absorbs programs that open and close
-  // devices in bursts, as libfabric's fi_getinfo does).
+  // devices in bursts, as libfabric's fi_getinfo does). `max_processes` (1..wire::kMaxOwners): how many processes
+  // may share the device at once; the next gets EUSERS, as when the owner numbers run out.
   DeviceService(boost::asio::io_context& io, const wire::IpAddress& address, uint16_t udp_port,
-                std::chrono::milliseconds linger);
+                std::chrono::milliseconds linger, unsigned max_processes = wire::kMaxOwners);
   ~DeviceService();
 
   // Takes the service's name and then UDP `udp_port` of the address. 0; -EADDRINUSE when another service has the
@@ -115,7 +116,9 @@ class DeviceService {
   std::array<Process*, 256> by_owner_{};
   std::map<uint64_t, uint8_t> listeners_;  // CM service ID -> owner
   uint8_t last_owner_ = 0;
-  size_t processes_ = 0;
+  size_t processes_ = 0;   // connected
+  unsigned max_processes_;
+  unsigned members_ = 0;   // connected and given an owner number (at most max_processes_)
   ServiceCounters counters_;
   wire::DatagramReceiver receiver_;
   wire::UdpCounterSet udp_counters_;

@@ -147,7 +147,7 @@ class DeviceServiceTest : public ::testing::Test {
     ASSERT_GE(probe, 0);
     close(probe);
     port_ = probe_local.port;
-    service_ = std::make_unique<DeviceService>(io_, address_, port_, std::chrono::milliseconds(60'000));
+    service_ = std::make_unique<DeviceService>(io_, address_, port_, std::chrono::milliseconds(60'000), max_processes_);
     ASSERT_EQ(service_->Start(), 0);
     thread_ = std::thread([this] { service_->Run(); });
     sender_ = wire::OpenRoceUdpSocket({address_, 0}, 0, &sender_local_);
@@ -173,7 +173,34 @@ class DeviceServiceTest : public ::testing::Test {
   std::thread thread_;
   int sender_ = -1;
   wire::UdpEndpoint sender_local_;
+  unsigned max_processes_ = wire::kMaxOwners;  // before SetUp: a fixture that limits them sets it
 };
+
+// A service that admits two processes: the third gets EUSERS, as when the owner numbers run out (the library then says
+// why, and by default takes a device of its own); once one leaves, a newcomer is admitted again.
+class TwoProcessDeviceServiceTest : public DeviceServiceTest {
+ protected:
+  TwoProcessDeviceServiceTest() { max_processes_ = 2; }
+};
+
+TEST_F(TwoProcessDeviceServiceTest, AThirdProcessIsRefusedUntilOneLeaves) {
+  FakeProcess a, b, c, d;
+  ASSERT_EQ(a.Join(address_), 0);
+  ASSERT_EQ(b.Join(address_), 0);
+  EXPECT_EQ(c.Join(address_), EUSERS);
+  EXPECT_EQ(c.owner, 0);
+  a.Close();
+  // The service sees a's hang-up in its own time: a join races it, so wait for a welcome.
+  int status = EUSERS;
+  for (int tries = 0; tries < 200 && status == EUSERS; ++tries) {
+    d.Close();
+    status = d.Join(address_);
+    if (status == EUSERS) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(status, 0);
+  EXPECT_NE(d.owner, 0);
+  EXPECT_NE(d.owner, b.owner);
+}
 
 TEST_F(DeviceServiceTest, EachPacketReachesTheProcessThatOwnsItsDestination) {
   FakeProcess a, b;

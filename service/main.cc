@@ -21,6 +21,12 @@ int main(int argc, char** argv) {
   std::optional<uroce::wire::IpAddress> address;
   unsigned port = uroce::wire::kRoceV2UdpPort;
   long linger_ms = 500;
+  // UROCE_SERVICE_MAX_PROCESSES: the processes' library starts us with its environment, so a test (or a host that
+  // wants fewer) sets it where the first process starts; --max-processes wins.
+  long max_processes = uroce::wire::kMaxOwners;
+  if (const char* env = std::getenv("UROCE_SERVICE_MAX_PROCESSES"); env != nullptr && *env != '\0') {
+    max_processes = std::strtol(env, nullptr, 10);
+  }
   bool daemonize = false, stats = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -34,6 +40,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--linger-ms" && next) {
       linger_ms = std::strtol(next, nullptr, 10);
       ++i;
+    } else if (arg == "--max-processes" && next) {
+      max_processes = std::strtol(next, nullptr, 10);
+      ++i;
     } else if (arg == "--daemonize") {
       daemonize = true;
     } else if (arg == "--stats") {
@@ -43,8 +52,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!address || port == 0 || port > 65535 || linger_ms < 0) {
-    fprintf(stderr, "usage: uroce-deviced --address A [--port P] [--linger-ms N] [--daemonize] [--stats]\n");
+  if (!address || port == 0 || port > 65535 || linger_ms < 0 || max_processes < 1 ||
+      max_processes > long(uroce::wire::kMaxOwners)) {
+    fprintf(stderr,
+            "usage: uroce-deviced --address A [--port P] [--linger-ms N] [--max-processes 1..255] [--daemonize] "
+            "[--stats]\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
@@ -62,7 +74,8 @@ int main(int argc, char** argv) {
     setsid();
   }
   boost::asio::io_context io;
-  uroce::service::DeviceService service(io, *address, uint16_t(port), std::chrono::milliseconds(linger_ms));
+  uroce::service::DeviceService service(io, *address, uint16_t(port), std::chrono::milliseconds(linger_ms),
+                                        unsigned(max_processes));
   const int rc = service.Start();
   if (rc == -EADDRINUSE) return 0;  // another service won the race for this address: it serves
   if (rc < 0) {

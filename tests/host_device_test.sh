@@ -48,8 +48,8 @@
 #   the default device            (root) with no setting, the host device on the host's address: a namespace's veth
 #                                 address (GID 0; an ibv_rc_pingpong pair shares it), 127.0.0.1 where only lo is, the
 #                                 lowest IPv6 address where only those are, the default route's interface's before a
-#                                 lower one; with no service binary, or a service in another PID namespace, a device
-#                                 of its own by default, and --host-device fails or joins
+#                                 lower one; with no service binary, the device full (EUSERS), or a service in another
+#                                 PID namespace, a device of its own by default, and --host-device fails or joins
 #   fi_pingpong on one address    (root) libfabric's verbs provider (non-loopback interfaces only): msg and rdm pairs
 #                                 of two processes sharing one veth address, with no setting
 #   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm and test_shared_pd, unmodified: two processes binding
@@ -440,7 +440,7 @@ case_pyverbs_rdmacm() {
 # host's address: in a namespace whose only other interface is a veth, its address is GID 0, and an ibv_rc_pingpong
 # pair shares the one device (two owner numbers, one address); in a namespace with lo alone, 127.0.0.1; with IPv6
 # addresses only, the lowest of them; with a default route, its interface's, not a lower one. With no service binary
-# to start, the default falls back to a device of its own and --host-device fails. A service
+# to start, or the device full, the default falls back to a device of its own and --host-device fails. A service
 # started in another PID namespace (as another Bazel test's sandbox would) is not joined by default, since it ends
 # with that namespace: the process says so and takes a device of its own on a loopback address; --host-device
 # (UROCE_DEVICE=host) joins it all the same.
@@ -497,6 +497,25 @@ case_the_default_device() {
     "$UROCE" run --host-device -- ibv_devinfo -v >"$log.unstartable_insisting" 2>&1 || insisted=$?
   [ "$insisted" -ne 0 ] && ! grep -q 'GID\[' "$log.unstartable_insisting" ||
     problems+="--host-device with no service to start opened a device: $(tail -n 3 "$log.unstartable_insisting")"$'\n'
+  # A full device (a service started with room for one process, UROCE_SERVICE_MAX_PROCESSES=1, and one holding it):
+  # by default the next process is refused (EUSERS) and takes a device of its own; --host-device opens none.
+  port=$(free_tcp_port)
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" UROCE_SERVICE_MAX_PROCESSES=1 timeout "$TIMEOUT" "$UROCE" run -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -p "$port" >"$log.full_holder" 2>&1 &
+  local full_holder=$!
+  wait_listening_in "$HOST_A" "$port" "$full_holder"
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.full" 2>&1
+  grep -q 'Too many users' "$log.full" && grep -q 'a device of its own instead' "$log.full" &&
+    grep -q 'GID\[  0\]:.*::ffff:127\.' "$log.full" ||
+    problems+="beside a full device, no device of its own: $(grep -m 3 'GID\|uroce:' "$log.full")"$'\n'
+  insisted=0
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --host-device -- ibv_devinfo -v \
+    >"$log.full_insisting" 2>&1 || insisted=$?
+  [ "$insisted" -ne 0 ] && ! grep -q 'GID\[' "$log.full_insisting" ||
+    problems+="--host-device beside a full device opened one: $(tail -n 3 "$log.full_insisting")"$'\n'
+  kill "$full_holder" 2>/dev/null
+  wait "$full_holder" 2>/dev/null
+  service_gone_in "$HOST_A" "$ADDR_A"
   # A holder of the device in a PID namespace of its own starts the service there.
   port=$(free_tcp_port)
   ip netns exec "$HOST_A" "${NO_SETTING[@]}" unshare --pid --fork --kill-child --mount-proc timeout "$TIMEOUT" "$UROCE" run -- \
