@@ -457,16 +457,19 @@ case_the_default_device() {
   grep -q 'GID\[  0\]:.*::ffff:127.0.0.1, RoCE v2' "$log.bare" ||
     problems+="with lo alone, GID 0 is not 127.0.0.1: $(grep -m 2 'GID\|uroce:' "$log.bare")"$'\n'
   # With no IPv4 address but loopback's, the lowest IPv6 one (a veth pair inside the namespace: up, ULA, no DAD).
-  ip -n "$bare" link add v6a type veth peer name v6b && ip -n "$bare" link set v6a up && ip -n "$bare" link set v6b up &&
+  ip -n "$bare" link add v6a type veth peer name v6b && ip -n "$bare" link set v6a up &&
+    ip -n "$bare" link set v6b up &&
     ip -n "$bare" addr add fd00:7e::9/64 dev v6a nodad && ip -n "$bare" addr add fd00:7e::5/64 dev v6b nodad ||
     problems+="could not give the namespace IPv6 addresses"$'\n'
   ip netns exec "$bare" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.v6" 2>&1
   grep -q 'GID\[  0\]:.*fd00:7e::5, RoCE v2' "$log.v6" ||
     problems+="with IPv6 addresses only, GID 0 is not the lowest: $(grep -m 2 'GID\|uroce:' "$log.v6")"$'\n'
   # With a default route, its interface's address, though another interface's is lower.
-  ip -n "$bare" link add v4a type veth peer name v4b && ip -n "$bare" link set v4a up && ip -n "$bare" link set v4b up &&
+  ip -n "$bare" link add v4a type veth peer name v4b && ip -n "$bare" link set v4a up &&
+    ip -n "$bare" link set v4b up &&
     ip -n "$bare" addr add 10.200.0.9/24 dev v4a && ip -n "$bare" addr add 10.100.0.9/24 dev v4b &&
-    ip -n "$bare" route add default via 10.200.0.1 dev v4a onlink || problems+="could not give the namespace a route"$'\n'
+    ip -n "$bare" route add default via 10.200.0.1 dev v4a onlink ||
+    problems+="could not give the namespace a route"$'\n'
   ip netns exec "$bare" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.route" 2>&1
   grep -q 'GID\[  0\]:.*::ffff:10.200.0.9, RoCE v2' "$log.route" ||
     problems+="GID 0 is not the default route's interface's: $(grep -m 2 'GID\|uroce:' "$log.route")"$'\n'
@@ -518,7 +521,8 @@ case_the_default_device() {
   service_gone_in "$HOST_A" "$ADDR_A"
   # A holder of the device in a PID namespace of its own starts the service there.
   port=$(free_tcp_port)
-  ip netns exec "$HOST_A" "${NO_SETTING[@]}" unshare --pid --fork --kill-child --mount-proc timeout "$TIMEOUT" "$UROCE" run -- \
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" unshare --pid --fork --kill-child --mount-proc \
+    timeout "$TIMEOUT" "$UROCE" run -- \
     ibv_rc_pingpong -d uroce0 -g 0 -p "$port" >"$log.sandboxed" 2>&1 &
   local holder=$!
   wait_listening_in "$HOST_A" "$port" "$holder"
