@@ -119,6 +119,19 @@ test_run_keeps_directory_and_exit_status() {
   expect_status 2 "$rc" "uroce run --mtu (no value)"
 }
 
+# `uroce run`'s device options reach the library as UROCE_DEVICE: --host-device insists on the host device,
+# --process-device asks for one of the process's own, and neither leaves the library's default (the host device,
+# falling back to one of its own) alone.
+test_run_device_options() {
+  local flag want got
+  for flag in --host-device --process-device ""; do
+    case "$flag" in --host-device) want=host ;; --process-device) want=process ;; *) want="(unset)" ;; esac
+    # shellcheck disable=SC2086  # no option at all for ""
+    got=$(env -u UROCE_DEVICE "$ROOT/tools/uroce" run $flag -- sh -c 'echo "${UROCE_DEVICE-(unset)}"' 2>/dev/null)
+    [ "$got" = "$want" ] || fail "uroce run ${flag:-(no option)}: UROCE_DEVICE '$got', want '$want'"
+  done
+}
+
 # `uroce run` never starts a program against the system's libibverbs: a copy of the commands away from any build,
 # whose Bazel fails, must say why and exit non-zero without running it; so must an installed launcher whose
 # libraries are gone.
