@@ -180,12 +180,17 @@ Slot* Probe(Slot* slots, uint32_t count, uint32_t number, Key key) {
 }  // namespace
 
 template <typename Slot>
-void DirectTable::Withdraw(std::unordered_map<uint32_t, uint32_t>& index, Slot* slots, uint32_t number) {
+bool DirectTable::Unpublish(std::unordered_map<uint32_t, uint32_t>& index, Slot* slots, uint32_t number) {
   auto it = index.find(number);
-  if (it == index.end()) return;
+  if (it == index.end()) return false;
   slots[it->second].key.store(0, std::memory_order_seq_cst);
   index.erase(it);
-  WaitForCopies();
+  return true;
+}
+
+template <typename Slot>
+void DirectTable::Withdraw(std::unordered_map<uint32_t, uint32_t>& index, Slot* slots, uint32_t number) {
+  if (Unpublish(index, slots, number)) WaitForCopies();
 }
 
 bool DirectTable::PublishQp(const DirectAccess::QpEntry& qp) {
@@ -245,10 +250,7 @@ bool DirectTable::ExportPd(uint32_t handle) {
 
 void DirectTable::WithdrawPd(uint32_t handle) {
   std::lock_guard lock(mu_);
-  auto it = pd_slot_.find(handle);
-  if (it == pd_slot_.end()) return;
-  Layout::pds(base_)[it->second].key.store(0, std::memory_order_seq_cst);
-  pd_slot_.erase(it);
+  Unpublish(pd_slot_, Layout::pds(base_), handle);  // no copy reads a PD: nothing to wait for
 }
 
 bool DirectTable::ExportRegion(const ExportedRegion& region) {
@@ -467,10 +469,7 @@ void DirectTable::NoteProcess(uint8_t n, pid_t pid) {
 
 void DirectTable::WithdrawTarget(uint32_t qpn) {
   std::lock_guard lock(mu_);
-  auto it = target_slot_.find(qpn);
-  if (it == target_slot_.end()) return;
-  Layout::targets(base_)[it->second].key.store(0, std::memory_order_seq_cst);
-  target_slot_.erase(it);
+  Unpublish(target_slot_, Layout::targets(base_), qpn);
 }
 
 template <typename Slot>

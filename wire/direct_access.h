@@ -444,7 +444,10 @@ class DirectTable {
   Slot* FindTarget(uint32_t qpn) const;
   // Waits until every owner number has left the copies it had entered (as the file comment says).
   void WaitForCopies();
-  // Clears the key of `number`'s slot (if published), forgets it, and waits for the copies.
+  // Clears the key of `number`'s slot and forgets it; false when it was not published.
+  template <typename Slot>
+  bool Unpublish(std::unordered_map<uint32_t, uint32_t>& index, Slot* slots, uint32_t number);
+  // Unpublish, then (if it was published) wait for the copies.
   template <typename Slot>
   void Withdraw(std::unordered_map<uint32_t, uint32_t>& index, Slot* slots, uint32_t number);
 
