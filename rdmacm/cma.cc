@@ -87,9 +87,7 @@ socklen_t SockaddrLen(const sockaddr* sa) {
 bool IsAnyOrLoopback(const sockaddr* sa) {
   const auto ip = wire::IpAddressOf(sa);
   if (!ip) return false;
-  if (ip->is_v4()) return ip->v4() == 0 || (ip->v4() >> 24) == 127;
-  static const std::array<uint8_t, 16> kZero{}, kLoop{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-  return ip->bytes() == kZero || ip->bytes() == kLoop;
+  return ip->is_unspecified() || ip->is_loopback();
 }
 
 const char* ToString(IdState s) {

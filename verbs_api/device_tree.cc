@@ -196,8 +196,7 @@ Netdev NetdevOf(const wire::IpAddress& address) {
     }
     freeifaddrs(list);
   }
-  const bool loopback = address.is_v4() ? (address.v4() >> 24) == 127 : address == *wire::IpAddress::Parse("::1");
-  if (found.name.empty() && loopback) found.name = "lo";
+  if (found.name.empty() && address.is_loopback()) found.name = "lo";
   if (!found.name.empty()) found.index = if_nametoindex(found.name.c_str());
   return found;
 }

@@ -564,10 +564,11 @@ wire::IpAddress DefaultHostAddress() {
       // Up, not running: a link's carrier comes and goes (a veth's peer, a cable), and linkwatch reports it up to a
       // second late, so processes started together would not all come to the same address.
       if (!a || (i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+      if (a->is_loopback()) continue;
       if (a->is_v4()) {
-        if ((a->v4() >> 16) == 0xa9fe || (a->v4() >> 24) == 127) continue;  // link-local, loopback
+        if ((a->v4() >> 16) == 0xa9fe) continue;  // link-local
         (route_interface == i->ifa_name ? on_route : v4).push_back(*a);
-      } else if (!(a->bytes()[0] == 0xfe && (a->bytes()[1] & 0xc0) == 0x80) && *a != *wire::IpAddress::Parse("::1")) {
+      } else if (!(a->bytes()[0] == 0xfe && (a->bytes()[1] & 0xc0) == 0x80)) {  // not link-local
         v6.push_back(*a);
       }
     }

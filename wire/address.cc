@@ -36,6 +36,11 @@ std::optional<IpAddress> IpAddress::Parse(std::string_view text) {
   return std::nullopt;
 }
 
+bool IpAddress::is_loopback() const {
+  static const std::array<uint8_t, 16> kV6Loopback{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  return is_v4() ? (v4() >> 24) == 127 : bytes_ == kV6Loopback;
+}
+
 bool IpAddress::is_v4() const {
   // Two loads rather than a call to memcmp: asked for every packet sent and received.
   uint64_t zeros;

@@ -30,6 +30,8 @@ class IpAddress {
   uint32_t v4() const;  // host byte order; only meaningful when is_v4().
   // The wildcard a socket binds to receive on every local address: 0.0.0.0 or ::.
   bool is_unspecified() const { return *this == IpAddress() || *this == V4(0); }
+  // The host's own loopback: 127.0.0.0/8 (RFC 1122 3.2.1.3) or ::1.
+  bool is_loopback() const;
   const std::array<uint8_t, 16>& bytes() const { return bytes_; }
   std::string ToString() const;  // "127.0.0.1" or "fe80::1"
 

@@ -26,6 +26,14 @@ TEST(IpAddress, ParsesBothFamiliesAndRejectsGarbage) {
   EXPECT_FALSE(IpAddress::Parse("hello").has_value());
 }
 
+// The host's own loopback, as rdma_cm and the host device's address choice ask it: 127.0.0.0/8 and ::1 only.
+TEST(IpAddress, LoopbackIs127Slash8AndColonColon1) {
+  for (const char* yes : {"127.0.0.1", "127.255.3.4", "::1"}) EXPECT_TRUE(IpAddress::Parse(yes)->is_loopback()) << yes;
+  for (const char* no : {"128.0.0.1", "10.0.0.1", "0.0.0.0", "::", "::2", "::ffff:10.0.0.1", "fe80::1"}) {
+    EXPECT_FALSE(IpAddress::Parse(no)->is_loopback()) << no;
+  }
+}
+
 TEST(UdpEndpoint, FormatsWithBracketsForV6) {
   EXPECT_EQ((UdpEndpoint{IpAddress::V4(0x7f000001), 4791}).ToString(), "127.0.0.1:4791");
   EXPECT_EQ((UdpEndpoint{*IpAddress::Parse("::1"), 4791}).ToString(), "[::1]:4791");
