@@ -113,14 +113,13 @@ AGENT
 # The environment of a program run with no setting: the suite's UROCE_DEVICE=process (.bazelrc) removed.
 NO_SETTING=(env -u UROCE_DEVICE -u UROCE_ADDR)
 random_loopback() { echo "127.$((100 + RANDOM % 100)).$((RANDOM % 250 + 1)).$((RANDOM % 250 + 1))"; }
-service_listed() { grep -q "@uroce/device/v1/$1\$" /proc/net/unix; }  # service_listed ADDRESS
+# service_listed ADDRESS [NAMESPACE]: a service serves ADDRESS (in NAMESPACE, else here).
+service_listed() { ${2:+ip netns exec "$2"} grep -q "@uroce/device/v1/$1\$" /proc/net/unix; }
 # service_gone_in NAMESPACE ADDRESS: waits (up to 5 s) until no service serves ADDRESS in NAMESPACE (it leaves 0.5 s
 # after its last process).
 service_gone_in() {
   local tries=0
-  while ip netns exec "$1" grep -q "@uroce/device/v1/$2\$" /proc/net/unix && [ $((tries += 1)) -le 100 ]; do
-    sleep 0.05
-  done
+  while service_listed "$2" "$1" && [ $((tries += 1)) -le 100 ]; do sleep 0.05; done
 }
 service_pid() { pgrep -f "uroce-deviced --address $1 " | head -n 1; }
 
