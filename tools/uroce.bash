@@ -157,17 +157,19 @@ two_hosts_down() { ip netns del "$HOST_A" 2>/dev/null; ip netns del "$HOST_B" 2>
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 range() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {print lo "-" hi}'; }
 
-# uroce_vs_rxe GUEST_DIR PREFIX ROUNDS QUICK: `uroce bench vs-rxe` once the guest (tests/interop/build_guest.sh's
-# directory) and an install of uroce (PREFIX/lib/uroce: the drop-in libraries and the device service) are there:
-# boots the guest under TCG with 2 vCPUs, PREFIX as its /opt/uroce and tools/vs_rxe_guest.sh (beside this file) as
-# its program, and prints the table. The guest's network is QEMU's user mode,
+# uroce_vs_rxe GUEST_DIR PREFIX ROUNDS QUICK [UROCE_BENCH]: `uroce bench vs-rxe` once the guest
+# (tests/interop/build_guest.sh's directory) and an install of uroce (PREFIX/lib/uroce: the drop-in libraries and the
+# device service) are there: boots the guest under TCG with 2 vCPUs, PREFIX as its /opt/uroce and
+# tools/vs_rxe_guest.sh (beside this file) as its program, and prints the table. UROCE_BENCH (tools:uroce_bench) goes
+# into the guest too, for the latency floor beside each uroce pair. The guest's network is QEMU's user mode,
 # restricted: nothing leaves it. Fails when the guest does not finish or a pair failed.
 uroce_vs_rxe() {
-  local guest="$1" prefix="$2" rounds="$3" quick="$4" work rc=0 script
+  local guest="$1" prefix="$2" rounds="$3" quick="$4" floor_bench="${5:-}" work rc=0 script
   script="$(dirname "${BASH_SOURCE[0]}")/vs_rxe_guest.sh"
   work=$(mktemp -d)
-  mkdir -p "$work/root/opt/uroce/lib"
+  mkdir -p "$work/root/opt/uroce/lib" "$work/root/opt/uroce/bin"
   cp -r "$prefix/lib/uroce" "$work/root/opt/uroce/lib/"
+  [ -z "$floor_bench" ] || install -m 0755 "$floor_bench" "$work/root/opt/uroce/bin/uroce_bench"
   install -m 0755 "$script" "$work/root/vs-rxe.sh"
   (cd "$work/root" && find . | LC_ALL=C sort | cpio --quiet -o -H newc) >"$work/overlay.cpio"
   cat "$guest/initramfs.cpio" "$work/overlay.cpio" >"$work/initramfs.cpio"  # the later archive adds to the first
@@ -209,10 +211,12 @@ uroce_vs_rxe_report() {
     awk -v f="ib_$t ($unit)" -v r="${med[rxe]}" -v rr="[${rng[rxe]}]" -v u="${med[uroce]}" -v ur="[${rng[uroce]}]" \
       'BEGIN {printf "  %-31s %11.2f %18s %11.2f %18s %9.2f\n", f, r, rr, u, ur, (r > 0 ? u / r : 0)}'
   done
-  # Each p99.9 also as a multiple of the same runs' typical latency: the guest's own stalls set a floor that rxe shows.
+  # Each p99.9 also as a multiple of the same runs' typical latency; and the floor's: the same number of round trips
+  # between two processes through shared memory, each half lasting uroce's typical in fixed work. A device with no
+  # variance of its own would show that: the guest's own stalls (timer interrupts, vCPUs taken by the host).
   local typical p999
   for t in send_lat write_lat; do
-    for impl in rxe uroce; do
+    for impl in rxe uroce floor; do
       v=$(awk -v i="$impl" -v t="$t" '$2 == i && $3 == t && $5 != "" {print $5}' "$figures")
       [ -n "$v" ] || continue
       typical=$(awk -v i="$impl" -v t="$t" '$2 == i && $3 == t && $5 != "" {print $4}' "$figures")

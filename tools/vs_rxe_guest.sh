@@ -7,6 +7,10 @@
 # uroce_rounds=N (default 3), uroce_quick=1 (short runs: a smoke test). Prints one line per figure:
 #   vs-rxe: IMPL TEST VALUE [P999]      IMPL rxe|uroce; TEST write_bw|read_bw (MB/s) or send_lat|write_lat (typical
 #                                       and 99.9th percentile, us)
+#   vs-rxe: floor TEST VALUE P999       after each uroce latency pair: two processes bouncing a message through shared
+#                                       memory with fixed work making each half round trip last uroce's typical of
+#                                       that pair (/opt/uroce/bin/uroce_bench shm-lat): no device at all, so its tail
+#                                       is this guest's own
 # and "vs-rxe: failed IMPL TEST: ..." for a pair that did not finish.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 addr=${uroce_addr%/*}
@@ -87,6 +91,24 @@ pair() {
     echo "vs-rxe: unmeasured $impl $test: perftest printed '$value' '$p999'"
   else
     echo "vs-rxe: $impl $test $value $p999"
+    [ "$impl" = uroce ] && [ -n "$p999" ] && floor "$test" "$value"
+  fi
+}
+
+# floor TEST TYPICAL: the same number of round trips without a device, each half taking TYPICAL us of fixed work.
+floor() {
+  bench=/opt/uroce/bin/uroce_bench
+  if [ ! -x "$bench" ]; then
+    echo "vs-rxe: unmeasured floor $1: no $bench in the guest"
+    return
+  fi
+  out=$("$bench" shm-lat --iterations "$lat_iters" --work-us "$2" 2>&1)
+  # shellcheck disable=SC2086  # the two figures split into $2 and $3
+  set -- "$1" $out
+  if is_figure "$2" && is_figure "$3"; then
+    echo "vs-rxe: floor $1 $2 $3"
+  else
+    echo "vs-rxe: unmeasured floor $1: uroce_bench printed '$*'"
   fi
 }
 

@@ -33,7 +33,7 @@ main() {
       cp verbs_api/libibverbs.so.1 verbs_api/librdmacm.so.1 verbs_api/liburoce_preload.so service/uroce-deviced \
         "$work/prefix/lib/uroce/"
       rc=0
-      out=$(uroce_vs_rxe "$guest" "$work/prefix" 1 1 2>&1) || rc=$?
+      out=$(uroce_vs_rxe "$guest" "$work/prefix" 1 1 tools/uroce_bench 2>&1) || rc=$?
       printf '%s\n' "$out"
       local problems=""
       [ "$rc" -eq 0 ] || problems+="the run failed ($rc): $(tail -n 8 <<<"$out")"$'\n'
