@@ -503,9 +503,7 @@ int Engine::Start(const EngineConfig& config) {
   // Received requests' ACKs are held a little (Device::AckTiming::kHeld): whoever receives, the application may
   // answer at once, and its reply then leaves first with the ACK behind it.
   handler_ = [this, dev = device_.get()](const wire::InDatagram& d) {
-    // One writer (the receive side's holder, under receive_mu_): no read-modify-write needed.
-    if (d.record == wire::RingRecord::kPacket)
-      packets_received_.store(packets_received_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (d.record == wire::RingRecord::kPacket) lease_length_.OnPacket();
     dev->OnDatagram(d, emu::Device::AckTiming::kHeld);
   };
   lease_timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);  // wire::SystemClock's clock
@@ -520,11 +518,7 @@ int Engine::Start(const EngineConfig& config) {
   // In a TCG guest an epoll_wait cost several microseconds: unstretched, a look every 20 us was a tenth of a spinning
   // application's time there.
   if (host_transport_ != nullptr) host_transport_->StretchSocketLooks(time_scale_);
-  // The lease only where no packet comes (LeaseNs): packets that come while an application holds the receive side but
-  // waits elsewhere (ib_write_lat, spinning on memory) wait for its end; stretched to ~50 ms in a TCG guest, that was
-  // ib_write_lat's p99.9 (16 ms) over packets. Over the host device's direct paths nothing waits for it: a WRITE
-  // lands without a receiver, and a SEND's record waits in the ring for the poll that wants it.
-  if (time_scale_ >= PollPattern::kEmulatedScale) quiet_lease_ns_ = Scaled(kLeaseNs);
+  lease_length_.SetTimeScale(time_scale_);  // the lease only where no packet comes (LeaseLength)
   receive_after_send_ns_ = Scaled(kReceiveAfterSendNs);
   keeps_posting_ns_ = Scaled(PollPattern::kThinkNs / 2);
   yield_when_idle_ = time_scale_ >= PollPattern::kEmulatedScale;
@@ -812,8 +806,8 @@ int Engine::DriveFromApplication() {
   const uint64_t now = wire::BatchedClock::Instance().NowNs();
   const bool engaged = poll_pattern_.OnEmptyPoll(now);
   const uint64_t lease = lease_until_ns_.load(std::memory_order_relaxed);
-  const uint64_t lease_ns = LeaseNs(now);
-  if (!engaged && (lease <= now || lease_ns == kLeaseNs)) {
+  const uint64_t lease_ns = lease_length_.At(now);
+  if (!engaged && (lease <= now || !lease_length_.IsQuiet(lease_ns))) {
     // Applications no longer poll as a receiver would: if they hold the receive side, nobody receives, so it goes
     // back to the progress thread now instead of when the lease runs out. Otherwise packets waited up to kLeaseNs
     // each time a polling thread disengaged: udpong's echo client, which resends after 1 ms without an answer, built
@@ -821,7 +815,7 @@ int Engine::DriveFromApplication() {
     if (lease > now) EndLease();
     return -1;
   }
-  // Disengaged under a quiet lease (LeaseNs: an emulated machine, no packets, every peer direct), a polling thread
+  // Disengaged under a quiet lease (LeaseLength: an emulated machine, no packets, every peer direct), a polling thread
   // keeps receiving until the lease runs out, renewing nothing: what waits meanwhile is only ring records for the
   // next poll, which is when a CQ's owner would see them, and a streak that comes back renews it. Ending the lease
   // there cost two wake-ups of the progress thread on busy vCPUs per pause of a polling thread (ib_send_lat in the
@@ -879,7 +873,7 @@ void Engine::ReceiveAfterSend() {
   // memory for its peer's WRITE, which nobody would receive for it until the lease ended). An expired or ended lease
   // (EndLease, another thread going to sleep meanwhile) is left to end.
   uint64_t lease = lease_until_ns_.load(std::memory_order_relaxed);
-  const uint64_t lease_ns = LeaseNs(now);
+  const uint64_t lease_ns = lease_length_.At(now);
   if (lease > now && lease < now + lease_ns / 2 &&
       now < last_verb_end_ns_.load(std::memory_order_relaxed) + keeps_posting_ns_ &&
       lease_until_ns_.compare_exchange_strong(lease, now + lease_ns, std::memory_order_acq_rel)) {
@@ -890,22 +884,6 @@ void Engine::ReceiveAfterSend() {
     app_datagrams_.fetch_add(uint64_t(n), std::memory_order_relaxed);
     last_traffic_ns_.store(now, std::memory_order_relaxed);
   }
-}
-
-uint64_t Engine::LeaseNs(uint64_t now) {
-  if (quiet_lease_ns_ == kLeaseNs) return kLeaseNs;
-  // In a TCG guest a polling thread loses its vCPU for a millisecond or more several times a second (a timer
-  // interrupt costs 50-60 us there, another thread's time slice milliseconds): each time, a 1 ms lease ran out, the
-  // progress thread woke to take the receive side back and again to hand it over, two wake-ups on busy vCPUs that
-  // stalled the polling threads in turn. ib_send_lat between two processes of the host device, 20,000 round trips:
-  // 50-190 lapses a process and p99.9 1.6 ms; stretched, 1-3 and 0.7-1.0 ms.
-  const uint64_t packets = packets_received_.load(std::memory_order_relaxed);
-  if (packets != packets_seen_.load(std::memory_order_relaxed)) {
-    packets_seen_.store(packets, std::memory_order_relaxed);
-    packet_seen_ns_.store(now, std::memory_order_relaxed);
-  }
-  const uint64_t seen = packet_seen_ns_.load(std::memory_order_relaxed);
-  return seen != 0 && now - seen < kActiveNs ? kLeaseNs : quiet_lease_ns_;
 }
 
 void Engine::ApplicationSleeps() {

@@ -24,6 +24,7 @@
 
 #include "emu/device.h"
 #include "verbs_api/host_device.h"
+#include "verbs_api/lease_length.h"
 #include "verbs_api/poll_pattern.h"
 #include "wire/address.h"
 #include "wire/clock.h"
@@ -221,11 +222,9 @@ class Engine {
   // (lease_timer_fd_). Each wake-up of it preempts a polling thread on a 2-core machine: waking twice per lease to
   // look, an ib_send_lat pair switched context ~19,000 times a second at 200 us and ~4,000 at 1 ms (average 8.7 ->
   // 6.9 us, 99th percentile 28 -> 21 us); sleeping through, the client's progress thread woke ~16 times a second
-  // instead of ~1,000 (99th percentile 17.3 -> 11.3 us).
-  static constexpr uint64_t kLeaseNs = 1'000'000;
-  // How long a renewal holds the receive side (LeaseNs): kLeaseNs; stretched by the time scale on an emulated machine
-  // (PollPattern::kEmulatedScale or more) while no packet has arrived for kActiveNs.
-  uint64_t LeaseNs(uint64_t now);
+  // instead of ~1,000 (99th percentile 17.3 -> 11.3 us). Longer on an emulated machine whose peers are all direct
+  // (LeaseLength).
+  static constexpr uint64_t kLeaseNs = LeaseLength::kLeaseNs;
   static constexpr uint64_t kAppTimersEveryNs = 250'000;  // how often polling applications run the device's timers
   // While packets flowed in the last kActiveNs the progress thread comes back every kTickNs even with no timer due,
   // so arming a (longer) retransmit timer per message never needs to wake it (Device::RunTimers).
@@ -286,11 +285,9 @@ class Engine {
   // receiving progress thread that gives its CPU away may let its socket overflow.
   bool yield_when_idle_ = false;
   uint64_t Scaled(uint64_t ns) const { return uint64_t(double(ns) * time_scale_); }
-  // The lease on an emulated machine whose device receives no packets (LeaseNs; kLeaseNs elsewhere).
-  uint64_t quiet_lease_ns_ = kLeaseNs;
-  // Packets (not records of the host device's direct paths) the handler gave the device: written by the receive
-  // side's holder only; and what LeaseNs last saw of it, and when it last changed.
-  std::atomic<uint64_t> packets_received_{0}, packets_seen_{0}, packet_seen_ns_{0};
+  // How long a renewal lasts: kLeaseNs, stretched on an emulated machine while no packet comes (the handler reports
+  // packets).
+  LeaseLength lease_length_;
   std::atomic<uint64_t> app_timers_due_ns_{0};
   std::atomic<uint64_t> last_traffic_ns_{0};       // when a Poll last delivered something (kActiveNs)
   std::atomic<uint64_t> last_verb_end_ns_{0};      // when a timed data-path verb last returned (VerbTimer)
