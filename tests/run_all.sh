@@ -43,8 +43,18 @@ add_counts() {
 # run_bazel_tests NAME PATTERN [bazel flags...]: runs the test targets of PATTERN (without the "manual" ones unless
 # INCLUDE_MANUAL=1), then adds the cases this invocation ran to the totals. A failed query or a failed `bazel test`
 # counts as a failure even when no case says so.
+# Each stage's wall time, said when it ends and again before the closing line: where a run's time went (CI's limit).
+TIMES="$WORK/times"
+: >"$TIMES"
+stage_took() {  # stage_took NAME START_SECONDS
+  local line
+  line="[$1] took $((SECONDS - $2)) s"
+  echo "$line" >&2
+  echo "$line" >>"$TIMES"
+}
+
 run_bazel_tests() {
-  local name="$1" pattern="$2"; shift 2
+  local name="$1" pattern="$2" started=$SECONDS; shift 2
   local query="tests($pattern) except attr(tags, 'manual', $pattern)"
   [ "${INCLUDE_MANUAL:-0}" = 1 ] && query="tests($pattern)"
   local targets
@@ -70,11 +80,16 @@ run_bazel_tests() {
     f=1
   fi
   add_counts "$name" "$p $f $s $k"
+  stage_took "$name" "$started"
 }
 
 # The summary of skipped and flaky cases, then the closing line, "N passed, N failed" (", N skipped", ", N flaky" when
 # some were); the exit status says whether all passed.
 print_totals_and_exit() {
+  if [ -s "$TIMES" ]; then
+    echo "Time by stage ($SECONDS s in all):"
+    sed 's/^/  /' "$TIMES"
+  fi
   if [ -s "$SUMMARY" ]; then
     echo "Skipped and flaky, with their reasons:"
     sed 's/^/  /' "$SUMMARY"
@@ -99,6 +114,7 @@ run_bazel_tests unit+integration //... --flaky_test_attempts=//tests[:/].*@2
 
 # Tests of this runner, `tools/uroce run` and `tools/uroce install`: progress on stderr, "N passed, N failed" on stdout.
 echo "[tools] tests/tools_test.sh" >&2
+started=$SECONDS
 tools_rc=0
 "$ROOT/tests/tools_test.sh" >"$WORK/tools.out" || tools_rc=$?
 tools_counts=$(sed -nE 's/^([0-9]+) passed, ([0-9]+) failed(, ([0-9]+) skipped)?$/\1 \2 \4/p' "$WORK/tools.out" | tail -n1)
@@ -108,6 +124,7 @@ if [ "$tools_rc" -ne 0 ] && [ "$(cut -d' ' -f2 <<<"$tools_counts")" = 0 ]; then
   tools_counts="0 1 0"
 fi
 add_counts tools "$tools_counts"
+stage_took tools "$started"
 
 if [ "${UROCE_SKIP_SANITIZERS:-0}" != 1 ]; then
   # The engine's own tests (no Debian client processes) under ASan+UBSan and under TSan.
@@ -124,6 +141,7 @@ for target in //wire/fuzz:packet_fuzzer //emu/fuzz:device_fuzzer; do
   name="${target##*:}" package="${target#//}"
   package="${package%%:*}"
   echo "[fuzz] $name for ${FUZZ_SECONDS}s" >&2
+  started=$SECONDS
   if "${FUZZ_BAZEL[@]}" build --config=fuzz --symlink_prefix=/ "$target" >&2; then
     fuzzer="$("${FUZZ_BAZEL[@]}" info --config=fuzz bazel-bin 2>/dev/null)/$package/$name"
     corpus=$(mktemp -d)
@@ -141,11 +159,13 @@ for target in //wire/fuzz:packet_fuzzer //emu/fuzz:device_fuzzer; do
     echo "[fuzz] FAIL: $name did not build" >&2
     total_fail=$((total_fail + 1))
   fi
+  stage_took "fuzz $name (its build too)" "$started"
 done
 
 # Clang's thread-safety analysis of the locks the annotations describe (emu/thread_annotations.h): a guarded member
 # touched without its mutex, or a lock left held, fails the build. Same clang output base as the fuzzers.
 echo "[tsa] clang -Wthread-safety over //emu //wire //verbs_api //rdmacm" >&2
+started=$SECONDS
 if "${FUZZ_BAZEL[@]}" build --config=tsa --symlink_prefix=/ //emu/... //wire/... //verbs_api/... //rdmacm/... >&2; then
   echo "[tsa] PASS" >&2
   total_pass=$((total_pass + 1))
@@ -153,6 +173,7 @@ else
   echo "[tsa] FAIL: the thread-safety analysis found a lock the annotations do not allow" >&2
   total_fail=$((total_fail + 1))
 fi
+stage_took tsa "$started"
 "${FUZZ_BAZEL[@]}" shutdown >/dev/null 2>&1 || true
 
 print_totals_and_exit

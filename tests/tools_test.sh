@@ -51,6 +51,9 @@ test_runner_counts_a_passing_target() {
   run_runner "$FIXTURES:passes_test"
   expect_status 0 "$RC" "runner on a passing target"
   [ "$(closing_line)" = "1 passed, 0 failed" ] || fail "closing line '$(closing_line)', want '1 passed, 0 failed'"
+  # Where the time went: each stage's, in its log and again before the closing line.
+  expect_grep '^\[selected\] took [0-9]+ s$' "$WORK/runner.err" "the stage's time in the log"
+  expect_grep '^  \[selected\] took [0-9]+ s$' "$WORK/runner.out" "the stage's time before the closing line"
 }
 
 test_runner_fails_when_a_target_fails() {
