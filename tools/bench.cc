@@ -254,16 +254,25 @@ int BenchSharedMemoryLatency(uint64_t iterations, double work_us) {
   timespec start{}, end{};
   clock_gettime(CLOCK_MONOTONIC, &start);
   const uint64_t first = __rdtsc();
+  int status = 0;
   for (uint64_t i = 1; i <= iterations; ++i) {
     const uint64_t t0 = __rdtsc();
     Work(work, i);  // the message's own work
     ping->value.store(i, std::memory_order_release);
-    while (pong->value.load(std::memory_order_acquire) != i) _mm_pause();
+    for (uint64_t spins = 1; pong->value.load(std::memory_order_acquire) != i; ++spins) {
+      _mm_pause();
+      // An echo that died (killed, out of memory) never answers: look for it now and then rather than spin forever.
+      if (spins % (uint64_t{1} << 20) == 0 && waitpid(child, &status, WNOHANG) == child) {
+        std::fprintf(stderr, "shm-lat: the echo process ended at round trip %llu\n",
+                     static_cast<unsigned long long>(i));
+        munmap(page, 4096);
+        return 1;
+      }
+    }
     ticks[i - 1] = __rdtsc() - t0;
   }
   const uint64_t last = __rdtsc();
   clock_gettime(CLOCK_MONOTONIC, &end);
-  int status = 0;
   waitpid(child, &status, 0);
   munmap(page, 4096);
   const double ns = double(end.tv_sec - start.tv_sec) * 1e9 + double(end.tv_nsec - start.tv_nsec);

@@ -30,4 +30,38 @@ for work in 0 20; do
     echo "ok: shm-lat --work-us $work: typical and p99.9 $out us"
   fi
 done
+# An echo that dies mid-run ends the floor with an error, not a spin that never ends (the run asked for would last
+# over four minutes).
+"$bench" shm-lat --iterations 5000000 --work-us 50 >/dev/null 2>&1 &
+floor=$!
+echo_pid=""
+for _ in $(seq 1 100); do
+  echo_pid=$(pgrep -P "$floor" | head -n 1)
+  [ -n "$echo_pid" ] && break
+  sleep 0.05
+done
+if [ -z "$echo_pid" ]; then
+  echo "FAIL: shm-lat started no echo process"
+  kill -KILL "$floor" 2>/dev/null
+  status=1
+else
+  kill -KILL "$echo_pid"
+  for _ in $(seq 1 200); do
+    kill -0 "$floor" 2>/dev/null || break
+    sleep 0.05
+  done
+  if kill -0 "$floor" 2>/dev/null; then
+    kill -KILL "$floor"
+    echo "FAIL: shm-lat still ran 10 s after its echo was killed"
+    status=1
+  fi
+  wait "$floor"
+  rc=$?
+  if [ "$rc" -eq 1 ]; then
+    echo "ok: shm-lat fails when its echo dies"
+  else
+    echo "FAIL: shm-lat with its echo killed exited $rc, want 1"
+    status=1
+  fi
+fi
 exit $status

@@ -102,7 +102,7 @@ floor() {
     echo "vs-rxe: unmeasured floor $1: no $bench in the guest"
     return
   fi
-  out=$("$bench" shm-lat --iterations "$lat_iters" --work-us "$2" 2>&1)
+  out=$(timeout -s KILL 300 "$bench" shm-lat --iterations "$lat_iters" --work-us "$2" 2>&1)
   # shellcheck disable=SC2086  # the two figures split into $2 and $3
   set -- "$1" $out
   if is_figure "$2" && is_figure "$3"; then
