@@ -193,13 +193,13 @@ int BenchUdpLatency(double seconds, bool busy, bool roce) {
   return 0;
 }
 
-// The floor under any device's latency tail on this machine: two processes bounce a counter through one shared page,
-// each spinning on it, and every half round trip is a sample, as perftest's are. No system call, no device, nothing
-// but the two processes' CPUs: what is left in the tail is the machine's own (timer interrupts, the host taking a
-// vCPU, other threads). `bench vs-rxe` runs it in its guest beside the perftest pairs, where that floor decides
-// whether a p99.9 within 10x of the typical latency can be had at all. Prints "TYPICAL P99.9" in us (perftest's
-// "typical" is the median). Times are read from the CPU's tick counter (a TCG guest's kernel clock is an emulated
-// HPET, a system call per reading), calibrated against CLOCK_MONOTONIC over the whole run.
+// CLOCK_MONOTONIC in nanoseconds: what the floor calibrates its work and the CPU's tick counter against.
+double MonotonicNs() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return double(t.tv_sec) * 1e9 + double(t.tv_nsec);
+}
+
 // A loop of `rounds` steps that the compiler cannot fold: fixed work, whose time grows by whatever interrupts it.
 uint64_t Work(uint64_t rounds, uint64_t seed) {
   for (uint64_t i = 0; i < rounds; ++i) {
@@ -215,16 +215,22 @@ uint64_t WorkRoundsFor(double us) {
   constexpr uint64_t kProbe = 20000;
   double best_ns = 0;
   for (int i = 0; i < 20; ++i) {
-    timespec a{}, b{};
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    const double start = MonotonicNs();
     Work(kProbe, uint64_t(i));
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    const double ns = double(b.tv_sec - a.tv_sec) * 1e9 + double(b.tv_nsec - a.tv_nsec);
+    const double ns = MonotonicNs() - start;
     if (ns > 0 && (best_ns == 0 || ns < best_ns)) best_ns = ns;
   }
   return best_ns > 0 ? uint64_t(double(kProbe) * us * 1e3 / best_ns) : 0;
 }
 
+// The floor under any device's latency tail on this machine: two processes bounce a counter through one shared page,
+// each spinning on it and doing `work_us` of fixed work (Work) before it answers, and every half round trip is a
+// sample, as perftest's are. No system call, no device, nothing
+// but the two processes' CPUs: what is left in the tail is the machine's own (timer interrupts, the host taking a
+// vCPU, other threads). `bench vs-rxe` runs it in its guest beside the perftest pairs, where that floor decides
+// whether a p99.9 within 10x of the typical latency can be had at all. Prints "TYPICAL P99.9" in us (perftest's
+// "typical" is the median). Times are read from the CPU's tick counter (a TCG guest's kernel clock is an emulated
+// HPET, a system call per reading), calibrated against CLOCK_MONOTONIC over the whole run.
 int BenchSharedMemoryLatency(uint64_t iterations, double work_us) {
   const uint64_t work = WorkRoundsFor(work_us);
   struct alignas(64) Line {
@@ -251,8 +257,7 @@ int BenchSharedMemoryLatency(uint64_t iterations, double work_us) {
     _exit(0);
   }
   std::vector<uint64_t> ticks(iterations);
-  timespec start{}, end{};
-  clock_gettime(CLOCK_MONOTONIC, &start);
+  const double start_ns = MonotonicNs();
   const uint64_t first = __rdtsc();
   int status = 0;
   for (uint64_t i = 1; i <= iterations; ++i) {
@@ -272,10 +277,9 @@ int BenchSharedMemoryLatency(uint64_t iterations, double work_us) {
     ticks[i - 1] = __rdtsc() - t0;
   }
   const uint64_t last = __rdtsc();
-  clock_gettime(CLOCK_MONOTONIC, &end);
+  const double ns = MonotonicNs() - start_ns;
   waitpid(child, &status, 0);
   munmap(page, 4096);
-  const double ns = double(end.tv_sec - start.tv_sec) * 1e9 + double(end.tv_nsec - start.tv_nsec);
   if (iterations == 0 || last <= first || ns <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::fprintf(stderr, "shm-lat: no measurement\n");
     return 1;

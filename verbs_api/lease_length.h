@@ -24,8 +24,12 @@ class LeaseLength {
 
   // On a machine `scale` times slower than an ordinary one (verbs_api/time_scale.h). Call before the first At.
   void SetTimeScale(double scale);
-  // A packet (not a record of the host device's direct paths) reached the device. From the receive side's holder.
-  void OnPacket() { packets_.store(packets_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+  // A packet (not a record of the host device's direct paths) reached the device. From the receive side's holder
+  // (one writer: no read-modify-write needed); counted only where the lease can stretch, as nothing else reads it.
+  void OnPacket() {
+    if (quiet_ns_ != kLeaseNs)
+      packets_.store(packets_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
   // The lease a renewal at `now_ns` takes.
   uint64_t At(uint64_t now_ns);
   // Whether `lease_ns` (from At) is the stretched one: a quiet device on an emulated machine.
