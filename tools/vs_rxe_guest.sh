@@ -11,7 +11,8 @@
 #                                       memory with fixed work making each half round trip last uroce's typical of
 #                                       that pair (/opt/uroce/bin/uroce_bench shm-lat): no device at all, so its tail
 #                                       is this guest's own
-# and "vs-rxe: failed IMPL TEST: ..." for a pair that did not finish.
+# and "vs-rxe: failed IMPL TEST: ..." for a pair that did not finish; "vs-rxe: retried IMPL TEST: ..." for a run
+# whose clock estimate failed, run again.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 addr=${uroce_addr%/*}
 rounds=${uroce_rounds:-3}
@@ -68,26 +69,38 @@ pair() {
     set -- "$@" -d uroce0 -x 0
     launch="env LD_LIBRARY_PATH=$lib LD_PRELOAD=$lib/liburoce_preload.so UROCE_DEVICE=host UROCE_ADDR=$addr"
   fi
-  $launch timeout -s KILL 300 "$@" -p $port >/tmp/server.out 2>&1 &
-  server=$!
-  tries=0
-  while ! listening && [ $tries -lt 600 ]; do
-    usleep 50000
-    tries=$((tries + 1))
+  # perftest printing "inf" or "nan" (below) is its own clock estimate failing: the pair runs again, at most twice more,
+  # and says so. In the guest 1 uroce ib_send_lat run in 12 did (the estimate times usleep against the cycle counter
+  # while uroce's threads start beside it on 2 vCPUs); the smoke run, which wants a figure from each pair, failed then.
+  attempt=1
+  while :; do
+    $launch timeout -s KILL 300 "$@" -p $port >/tmp/server.out 2>&1 &
+    server=$!
+    tries=0
+    while ! listening && [ $tries -lt 600 ]; do
+      usleep 50000
+      tries=$((tries + 1))
+    done
+    $launch timeout -s KILL 300 "$@" -p $port "$addr" >/tmp/client.out 2>&1
+    rc=$?
+    wait $server
+    line=$(grep -A1 '#bytes' /tmp/client.out | tail -n 1)
+    case "$test" in
+      *_bw) value=$(echo "$line" | awk '{print $4}') p999="" ;;
+      *) value=$(echo "$line" | awk '{print $5}') p999=$(echo "$line" | awk '{print $9}') ;;
+    esac
+    unmeasured=0
+    [ "$rc" -eq 0 ] && [ -n "$value" ] && { ! is_figure "$value" || { [ -n "$p999" ] && ! is_figure "$p999"; }; } &&
+      unmeasured=1
+    if [ "$unmeasured" != 1 ] || [ $attempt -ge 3 ]; then break; fi
+    echo "vs-rxe: retried $impl $test: perftest printed '$value' '$p999'"
+    attempt=$((attempt + 1))
   done
-  $launch timeout -s KILL 300 "$@" -p $port "$addr" >/tmp/client.out 2>&1
-  rc=$?
-  wait $server
-  line=$(grep -A1 '#bytes' /tmp/client.out | tail -n 1)
-  case "$test" in
-    *_bw) value=$(echo "$line" | awk '{print $4}') p999="" ;;
-    *) value=$(echo "$line" | awk '{print $5}') p999=$(echo "$line" | awk '{print $9}') ;;
-  esac
   if [ "$rc" -ne 0 ] || [ -z "$value" ]; then
     echo "vs-rxe: failed $impl $test: exit $rc: $(tail -n 3 /tmp/client.out | tr '\n' ' ')"
-  elif ! is_figure "$value" || { [ -n "$p999" ] && ! is_figure "$p999"; }; then
-    # perftest printed "inf" or "nan": its own estimate of the clock failed (a TCG guest's cycle counter), the run
-    # did not. No figure, not a fast one: left out of the medians, and said.
+  elif [ "$unmeasured" = 1 ]; then
+    # perftest printed "inf" or "nan" three times: its own estimate of the clock failed (a TCG guest's cycle counter),
+    # the run did not. No figure, not a fast one: left out of the medians, and said.
     echo "vs-rxe: unmeasured $impl $test: perftest printed '$value' '$p999'"
   else
     echo "vs-rxe: $impl $test $value $p999"
