@@ -31,7 +31,8 @@ namespace {
 
 int BenchWire(double seconds) {
   const auto icrc = uroce::wire::RunIcrcBench(4096, seconds);
-  std::printf("ICRC, 4 KiB packets:      %7.2f GB/s   (slice-by-8 %5.2f GB/s)\n", icrc.icrc_gbps, icrc.crc_slice8_gbps);
+  std::printf("ICRC, 4 KiB packets:      %7.2f GB/s   (slice-by-8 %5.2f GB/s; folding on %u-bit registers)\n",
+              icrc.icrc_gbps, icrc.crc_slice8_gbps, icrc.fold_bits);
   std::printf("memcpy, same bytes:       %7.2f GB/s\n", icrc.memcpy_gbps);
   std::printf("  ratio ICRC / memcpy:    %7.2f\n", icrc.memcpy_gbps > 0 ? icrc.icrc_gbps / icrc.memcpy_gbps : 0.0);
   const auto t = uroce::wire::RunTransportBench(4096, seconds);

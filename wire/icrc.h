@@ -30,18 +30,21 @@ namespace uroce::wire {
 
 // CRC-32 as zlib's crc32(): Crc32(0, data, n) is the CRC of data; Crc32(Crc32(0, a, n), b, m) is the CRC of a
 // followed by b. Uses carry-less multiplication folding when the CPU has it -- on 512-bit registers (VPCLMULQDQ +
-// AVX-512) for inputs of 256 bytes and more, else on 128-bit ones (PCLMULQDQ) -- and slicing-by-8 otherwise.
+// AVX-512) for inputs of 256 bytes and more, else on 256-bit ones (VPCLMULQDQ + AVX2) for 128 bytes and more, else
+// on 128-bit ones (PCLMULQDQ) -- and slicing-by-8 otherwise.
 // The choice is made once, at the first CRC, from the CPU's feature bits and, where folding exists, by timing it
 // against slicing-by-8 (an emulator may run carry-less multiplication slower than table lookups).
 uint32_t Crc32(uint32_t crc, const uint8_t* data, size_t len);
 
 // The implementations behind Crc32, exposed so tests can check they agree. Crc32Clmul must only be called when
-// HaveClmul() is true, Crc32Vpclmul only when HaveVpclmul() is true.
+// HaveClmul() is true, Crc32Vpclmul only when HaveVpclmul() is true, Crc32Vpclmul256 only when HaveVpclmul256() is.
 uint32_t Crc32SliceBy8(uint32_t crc, const uint8_t* data, size_t len);
 uint32_t Crc32Clmul(uint32_t crc, const uint8_t* data, size_t len);
 uint32_t Crc32Vpclmul(uint32_t crc, const uint8_t* data, size_t len);
+uint32_t Crc32Vpclmul256(uint32_t crc, const uint8_t* data, size_t len);
 bool HaveClmul();
 bool HaveVpclmul();
+bool HaveVpclmul256();
 
 // The ICRC of `packet` (BTH through ICRC; its last 4 bytes are not covered) as it travels in `flow`. This is the
 // value to store little-endian in the last 4 bytes. Precondition: packet.size() >= kMinPacketSize (16); a shorter

@@ -46,7 +46,7 @@ IcrcBenchResult RunIcrcBench(size_t packet_bytes, double seconds) {
   IcrcBenchResult r;
   r.packet_bytes = packet_bytes;
   r.clmul = HaveClmul();
-  r.vpclmul = HaveVpclmul();
+  r.fold_bits = HaveVpclmul() ? 512 : HaveVpclmul256() ? 256 : r.clmul ? 128 : 0;
   volatile uint32_t sink = 0;
   r.icrc_gbps = Measure(packet_bytes, seconds * 0.4, [&] {
     sink = sink + ComputeIcrc(flow, packet);

@@ -11,8 +11,8 @@ struct IcrcBenchResult {
   double icrc_gbps = 0;    // ComputeIcrc, gigabytes (1e9 B) of packet per second
   double memcpy_gbps = 0;  // memcpy of the same packet size
   double crc_slice8_gbps = 0;  // the portable slicing-by-8 CRC alone, for comparison
-  bool clmul = false;          // whether ComputeIcrc used PCLMULQDQ
-  bool vpclmul = false;        // whether it used VPCLMULQDQ on 512-bit registers (inputs >= 256 bytes)
+  bool clmul = false;          // whether the CPU has PCLMULQDQ (ComputeIcrc folds where that is faster)
+  unsigned fold_bits = 0;      // the widest registers folding uses here: 512 or 256 (VPCLMULQDQ), 128, 0 (none)
 };
 
 // Measures for about `seconds` in total (split between the three measurements), single-threaded.

@@ -62,6 +62,9 @@ TEST(Crc32, ImplementationsAgreeWithBitwiseReference) {
     if (HaveVpclmul()) {
       EXPECT_EQ(Crc32Vpclmul(0, data.data() + offset, n), want) << n;
     }
+    if (HaveVpclmul256()) {
+      EXPECT_EQ(Crc32Vpclmul256(0, data.data() + offset, n), want) << n;
+    }
   }
 }
 
@@ -80,6 +83,10 @@ TEST(Crc32, ChainingEqualsOneShot) {
     if (HaveVpclmul()) {
       uint32_t d = Crc32Vpclmul(0, data.data(), split);
       EXPECT_EQ(Crc32Vpclmul(d, data.data() + split, data.size() - split), whole) << split;
+    }
+    if (HaveVpclmul256()) {
+      uint32_t d = Crc32Vpclmul256(0, data.data(), split);
+      EXPECT_EQ(Crc32Vpclmul256(d, data.data() + split, data.size() - split), whole) << split;
     }
   }
 }
@@ -103,6 +110,17 @@ TEST(Crc32, VpclmulAgreesOnManyRandomInputs) {
     auto data = RandomBytes(rng, n);
     const uint32_t seed = rng();
     ASSERT_EQ(Crc32Vpclmul(seed, data.data(), n), Crc32SliceBy8(seed, data.data(), n)) << n;
+  }
+}
+
+TEST(Crc32, Vpclmul256AgreesOnManyRandomInputs) {
+  if (!HaveVpclmul256()) GTEST_SKIP() << "CPU without VPCLMULQDQ/AVX2";
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    const size_t n = rng() % 5000;
+    auto data = RandomBytes(rng, n);
+    const uint32_t seed = rng();
+    ASSERT_EQ(Crc32Vpclmul256(seed, data.data(), n), Crc32SliceBy8(seed, data.data(), n)) << n;
   }
 }
 
