@@ -136,17 +136,17 @@ wait_listening_in() {
 }
 
 # two_hosts_up NAME: two network namespaces NAME-a and NAME-b joined by a veth pair (MTU 1500), each a "host" with one
-# address in a random 10.x.y.0/24; sets HOST_A, HOST_B, ADDR_A, ADDR_B. Fails (root only), with TWO_HOSTS_ERROR
-# saying why, when they cannot be made. two_hosts_down removes them.
+# address in a random 10.x.y.0/24; sets HOST_A, HOST_B, ADDR_A, ADDR_B and the veth's ends VETH_A, VETH_B. Fails
+# (root only), with TWO_HOSTS_ERROR saying why, when they cannot be made. two_hosts_down removes them.
 two_hosts_up() {
-  HOST_A="$1-a" HOST_B="$1-b"
+  HOST_A="$1-a" HOST_B="$1-b" VETH_A="veth-$$-a" VETH_B="veth-$$-b"
   local net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))"
   ADDR_A="$net.1" ADDR_B="$net.2"
   TWO_HOSTS_ERROR=$({ ip netns add "$HOST_A" && ip netns add "$HOST_B" &&
-    ip link add "veth-$$-a" netns "$HOST_A" type veth peer name "veth-$$-b" netns "$HOST_B" &&
-    ip -n "$HOST_A" addr add "$ADDR_A/24" dev "veth-$$-a" && ip -n "$HOST_B" addr add "$ADDR_B/24" dev "veth-$$-b" &&
+    ip link add "$VETH_A" netns "$HOST_A" type veth peer name "$VETH_B" netns "$HOST_B" &&
+    ip -n "$HOST_A" addr add "$ADDR_A/24" dev "$VETH_A" && ip -n "$HOST_B" addr add "$ADDR_B/24" dev "$VETH_B" &&
     ip -n "$HOST_A" link set lo up && ip -n "$HOST_B" link set lo up &&
-    ip -n "$HOST_A" link set "veth-$$-a" up && ip -n "$HOST_B" link set "veth-$$-b" up; } 2>&1) || {
+    ip -n "$HOST_A" link set "$VETH_A" up && ip -n "$HOST_B" link set "$VETH_B" up; } 2>&1) || {
     two_hosts_down
     return 1
   }
