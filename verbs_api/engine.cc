@@ -663,7 +663,8 @@ std::string Engine::CountersText() const {
            " duplicated " + std::to_string(c.duplicated) + " reordered " + std::to_string(c.reordered) +
            " corrupted " + std::to_string(c.corrupted) + "\n";
   };
-  text += "progress_handovers " + std::to_string(handovers_.load()) + "\napplication_received " +
+  text += "progress_handovers " + std::to_string(handovers_.load()) + "\nprogress_lease_wakeups " +
+          std::to_string(lease_wakeups_.load()) + "\napplication_received " +
           std::to_string(app_datagrams_.load()) + "\napplication_think_ns " + std::to_string(poll_pattern_.think_ns()) +
           "\n";
   if (udp_counters_) {
@@ -730,6 +731,7 @@ void Engine::ProgressLoop() {
         continue;
       uint64_t expirations = 0;
       (void)!read(lease_timer_fd_, &expirations, sizeof expirations);  // EINTR: the loop looks again
+      lease_wakeups_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
     if (handed) {

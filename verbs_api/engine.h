@@ -167,6 +167,8 @@ class Engine {
   static constexpr uint64_t kFirstPacketsSpinNs = 20'000'000;
   // How many times the receive side went from the progress thread to applications (printed as progress_handovers).
   uint64_t handovers() const { return handovers_.load(std::memory_order_relaxed); }
+  // How many times the progress thread woke while applications held the receive side (progress_lease_wakeups).
+  uint64_t lease_wakeups() const { return lease_wakeups_.load(std::memory_order_relaxed); }
   // A poll returned completions: the start of the application's think time (PollPattern).
   void NoteCompletion() { poll_pattern_.OnCompletion(wire::BatchedClock::Instance().NowNs()); }
   // Times one data-path verb (ibv_post_send, ibv_post_recv, ...): PollPattern leaves it out of think times. While
@@ -296,6 +298,9 @@ class Engine {
   // and moved back by each renewal (kLeaseNs), so a thread that keeps polling is not preempted by its wake-ups.
   int lease_timer_fd_ = -1;
   std::atomic<uint64_t> handovers_{0}, app_datagrams_{0};  // printed with the counters
+  // The progress thread's wake-ups while applications held the receive side (printed as progress_lease_wakeups):
+  // each is a thread made runnable beside them, which on a machine with no idle CPU takes one from a polling thread.
+  std::atomic<uint64_t> lease_wakeups_{0};
 };
 
 }  // namespace uroce::verbs

@@ -152,6 +152,21 @@ TEST(ProgressThread, SleepsThroughTheLeaseOfAThreadThatKeepsPolling) {
     if (StatusCount(self, "nonvoluntary_ctxt_switches") != preempted || engine->handovers() != handovers) continue;
     clean.push_back(StatusCount(thread, "voluntary_ctxt_switches") - sleeps);
   }
+  // A thread that arms its CQ to sleep (ibv_req_notify_cq) ends its lease at once: the progress thread wakes to take
+  // the receive side back, and progress_lease_wakeups counts it. Tried a few times: a poller preempted for a whole
+  // lease has already lost it, and then there is nothing to end.
+  bool counted = false;
+  for (int attempt = 0; attempt < 20 && !counted; ++attempt) {
+    poll_for(std::chrono::milliseconds(5));
+    const uint64_t before = engine->lease_wakeups();
+    ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (!counted && std::chrono::steady_clock::now() < end) {
+      counted = engine->lease_wakeups() > before;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  EXPECT_TRUE(counted) << "the progress thread's wake-up at the end of a lease was never counted";
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
   if (clean.size() < 3) {
     GTEST_SKIP() << "the polling thread lost the receive side in almost every window (a loaded machine)";
