@@ -282,23 +282,21 @@ uint32_t RawClmul(uint32_t crc, const uint8_t* p, size_t len) {
   return RawSliceBy8(crc, p, len);
 }
 
-uint32_t RawVpclmul(uint32_t crc, const uint8_t* p, size_t len) {
-  if (len < 256) return RawClmul(crc, p, len);
+// Folding on wide registers: `Blocks` takes the whole 16-byte blocks of an input of at least `kMinLen` bytes,
+// slicing-by-8 the rest; a shorter input folds on 128-bit registers.
+template <size_t kMinLen, uint32_t (*Blocks)(uint32_t, const uint8_t*, size_t)>
+uint32_t RawWideFolding(uint32_t crc, const uint8_t* p, size_t len) {
+  if (len < kMinLen) return RawClmul(crc, p, len);
   const size_t blocks = len & ~size_t{15};
-  crc = RawVpclmulBlocks(crc, p, blocks);
+  crc = Blocks(crc, p, blocks);
   return RawSliceBy8(crc, p + blocks, len - blocks);
 }
-
-uint32_t RawVpclmul256(uint32_t crc, const uint8_t* p, size_t len) {
-  if (len < 128) return RawClmul(crc, p, len);
-  const size_t blocks = len & ~size_t{15};
-  crc = RawVpclmul256Blocks(crc, p, blocks);
-  return RawSliceBy8(crc, p + blocks, len - blocks);
-}
+constexpr auto RawVpclmul = RawWideFolding<256, RawVpclmulBlocks>;
+constexpr auto RawVpclmul256 = RawWideFolding<128, RawVpclmul256Blocks>;
 
 uint32_t RawFolding(uint32_t crc, const uint8_t* p, size_t len) {
-  if (kHaveVpclmul && len >= 256) return RawVpclmul(crc, p, len);
-  if (kHaveVpclmul256 && len >= 128) return RawVpclmul256(crc, p, len);
+  if (kHaveVpclmul) return RawVpclmul(crc, p, len);
+  if (kHaveVpclmul256) return RawVpclmul256(crc, p, len);
   return RawClmul(crc, p, len);
 }
 
