@@ -1,11 +1,15 @@
 // Big-endian (network order) loads and stores on raw byte pointers. The wire codecs use these instead of casting
 // to wider integer types, so no access is ever misaligned and no strict-aliasing rule is bent. The little-endian
-// pair exists for the ICRC, which IBTA Annex A17 / rxe store least significant byte first.
+// pair exists for the ICRC, which IBTA Annex A17 / rxe store least significant byte first. AlignUp rounds a size
+// or an address up to a multiple of an alignment (buffers laid out for io_uring, pages).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace uroce::wire {
+
+constexpr size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 inline uint16_t LoadBe16(const uint8_t* p) { return static_cast<uint16_t>((p[0] << 8) | p[1]); }
 inline uint32_t LoadBe24(const uint8_t* p) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "wire/address.h"
+#include "wire/bytes.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
 
@@ -39,9 +40,9 @@ IcrcBenchResult RunIcrcBench(size_t packet_bytes, double seconds) {
   // bytes past a page multiple (the allocator's header), and with a destination 1-31 bytes ahead of the source modulo
   // 4 KiB, glibc 2.36's memcpy of more than 2 KiB (REP MOVSB) runs at 1.7-2.9 GB/s on this machine's AMD EPYC
   // against 35-65 GB/s otherwise: that measured the CPU's slow case, not a copy of a packet.
-  const size_t page_span = (packet_bytes + 4095) / 4096 * 4096;
+  const size_t page_span = AlignUp(packet_bytes, 4096);
   std::vector<uint8_t> storage(2 * page_span + 4096);
-  uint8_t* const base = storage.data() + (4096 - reinterpret_cast<uintptr_t>(storage.data()) % 4096) % 4096;
+  auto* const base = reinterpret_cast<uint8_t*>(AlignUp(reinterpret_cast<uintptr_t>(storage.data()), 4096));
   std::span<uint8_t> packet(base, packet_bytes), copy(base + page_span, packet_bytes);
   for (size_t i = 0; i < packet_bytes; ++i) packet[i] = static_cast<uint8_t>(i * 131 + 7);
   packet[0] = 0x04;  // RC_SEND_ONLY; the ICRC does not care, but keep the bytes plausible

@@ -33,8 +33,6 @@ constexpr uint16_t kBufferGroup = 0;
 constexpr size_t kControlBytes = kReceiveControlBytes;
 constexpr unsigned kReapBatch = 64;
 
-size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
 // Runs `work` on a thread made for it and returns what it returned (file comment: why rings are set up and torn
 // down away from the caller's thread).
 int OnOwnThread(const std::function<int()>& work) {
