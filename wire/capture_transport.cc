@@ -59,7 +59,7 @@ int CaptureTransport::Send(std::span<const OutDatagram> batch) {
   const int sent = inner_.Send(batch);
   for (int i = 0; i < sent && static_cast<size_t>(i) < batch.size(); ++i) {
     const OutDatagram& datagram = batch[i];
-    Record(inner_.OutgoingFlow(datagram.dst, datagram.src_port), datagram.payload);
+    Record(OutgoingFlowFrom(inner_, datagram.src_addr, datagram.dst, datagram.src_port), datagram.payload);
   }
   return sent;
 }

@@ -19,7 +19,8 @@ void FaultInjectingTransport::ReleaseDueSendsLocked(uint64_t now) {
   std::vector<OutDatagram> out;
   for (auto it = held_sends_.begin(); it != held_sends_.end() && it->first.first <= now; ++it) {
     out.push_back(
-        OutDatagram{it->second.dst, it->second.src_port, it->second.payload, it->second.has_icrc, it->second.altered});
+        OutDatagram{it->second.dst, it->second.src_port, it->second.payload, it->second.has_icrc, it->second.altered,
+                    it->second.src_addr});
   }
   const int sent = inner_->Send(out);
   // What the inner transport did not take stays held and is retried on the next call.
@@ -75,7 +76,7 @@ int FaultInjectingTransport::Send(std::span<const OutDatagram> batch) {
     if (p.owner >= accepted) break;
     held_sends_.emplace(std::make_pair(now + p.delay_ns, send_seq_++),
                         HeldSend{p.dg.dst, p.dg.src_port, std::vector<uint8_t>(p.dg.payload.begin(), p.dg.payload.end()),
-                                 p.dg.has_icrc, p.dg.altered});
+                                 p.dg.has_icrc, p.dg.altered, p.dg.src_addr});
   }
   for (size_t i = 0; i < accepted; ++i) send_counters_.Count(decisions[i]);
   send_index_ += accepted;

@@ -58,6 +58,7 @@ class FaultInjectingTransport final : public Transport {
     std::vector<uint8_t> payload;
     bool has_icrc = true;
     bool altered = false;
+    IpAddress src_addr;
   };
   struct HeldReceive {
     UdpEndpoint src;

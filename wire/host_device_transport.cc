@@ -472,7 +472,7 @@ void HostDeviceTransport::TakeRingOffer(Peer& peer) {
 
 void HostDeviceTransport::EncodeForwardHeader(const OutDatagram& dg, uint8_t out[ForwardHeader::kSize]) const {
   ForwardHeader h;
-  h.src = sender_->OutgoingFlow(dg.dst, dg.src_port).src;  // the flow the ICRC was sealed for
+  h.src = OutgoingFlowFrom(*sender_, dg.src_addr, dg.dst, dg.src_port).src;  // the flow the ICRC was sealed for
   h.dst = dg.dst;
   h.icrc_vouched = dg.has_icrc && !dg.altered;
   h.Encode(out);

@@ -1,5 +1,6 @@
 #include "wire/sim_network.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -12,6 +13,7 @@ namespace {
 
 struct Queued {
   UdpEndpoint src;  // as the receiver sees it (sender address, wanted source port)
+  UdpEndpoint dst;  // the endpoint it was sent to (a transport may receive at several addresses)
   std::vector<uint8_t> payload;
   uint64_t link_index = 0;  // for trace records
   int copy = 0;
@@ -59,13 +61,16 @@ namespace {
 
 class SimTransport final : public Transport {
  public:
-  SimTransport(std::shared_ptr<SimNetwork::State> state, std::shared_ptr<Port> port, UdpEndpoint local)
-      : state_(std::move(state)), port_(std::move(port)), local_(local) {}
+  SimTransport(std::shared_ptr<SimNetwork::State> state, std::shared_ptr<Port> port, UdpEndpoint local,
+               std::vector<IpAddress> addresses)
+      : state_(std::move(state)), port_(std::move(port)), local_(local), addresses_(std::move(addresses)) {}
 
   ~SimTransport() override {
     std::lock_guard lock(state_->mu);
-    auto it = state_->ports.find(local_);
-    if (it != state_->ports.end() && it->second == port_) state_->ports.erase(it);
+    for (const IpAddress& a : addresses_) {
+      auto it = state_->ports.find(UdpEndpoint{a, local_.port});
+      if (it != state_->ports.end() && it->second == port_) state_->ports.erase(it);
+    }
     port_->queue.clear();
   }
 
@@ -80,27 +85,30 @@ class SimTransport final : public Transport {
     std::lock_guard lock(s.mu);
     const uint64_t now = s.clock.NowNs();
     for (const OutDatagram& dg : batch) {
+      // From one of our addresses (a kernel refuses to send from another's: counted as unroutable here).
+      const UdpEndpoint from{dg.src_addr.is_unspecified() ? local_.addr : dg.src_addr, local_.port};
       auto port_it = s.ports.find(dg.dst);
-      if (port_it == s.ports.end()) {
+      if (port_it == s.ports.end() || std::find(addresses_.begin(), addresses_.end(), from.addr) == addresses_.end()) {
         ++s.unroutable;
         if (s.trace_on) {
-          s.trace.push_back({SimTraceEvent::Kind::kUnroutable, now, local_, dg.dst, 0, 0, {}, dg.payload.size(),
+          s.trace.push_back({SimTraceEvent::Kind::kUnroutable, now, from, dg.dst, 0, 0, {}, dg.payload.size(),
                              Fnv1a64(dg.payload)});
         }
         continue;
       }
-      Link& link = s.LinkFor(local_, dg.dst);
+      Link& link = s.LinkFor(from, dg.dst);
       const uint64_t index = link.next_index++;
       const FaultDecision d = link.model.Decide(index, dg.payload.size());
       link.counters.Count(d);
       if (s.trace_on) {
         s.trace.push_back(
-            {SimTraceEvent::Kind::kSent, now, local_, dg.dst, index, 0, d, dg.payload.size(), Fnv1a64(dg.payload)});
+            {SimTraceEvent::Kind::kSent, now, from, dg.dst, index, 0, d, dg.payload.size(), Fnv1a64(dg.payload)});
       }
       if (d.drop) continue;
       Port& port = *port_it->second;
       for (int copy = 0; copy < d.copies; ++copy) {
-        Queued q{SourceFor(dg.src_port), std::vector<uint8_t>(dg.payload.begin(), dg.payload.end()), index, copy};
+        Queued q{UdpEndpoint{from.addr, dg.src_port ? dg.src_port : local_.port}, dg.dst,
+                 std::vector<uint8_t>(dg.payload.begin(), dg.payload.end()), index, copy};
         if (copy == 0) FlipBit(q.payload, d.corrupt_bit);
         port.queue.emplace(std::make_pair(now + d.extra_delay_ns, ++s.seq), std::move(q));
       }
@@ -120,7 +128,7 @@ class SimTransport final : public Transport {
         auto it = port_->queue.begin();
         if (it->first.first > now) break;
         if (s.trace_on) {
-          s.trace.push_back({SimTraceEvent::Kind::kDelivered, it->first.first, it->second.src, local_,
+          s.trace.push_back({SimTraceEvent::Kind::kDelivered, it->first.first, it->second.src, it->second.dst,
                              it->second.link_index, it->second.copy,
                              {}, it->second.payload.size(), Fnv1a64(it->second.payload)});
         }
@@ -132,7 +140,7 @@ class SimTransport final : public Transport {
         for (const auto& [time, q] : due) {
           InDatagram in;
           in.src = q.src;
-          in.dst = local_;
+          in.dst = q.dst;
           in.payload = q.payload;
           if (q.src.addr.is_v4()) in.ip_id = 0;  // DF datagrams carry ID 0 (see Flow)
           in.timestamp_ns = time;
@@ -173,6 +181,7 @@ class SimTransport final : public Transport {
   std::shared_ptr<SimNetwork::State> state_;
   std::shared_ptr<Port> port_;
   const UdpEndpoint local_;
+  const std::vector<IpAddress> addresses_;  // local_'s first, then those of Attach's `more`
 };
 
 }  // namespace
@@ -199,19 +208,29 @@ std::string SimTraceEvent::ToString() const {
 SimNetwork::SimNetwork(const Clock& clock) : state_(std::make_shared<State>(clock)) {}
 SimNetwork::~SimNetwork() = default;
 
-std::unique_ptr<Transport> SimNetwork::Attach(const UdpEndpoint& local) {
+std::unique_ptr<Transport> SimNetwork::Attach(const UdpEndpoint& local, std::span<const IpAddress> more) {
   std::lock_guard lock(state_->mu);
+  std::vector<IpAddress> addresses{local.addr};
+  for (const IpAddress& a : more) {
+    if (std::find(addresses.begin(), addresses.end(), a) == addresses.end()) addresses.push_back(a);
+  }
+  auto taken = [&](uint16_t port) {
+    for (const IpAddress& a : addresses) {
+      if (state_->ports.count(UdpEndpoint{a, port})) return true;
+    }
+    return false;
+  };
   UdpEndpoint ep = local;
   if (ep.port == 0) {
     for (uint32_t p = 49152; p <= 65535; ++p) {
       ep.port = uint16_t(p);
-      if (!state_->ports.count(ep)) break;
+      if (!taken(ep.port)) break;
     }
   }
-  if (ep.port == 0 || state_->ports.count(ep)) return nullptr;
+  if (ep.port == 0 || taken(ep.port)) return nullptr;
   auto port = std::make_shared<Port>();
-  state_->ports.emplace(ep, port);
-  return std::make_unique<SimTransport>(state_, std::move(port), ep);
+  for (const IpAddress& a : addresses) state_->ports.emplace(UdpEndpoint{a, ep.port}, port);
+  return std::make_unique<SimTransport>(state_, std::move(port), ep, std::move(addresses));
 }
 
 void SimNetwork::SetFaults(const UdpEndpoint& from, const UdpEndpoint& to, const FaultConfig& config) {

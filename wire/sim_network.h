@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,10 +45,12 @@ class SimNetwork {
   SimNetwork(const SimNetwork&) = delete;
   SimNetwork& operator=(const SimNetwork&) = delete;
 
-  // A transport receiving at `local`; nullptr if that endpoint is taken. Port 0 picks a free port from 49152 up.
-  // Destroying the transport frees the endpoint and discards what was queued for it. Transports may outlive the
-  // SimNetwork object (they share its state).
-  std::unique_ptr<Transport> Attach(const UdpEndpoint& local);
+  // A transport receiving at `local`, and at the same port of each address of `more` (a host with several addresses, as
+  // a socket bound to the wildcard receives); nullptr if one of those endpoints is taken. Port 0 picks a port free on
+  // all from 49152 up. It sends from local.addr, or from another of its addresses that OutDatagram::src_addr names
+  // (any other address is unroutable). Destroying the transport frees its endpoints and discards what was queued for
+  // it. Transports may outlive the SimNetwork object (they share its state).
+  std::unique_ptr<Transport> Attach(const UdpEndpoint& local, std::span<const IpAddress> more = {});
 
   // Faults for datagrams sent by the transport at `from` to `to` (one direction). Keeps the link's packet counter
   // and counters; the stream id of the link's FaultModel is FaultStreamId(from, to).

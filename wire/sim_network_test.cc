@@ -39,6 +39,45 @@ std::vector<Got> DrainAll(SimNetwork& net, ManualClock& clock, Transport& t) {
   return got;
 }
 
+TEST(SimNetworkTest, AHostOfSeveralAddressesReceivesAtEachAndSendsFromTheOneNamed) {
+  ManualClock clock(1'000'000);
+  SimNetwork net(clock);
+  const IpAddress second = IpAddress::V4(0x0a000101);
+  auto host = net.Attach(Ep(0x0a000001), std::span<const IpAddress>(&second, 1));
+  auto peer = net.Attach(Ep(0x0a000002));
+  ASSERT_TRUE(host && peer);
+  EXPECT_EQ(net.Attach(Ep(0x0a000101)), nullptr);  // taken by the host
+  // The peer reaches the host at either address, and the host sees which.
+  const auto p0 = Numbered(0), p1 = Numbered(1);
+  OutDatagram to_first{Ep(0x0a000001), 0, p0}, to_second{UdpEndpoint{second, kRoceV2UdpPort}, 0, p1};
+  OutDatagram both[] = {to_first, to_second};
+  ASSERT_EQ(peer->Send(both), 2);
+  auto take = [&](Transport& t) {
+    std::vector<std::pair<UdpEndpoint, UdpEndpoint>> got;  // (src, dst)
+    t.Poll([&](const InDatagram& in) { got.emplace_back(in.src, in.dst); }, 0);
+    return got;
+  };
+  auto at_host = take(*host);
+  ASSERT_EQ(at_host.size(), 2u);
+  EXPECT_EQ(at_host[0].second, Ep(0x0a000001));
+  EXPECT_EQ(at_host[1].second, (UdpEndpoint{second, kRoceV2UdpPort}));
+  // The host answers from the address each datagram names; an address it lacks is unroutable.
+  OutDatagram from_second{Ep(0x0a000002), 0, p0};
+  from_second.src_addr = second;
+  OutDatagram from_elsewhere{Ep(0x0a000002), 0, p1};
+  from_elsewhere.src_addr = IpAddress::V4(0x0a000202);
+  OutDatagram answers[] = {from_second, from_elsewhere};
+  EXPECT_EQ(host->Send(answers), 2);
+  auto at_peer = take(*peer);
+  ASSERT_EQ(at_peer.size(), 1u);
+  EXPECT_EQ(at_peer[0].first, (UdpEndpoint{second, kRoceV2UdpPort}));
+  EXPECT_EQ(net.unroutable(), 1u);
+  EXPECT_EQ(OutgoingFlowFrom(*host, second, Ep(0x0a000002), 0).src, (UdpEndpoint{second, kRoceV2UdpPort}));
+  // Gone, the host frees both addresses.
+  host.reset();
+  EXPECT_NE(net.Attach(Ep(0x0a000101)), nullptr);
+}
+
 class SimFaultMixTest : public testing::TestWithParam<const char*> {};
 
 // Sends 2000 numbered datagrams, one every microsecond, and checks that the receiver sees exactly what the link's

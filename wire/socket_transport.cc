@@ -43,7 +43,7 @@ SocketTransport::~SocketTransport() {
 int SocketTransport::Send(std::span<const OutDatagram> batch) {
   // On the caller's stack, from any thread: senders share nothing but the socket, which blocks while its send
   // buffer is full.
-  return SendDatagrams(fd_, family_, batch, options_.max_datagram, options_.batch, gso_, counters_, 0);
+  return SendDatagrams(fd_, family_, local_.addr, batch, options_.max_datagram, options_.batch, gso_, counters_, 0);
 }
 
 int SocketTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns) {

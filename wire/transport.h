@@ -30,6 +30,10 @@ struct OutDatagram {
   // A fault injector flipped a bit of it after the ICRC was sealed (FaultInjectingTransport): the ICRC no longer
   // matches, and no transport may tell the receiver that it does (InDatagram::icrc_vouched).
   bool altered = false;
+  // The local address it leaves from: the GID its QP's address vector names (ibv_modify_qp(3), ah_attr.grh.sgid_index).
+  // Unspecified: the transport's own address (local()). A UDP socket bound to the wildcard is told it per datagram
+  // (IP_PKTINFO, ip(7)); a sender names only addresses its device has.
+  IpAddress src_addr;
 };
 
 // What a datagram from another process of the host holds besides packets (wire/direct_access.h).
@@ -88,8 +92,9 @@ class Transport {
   // The bound address and port datagrams arrive on.
   virtual UdpEndpoint local() const = 0;
 
-  // The flow a datagram to `dst` wanting source port `src_port` will leave with. A UDP socket always sends from its
-  // bound port; the simulated network honours src_port. Thread-safe.
+  // The flow a datagram to `dst` wanting source port `src_port` will leave with from the transport's own address (for
+  // another local address: OutgoingFlowFrom). A UDP socket always sends from its bound port; the simulated network
+  // honours src_port. Thread-safe.
   virtual Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const = 0;
 
   // Sends a batch. Returns how many datagrams were handed to the network (possibly fewer than batch.size() when the
@@ -123,5 +128,12 @@ class Transport {
     return true;
   }
 };
+
+// The flow a datagram to `dst` from local address `src_addr` (OutDatagram::src_addr) leaves with.
+inline Flow OutgoingFlowFrom(const Transport& t, const IpAddress& src_addr, const UdpEndpoint& dst, uint16_t src_port) {
+  Flow f = t.OutgoingFlow(dst, src_port);
+  if (!src_addr.is_unspecified()) f.src.addr = src_addr;
+  return f;
+}
 
 }  // namespace uroce::wire

@@ -141,7 +141,8 @@ size_t GsoRunLength(std::span<const OutDatagram> batch) {
   while (n < batch.size() && n < kMaxGsoSegments) {
     const OutDatagram& next = batch[n];
     const size_t len = next.payload.size();
-    if (len == 0 || len > size || next.dst != first.dst || bytes + len > kMaxGsoBytes) break;
+    if (len == 0 || len > size || next.dst != first.dst || next.src_addr != first.src_addr || bytes + len > kMaxGsoBytes)
+      break;
     bytes += len;
     ++n;
     if (len < size) break;  // only the last segment may be shorter
@@ -166,8 +167,38 @@ void SetUdpSegmentControl(msghdr* msg, uint8_t* control, uint16_t segment_size) 
   std::memcpy(CMSG_DATA(c), &segment_size, sizeof segment_size);
 }
 
-int SendDatagrams(int fd, int family, std::span<const OutDatagram> batch, size_t max_datagram, size_t chunk,
-                  std::atomic<bool>& gso_enabled, UdpCounterSet& counters, int flags) {
+namespace {
+
+// Appends to msg's control messages (which `control`, kSendControlBytes, holds) the local address the datagram leaves
+// from: IP_PKTINFO's ipi_spec_dst on an IPv4 socket, IPV6_PKTINFO's address on an IPv6 one (IPv4 in its mapped form:
+// Linux takes that for an IPv4 destination of a dual-stack socket, ip_cmsg_send). Interface 0: the route decides.
+void AppendSourceControl(msghdr* msg, uint8_t* control, int family, const IpAddress& src) {
+  const size_t used = msg->msg_control == nullptr ? 0 : msg->msg_controllen;
+  msg->msg_control = control;
+  const size_t data = family == AF_INET ? sizeof(in_pktinfo) : sizeof(in6_pktinfo);
+  msg->msg_controllen = used + CMSG_SPACE(data);
+  auto* c = reinterpret_cast<cmsghdr*>(control + used);
+  if (family == AF_INET) {
+    in_pktinfo pi{};
+    pi.ipi_spec_dst.s_addr = htonl(src.v4());
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof pi);
+    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+  } else {
+    in6_pktinfo pi{};
+    std::memcpy(pi.ipi6_addr.s6_addr, src.bytes().data(), 16);
+    c->cmsg_level = IPPROTO_IPV6;
+    c->cmsg_type = IPV6_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof pi);
+    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+  }
+}
+
+}  // namespace
+
+int SendDatagrams(int fd, int family, const IpAddress& bound, std::span<const OutDatagram> batch, size_t max_datagram,
+                  size_t chunk, std::atomic<bool>& gso_enabled, UdpCounterSet& counters, int flags) {
   // On the caller's stack. A message is one datagram or one UDP_SEGMENT run; a run's datagram k > 0 takes two
   // iovecs, its bytes before the ICRC and the ICRC re-sealed for its IP ID.
   mmsghdr msgs[kMaxSendChunk];
@@ -175,7 +206,7 @@ int SendDatagrams(int fd, int family, std::span<const OutDatagram> batch, size_t
   iovec iovs[2 * kMaxSendChunk];
   uint32_t trailers[kMaxSendChunk];
   sockaddr_storage addrs[kMaxSendChunk];
-  alignas(cmsghdr) uint8_t controls[kMaxSendChunk][kUdpSegmentControlBytes];
+  alignas(cmsghdr) uint8_t controls[kMaxSendChunk][kSendControlBytes];
   chunk = std::clamp<size_t>(chunk, 1, kMaxSendChunk);
   size_t done = 0;
   size_t singles_until = 0;  // datagrams before this index go one per message (their run was refused whole)
@@ -220,6 +251,13 @@ int SendDatagrams(int fd, int family, std::span<const OutDatagram> batch, size_t
       }
       m.msg_hdr.msg_iovlen = size_t(&iovs[iov_used] - m.msg_hdr.msg_iov);
       if (run > 1) SetUdpSegmentControl(&m.msg_hdr, controls[messages], uint16_t(dg.payload.size()));
+      if (!dg.src_addr.is_unspecified() && dg.src_addr != bound) {
+        if (family == AF_INET && !dg.src_addr.is_v4()) {
+          error = -EAFNOSUPPORT;
+          break;
+        }
+        AppendSourceControl(&m.msg_hdr, controls[messages], family, dg.src_addr);
+      }
       runs[messages++] = run;
       n += run;
     }

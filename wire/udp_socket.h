@@ -38,6 +38,8 @@ inline constexpr size_t kMaxGsoSegments = 64;  // UDP_MAX_SEGMENTS (later kernel
 inline constexpr size_t kMaxGsoBytes = 65507;  // the largest IPv4 UDP payload: 65535 - 20 (IP) - 8 (UDP)
 inline constexpr size_t kMaxGroBytes = 65535;  // room for the largest run one receive can return
 inline constexpr size_t kUdpSegmentControlBytes = CMSG_SPACE(sizeof(uint16_t));
+// A send's control messages: UDP_SEGMENT and the source address (IP_PKTINFO, or IPV6_PKTINFO's 20 bytes).
+inline constexpr size_t kSendControlBytes = kUdpSegmentControlBytes + CMSG_SPACE(20);
 
 // The bytes one receive buffer needs: a datagram of up to max_datagram, or with UDP_GRO a whole run (a run longer
 // than its buffer would be truncated, all its datagrams lost). A single datagram above max_datagram is still refused
@@ -100,7 +102,8 @@ int OpenRoceUdpSocket(const UdpEndpoint& bind, int buffer_bytes, UdpEndpoint* lo
 // Asks for UDP_SEGMENT sends and UDP_GRO receives on `fd`; *gso and *gro tell which the kernel has.
 void EnableUdpOffloads(int fd, bool* gso, bool* gro);
 
-// How many datagrams from the start of `batch` one UDP_SEGMENT send can carry: the same destination, the first's size
+// How many datagrams from the start of `batch` one UDP_SEGMENT send can carry: the same source address and destination,
+// the first's size
 // for all but a last that may be shorter, at most kMaxGsoSegments and kMaxGsoBytes. 1: the first goes alone.
 size_t GsoRunLength(std::span<const OutDatagram> batch);
 
@@ -116,14 +119,16 @@ void SetUdpSegmentControl(msghdr* msg, uint8_t* control, uint16_t segment_size);
 // kMaxSendChunk) per call; a run of equal-size datagrams to one destination goes as one UDP_SEGMENT message while
 // `gso` holds (an EIO refusal turns it off for good), each ICRC re-sealed for its segment's IP ID, and a run refused
 // whole goes again one datagram per message. A datagram the kernel refuses (EACCES for broadcast, ENETUNREACH, ...)
-// is counted in `counters` and skipped: this is a datagram network. `flags`: 0 blocks while the socket's send buffer
+// is counted in `counters` and skipped: this is a datagram network. A datagram whose OutDatagram::src_addr is not
+// `bound` (the socket's bound address: the wildcard) leaves from that address (IP_PKTINFO / IPV6_PKTINFO). `flags`: 0
+// blocks while the socket's send buffer
 // is full; MSG_DONTWAIT stops there. Returns the number of datagrams sent or refused, which is less than the batch
 // when a datagram cannot be sent at all or the buffer is full; or -EMSGSIZE (a payload above max_datagram),
-// -EAFNOSUPPORT (an IPv6 destination from an IPv4 socket) or -EAGAIN (MSG_DONTWAIT, full) when that is so for the
+// -EAFNOSUPPORT (an IPv6 destination or source on an IPv4 socket) or -EAGAIN (MSG_DONTWAIT, full) when that is so for the
 // first.
 inline constexpr size_t kMaxSendChunk = 64;
-int SendDatagrams(int fd, int family, std::span<const OutDatagram> batch, size_t max_datagram, size_t chunk,
-                  std::atomic<bool>& gso, UdpCounterSet& counters, int flags);
+int SendDatagrams(int fd, int family, const IpAddress& bound, std::span<const OutDatagram> batch, size_t max_datagram,
+                  size_t chunk, std::atomic<bool>& gso, UdpCounterSet& counters, int flags);
 
 // The socket family OpenRoceUdpSocket uses for `bind`.
 inline int SocketFamily(const UdpEndpoint& bind) { return bind.addr.is_v4() ? AF_INET : AF_INET6; }

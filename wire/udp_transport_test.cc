@@ -263,6 +263,40 @@ TYPED_TEST(UdpTransportTest, DestinationAddressComesFromPktinfo) {
   EXPECT_EQ(got[0].src, a->local());
 }
 
+TYPED_TEST(UdpTransportTest, WildcardSocketSendsFromTheAddressEachDatagramNames) {
+  // A device bound to the wildcard has a GID per local address; each datagram leaves from the one its QP names
+  // (OutDatagram::src_addr, IP_PKTINFO), a UDP_SEGMENT run included, and its ICRC holds for that address.
+  MAKE_OR_SKIP(any, UdpEndpoint{IpAddress::V4(0), 0});
+  MAKE_OR_SKIP(rx);
+  // Two of the host's loopback addresses (all of 127.0.0.0/8 is local); the ports are ephemeral, so no other test's.
+  const IpAddress first = IpAddress::V4(0x7f000001);
+  const IpAddress second = IpAddress::V4(0x7f000001 + 1 + uint32_t(getpid() % 1000) * 256);
+  std::vector<std::vector<uint8_t>> ps;
+  std::vector<OutDatagram> batch;
+  for (uint32_t i = 0; i < 6; ++i) ps.push_back(Numbered(i, 1036));
+  for (uint32_t i = 0; i < 6; ++i) {
+    OutDatagram dg{rx->local(), 0, ps[i]};
+    dg.src_addr = i < 3 ? first : second;
+    SealIcrc(OutgoingFlowFrom(*any, dg.src_addr, dg.dst, 0), ps[i]);
+    batch.push_back(dg);
+  }
+  ASSERT_EQ(SendAll(*any, batch), batch.size());
+  auto got = ReceiveN(*rx, batch.size());
+  ASSERT_EQ(got.size(), batch.size());
+  std::sort(got.begin(), got.end(), [](const Received& a, const Received& b) { return a.payload < b.payload; });
+  for (uint32_t i = 0; i < 6; ++i) {
+    // Each address's three went as one run, whose segment k carries IPv4 ID k and its ICRC re-sealed for it.
+    ASSERT_EQ(got[i].payload.size(), ps[i].size());
+    EXPECT_TRUE(std::equal(ps[i].begin(), ps[i].end() - 4, got[i].payload.begin())) << i;
+    EXPECT_EQ(got[i].src, (UdpEndpoint{i < 3 ? first : second, any->local().port}));
+    EXPECT_TRUE(VerifyIcrc(Flow{got[i].src, got[i].dst, uint16_t(i % 3)}, got[i].payload).ok) << i;
+  }
+  // An IPv4 socket has no IPv6 source.
+  OutDatagram v6_source{rx->local(), 0, ps[0]};
+  v6_source.src_addr = *IpAddress::Parse("::1");
+  EXPECT_EQ(any->Send({&v6_source, 1}), -EAFNOSUPPORT);
+}
+
 TYPED_TEST(UdpTransportTest, WakeAndTimeout) {
   MAKE_OR_SKIP(a);
   std::thread waker([&] { a->Wake(); });

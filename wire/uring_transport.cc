@@ -256,7 +256,7 @@ int UringTransport::Send(std::span<const OutDatagram> batch) {
   // caller's sendmmsg. Queued on a ring instead, it would have to be submitted from the caller's thread, which would
   // make that thread a user of the ring (file comment). On loopback, veth and tap the send buffer is released as a
   // datagram is handed on (the devices orphan it), so a sender waits only where a NIC's queue is full.
-  return SendDatagrams(fd_, family_, batch, options_.max_datagram, kMaxSendChunk, gso_, counters_, 0);
+  return SendDatagrams(fd_, family_, local_.addr, batch, options_.max_datagram, kMaxSendChunk, gso_, counters_, 0);
 }
 
 int UringTransport::ArmReceives() {
