@@ -351,7 +351,7 @@ void ConnectionManager::SendLocked(const wire::IpAddress& peer, const wire::CmMa
 void ConnectionManager::SendBytesLocked(const wire::IpAddress& peer, std::span<const uint8_t> mad, Work& w) {
   const wire::PacketSpec spec = wire::GsiMadSpec(gsi_psn_);
   gsi_psn_ = (gsi_psn_ + 1) & 0xFFFFFF;
-  w.out.Add(transport_, spec, mad, wire::UdpEndpoint{peer, wire::kRoceV2UdpPort},
+  w.out.Add(transport_, spec, mad, config_.address, wire::UdpEndpoint{peer, wire::kRoceV2UdpPort},
             wire::RoceSourcePort(wire::kGsiQpn, wire::kGsiQpn));
   ++counters_.mads_sent;
 }
@@ -389,7 +389,7 @@ void ConnectionManager::Finish(Work& w) {
   if (!w.out.packets.empty()) {
     std::vector<wire::OutDatagram> batch;
     batch.reserve(w.out.packets.size());
-    for (const auto& p : w.out.packets) batch.push_back({p.dst, p.src_port, p.bytes});
+    for (const auto& p : w.out.packets) batch.push_back(p.Datagram());
     // A datagram network: what the transport has no room for is lost, and the retransmission timers cover it.
     for (size_t sent = 0, attempts = 0; sent < batch.size() && attempts < 1000; ++attempts) {
       const int n = transport_.Send(std::span(batch).subspan(sent));

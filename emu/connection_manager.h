@@ -111,6 +111,8 @@ struct CmConfig {
   // Non-zero: comm IDs (and SIDR request IDs) carry it in their top byte, as the host's device service routes
   // replies by them (DeviceConfig::owner).
   uint8_t owner = 0;
+  // The local address MADs leave from: the device's GID 0.
+  wire::IpAddress address;
 };
 
 // Counters for `uroce run --stats`.

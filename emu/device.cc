@@ -28,7 +28,10 @@ bool PkeyMatches(uint16_t pkey) { return (pkey & 0x7fff) == 0x7fff; }  // only t
 
 Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Clock& clock)
     : core_(std::move(config), transport, clock),
-      cm_(CmConfig{.ca_guid = core_.config.node_guid, .id_seed = core_.config.id_seed, .owner = core_.config.owner},
+      cm_(CmConfig{.ca_guid = core_.config.node_guid,
+                   .id_seed = core_.config.id_seed,
+                   .owner = core_.config.owner,
+                   .address = core_.config.address},
           transport, clock) {
   // QPNs from 0x11 (QPN 0 and 1 are the special QPs, SMI and GSI; rxe also starts at 17), or from where the seed
   // says (DeviceConfig::id_seed).
@@ -214,9 +217,11 @@ int Device::CreateAh(ProtectionDomain* pd, const AddressVector& av, AddressHandl
   if (pd == nullptr) return EINVAL;
   // RoCE carries a GRH in every packet: an AH without one, or naming a GID we don't have, is invalid.
   if (!av.is_global || av.sgid_index >= core_.config.limits.gid_table_len || av.port_num != 1) return EINVAL;
+  const std::optional<AddressVector> resolved = core_.Resolve(av);
+  if (!resolved) return EINVAL;
   std::unique_lock lock(objects_mu_);
   if (ahs_.size() >= core_.config.limits.max_ah) return ENOMEM;
-  auto ah = std::make_unique<AddressHandle>(pd, StoredAddressVector(av));
+  auto ah = std::make_unique<AddressHandle>(pd, StoredAddressVector(*resolved));
   *out = ah.get();
   ahs_[ah.get()] = std::move(ah);
   return 0;
@@ -337,6 +342,15 @@ void Device::Fail() {
   core_.Raise(AsyncEvent{AsyncEventType::kDeviceFatal});
 }
 
+bool Device::UpdateGids(std::span<const wire::IpAddress> others, bool announce) {
+  if (!core_.gids.Update(others)) return false;
+  if (announce) {
+    std::shared_lock objects(objects_mu_);  // async_handler is set under it (set_async_handler)
+    core_.Raise(AsyncEvent{.type = AsyncEventType::kGidChange, .port = 1});
+  }
+  return true;
+}
+
 void Device::FlushSrqLocked(SharedReceiveQueue& srq) {
   const QueuePair* lowest = nullptr;  // of the QPs that take from the SRQ
   for (const auto& [qpn, qp] : qps_) {
@@ -356,7 +370,16 @@ int Device::ModifyQpLocked(QueuePair* qp, const QpAttributes& attr, uint32_t mas
   const QpState next = (mask & attr::kState) ? attr.qp_state : cur;
   if (int err = CheckModify(qp->attributes(), attr, mask, qp->type(), core_.config.limits, core_.config.active_mtu))
     return err;
-  ApplyAttributes(qp->mutable_attributes(), attr, mask);
+  if (mask & attr::kAv) {
+    // The source GID must be populated (an empty entry of the table is as invalid as one past it).
+    const std::optional<AddressVector> resolved = core_.Resolve(attr.ah_attr);
+    if (!resolved) return EINVAL;
+    QpAttributes with_source = attr;
+    with_source.ah_attr = *resolved;
+    ApplyAttributes(qp->mutable_attributes(), with_source, mask);
+  } else {
+    ApplyAttributes(qp->mutable_attributes(), attr, mask);
+  }
   QpAttributes& a = qp->mutable_attributes();
   a.qp_state = next;
   a.cur_qp_state = next;
@@ -669,9 +692,9 @@ void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::opt
   if (!AcceptedByQp(*qp, d, p)) return;
   // Our queue is filling with what an unreliable sender sends (DeviceCore::kCnpIntervalNs): ask it to slow down.
   if (d.congestion_experienced && qp->type() == QpType::kUd && p.deth) {
-    NotifyCongestionLocked(d.src.addr, p.deth->src_qp, out);
+    NotifyCongestionLocked(d.dst.addr, d.src.addr, p.deth->src_qp, out);
   } else if (d.congestion_experienced && qp->type() == QpType::kUc) {
-    NotifyCongestionLocked(d.src.addr, qp->attributes().dest_qp_num, out);
+    NotifyCongestionLocked(d.dst.addr, d.src.addr, qp->attributes().dest_qp_num, out);
   }
   DeliverToQpLocked(qp, lock, d, p, out);
 }
@@ -801,7 +824,8 @@ void Device::DeliverToQpLocked(QueuePair* qp, std::unique_lock<std::mutex>& lock
   }
 }
 
-void Device::NotifyCongestionLocked(const wire::IpAddress& peer, uint32_t peer_qpn, OutBatch& out) {
+void Device::NotifyCongestionLocked(const wire::IpAddress& local, const wire::IpAddress& peer, uint32_t peer_qpn,
+                                    OutBatch& out) {
   const uint64_t now = core_.Now();
   {
     MutexLock lock(core_.paths_mu());
@@ -815,7 +839,7 @@ void Device::NotifyCongestionLocked(const wire::IpAddress& peer, uint32_t peer_q
   spec.bth.becn = true;
   spec.bth.dest_qp = peer_qpn;
   static constexpr uint8_t kReserved[16] = {};
-  out.Add(core_.transport, spec, kReserved, {peer, wire::kRoceV2UdpPort}, wire::RoceSourcePort(peer_qpn, peer_qpn));
+  out.Add(core_.transport, spec, kReserved, local, {peer, wire::kRoceV2UdpPort}, wire::RoceSourcePort(peer_qpn, peer_qpn));
   core_.Count(&DeviceCounters::tx_cnp);
 }
 

@@ -51,6 +51,8 @@ class Device {
   Device& operator=(const Device&) = delete;
 
   const DeviceConfig& config() const { return core_.config; }
+  // The port's GID table (ibv_query_gid).
+  const GidTable& gids() const { return core_.gids; }
   DeviceCounters counters() const;
   // The shared window of the RC requesters towards `peer` (emu/congestion.h), if any has talked to it.
   std::optional<PathWindow> path_window(const wire::IpAddress& peer) const;
@@ -105,6 +107,11 @@ class Device {
   // error state and its outstanding work completes with IBV_WC_WR_FLUSH_ERR, the receives posted to its SRQs too
   // (FlushSrqLocked; also those posted later), then IBV_EVENT_DEVICE_FATAL is raised.
   void Fail();
+
+  // The host's addresses changed: GID entries 1.. now hold `others` (GidTable::Update's rule), and when an entry
+  // changed and `announce`, IBV_EVENT_GID_CHANGE is raised on port 1 (ibv_get_async_event(3)). QPs and AHs keep the
+  // source GID they resolved. Returns whether anything changed.
+  bool UpdateGids(std::span<const wire::IpAddress> others, bool announce = true);
   int QueryQp(QueuePair* qp, QpAttributes* attr);
   // Drops one handle on the QP (an XRC target opened by OpenQp has several); the QP goes with the last, detached
   // from its multicast groups, which `*left_groups` (when given) receives: the caller leaves them on the network.
@@ -190,7 +197,9 @@ class Device {
   };
   // The checks every packet gets, then the QP (or multicast group, or the CM) it is for.
   // Sends a CNP to `peer_qpn` at `peer`, unless one went to that peer less than DeviceCore::kCnpIntervalNs ago.
-  void NotifyCongestionLocked(const wire::IpAddress& peer, uint32_t peer_qpn, OutBatch& out);
+  // From `local`, the address the congested datagram came to.
+  void NotifyCongestionLocked(const wire::IpAddress& local, const wire::IpAddress& peer, uint32_t peer_qpn,
+                              OutBatch& out);
   // Sends `qp`'s held UC/UD sends whose pace allows them now, in order (with its lock held); when the first still held
   // may go, 0 when none is.
   uint64_t SendHeldLocked(QueuePair& qp, uint64_t now, OutBatch& out);

@@ -158,7 +158,7 @@ DeviceCore::SendResult DeviceCore::SendBatch(const OutBatch& out) {
   uint64_t bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     const auto& p = out.packets[i];
-    batch[i] = {p.dst, p.src_port, p.bytes};
+    batch[i] = p.Datagram();
     bytes += p.bytes.size();
   }
   size_t sent = 0;

@@ -29,6 +29,7 @@
 #include "emu/out_batch.h"
 #include "emu/congestion.h"
 #include "emu/connection_manager.h"
+#include "emu/gid_table.h"
 #include "emu/memory.h"
 #include "emu/read_write_lock.h"
 #include "emu/thread_annotations.h"
@@ -235,6 +236,24 @@ class DeviceCore {
   const DeviceConfig config;
   wire::Transport& transport;
   const wire::Clock& clock;
+  // The port's GID table: config.address at entry 0, the host's other addresses after it where the layer above adds
+  // them (Device::UpdateGids).
+  GidTable gids{config.address};
+  static_assert(DeviceLimits{}.gid_table_len == GidTable::kEntries);
+  // `av` with its source GID filled in (AddressVector::sgid) from the entry sgid_index names; nullopt when that entry
+  // is empty.
+  std::optional<AddressVector> Resolve(AddressVector av) const {
+    const std::optional<wire::IpAddress> sgid = gids.At(av.sgid_index);
+    if (!sgid) return std::nullopt;
+    av.sgid = sgid->bytes();
+    return av;
+  }
+  // The local address packets of `av` leave from: its resolved source GID (entry 0 for one never resolved, as a QP
+  // before RTR has none).
+  wire::IpAddress SourceOf(const AddressVector& av) const {
+    const wire::IpAddress sgid = wire::IpAddress::FromBytes(av.sgid.data());
+    return sgid.is_unspecified() ? config.address : sgid;
+  }
   // Set before the device is used (Device::set_async_handler takes the object lock exclusively); read by any thread.
   std::function<void(const AsyncEvent&)> async_handler;
 

@@ -53,9 +53,17 @@ enum class AckTiming {
 struct OutBatch {
   using Bytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
   struct Packet {
+    wire::IpAddress src;  // the local address it leaves from (its GID)
     wire::UdpEndpoint dst;
     uint16_t src_port;
     Bytes bytes;
+
+    // What the transport sends (valid while the packet lives).
+    wire::OutDatagram Datagram() const {
+      wire::OutDatagram d{dst, src_port, bytes};
+      d.src_addr = src;
+      return d;
+    }
   };
   std::vector<Packet> packets;
   // When the RC responders of the datagram being processed send their ACKs (Device::OnDatagram says).
@@ -81,28 +89,29 @@ struct OutBatch {
     if (list != nullptr && list->capacity() < packets.capacity()) list->swap(packets);
   }
 
-  // Encodes, seals the ICRC for the flow the transport will really use, and queues. False, and nothing queued, when
-  // the payload could not be read: registered memory the program has unmapped since (emu/host_memory.h).
+  // Encodes, seals the ICRC for the flow the transport will really use (from local address `src`, the GID of the
+  // packet's QP: DeviceCore::SourceOf), and queues. False, and nothing queued, when the payload could not be read:
+  // registered memory the program has unmapped since (emu/host_memory.h).
   bool Add(wire::Transport& t, const wire::PacketSpec& spec, std::span<const uint8_t> payload,
-           const wire::UdpEndpoint& dst, uint16_t src_port) {
-    return AddGathered(t, spec, std::span<const std::span<const uint8_t>>(&payload, 1), dst, src_port);
+           const wire::IpAddress& src, const wire::UdpEndpoint& dst, uint16_t src_port) {
+    return AddGathered(t, spec, std::span<const std::span<const uint8_t>>(&payload, 1), src, dst, src_port);
   }
   // The same with the payload gathered from `pieces` (straight from registered memory).
   bool AddGathered(wire::Transport& t, const wire::PacketSpec& spec,
-                   std::span<const std::span<const uint8_t>> pieces, const wire::UdpEndpoint& dst,
-                   uint16_t src_port) {
+                   std::span<const std::span<const uint8_t>> pieces, const wire::IpAddress& src,
+                   const wire::UdpEndpoint& dst, uint16_t src_port) {
     size_t payload_len = 0;
     for (const auto& piece : pieces) payload_len += piece.size();
     // Room for a few packets at once: a ping-pong's request and the held ACK it takes along went through two
     // allocations (and a move) here.
     if (packets.capacity() == 0) packets.reserve(4);
-    Packet p{dst, src_port, TakeBuffer()};
+    Packet p{src, dst, src_port, TakeBuffer()};
     p.bytes.resize(wire::EncodedLength(spec, payload_len));
     // A spec the engine builds is always complete: the only failure is a fault reading the payload.
     auto n = wire::EncodePacketGathered(spec, pieces, p.bytes, CopyGuarded);
     if (!n) return false;
     if (t.IcrcIsRead(dst, spec.bth.dest_qp)) {
-      wire::SealIcrc(t.OutgoingFlow(dst, src_port), p.bytes);
+      wire::SealIcrc(wire::OutgoingFlowFrom(t, src, dst, src_port), p.bytes);
     } else {
       std::memset(p.bytes.data() + p.bytes.size() - 4, 0, 4);  // unread (another process of the host), but defined
     }

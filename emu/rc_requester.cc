@@ -287,7 +287,7 @@ void RcRequester::SendReadRequest(SendWqe& w, uint32_t from_pkt, OutBatch& out) 
   // A re-issued READ asks only for what has not arrived yet (IBTA 9.7.4.1.4), up to the end of its segment.
   spec.reth = wire::Reth{w.wr.remote_addr + off, w.wr.rkey, static_cast<uint32_t>(end - std::min(off, end))};
   ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
-  out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
+  out.Add(core_.transport, spec, {}, core_.SourceOf(qp_.attributes().ah_attr), qp_.peer(), qp_.source_port());
 }
 
 void RcRequester::Congestion() {
@@ -502,6 +502,7 @@ std::string_view RcRequester::OnAtomicAck(const wire::PacketView& p, OutBatch& o
 struct RcRequester::SendPass {
   PathWindow& path;  // the QP's path (the entry never moves; what it holds is read and changed under paths_mu)
   uint32_t mtu;
+  wire::IpAddress src;
   wire::UdpEndpoint dst;
   uint16_t sport;
   // Nothing was unacknowledged when the pass began: the local ACK timer, if armed (it runs on while the requester
@@ -524,7 +525,8 @@ void RcRequester::Progress(OutBatch& out) {
                   MutexLock lock(core_.paths_mu());
                   return core_.PathOfLocked(qp_);
                 }(),
-                MtuBytes(a.path_mtu), qp_.peer(), qp_.source_port(), Idle(), false, 0, pass_payload_};
+                MtuBytes(a.path_mtu), core_.SourceOf(a.ah_attr), qp_.peer(), qp_.source_port(), Idle(), false, 0,
+                pass_payload_};
   while (r.cursor_wqe < r.sq.size()) {
     SendWqe& w = r.sq[r.cursor_wqe];
     const PassStep step = w.is_local() && !w.started() ? RunLocalOp(w) : SendFromCursor(w, pass, out);
@@ -687,7 +689,7 @@ void RcRequester::SendAtomic(SendWqe& w, uint32_t psn, bool is_new, SendPass& pa
   spec.atomic =
       wire::AtomicEth{w.wr.remote_addr, w.wr.rkey, cas ? w.wr.swap : w.wr.compare_add, cas ? w.wr.compare_add : 0};
   ToQpTransport(qp_, &w.wr, spec);  // XRC opcodes and XRCETH
-  out.Add(core_.transport, spec, {}, pass.dst, pass.sport);
+  out.Add(core_.transport, spec, {}, pass.src, pass.dst, pass.sport);
   if (is_new) r.packets_since_ack_req = 0;  // it asks for the atomic ACK
   SentUpTo(PsnAdd(psn, 1), pass);
   ++r.cursor_wqe;
@@ -759,7 +761,7 @@ RcRequester::PassStep RcRequester::SendMessagePacket(SendWqe& w, uint32_t psn, b
   {
     ReaderLock keys(core_.keys_mu());
     if (!core_.GatherRange(qp_, w.wr, off, len, pass.payload) ||
-        !out.AddGathered(core_.transport, spec, pass.payload, pass.dst, pass.sport)) {
+        !out.AddGathered(core_.transport, spec, pass.payload, pass.src, pass.dst, pass.sport)) {
       keys.Unlock();
       Fail(r.cursor_wqe, WcStatus::kLocProtErr);  // deregistered (or unmapped) after the WQE started
       return PassStep::kFailed;

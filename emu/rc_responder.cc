@@ -42,7 +42,7 @@ void RcResponder::SendAck(uint32_t psn, const wire::Aeth& aeth, OutBatch& out) {
   spec.bth.psn = psn;
   spec.aeth = aeth;
   ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
-  out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
+  out.Add(core_.transport, spec, {}, core_.SourceOf(qp_.attributes().ah_attr), qp_.peer(), qp_.source_port());
 }
 
 void RcResponder::Acknowledge(uint32_t psn, bool one_packet, OutBatch& out) {
@@ -97,7 +97,7 @@ void RcResponder::SendAtomicAck(uint32_t psn, uint32_t msn, uint64_t original, O
   spec.aeth = wire::Aeth::Ack(wire::kInvalidCredits, msn);
   spec.atomic_ack = wire::AtomicAckEth{original};
   ToQpTransport(qp_, nullptr, spec);  // XRC opcodes and XRCETH
-  out.Add(core_.transport, spec, {}, qp_.peer(), qp_.source_port());
+  out.Add(core_.transport, spec, {}, core_.SourceOf(qp_.attributes().ah_attr), qp_.peer(), qp_.source_port());
 }
 
 void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_psn, OutBatch& out) {
@@ -129,7 +129,8 @@ void RcResponder::SendReadResponses(const ResponderResource& res, uint32_t from_
       read = ReadRegion(at, bounce.data(), len);
       payload = bounce;
     }
-    if (!read || !out.Add(core_.transport, spec, payload, qp_.peer(), qp_.source_port())) {
+    if (!read ||
+        !out.Add(core_.transport, spec, payload, core_.SourceOf(qp_.attributes().ah_attr), qp_.peer(), qp_.source_port())) {
       // The region's memory was unmapped since its registration: as any access outside a valid region (9.7.5.2.5),
       // named by the response that could not be built -- a PSN the requester is waiting for.
       keys.Unlock();

@@ -25,7 +25,7 @@ int ScriptedTransport::Send(std::span<const wire::OutDatagram> batch) {
     const bool drop = drop_if && drop_if(i, d.payload);
     if (record) {
       log_.push_back(Sent{i, clock ? clock->NowNs() : 0, drop, d.dst,
-                          std::vector<uint8_t>(d.payload.begin(), d.payload.end())});
+                          std::vector<uint8_t>(d.payload.begin(), d.payload.end()), d.src_addr});
     }
     if (drop) continue;
     kept.push_back(d);
@@ -37,11 +37,11 @@ int ScriptedTransport::Send(std::span<const wire::OutDatagram> batch) {
   return static_cast<int>(batch.size());
 }
 
-Node& Fabric::AddNode(Mtu mtu) {
+Node& Fabric::AddNode(Mtu mtu, std::span<const wire::IpAddress> more) {
   auto node = std::make_unique<Node>();
   const wire::UdpEndpoint ep{wire::IpAddress::V4(0x0a000001 + static_cast<uint32_t>(nodes_.size())),
                              wire::kRoceV2UdpPort};
-  node->transport = std::make_unique<ScriptedTransport>(network_.Attach(ep));
+  node->transport = std::make_unique<ScriptedTransport>(network_.Attach(ep, more));
   node->transport->clock = &clock_;
   DeviceConfig cfg = defaults_;
   cfg.address = ep.addr;
@@ -51,6 +51,7 @@ Node& Fabric::AddNode(Mtu mtu) {
   node->device = std::make_unique<Device>(cfg, *node->transport, clock_);
   Node* raw = node.get();
   node->device->set_async_handler([raw](const AsyncEvent& e) { raw->events.push_back(e); });
+  if (!more.empty()) node->device->UpdateGids(more);
   nodes_.push_back(std::move(node));
   return *raw;
 }

@@ -45,6 +45,7 @@ class ScriptedTransport final : public wire::Transport {
     bool dropped = false;  // removed by drop_if
     wire::UdpEndpoint dst;
     std::vector<uint8_t> bytes;
+    wire::IpAddress src;  // the local address it left from (OutDatagram::src_addr)
     // The parsed packet (views into `bytes`); nullopt if it does not parse.
     std::optional<wire::PacketView> Parse() const;
   };
@@ -72,8 +73,9 @@ class Fabric {
  public:
   // `defaults` is every node's DeviceConfig but for the address, MTU and GUID AddNode gives it.
   explicit Fabric(DeviceConfig defaults = {}) : defaults_(std::move(defaults)), network_(clock_) {}
-  // Adds a device at 10.0.0.<n+1>:4791 on the simulated network (an in-memory address, never a socket).
-  Node& AddNode(Mtu mtu = Mtu::k4096);
+  // Adds a device at 10.0.0.<n+1>:4791 on the simulated network (an in-memory address, never a socket), with `more`
+  // addresses of its host after it in its GID table (entries 1, 2, ...).
+  Node& AddNode(Mtu mtu = Mtu::k4096, std::span<const wire::IpAddress> more = {});
   // If set, changes the configuration of node `index` (0-based) before AddNode makes its device.
   std::function<void(size_t index, DeviceConfig& config)> configure_node;
   wire::SimNetwork& network() { return network_; }

@@ -71,6 +71,9 @@ struct AddressVector {
   std::array<uint8_t, 16> dgid{};
   uint32_t flow_label = 0;
   uint8_t sgid_index = 0;
+  // The GID sgid_index named when the device took the address vector (Device::ModifyQp, CreateAh): the local address
+  // its packets leave from, kept as the kernel keeps a QP's sgid_attr, so a later change of the table moves nothing.
+  std::array<uint8_t, 16> sgid{};
   uint8_t hop_limit = 64;
   uint8_t traffic_class = 0;
   uint8_t sl = 0;
@@ -154,7 +157,8 @@ struct DeviceLimits {
   uint32_t max_mcast_qp_attach = 256;
   uint32_t max_total_mcast_qp_attach = 65536;
   uint16_t max_pkeys = 1;
-  uint32_t gid_table_len = 1;  // populated GID entries (an sgid_index names one); verbs lists empty slots after
+  // Entries of the port's GID table (ibv_port_attr.gid_tbl_len), populated or not (DeviceCore::gids says which).
+  uint32_t gid_table_len = 16;
   uint8_t local_ca_ack_delay = 15;
   uint32_t max_msg_sz = 1u << 31;
 };

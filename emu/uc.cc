@@ -47,6 +47,7 @@ void UcTransport::Send(const SendWr& wr, OutBatch& out) {
   const QpAttributes& a = qp_.attributes();
   const size_t mtu = MtuBytes(a.path_mtu);
   const bool imm = info.immediate;
+  const wire::IpAddress src = core_.SourceOf(a.ah_attr);
   const wire::UdpEndpoint dst = qp_.peer();
   const uint16_t sport = qp_.source_port();
   const size_t total = payload.size();
@@ -66,7 +67,8 @@ void UcTransport::Send(const SendWr& wr, OutBatch& out) {
     if (imm && last) spec.imm = wire::ImmDt{wr.imm_data};
     const size_t off = i * mtu;
     const size_t len = std::min(mtu, total - std::min(total, off));
-    out.Add(core_.transport, spec, std::span<const uint8_t>(payload).subspan(std::min(off, total), len), dst, sport);
+    out.Add(core_.transport, spec, std::span<const uint8_t>(payload).subspan(std::min(off, total), len), src, dst,
+            sport);
   }
   core_.ChargeUnreliable(dst.addr, total);
   core_.CompleteSend(qp_, wr, WcStatus::kSuccess);

@@ -73,7 +73,7 @@ void UdTransport::Send(const SendWr& wr, const wire::IpAddress& peer, OutBatch& 
   spec.deth = wire::Deth{qkey, 0, qp_.qpn()};
   spec.imm = wire::ImmDt{wr.imm_data};
   const wire::UdpEndpoint dst{peer, wire::kRoceV2UdpPort};
-  out.Add(core_.transport, spec, payload, dst, wire::RoceSourcePort(qp_.qpn(), wr.remote_qpn));
+  out.Add(core_.transport, spec, payload, core_.SourceOf(wr.ah->av()), dst, wire::RoceSourcePort(qp_.qpn(), wr.remote_qpn));
   core_.ChargeUnreliable(peer, payload.size());
   core_.CompleteSend(qp_, wr, WcStatus::kSuccess);
 }

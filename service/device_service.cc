@@ -4,11 +4,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "wire/cm_mad.h"
 #include "wire/event_fd.h"
+#include "wire/host_addresses.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
 #include "wire/udp_socket.h"
@@ -36,10 +38,12 @@ DeviceService::Process::~Process() {
 }
 
 DeviceService::DeviceService(asio::io_context& io, const wire::IpAddress& address, uint16_t udp_port,
-                             std::chrono::milliseconds linger, unsigned max_processes)
+                             std::chrono::milliseconds linger, unsigned max_processes, bool every_address)
     : io_(io),
       address_(address),
       udp_port_(udp_port),
+      every_address_(every_address),
+      address_changes_(io),
       linger_(linger),
       max_processes_(max_processes),
       acceptor_(io),
@@ -102,8 +106,64 @@ int DeviceService::Start() {
   }
   AcceptNext();
   if (udp_fd_ >= 0) WaitUdp();
+  if (udp_fd_ >= 0 && every_address_) {
+    // Watched first, so that no change between the first look and the watch goes unseen.
+    const int changes = wire::OpenAddressChanges();
+    if (changes >= 0) {
+      address_changes_.assign(changes);
+      WaitAddressChanges();
+    }
+    FollowOtherAddresses();
+  }
   ArmLingerIfIdle();
   return 0;
+}
+
+void DeviceService::FollowOtherAddresses() {
+  const std::vector<wire::IpAddress> wanted = wire::OtherGids(address_);
+  for (auto it = others_.begin(); it != others_.end();) {
+    if (std::find(wanted.begin(), wanted.end(), it->first) != wanted.end()) {
+      ++it;
+      continue;
+    }
+    boost::system::error_code ignored;
+    it->second->ready.close(ignored);  // closes the socket: the address is gone
+    it = others_.erase(it);
+  }
+  for (const wire::IpAddress& a : wanted) {
+    if (others_.count(a)) continue;
+    wire::UdpEndpoint local;
+    // Another program's UDP 4791 there (kernel rxe's on every address) leaves the address out: what comes to it is
+    // that program's.
+    const int fd = wire::OpenRoceUdpSocket({a, udp_port_}, kUdpBufferBytes, &local);
+    if (fd < 0) continue;
+    bool gso = false, gro = false;
+    wire::EnableUdpOffloads(fd, &gso, &gro);  // the receiver takes runs whole (its buffers are sized for them)
+    auto other = std::make_unique<OtherAddress>(io_);
+    other->fd = fd;
+    other->ready.assign(fd);
+    boost::system::error_code ec;
+    other->ready.non_blocking(true, ec);
+    WaitOther(a, *other);
+    others_.emplace(a, std::move(other));
+  }
+}
+
+void DeviceService::WaitAddressChanges() {
+  address_changes_.async_wait(Descriptor::wait_read, [this](const boost::system::error_code& ec) {
+    if (ec) return;
+    if (wire::TakeAddressChanges(address_changes_.native_handle())) FollowOtherAddresses();
+    WaitAddressChanges();
+  });
+}
+
+void DeviceService::WaitOther(const wire::IpAddress& address, OtherAddress& other) {
+  other.ready.async_wait(Descriptor::wait_read, [this, address, &other](const boost::system::error_code& ec) {
+    if (ec) return;  // closed: the address went (FollowOtherAddresses), or the service leaves
+    for (int receives = 0; receives < 16 && DrainUdp(other.fd, {address, udp_port_}) > 0; ++receives) {
+    }
+    WaitOther(address, other);
+  });
 }
 
 void DeviceService::Run() { io_.run(); }
@@ -181,7 +241,8 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std
       // Its own socket, if the kernel steers: handed over with the welcome, steered to once the process says it
       // receives there (kSteer): until then, and for one that never says so, we forward.
       const int udp = steering_ ? SteeredSocket(owner) : -1;
-      wire::SendControl(p.control.native_handle(), {ControlType::kWelcome, 0, owner}, udp, MSG_DONTWAIT);
+      const uint64_t value = owner | (every_address_ ? wire::kWelcomeEveryAddress : 0);
+      wire::SendControl(p.control.native_handle(), {ControlType::kWelcome, 0, value}, udp, MSG_DONTWAIT);
       return;
     }
     case ControlType::kSteer: {
@@ -308,6 +369,8 @@ void DeviceService::ArmLingerIfIdle() {
     boost::system::error_code ignored;
     acceptor_.close(ignored);
     udp_.close(ignored);
+    address_changes_.close(ignored);
+    others_.clear();  // their descriptors close their sockets
     io_.stop();
   });
 }
@@ -316,7 +379,7 @@ void DeviceService::WaitUdp() {
   udp_.async_wait(Descriptor::wait_read, [this](const boost::system::error_code& ec) {
     if (ec) return;
     // Up to 16 receives while datagrams keep coming, before control messages get their turn.
-    for (int receives = 0; receives < 16 && DrainUdp() > 0; ++receives) {
+    for (int receives = 0; receives < 16 && DrainUdp(udp_fd_, {address_, udp_port_}) > 0; ++receives) {
     }
     WaitUdp();
   });
@@ -334,9 +397,9 @@ DeviceService::Process* DeviceService::RouteTo(std::span<const uint8_t> packet) 
   return owner == 0 ? nullptr : by_owner_[owner];
 }
 
-int DeviceService::DrainUdp() {
+int DeviceService::DrainUdp(int fd, const wire::UdpEndpoint& local) {
   const auto forward = [this](const wire::InDatagram& d) { Forward(d); };
-  const int n = receiver_.Receive(udp_fd_, forward, {address_, udp_port_}, udp_counters_);
+  const int n = receiver_.Receive(fd, forward, local, udp_counters_);
   // One Publish per ring and receive: a run from a peer host is mostly for one process, and its doorbell rings once.
   for (Process* p : unpublished_) {
     p->unpublished = false;
@@ -358,12 +421,14 @@ void DeviceService::AnswerUnheardRequest(const wire::InDatagram& d) {
   const wire::PacketSpec spec = wire::GsiMadSpec(gsi_psn_++);
   std::vector<uint8_t> packet(wire::EncodedLength(spec, mad.size()));
   if (!wire::EncodePacket(spec, mad, packet)) return;
-  const wire::UdpEndpoint local{address_, udp_port_}, to{d.src.addr, udp_port_};
+  // From the address the REQ came to, as the kernel's CM answers.
+  const wire::UdpEndpoint local{d.dst.addr, udp_port_}, to{d.src.addr, udp_port_};
   wire::SealIcrc(wire::Flow{local, to, 0}, packet);
-  sockaddr_storage sa;
-  socklen_t len;
-  if (wire::ToSockaddr(to, wire::SocketFamily(local), &sa, &len) != 0) return;
-  if (sendto(udp_fd_, packet.data(), packet.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&sa), len) >= 0)
+  wire::OutDatagram answer_datagram{to, 0, packet};
+  answer_datagram.src_addr = local.addr;
+  std::atomic<bool> gso{false};  // one datagram
+  if (wire::SendDatagrams(udp_fd_, wire::SocketFamily(local), address_, {&answer_datagram, 1}, kMaxDatagram, 1,
+                          gso, udp_counters_, MSG_DONTWAIT) == 1)
     ++counters_.refused;
 }
 
@@ -377,7 +442,7 @@ void DeviceService::Forward(const wire::InDatagram& d) {
   }
   wire::ForwardHeader h;
   h.src = d.src;
-  h.dst = {address_, udp_port_};
+  h.dst = {d.dst.addr, udp_port_};  // which of the host's addresses (the wildcard receives at each)
   h.congestion_experienced = d.congestion_experienced;
   uint8_t header[wire::ForwardHeader::kSize];
   h.Encode(header);

@@ -50,8 +50,12 @@ class DeviceService {
   // `linger`: how long the service stays with no process before it leaves (absorbs programs that open and close
   // devices in bursts, as libfabric's fi_getinfo does). `max_processes` (1..wire::kMaxOwners): how many processes
   // may share the device at once; the next gets EUSERS, as when the owner numbers run out.
+  // `every_address`: UDP `udp_port` of the host's other addresses of the address's family too (wire::OtherGids,
+  // followed as they come and go), so that the device receives at each (its GID table lists them); else of the
+  // address alone.
   DeviceService(boost::asio::io_context& io, const wire::IpAddress& address, uint16_t udp_port,
-                std::chrono::milliseconds linger, unsigned max_processes = wire::kMaxOwners);
+                std::chrono::milliseconds linger, unsigned max_processes = wire::kMaxOwners,
+                bool every_address = false);
   ~DeviceService();
 
   // Takes the service's name and then UDP `udp_port` of the address. 0; -EADDRINUSE when another service has the
@@ -85,9 +89,9 @@ class DeviceService {
   void Reply(Process& p, wire::ControlType type, int32_t status, uint64_t value);
   void Leave(Process& p);
   void WaitUdp();
-  // One receive's worth (UDP_GRO runs split into their datagrams), each forwarded; then the rings written are
-  // published. How many datagrams it took, or -errno (-EAGAIN: none queued).
-  int DrainUdp();
+  // One receive's worth from the UDP socket `fd` bound to `local` (UDP_GRO runs split into their datagrams), each
+  // forwarded; then the rings written are published. How many datagrams it took, or -errno (-EAGAIN: none queued).
+  int DrainUdp(int fd, const wire::UdpEndpoint& local);
   void Forward(const wire::InDatagram& d);
   // A REQ or SIDR_REQ for a service ID none of our processes listens on gets the kernel CM's answer at once
   // (wire::NoListenerAnswer: REJ "invalid service ID", SIDR_REP "unsupported"), so that rdma_connect fails with
@@ -107,6 +111,21 @@ class DeviceService {
   boost::asio::io_context& io_;
   wire::IpAddress address_;
   uint16_t udp_port_;
+  // every_address: a UDP socket on each of the host's other addresses, received and forwarded as the address's own
+  // (there the kernel steers nothing: everything goes through us), and the netlink socket that says when they change.
+  // Not the address's own socket with the wildcard's reach: that would hold UDP 4791 of every loopback address too,
+  // where processes with devices of their own bind (UROCE_DEVICE=process).
+  bool every_address_;
+  struct OtherAddress {
+    int fd = -1;
+    boost::asio::posix::stream_descriptor ready;
+    explicit OtherAddress(boost::asio::io_context& io) : ready(io) {}
+  };
+  std::map<wire::IpAddress, std::unique_ptr<OtherAddress>> others_;
+  boost::asio::posix::stream_descriptor address_changes_;
+  void FollowOtherAddresses();  // opens and closes sockets to match wire::OtherGids
+  void WaitAddressChanges();
+  void WaitOther(const wire::IpAddress& address, OtherAddress& other);
   std::chrono::milliseconds linger_;
   boost::asio::posix::stream_descriptor acceptor_;  // the listening SOCK_SEQPACKET socket
   boost::asio::posix::stream_descriptor udp_;

@@ -1,8 +1,10 @@
 // uroce-deviced: the host's device service for one address (service/device_service.h). Started by the library when a
 // process opens the host device and nobody serves its address yet; not a command users run.
 //
-//   uroce-deviced --address A [--port P] [--linger-ms N] [--daemonize]
+//   uroce-deviced --address A [--every-address] [--port P] [--linger-ms N] [--daemonize]
 //
+// --every-address: receive on UDP 4791 of every address of the host of A's family (followed as they come and go), not
+// A's alone: the device's GID table then lists them all, A at index 0.
 // --daemonize: leave the starter at once (fork; the starter reaps the intermediate process), in a session of its own,
 // so that the service outlives the process that started it and is nobody's child to wait for.
 #include <signal.h>
@@ -27,7 +29,7 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("UROCE_SERVICE_MAX_PROCESSES"); env != nullptr && *env != '\0') {
     max_processes = std::strtol(env, nullptr, 10);
   }
-  bool daemonize = false, stats = false;
+  bool daemonize = false, stats = false, every_address = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -43,6 +45,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--max-processes" && next) {
       max_processes = std::strtol(next, nullptr, 10);
       ++i;
+    } else if (arg == "--every-address") {
+      every_address = true;
     } else if (arg == "--daemonize") {
       daemonize = true;
     } else if (arg == "--stats") {
@@ -55,8 +59,8 @@ int main(int argc, char** argv) {
   if (!address || port == 0 || port > 65535 || linger_ms < 0 || max_processes < 1 ||
       max_processes > long(uroce::wire::kMaxOwners)) {
     fprintf(stderr,
-            "usage: uroce-deviced --address A [--port P] [--linger-ms N] [--max-processes 1..255] [--daemonize] "
-            "[--stats]\n");
+            "usage: uroce-deviced --address A [--every-address] [--port P] [--linger-ms N] [--max-processes 1..255] "
+            "[--daemonize] [--stats]\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
@@ -75,7 +79,7 @@ int main(int argc, char** argv) {
   }
   boost::asio::io_context io;
   uroce::service::DeviceService service(io, *address, uint16_t(port), std::chrono::milliseconds(linger_ms),
-                                        unsigned(max_processes));
+                                        unsigned(max_processes), every_address);
   const int rc = service.Start();
   if (rc == -EADDRINUSE) return 0;  // another service won the race for this address: it serves
   if (rc < 0) {

@@ -50,6 +50,11 @@
 #                                 lowest IPv6 address where only those are, the default route's interface's before a
 #                                 lower one; with no service binary, the device full (EUSERS), or a service in another
 #                                 PID namespace, a device of its own by default, and --host-device fails or joins
+#   the GID table                 (root) a host of two addresses: both listed (GID 0 the default route's); an
+#                                 ibv_rc_pingpong pair across the veth on the second (its packets on the wire from that
+#                                 address, each ICRC checked by scapy), one of the host's own processes across the two
+#                                 GIDs (process to process); an address added shows up with IBV_EVENT_GID_CHANGE
+#                                 (ibv_asyncwatch), one removed leaves its entry empty
 #   fi_pingpong on one address    (root) libfabric's verbs provider (non-loopback interfaces only): msg and rdm pairs
 #                                 of two processes sharing one veth address, with no setting
 #   pyverbs rdmacm tests          (root) rdma-core's test_rdmacm and test_shared_pd, unmodified: two processes binding
@@ -539,6 +544,80 @@ case_the_default_device() {
   junit_check "$name" "$problems"
 }
 
+# A host of two addresses (the veth's, with the default route, and a second one on it): the device lists both, the
+# veth's at GID 0; a pair across the veth whose server sends from the second address (its GID index), every packet
+# on the wire from that address with an ICRC scapy finds right; a pair of the host's own processes on the two GIDs
+# (process to process); an address added shows in the table and ibv_asyncwatch reports IBV_EVENT_GID_CHANGE; one
+# removed leaves its entry empty.
+case_gid_table_follows_the_host() {
+  local name="the GID table lists the host's addresses" log="$WORK/gids" problems="" port second added index rc
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  second="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).1"  # outside two_hosts_up's 10.20-219.x
+  added="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).9"
+  ip -n "$HOST_A" addr add "$second/24" dev "$VETH_A" && ip -n "$HOST_A" route add default via "$ADDR_B" &&
+    ip -n "$HOST_B" route add "${second%.*}.0/24" dev "$VETH_B" || problems+="could not add the second address"$'\n'
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.devinfo" 2>&1
+  index=$(sed -n "s/.*GID\[ *\([0-9]*\)\]:.*::ffff:$second, RoCE v2.*/\1/p" "$log.devinfo")
+  grep -q "GID\[  0\]:.*::ffff:$ADDR_A, RoCE v2" "$log.devinfo" && [ -n "$index" ] && [ "$index" != 0 ] ||
+    problems+="the table is not GID 0 $ADDR_A and another $second: $(grep 'GID\|uroce:' "$log.devinfo")"$'\n'
+  index=${index:-1}
+  # Across the veth: the server answers from the second address; B's end of the veth sees every packet from there.
+  ip netns exec "$HOST_B" tcpdump -i "$VETH_B" -U -w "$log.pcap" "udp port 4791 and src host $second" \
+    2>"$log.tcpdump" &
+  local dump=$!
+  for _ in $(seq 1 100); do grep -q "listening on" "$log.tcpdump" && break; sleep 0.05; done
+  port=$(free_tcp_port)
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --one-packet-per-datagram -- \
+    ibv_rc_pingpong -d uroce0 -g "$index" -c -s 4096 -n 100 -p "$port" >"$log.server" 2>&1 &
+  local server=$!
+  wait_listening_in "$HOST_A" "$port" "$server"
+  rc=0
+  ip netns exec "$HOST_B" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -c -s 4096 -n 100 -p "$port" "$ADDR_A" >"$log.client" 2>&1 || rc=$?
+  wait "$server" || problems+="pingpong server on GID $index: exit $?: $(tail -n 3 "$log.server")"$'\n'
+  [ "$rc" -eq 0 ] || problems+="pingpong client: exit $rc: $(tail -n 3 "$log.client")"$'\n'
+  grep -q "local address:.*GID ::ffff:$second\$" "$log.server" && grep -q "remote address:.*GID ::ffff:$second\$" \
+    "$log.client" || problems+="the pair did not use $second: $(grep -h address "$log.server" "$log.client")"$'\n'
+  sleep 0.2
+  kill -INT "$dump" 2>/dev/null
+  wait "$dump" 2>/dev/null
+  local scapy
+  scapy=$(/usr/bin/python3 tests/scapy_icrc_check.py "$log.pcap" 2>&1) ||
+    problems+="packets from $second on the wire: $scapy"$'\n'
+  [[ "$scapy" =~ ^packets\ ([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge 200 ] ||
+    problems+="only '$scapy' from $second on the wire: 100 round trips of 4 packets and their ACKs expected"$'\n'
+  # On the host: a pair of its own processes, one on each GID, process to process (the rings, or direct access).
+  port=$(free_tcp_port)
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- \
+    ibv_rc_pingpong -d uroce0 -g "$index" -c -s 4096 -n 100 -p "$port" >"$log.local_server" 2>&1 &
+  server=$!
+  wait_listening_in "$HOST_A" "$port" "$server"
+  rc=0
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
+    ibv_rc_pingpong -d uroce0 -g 0 -c -s 4096 -n 100 -p "$port" 127.0.0.1 >"$log.local_client" 2>&1 || rc=$?
+  wait "$server" || problems+="same-host server on GID $index: exit $?: $(tail -n 3 "$log.local_server")"$'\n'
+  [ "$rc" -eq 0 ] || problems+="same-host client: exit $rc: $(grep -v '^[a-z_]* [0-9]*$' "$log.local_client" |
+    tail -n 3)"$'\n'
+  awk '/^(host_device_ring_sent|host_device_direct_bytes) / {n += $2} END {exit !(n > 0)}' "$log.local_client" ||
+    problems+="the same-host pair did not go process to process: $(grep '^host_device_' "$log.local_client")"$'\n'
+  # An address added: the table lists it (a device opened before hears IBV_EVENT_GID_CHANGE); one removed: gone.
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout 10 "$UROCE" run -- ibv_asyncwatch -d uroce0 >"$log.async" 2>&1 &
+  local watch=$!
+  for _ in $(seq 1 100); do grep -q "async event FD" "$log.async" && break; sleep 0.05; done
+  ip -n "$HOST_A" addr add "$added/24" dev "$VETH_A" || problems+="could not add $added"$'\n'
+  for _ in $(seq 1 100); do grep -q "GID_CHANGE" "$log.async" && break; sleep 0.05; done
+  kill "$watch" 2>/dev/null
+  wait "$watch" 2>/dev/null
+  grep -q "IBV_EVENT_GID_CHANGE" "$log.async" || problems+="no GID change event: $(cat "$log.async")"$'\n'
+  ip -n "$HOST_A" addr del "$second/24" dev "$VETH_A" || problems+="could not remove $second"$'\n'
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.changed" 2>&1
+  grep -q "::ffff:$added, RoCE v2" "$log.changed" && ! grep -q "::ffff:$second," "$log.changed" ||
+    problems+="after the changes: $(grep 'GID\|uroce:' "$log.changed")"$'\n'
+  two_hosts_down
+  junit_check "$name" "$problems"
+}
+
 case_sixty_four_processes() {
   local addr log="$WORK/64" problems
   addr=$(random_loopback)
@@ -840,6 +919,7 @@ main() {
   case_mpi_two_hosts ucx
   case_mpi_two_hosts ofi
   case_the_default_device
+  case_gid_table_follows_the_host
   case_libfabric_one_address msg
   case_libfabric_one_address rdm
   case_pyverbs_rdmacm

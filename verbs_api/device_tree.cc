@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -113,7 +114,11 @@ std::pair<std::string, std::string> OnlineCpus() {
   return {mask, list};
 }
 
-int WriteTree(const std::string& root, const std::optional<wire::IpAddress>& address, bool host_device) {
+// `gids`: the populated entries of the GID table (index, address), entry 0 first; empty while the device's address is
+// not known yet.
+int WriteTree(const std::string& root, const GidList& gids, bool host_device) {
+  const std::optional<wire::IpAddress> address =
+      !gids.empty() && gids[0].first == 0 ? std::optional<wire::IpAddress>(gids[0].second) : std::nullopt;
   const std::string dev = root + "/sys/devices/virtual/infiniband/uroce0";
   const std::string port = dev + "/ports/1";
   const std::string uverbs = root + "/sys/devices/virtual/infiniband_verbs/uverbs0";
@@ -145,9 +150,6 @@ int WriteTree(const std::string& root, const std::optional<wire::IpAddress>& add
       {port + "/sm_sl", "0"},
       {port + "/cap_mask", "0x00000000"},
       {port + "/pkeys/0", "0xffff"},
-      // GID 0: the device's address in RoCEv2 form (empty until it is known); the populated entry's attributes.
-      {port + "/gid_attrs/types/0", "RoCE v2"},
-      {port + "/gid_attrs/ndevs/0", netdev.name},
       {uverbs + "/ibdev", "uroce0"},
       {uverbs + "/abi_version", "1"},
       {uverbs + "/dev", "231:192"},
@@ -166,10 +168,22 @@ int WriteTree(const std::string& root, const std::optional<wire::IpAddress>& add
   if (host_device && !netdev.name.empty()) {
     if (int err = MakeFolders(dev + "/device/net/" + netdev.name)) return err;
   }
+  // Every entry's GID in RoCEv2 form (the zero GID where empty), and a populated entry's type and interface (files an
+  // empty entry lacks, as the kernel's read of them fails). Entry 0 is typed even before its address is known.
   for (unsigned i = 0; i < kGidSlots; ++i) {
     std::array<uint8_t, 16> gid{};
-    if (i == 0 && address) gid = address->bytes();
-    if (int err = WriteFile(port + "/gids/" + std::to_string(i), GidText(gid))) return err;
+    const auto at = std::find_if(gids.begin(), gids.end(), [i](const auto& e) { return e.first == i; });
+    if (at != gids.end()) gid = at->second.bytes();
+    const std::string n = std::to_string(i);
+    if (int err = WriteFile(port + "/gids/" + n, GidText(gid))) return err;
+    if (at == gids.end() && i != 0) {
+      unlink((port + "/gid_attrs/types/" + n).c_str());
+      unlink((port + "/gid_attrs/ndevs/" + n).c_str());
+      continue;
+    }
+    if (int err = WriteFile(port + "/gid_attrs/types/" + n, "RoCE v2")) return err;
+    const std::string ndev = at == gids.end() ? netdev.name : NetdevOf(at->second).name;
+    if (int err = WriteFile(port + "/gid_attrs/ndevs/" + n, ndev)) return err;
   }
   if (int err = Link("../../devices/virtual/infiniband/uroce0", root + "/sys/class/infiniband/uroce0")) return err;
   if (int err = Link("../../devices/virtual/infiniband_verbs/uverbs0", root + "/sys/class/infiniband_verbs/uverbs0"))
@@ -202,7 +216,7 @@ Netdev NetdevOf(const wire::IpAddress& address) {
 }
 
 int WriteDeviceTree(const std::string& root) {
-  if (auto engine = Engine::Running()) return WriteTree(root, engine->address(), engine->membership() != nullptr);
+  if (auto engine = Engine::Running()) return WriteTree(root, engine->device().gids().Populated(), engine->membership() != nullptr);
   EngineConfig config;  // no engine yet: the pinned address, if any
   std::string error;
   const bool loaded = LoadEngineConfig(&config, &error) == 0;
@@ -210,12 +224,16 @@ int WriteDeviceTree(const std::string& root) {
   const bool host_device = loaded && config.host_device;
   std::optional<wire::IpAddress> address = pinned ? config.address : std::nullopt;
   if (host_device) address = config.HostDeviceAddress();  // known before the engine: also in a prefix, or its default
-  return WriteTree(root, address, host_device);
+  return WriteTree(root, address ? GidList{{0, *address}} : GidList{}, host_device);
 }
 
-void RefreshDeviceTree(const wire::IpAddress& address, bool host_device) {
+void RewriteDeviceTree(const GidList& gids, bool host_device) {
+  if (const char* tree = ShimTree()) WriteTree(tree, gids, host_device);
+}
+
+void RefreshDeviceTree(const GidList& gids, bool host_device) {
   if (const char* tree = ShimTree()) {
-    WriteTree(tree, address, host_device);
+    WriteTree(tree, gids, host_device);
   } else {
     ShimTree(/*make=*/true);  // written with the running engine's address
   }

@@ -19,6 +19,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "wire/address.h"
 
@@ -34,13 +36,18 @@ struct Netdev {
 Netdev NetdevOf(const wire::IpAddress& address);
 
 // Writes (or rewrites: every file is replaced whole, so a reader never sees half of one) the tree under `root`,
-// creating folders as needed. The GID is the running engine's address, else the pinned UROCE_ADDR (on the host
-// device: else 127.0.0.1, its default), else the zero GID until the device opens. 0 or an errno.
+// creating folders as needed. The GIDs are the running engine's table, else GID 0 alone: the pinned UROCE_ADDR (on
+// the host device: else its default address), else the zero GID until the device opens. 0 or an errno.
 int WriteDeviceTree(const std::string& root);
 
-// The engine started on `address` (on the host device: `host_device`): rewrites the tree the discovery shim made for
-// this process, if it made one.
-void RefreshDeviceTree(const wire::IpAddress& address, bool host_device);
+// The populated entries of a GID table: (index, address), by index (emu::GidTable::Populated).
+using GidList = std::vector<std::pair<uint32_t, wire::IpAddress>>;
+
+// The engine started, or its GID table changed (on the host device: `host_device`): rewrites the tree the discovery
+// shim made for this process, if it made one.
+void RefreshDeviceTree(const GidList& gids, bool host_device);
+// The GID table changed: rewrites the tree the discovery shim made for this process, if it made one (never makes it).
+void RewriteDeviceTree(const GidList& gids, bool host_device);
 
 // Replaces the file `counters` at the root of this process's tree (if the shim made one) with `text`: the running
 // engine's counters, for `uroce stats`.

@@ -365,16 +365,27 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
 
 namespace {
 
-// The port's GID table: the populated entries the device has (emu's gid_table_len, the address in slot 0) followed
-// by empty slots, as rxe and NICs list a table larger than the addresses they hold. An empty slot reads as the zero
-// GID through ibv_query_gid and RoCE v1 through ibv_query_gid_type (rdma-core keeps that for empty entries) and as
+// The port's GID table (emu::GidTable): the device's address at entry 0, the host's others after it, and empty
+// entries, as rxe and NICs list a table larger than the addresses they hold. An empty entry reads as the zero GID
+// through ibv_query_gid and RoCE v1 through ibv_query_gid_type (rdma-core keeps that for empty entries) and as
 // ENODATA through ibv_query_gid_ex; an index past the table is EINVAL.
-constexpr uint32_t kGidTableSlots = 16;
-
 enum class GidSlot { kPopulated, kEmpty, kOutside };
-GidSlot ClassifyGid(ibv_context* context, uint32_t port_num, uint32_t index) {
-  if (port_num != 1 || index >= kGidTableSlots) return GidSlot::kOutside;
-  return index < Ctx(context)->dev().config().limits.gid_table_len ? GidSlot::kPopulated : GidSlot::kEmpty;
+GidSlot ClassifyGid(ibv_context* context, uint32_t port_num, uint32_t index, uroce::wire::IpAddress* gid = nullptr) {
+  if (port_num != 1 || index >= Ctx(context)->dev().config().limits.gid_table_len) return GidSlot::kOutside;
+  const std::optional<uroce::wire::IpAddress> at = Ctx(context)->dev().gids().At(index);
+  if (!at) return GidSlot::kEmpty;
+  if (gid != nullptr) *gid = *at;
+  return GidSlot::kPopulated;
+}
+
+// Fills `entry` (entry_size checked by the caller) for populated entry `index` holding `gid`.
+void FillGidEntry(const uroce::wire::IpAddress& gid, uint32_t index, ibv_gid_entry* entry) {
+  std::memset(entry, 0, sizeof *entry);
+  std::memcpy(entry->gid.raw, gid.bytes().data(), 16);
+  entry->gid_index = index;
+  entry->port_num = 1;
+  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  entry->ndev_ifindex = NetdevOf(gid).index;  // the interface holding the address
 }
 
 }  // namespace
@@ -388,7 +399,7 @@ int QueryPort(ibv_context* context, uint8_t port_num, ibv_port_attr* a, size_t l
   p.state = IBV_PORT_ACTIVE;
   p.max_mtu = IBV_MTU_4096;
   p.active_mtu = static_cast<ibv_mtu>(cfg.active_mtu);
-  p.gid_tbl_len = static_cast<int>(kGidTableSlots);
+  p.gid_tbl_len = static_cast<int>(cfg.limits.gid_table_len);
   p.port_cap_flags = 0;
   p.max_msg_sz = cfg.limits.max_msg_sz;
   p.pkey_tbl_len = cfg.limits.max_pkeys;
@@ -431,16 +442,14 @@ int QueryDeviceEx(ibv_context* context, const ibv_query_device_ex_input* input, 
 extern "C" {
 
 int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
-  const GidSlot slot = index < 0 ? GidSlot::kOutside : ClassifyGid(context, port_num, static_cast<uint32_t>(index));
+  uroce::wire::IpAddress at;  // the zero GID for an empty entry
+  const GidSlot slot =
+      index < 0 ? GidSlot::kOutside : ClassifyGid(context, port_num, static_cast<uint32_t>(index), &at);
   if (slot == GidSlot::kOutside) {
     errno = EINVAL;
     return -1;  // ibv_query_gid(3): returns -1 on error
   }
-  if (slot == GidSlot::kEmpty) {
-    std::memset(gid->raw, 0, sizeof gid->raw);
-    return 0;
-  }
-  std::memcpy(gid->raw, Ctx(context)->dev().config().address.bytes().data(), 16);
+  std::memcpy(gid->raw, at.bytes().data(), 16);
   return 0;
 }
 
@@ -476,24 +485,26 @@ int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int inde
 int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
                       uint32_t flags, size_t entry_size) {
   if (flags) return EINVAL;
-  const GidSlot slot = ClassifyGid(context, port_num, gid_index);
+  uroce::wire::IpAddress gid;
+  const GidSlot slot = ClassifyGid(context, port_num, gid_index, &gid);
   if (slot != GidSlot::kPopulated) return slot == GidSlot::kEmpty ? ENODATA : EINVAL;
   if (entry_size < sizeof(ibv_gid_entry)) return EINVAL;
-  std::memset(entry, 0, sizeof *entry);
-  std::memcpy(entry->gid.raw, Ctx(context)->dev().config().address.bytes().data(), 16);
-  entry->gid_index = 0;
-  entry->port_num = 1;
-  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
-  entry->ndev_ifindex = NetdevOf(Ctx(context)->dev().config().address).index;  // the interface holding the address
+  FillGidEntry(gid, gid_index, entry);
   return 0;
 }
 
 ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t max_entries, uint32_t flags,
                              size_t entry_size) {
+  // ibv_query_gid_table(3): the populated entries, in index order; EINVAL when they do not all fit.
   if (flags) return -EINVAL;
-  if (max_entries < 1) return -EINVAL;
-  int rc = _ibv_query_gid_ex(context, 1, 0, entries, 0, entry_size);
-  return rc ? -rc : 1;
+  if (entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
+  const auto populated = Ctx(context)->dev().gids().Populated();
+  if (max_entries < populated.size()) return -EINVAL;
+  for (size_t i = 0; i < populated.size(); ++i) {
+    FillGidEntry(populated[i].second, populated[i].first,
+                 reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<uint8_t*>(entries) + i * entry_size));
+  }
+  return ssize_t(populated.size());
 }
 
 // The exported ibv_query_port (IBVERBS_1.1) for binaries built before verbs.h made it an inline that calls

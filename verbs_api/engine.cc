@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "wire/clock.h"
+#include "wire/host_addresses.h"
 #include "wire/icrc.h"
 #include "wire/capture_transport.h"
 #include "wire/fault_model.h"
@@ -364,7 +365,7 @@ std::shared_ptr<Engine> Engine::Acquire() {
   }
   // The discovery shim's files of this process, made now if they were not (the live counters go there), with GID 0
   // now that it is known. Outside g_engine_mu: the shim writes them through WriteDeviceTree, which takes it.
-  RefreshDeviceTree(e->address(), e->membership() != nullptr);
+  RefreshDeviceTree(e->device().gids().Populated(), e->membership() != nullptr);
   e->WriteLiveCounters(wire::SystemClock::Instance().NowNs());
   return e;
 }
@@ -500,6 +501,14 @@ int Engine::Start(const EngineConfig& config) {
   }
   dc.time_scale = time_scale_;
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::BatchedClock::Instance());
+  if (membership_ && membership_->every_address()) {
+    // Watched first, so that no change between the first look and the watch goes unseen.
+    if (int err = address_watcher_.Start([this] { RefreshGids(/*announce=*/true); }); err != 0) {
+      fprintf(stderr, "uroce: cannot watch this host's addresses (%s): the GID table stays as it starts\n",
+              strerror(err));
+    }
+    RefreshGids(/*announce=*/false);
+  }
   // Received requests' ACKs are held a little (Device::AckTiming::kHeld): whoever receives, the application may
   // answer at once, and its reply then leaves first with the ACK behind it.
   handler_ = [this, dev = device_.get()](const wire::InDatagram& d) {
@@ -558,28 +567,15 @@ wire::IpAddress DefaultHostAddress() {
     }
     fclose(f);
   }
-  std::vector<wire::IpAddress> on_route, v4, v6;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) == 0) {
-    for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-      const auto a = wire::IpAddressOf(i->ifa_addr);
-      // Up, not running: a link's carrier comes and goes (a veth's peer, a cable), and linkwatch reports it up to a
-      // second late, so processes started together would not all come to the same address.
-      if (!a || (i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
-      if (a->is_loopback()) continue;
-      if (a->is_v4()) {
-        if ((a->v4() >> 16) == 0xa9fe) continue;  // link-local
-        (route_interface == i->ifa_name ? on_route : v4).push_back(*a);
-      } else if (!(a->bytes()[0] == 0xfe && (a->bytes()[1] & 0xc0) == 0x80)) {  // not link-local
-        v6.push_back(*a);
-      }
-    }
-    freeifaddrs(list);
+  std::vector<std::string> ifnames;
+  const std::vector<wire::IpAddress> usable = wire::UsableHostAddresses(&ifnames);  // lowest first
+  for (size_t i = 0; i < usable.size(); ++i) {
+    if (usable[i].is_v4() && ifnames[i] == route_interface) return usable[i];
   }
-  for (auto* found : {&on_route, &v4, &v6}) {
-    if (!found->empty()) return *std::min_element(found->begin(), found->end());
+  for (const wire::IpAddress& a : usable) {
+    if (a.is_v4()) return a;
   }
-  return wire::IpAddress::V4(0x7f000001);
+  return usable.empty() ? wire::IpAddress::V4(0x7f000001) : usable.front();
 }
 
 std::optional<wire::IpAddress> EngineConfig::HostDeviceAddress() const {
@@ -601,15 +597,20 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   auto membership = std::make_unique<HostDeviceMembership>();
   std::string error;
   // Unchosen, the host device is shared only with a service that lasts as long as we do (HostDeviceMembership::Join).
-  if (int err = membership->Join(*bound, /*lasting_only=*/!config.device_chosen, &error)) {
+  // Unpinned (no UROCE_ADDR), the device is the host's on all its addresses: a service we start listens on each.
+  if (int err = membership->Join(*bound, /*lasting_only=*/!config.device_chosen, /*every_address=*/!config.address,
+                                 &error)) {
     fprintf(stderr, "uroce: %s\n", error.c_str());
     return -err;
   }
-  // We send from a socket of our own on the device's address (any source port: the service needs only what arrives).
+  // We send from a socket of our own on the device's address (any source port: the service needs only what arrives),
+  // or on the wildcard where the service listens on every address: each packet then names its source (its GID).
   std::unique_ptr<wire::SocketTransport> sender;
   wire::SocketTransport::Options options;
   options.udp_offloads = !config.one_packet_per_datagram;
-  if (int rc = wire::SocketTransport::Create({*bound, 0}, options, &sender); rc < 0) {
+  const wire::IpAddress sender_address =
+      !membership->every_address() ? *bound : bound->is_v4() ? wire::IpAddress::V4(0) : wire::IpAddress();
+  if (int rc = wire::SocketTransport::Create({sender_address, 0}, options, &sender); rc < 0) {
     fprintf(stderr, "uroce: cannot open a UDP socket on %s: %s\n", bound->ToString().c_str(), strerror(-rc));
     return rc;
   }
@@ -641,6 +642,14 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   transport_ = std::move(transport);
   membership_ = std::move(membership);
   return 0;
+}
+
+void Engine::RefreshGids(bool announce) {
+  const std::vector<wire::IpAddress> others = wire::OtherGids(address());
+  host_transport_->SetOtherHostAddresses(others);
+  // The tree is rewritten where the shim made one already: making it takes g_engine_mu (WriteDeviceTree), which Start
+  // holds, and which Finish holds while it stops the watcher. At Start it is written after (Engine::Open).
+  if (device_->UpdateGids(others, announce) && announce) RewriteDeviceTree(device_->gids().Populated(), true);
 }
 
 void Engine::OnServiceLost() {
@@ -926,6 +935,7 @@ void Engine::LeaveMulticast(const wire::IpAddress& group) {
 }
 
 void Engine::Finish() {
+  address_watcher_.Stop();
   if (device_) device_->SendHeldAcks();
   PrintStatsOnce();
   {

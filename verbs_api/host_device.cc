@@ -51,8 +51,8 @@ std::string ServiceBinary() {
 
 // Starts the service for `address` in a session of its own (it forks away and we reap the intermediate process),
 // with no descriptor of ours but /dev/null on 0-2 (a pipe of our caller's held open by it would keep that caller
-// waiting for EOF). 0 or an errno.
-int SpawnService(const std::string& binary, const wire::IpAddress& address) {
+// waiting for EOF). `every_address`: it receives on every address of the host (--every-address). 0 or an errno.
+int SpawnService(const std::string& binary, const wire::IpAddress& address, bool every_address) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   // UROCE_SERVICE_LOG=FILE: the service writes its counters there when it leaves.
@@ -78,10 +78,12 @@ int SpawnService(const std::string& binary, const wire::IpAddress& address) {
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   const std::string address_text = address.ToString();
-  const char* argv[] = {binary.c_str(), "--address", address_text.c_str(), "--daemonize",
-                        logging ? "--stats" : nullptr, nullptr};
+  std::vector<const char*> argv = {binary.c_str(), "--address", address_text.c_str(), "--daemonize"};
+  if (every_address) argv.push_back("--every-address");
+  if (logging) argv.push_back("--stats");
+  argv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, binary.c_str(), &actions, &attr, const_cast<char**>(argv), environ);
+  const int rc = posix_spawn(&pid, binary.c_str(), &actions, &attr, const_cast<char**>(argv.data()), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return rc;
@@ -168,6 +170,7 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, bool lasting_o
   control_fd_ = fd;
   forward_fd_ = pair[0];
   owner_ = static_cast<uint8_t>(welcome.value);
+  every_address_ = (welcome.value & wire::kWelcomeEveryAddress) != 0;
   if (passed.size() == 1) {
     steered_fd_ = passed[0];
     passed[0] = -1;
@@ -175,7 +178,8 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, bool lasting_o
   return 0;
 }
 
-int HostDeviceMembership::Join(const wire::IpAddress& address, bool lasting_only, std::string* error) {
+int HostDeviceMembership::Join(const wire::IpAddress& address, bool lasting_only, bool every_address,
+                               std::string* error) {
   const auto give_up = std::chrono::steady_clock::now() + kJoinTimeout;
   std::optional<std::chrono::steady_clock::time_point> last_spawn;
   for (int attempt = 0;; ++attempt) {
@@ -196,7 +200,7 @@ int HostDeviceMembership::Join(const wire::IpAddress& address, bool lasting_only
                  "names it)";
         return ENOENT;
       }
-      if (int err = SpawnService(binary, address)) {
+      if (int err = SpawnService(binary, address, every_address)) {
         *error = "cannot start " + binary + ": " + strerror(err);
         return err;
       }

@@ -25,8 +25,9 @@ class HostDeviceMembership {
   // processes share it already; EACCES: it runs as another user), ENOENT (no service binary), ETIMEDOUT.
   // `lasting_only`: join only a service of our own PID namespace, else EXDEV. One started in another (a sibling
   // sandbox's, such as another Bazel test's) ends with that namespace, taking the device from under us; one in a
-  // parent namespace cannot be told from it (its PID is 0 to us, SO_PEERCRED).
-  int Join(const wire::IpAddress& address, bool lasting_only, std::string* error);
+  // parent namespace cannot be told from it (its PID is 0 to us, SO_PEERCRED). `every_address`: a service we start
+  // receives on every address of the host (the one we join tells whether it does: every_address()).
+  int Join(const wire::IpAddress& address, bool lasting_only, bool every_address, std::string* error);
 
   // Asks the service to route new connections for a CM service ID to us / to stop. 0 or an errno (EADDRINUSE:
   // another process listens; EPIPE: the service is gone).
@@ -59,6 +60,9 @@ class HostDeviceMembership {
     return fd;
   }
   uint8_t owner() const { return owner_; }
+  // The service receives on UDP 4791 of every address of the host (it was started unpinned), so the device's GID
+  // table lists them all; else on the device's address alone.
+  bool every_address() const { return every_address_; }
 
  private:
   int TryJoin(const wire::IpAddress& address, bool lasting_only, std::string* error);
@@ -68,6 +72,7 @@ class HostDeviceMembership {
   int forward_fd_ = -1;
   int steered_fd_ = -1;
   uint8_t owner_ = 0;
+  bool every_address_ = false;
   std::mutex request_mu_;  // one control request at a time
 };
 

@@ -630,21 +630,25 @@ int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_
   if (port_num != 1 || !(wc->wc_flags & IBV_WC_GRH) || grh == nullptr) return EINVAL;
   std::memset(ah_attr, 0, sizeof *ah_attr);
   const auto* bytes = reinterpret_cast<const uint8_t*>(grh);
-  uint8_t src[16] = {};
+  uint8_t src[16] = {}, dst[16] = {};
   const uint8_t* v4 = bytes + 20;
   if ((v4[0] >> 4) == 4) {
-    src[10] = src[11] = 0xff;
+    src[10] = src[11] = dst[10] = dst[11] = 0xff;
     std::memcpy(src + 12, v4 + 12, 4);
+    std::memcpy(dst + 12, v4 + 16, 4);
     ah_attr->grh.traffic_class = v4[1];
     ah_attr->grh.hop_limit = 0xff;
   } else if ((bytes[0] >> 4) == 6) {
     std::memcpy(src, bytes + 8, 16);
+    std::memcpy(dst, bytes + 24, 16);
     ah_attr->grh.hop_limit = 0xff;
   } else {
     return EINVAL;
   }
   std::memcpy(ah_attr->grh.dgid.raw, src, 16);
-  ah_attr->grh.sgid_index = 0;
+  // The reply leaves from the GID the datagram came to (the kernel's ib_init_ah_attr_from_wc finds it by the DGID).
+  const std::optional<uint32_t> local = Ctx(context)->dev().gids().IndexOf(uroce::wire::IpAddress::FromBytes(dst));
+  ah_attr->grh.sgid_index = uint8_t(local.value_or(0));
   ah_attr->is_global = 1;
   ah_attr->port_num = port_num;
   ah_attr->sl = wc->sl;

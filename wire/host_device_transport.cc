@@ -375,9 +375,23 @@ int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns
   return got + slept;
 }
 
+void HostDeviceTransport::SetOtherHostAddresses(std::vector<IpAddress> others) {
+  std::lock_guard lock(others_mu_);
+  others_ = std::move(others);
+  has_others_.store(!others_.empty(), std::memory_order_release);
+}
+
+bool HostDeviceTransport::IsHostEndpoint(const UdpEndpoint& ep) const {
+  if (ep.port != local_.port) return false;
+  if (ep.addr == local_.addr) return true;
+  if (!has_others_.load(std::memory_order_acquire)) return false;
+  std::lock_guard lock(others_mu_);
+  return std::find(others_.begin(), others_.end(), ep.addr) != others_.end();
+}
+
 uint8_t HostDeviceTransport::PeerOwner(const OutDatagram& dg) const {
   if (same_host_ == SameHostPath::kUdp) return 0;
-  if (dg.dst.addr != local_.addr || dg.dst.port != local_.port) return 0;
+  if (!IsHostEndpoint(dg.dst)) return 0;
   const PacketRoute route = RouteOf(dg.payload);
   return route.kind == PacketRoute::Kind::kOwner ? route.owner : 0;
 }
@@ -429,7 +443,7 @@ HostDeviceTransport::Peer* HostDeviceTransport::PeerFor(uint8_t owner, bool reco
 }
 
 void HostDeviceTransport::ConnectAhead(const UdpEndpoint& dst, uint32_t qpn) {
-  if (same_host_ == SameHostPath::kUdp || dst.addr != local_.addr || dst.port != local_.port) return;
+  if (same_host_ == SameHostPath::kUdp || !IsHostEndpoint(dst)) return;
   const uint8_t owner = OwnerOf24(qpn);
   if (owner == 0) return;
   Peer* peer = PeerFor(owner, false);
@@ -626,7 +640,7 @@ void HostDeviceTransport::ReportGone() {
 }
 
 DirectTable* HostDeviceTransport::DirectTableFor(const UdpEndpoint& peer, uint32_t dest_qpn, Peer** found) {
-  if (peer != local_ || direct_refused_.load(std::memory_order_relaxed)) return nullptr;
+  if (!IsHostEndpoint(peer) || direct_refused_.load(std::memory_order_relaxed)) return nullptr;
   return PeerTable(OwnerOf24(dest_qpn), found);
 }
 

@@ -164,6 +164,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   uint8_t owner() const { return owner_; }
 
   UdpEndpoint local() const override { return local_; }
+  // The host's addresses besides local()'s, where the service receives too (it listens on every address): a packet to
+  // one of them whose destination QP names a process of the host goes to that process as one to local() does.
+  void SetOtherHostAddresses(std::vector<IpAddress> others);
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override {
     return sender_->OutgoingFlow(dst, src_port);
   }
@@ -171,7 +174,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // Unread (false) towards another process of the host once LeaveUnreadIcrcsUnsealed was called: what a data
   // packet's DestQP routes to a process goes process to process and is vouched for; CM MADs and multicast leave by UDP.
   bool IcrcIsRead(const UdpEndpoint& dst, uint32_t dest_qpn) const override {
-    if (!icrc_unread_to_peers_ || dst != local_) return true;
+    if (!icrc_unread_to_peers_ || !IsHostEndpoint(dst)) return true;
     return OwnerOf24(dest_qpn) == 0 || dest_qpn == kMulticastQpn;
   }
   // Packets for another process of the host go without an ICRC (IcrcIsRead): for when nothing captures or alters
@@ -327,6 +330,12 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
 
   std::unique_ptr<Transport> sender_;
   UdpEndpoint local_;
+  // SetOtherHostAddresses's; has_others_ spares the lock to a device on one address.
+  mutable std::mutex others_mu_;
+  std::vector<IpAddress> others_;
+  std::atomic<bool> has_others_{false};
+  // `ep` is UDP 4791 of one of the host's addresses (local() or another).
+  bool IsHostEndpoint(const UdpEndpoint& ep) const;
   uint8_t owner_;
   int forward_fd_;
   int control_fd_;
