@@ -603,14 +603,13 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
     fprintf(stderr, "uroce: %s\n", error.c_str());
     return -err;
   }
-  // We send from a socket of our own on the device's address (any source port: the service needs only what arrives),
-  // or on the wildcard where the service listens on every address: each packet then names its source (its GID).
+  // We send from a socket of our own on the device's address (any source port: the service needs only what arrives).
+  // A packet of another GID names its source, which the kernel takes over the socket's address (IP_PKTINFO); GID 0's
+  // packets carry no control message.
   std::unique_ptr<wire::SocketTransport> sender;
   wire::SocketTransport::Options options;
   options.udp_offloads = !config.one_packet_per_datagram;
-  const wire::IpAddress sender_address =
-      !membership->every_address() ? *bound : bound->is_v4() ? wire::IpAddress::V4(0) : wire::IpAddress();
-  if (int rc = wire::SocketTransport::Create({sender_address, 0}, options, &sender); rc < 0) {
+  if (int rc = wire::SocketTransport::Create({*bound, 0}, options, &sender); rc < 0) {
     fprintf(stderr, "uroce: cannot open a UDP socket on %s: %s\n", bound->ToString().c_str(), strerror(-rc));
     return rc;
   }

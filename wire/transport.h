@@ -31,8 +31,8 @@ struct OutDatagram {
   // matches, and no transport may tell the receiver that it does (InDatagram::icrc_vouched).
   bool altered = false;
   // The local address it leaves from: the GID its QP's address vector names (ibv_modify_qp(3), ah_attr.grh.sgid_index).
-  // Unspecified: the transport's own address (local()). A UDP socket bound to the wildcard is told it per datagram
-  // (IP_PKTINFO, ip(7)); a sender names only addresses its device has.
+  // Unspecified: the transport's own address (local()). A UDP socket is told another than its bound one per datagram
+  // (IP_PKTINFO, ip(7): the kernel takes it over the socket's own); a sender names only addresses its device has.
   IpAddress src_addr;
 };
 

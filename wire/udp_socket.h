@@ -120,9 +120,9 @@ void SetUdpSegmentControl(msghdr* msg, uint8_t* control, uint16_t segment_size);
 // `gso` holds (an EIO refusal turns it off for good), each ICRC re-sealed for its segment's IP ID, and a run refused
 // whole goes again one datagram per message. A datagram the kernel refuses (EACCES for broadcast, ENETUNREACH, ...)
 // is counted in `counters` and skipped: this is a datagram network. A datagram whose OutDatagram::src_addr is not
-// `bound` (the socket's bound address: the wildcard) leaves from that address (IP_PKTINFO / IPV6_PKTINFO). `flags`: 0
-// blocks while the socket's send buffer
-// is full; MSG_DONTWAIT stops there. Returns the number of datagrams sent or refused, which is less than the batch
+// `bound` (the socket's bound address, or the wildcard) leaves from that address (IP_PKTINFO / IPV6_PKTINFO, which
+// the kernel takes over the bound one). `flags`: 0 blocks while the socket's send buffer is full; MSG_DONTWAIT stops
+// there. Returns the number of datagrams sent or refused, which is less than the batch
 // when a datagram cannot be sent at all or the buffer is full; or -EMSGSIZE (a payload above max_datagram),
 // -EAFNOSUPPORT (an IPv6 destination or source on an IPv4 socket) or -EAGAIN (MSG_DONTWAIT, full) when that is so for the
 // first.

@@ -263,9 +263,10 @@ TYPED_TEST(UdpTransportTest, DestinationAddressComesFromPktinfo) {
   EXPECT_EQ(got[0].src, a->local());
 }
 
-TYPED_TEST(UdpTransportTest, WildcardSocketSendsFromTheAddressEachDatagramNames) {
-  // A device bound to the wildcard has a GID per local address; each datagram leaves from the one its QP names
-  // (OutDatagram::src_addr, IP_PKTINFO), a UDP_SEGMENT run included, and its ICRC holds for that address.
+TYPED_TEST(UdpTransportTest, ASocketSendsFromTheAddressEachDatagramNames) {
+  // A device with a GID per local address: each datagram leaves from the one its QP names (OutDatagram::src_addr,
+  // IP_PKTINFO), a UDP_SEGMENT run included, and its ICRC holds for that address; from a socket on the wildcard and
+  // from one bound to another of the addresses.
   MAKE_OR_SKIP(any, UdpEndpoint{IpAddress::V4(0), 0});
   MAKE_OR_SKIP(rx);
   // Two of the host's loopback addresses (all of 127.0.0.0/8 is local); the ports are ephemeral, so no other test's.
@@ -291,6 +292,15 @@ TYPED_TEST(UdpTransportTest, WildcardSocketSendsFromTheAddressEachDatagramNames)
     EXPECT_EQ(got[i].src, (UdpEndpoint{i < 3 ? first : second, any->local().port}));
     EXPECT_TRUE(VerifyIcrc(Flow{got[i].src, got[i].dst, uint16_t(i % 3)}, got[i].payload).ok) << i;
   }
+  // A socket bound to one address sends from another the datagram names (the kernel takes IP_PKTINFO's over its own).
+  MAKE_OR_SKIP(bound_one);
+  ASSERT_EQ(bound_one->local().addr, first);
+  OutDatagram from_second{rx->local(), 0, ps[5]};
+  from_second.src_addr = second;
+  ASSERT_EQ(bound_one->Send({&from_second, 1}), 1);
+  auto one = ReceiveN(*rx, 1);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].src, (UdpEndpoint{second, bound_one->local().port}));
   // An IPv4 socket has no IPv6 source.
   OutDatagram v6_source{rx->local(), 0, ps[0]};
   v6_source.src_addr = *IpAddress::Parse("::1");
