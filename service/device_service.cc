@@ -47,7 +47,7 @@ DeviceService::DeviceService(asio::io_context& io, const wire::IpAddress& addres
       linger_(linger),
       max_processes_(max_processes),
       acceptor_(io),
-      udp_(io),
+      udp_(std::make_shared<Descriptor>(io)),
       linger_timer_(io) {
   owner_socket_.fill(-1);
 }
@@ -101,11 +101,11 @@ int DeviceService::Start() {
       return rc;
     }
     udp_fd_ = fd;
-    udp_.assign(fd);
-    udp_.non_blocking(true, ec);
+    udp_->assign(fd);
+    udp_->non_blocking(true, ec);
   }
   AcceptNext();
-  if (udp_fd_ >= 0) WaitUdp();
+  if (udp_fd_ >= 0) WaitUdp(udp_, {address_, udp_port_});
   if (udp_fd_ >= 0 && every_address_) {
     // Watched first, so that no change between the first look and the watch goes unseen.
     const int changes = wire::OpenAddressChanges();
@@ -127,7 +127,7 @@ void DeviceService::FollowOtherAddresses() {
       continue;
     }
     boost::system::error_code ignored;
-    it->second->ready.close(ignored);  // closes the socket: the address is gone
+    it->second->close(ignored);  // closes the socket: the address is gone
     it = others_.erase(it);
   }
   for (const wire::IpAddress& a : wanted) {
@@ -139,12 +139,10 @@ void DeviceService::FollowOtherAddresses() {
     if (fd < 0) continue;
     bool gso = false, gro = false;
     wire::EnableUdpOffloads(fd, &gso, &gro);  // the receiver takes runs whole (its buffers are sized for them)
-    auto other = std::make_unique<OtherAddress>(io_);
-    other->fd = fd;
-    other->ready.assign(fd);
+    auto other = std::make_shared<Descriptor>(io_, fd);
     boost::system::error_code ec;
-    other->ready.non_blocking(true, ec);
-    WaitOther(a, *other);
+    other->non_blocking(true, ec);
+    WaitUdp(other, {a, udp_port_});
     others_.emplace(a, std::move(other));
   }
 }
@@ -154,15 +152,6 @@ void DeviceService::WaitAddressChanges() {
     if (ec) return;
     if (wire::TakeAddressChanges(address_changes_.native_handle())) FollowOtherAddresses();
     WaitAddressChanges();
-  });
-}
-
-void DeviceService::WaitOther(const wire::IpAddress& address, OtherAddress& other) {
-  other.ready.async_wait(Descriptor::wait_read, [this, address, &other](const boost::system::error_code& ec) {
-    if (ec) return;  // closed: the address went (FollowOtherAddresses), or the service leaves
-    for (int receives = 0; receives < 16 && DrainUdp(other.fd, {address, udp_port_}) > 0; ++receives) {
-    }
-    WaitOther(address, other);
   });
 }
 
@@ -368,20 +357,24 @@ void DeviceService::ArmLingerIfIdle() {
     // Nobody for `linger`: give the name and the port back, and let Run return.
     boost::system::error_code ignored;
     acceptor_.close(ignored);
-    udp_.close(ignored);
+    udp_->close(ignored);
     address_changes_.close(ignored);
-    others_.clear();  // their descriptors close their sockets
+    for (auto& [address, socket] : others_) socket->close(ignored);
+    others_.clear();
     io_.stop();
   });
 }
 
-void DeviceService::WaitUdp() {
-  udp_.async_wait(Descriptor::wait_read, [this](const boost::system::error_code& ec) {
-    if (ec) return;
+void DeviceService::WaitUdp(std::shared_ptr<Descriptor> socket, const wire::UdpEndpoint& local) {
+  Descriptor& waited = *socket;
+  waited.async_wait(Descriptor::wait_read, [this, socket = std::move(socket),
+                                            local](const boost::system::error_code& ec) {
+    // Closed: the service leaves, or another address went (FollowOtherAddresses), perhaps after this wait completed.
+    if (ec || !socket->is_open()) return;
     // Up to 16 receives while datagrams keep coming, before control messages get their turn.
-    for (int receives = 0; receives < 16 && DrainUdp(udp_fd_, {address_, udp_port_}) > 0; ++receives) {
+    for (int receives = 0; receives < 16 && DrainUdp(socket->native_handle(), local) > 0; ++receives) {
     }
-    WaitUdp();
+    WaitUdp(socket, local);
   });
 }
 

@@ -88,7 +88,10 @@ class DeviceService {
   void HandleControl(Process& p, const wire::ControlMessage& m, std::vector<int>& fds);
   void Reply(Process& p, wire::ControlType type, int32_t status, uint64_t value);
   void Leave(Process& p);
-  void WaitUdp();
+  // Waits for datagrams on `socket`, bound to `local` (the address's socket or another address's), and forwards them.
+  // The wait holds the descriptor: a wait already completed still runs after the socket was closed and let go
+  // (FollowOtherAddresses), and then finds it closed.
+  void WaitUdp(std::shared_ptr<boost::asio::posix::stream_descriptor> socket, const wire::UdpEndpoint& local);
   // One receive's worth from the UDP socket `fd` bound to `local` (UDP_GRO runs split into their datagrams), each
   // forwarded; then the rings written are published. How many datagrams it took, or -errno (-EAGAIN: none queued).
   int DrainUdp(int fd, const wire::UdpEndpoint& local);
@@ -116,19 +119,14 @@ class DeviceService {
   // Not the address's own socket with the wildcard's reach: that would hold UDP 4791 of every loopback address too,
   // where processes with devices of their own bind (UROCE_DEVICE=process).
   bool every_address_;
-  struct OtherAddress {
-    int fd = -1;
-    boost::asio::posix::stream_descriptor ready;
-    explicit OtherAddress(boost::asio::io_context& io) : ready(io) {}
-  };
-  std::map<wire::IpAddress, std::unique_ptr<OtherAddress>> others_;
+  // Each other address's socket (owned by its descriptor, which a wait in progress keeps alive: WaitUdp).
+  std::map<wire::IpAddress, std::shared_ptr<boost::asio::posix::stream_descriptor>> others_;
   boost::asio::posix::stream_descriptor address_changes_;
   void FollowOtherAddresses();  // opens and closes sockets to match wire::OtherGids
   void WaitAddressChanges();
-  void WaitOther(const wire::IpAddress& address, OtherAddress& other);
   std::chrono::milliseconds linger_;
   boost::asio::posix::stream_descriptor acceptor_;  // the listening SOCK_SEQPACKET socket
-  boost::asio::posix::stream_descriptor udp_;
+  std::shared_ptr<boost::asio::posix::stream_descriptor> udp_;
   int udp_fd_ = -1;
   int udp_error_ = 0;  // why UDP could not be bound (told to every process)
   boost::asio::steady_timer linger_timer_;

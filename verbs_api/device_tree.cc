@@ -22,7 +22,6 @@ namespace {
 
 // The device's numbers, where ibv_query_device / ibv_query_port take them from (device_verbs.cc).
 constexpr const char* kFirmware = "uroce 0.1";
-constexpr unsigned kGidSlots = 16;
 
 // Writes `text` and a newline to `path` through a temporary file renamed over it: a reader sees the old file or the
 // new one, never half of it.
@@ -170,7 +169,7 @@ int WriteTree(const std::string& root, const GidList& gids, bool host_device) {
   }
   // Every entry's GID in RoCEv2 form (the zero GID where empty), and a populated entry's type and interface (files an
   // empty entry lacks, as the kernel's read of them fails). Entry 0 is typed even before its address is known.
-  for (unsigned i = 0; i < kGidSlots; ++i) {
+  for (uint32_t i = 0; i < emu::GidTable::kEntries; ++i) {
     std::array<uint8_t, 16> gid{};
     const auto at = std::find_if(gids.begin(), gids.end(), [i](const auto& e) { return e.first == i; });
     if (at != gids.end()) gid = at->second.bytes();
@@ -216,7 +215,8 @@ Netdev NetdevOf(const wire::IpAddress& address) {
 }
 
 int WriteDeviceTree(const std::string& root) {
-  if (auto engine = Engine::Running()) return WriteTree(root, engine->device().gids().Populated(), engine->membership() != nullptr);
+  if (auto engine = Engine::Running())
+    return WriteTree(root, engine->device().gids().Populated(), engine->membership() != nullptr);
   EngineConfig config;  // no engine yet: the pinned address, if any
   std::string error;
   const bool loaded = LoadEngineConfig(&config, &error) == 0;

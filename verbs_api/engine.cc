@@ -647,7 +647,7 @@ void Engine::RefreshGids(bool announce) {
   const std::vector<wire::IpAddress> others = wire::OtherGids(address());
   host_transport_->SetOtherHostAddresses(others);
   // The tree is rewritten where the shim made one already: making it takes g_engine_mu (WriteDeviceTree), which Start
-  // holds, and which Finish holds while it stops the watcher. At Start it is written after (Engine::Open).
+  // holds, and which Finish holds while it stops the watcher. At Start it is written after (Engine::Acquire).
   if (device_->UpdateGids(others, announce) && announce) RewriteDeviceTree(device_->gids().Populated(), true);
 }
 
