@@ -4,7 +4,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -309,6 +311,50 @@ int BenchUdpThroughput(double seconds, size_t frame) {
   return 0;
 }
 
+// Moves the calling thread into the network namespace `name` of ip-netns(8) (root), or back into the one `fd` names.
+// 0 or -errno.
+int EnterNetworkNamespace(const std::string& name) {
+  const int fd = open(("/var/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  const int r = setns(fd, CLONE_NEWNET) < 0 ? -errno : 0;
+  close(fd);
+  return r;
+}
+
+// `udp-gbps --between RX_NETNS RX_ADDR TX_NETNS`: the GSO + GRO stream from a socket in one network namespace to one
+// bound at RX_ADDR in another (a veth pair's two ends, say): what the kernel itself moves over that path, as the
+// loopback stream is for loopback. Each socket is opened in its namespace and keeps it after the thread has left.
+int BenchUdpThroughputBetween(const std::string& rx_netns, const std::string& rx_addr, const std::string& tx_netns,
+                              double seconds, size_t frame) {
+  const auto at = uroce::wire::IpAddress::Parse(rx_addr);
+  if (!at) {
+    std::fprintf(stderr, "not an address: %s\n", rx_addr.c_str());
+    return 2;
+  }
+  const int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+  if (home < 0) return 1;
+  uroce::wire::UdpEndpoint rx_at, tx_at;
+  int rx = -1, tx = -1, error = EnterNetworkNamespace(rx_netns);
+  if (error == 0 && (rx = uroce::wire::OpenStreamSocket(*at, &rx_at)) < 0) error = rx;
+  if (error == 0) error = EnterNetworkNamespace(tx_netns);
+  const auto any = at->is_v4() ? uroce::wire::IpAddress::V4(0) : uroce::wire::IpAddress();  // the wildcard of its family
+  if (error == 0 && (tx = uroce::wire::OpenStreamSocket(any, &tx_at)) < 0) error = tx;
+  if (setns(home, CLONE_NEWNET) < 0 && error == 0) error = -errno;
+  close(home);
+  uroce::wire::TransportBenchResult gso;
+  if (error == 0) gso = uroce::wire::RunGsoBenchBetween(rx, rx_at, tx, frame, seconds);
+  if (rx >= 0) close(rx);
+  if (tx >= 0) close(tx);
+  if (error == 0) error = gso.error;
+  if (error != 0) {
+    std::fprintf(stderr, "the stream from %s to %s in %s: %s\n", tx_netns.c_str(), rx_addr.c_str(), rx_netns.c_str(),
+                 std::strerror(-error));
+    return 1;
+  }
+  std::printf("%.3f\n", gso.gso.gbps / 8);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -317,10 +363,12 @@ int main(int argc, char** argv) {
   uint64_t iterations = 5000;
   double work_us = 0;
   bool busy = false, roce = false;
-  std::string what;
+  std::string what, between[3];
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
+    } else if (std::strcmp(argv[i], "--between") == 0 && i + 3 < argc) {
+      for (std::string& b : between) b = argv[++i];
     } else if (std::strcmp(argv[i], "--frame") == 0 && i + 1 < argc) {
       frame = size_t(std::atol(argv[++i]));
     } else if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc) {
@@ -337,10 +385,13 @@ int main(int argc, char** argv) {
   }
   if (what == "wire") return BenchWire(seconds);
   if (what == "udp-lat") return BenchUdpLatency(seconds, busy, roce);
+  if (what == "udp-gbps" && !between[0].empty())
+    return BenchUdpThroughputBetween(between[0], between[1], between[2], seconds, frame);
   if (what == "udp-gbps") return BenchUdpThroughput(seconds, frame);
   if (what == "shm-lat") return BenchSharedMemoryLatency(iterations, work_us);
   std::fprintf(stderr,
-               "usage: uroce_bench wire|udp-lat [--busy|--roce]|udp-gbps [--frame BYTES] [--seconds S]|"
+               "usage: uroce_bench wire|udp-lat [--busy|--roce]|"
+               "udp-gbps [--frame BYTES] [--seconds S] [--between RX_NETNS RX_ADDR TX_NETNS]|"
                "shm-lat [--iterations N] [--work-us US]\n");
   return 2;
 }

@@ -2,6 +2,8 @@
 # The latency baselines `uroce bench rc` reads from uroce_bench: each run ends and prints one positive figure (us);
 # and the latency floor `uroce bench vs-rxe` runs in its guest (shm-lat): two positive figures, the typical half round
 # trip and the 99.9th percentile, the second not below the first, the typical at least the fixed work asked for.
+# The stream across a veth pair `uroce bench hosts` reads (udp-gbps --between, root: two network namespaces of its
+# own): one positive figure (GB/s); a namespace that is not there: an error, no figure.
 # No speed is asserted (figures belong in benchmarks, not tests); a baseline that hangs, fails, loses its reply or
 # prints nothing fails here.
 set -u
@@ -63,5 +65,36 @@ else
     echo "FAIL: shm-lat with its echo killed exited $rc, want 1"
     status=1
   fi
+fi
+if [ "$(id -u)" -ne 0 ] || ! ip netns add "bench-baselines-$$-a" 2>/dev/null; then
+  echo "skip: udp-gbps --between needs root and network namespaces"
+else
+  a="bench-baselines-$$-a" b="bench-baselines-$$-b"
+  net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))"
+  if ip netns add "$b" && ip link add "veth-$$-a" netns "$a" type veth peer name "veth-$$-b" netns "$b" &&
+    ip -n "$a" addr add "$net.1/24" dev "veth-$$-a" && ip -n "$b" addr add "$net.2/24" dev "veth-$$-b" &&
+    ip -n "$a" link set "veth-$$-a" up && ip -n "$b" link set "veth-$$-b" up; then
+    out=$(timeout 20 "$bench" udp-gbps --between "$a" "$net.1" "$b" --frame 1064 --seconds 0.2)
+    rc=$?
+    if [ $rc -ne 0 ] || ! awk -v v="$out" 'BEGIN {exit !(v ~ /^[0-9]+\.[0-9]+$/ && v > 0)}'; then
+      echo "FAIL: udp-gbps --between exited $rc, printed '$out'"
+      status=1
+    else
+      echo "ok: udp-gbps across a veth: $out GB/s"
+    fi
+    out=$(timeout 20 "$bench" udp-gbps --between "$a-gone" "$net.1" "$b" --seconds 0.2 2>&1)
+    rc=$?
+    if [ $rc -ne 1 ] || [[ "$out" != *"No such file"* ]]; then
+      echo "FAIL: udp-gbps --between a namespace that is not there exited $rc, printed '$out'"
+      status=1
+    else
+      echo "ok: udp-gbps --between a missing namespace: $out"
+    fi
+  else
+    echo "FAIL: could not join the two namespaces by a veth"
+    status=1
+  fi
+  ip netns del "$a" 2>/dev/null
+  ip netns del "$b" 2>/dev/null
 fi
 exit $status

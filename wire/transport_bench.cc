@@ -125,41 +125,52 @@ int RunUring(size_t frame_bytes, double seconds, size_t window, TransportBenchRe
   return 0;
 }
 
-// The same socket the transports use (wire/udp_socket.h), bound to 127.0.0.1 with a receive timeout so that the
+// The same socket the transports use (wire/udp_socket.h), bound at `at` with a receive timeout so that the
 // receiver notices the end.
-int BoundLoopbackSocket(sockaddr_in* addr) {
-  UdpEndpoint local;
-  const int fd = OpenRoceUdpSocket({IpAddress::V4(0x7f000001), 0}, kBufferBytes, &local);
+int BoundSocket(const IpAddress& at, UdpEndpoint* bound) {
+  const int fd = OpenRoceUdpSocket({at, 0}, kBufferBytes, bound);
   if (fd < 0) return fd;
   timeval tv{0, 10'000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_storage ss;
-  socklen_t len;
-  ToSockaddr(local, AF_INET, &ss, &len);
-  std::memcpy(addr, &ss, sizeof *addr);
   return fd;
 }
 
-// A receiving and a sending socket (BoundLoopbackSocket), closed with the pair.
+// A receiving and a sending socket, both BoundSocket on 127.0.0.1 (Open) or given (Adopt: not closed with the pair).
 struct SocketPair {
   int rx = -1, tx = -1;
-  sockaddr_in rx_addr{};
+  sockaddr_storage rx_addr{};
+  socklen_t rx_len = 0;
+  bool owned = true;
   ~SocketPair() {
+    if (!owned) return;
     if (rx >= 0) close(rx);
     if (tx >= 0) close(tx);
   }
   int Open() {
-    sockaddr_in tx_addr;
-    if ((rx = BoundLoopbackSocket(&rx_addr)) < 0) return rx;
-    if ((tx = BoundLoopbackSocket(&tx_addr)) < 0) return tx;
-    return 0;
+    UdpEndpoint rx_at, tx_at;
+    if ((rx = BoundSocket(IpAddress::V4(0x7f000001), &rx_at)) < 0) return rx;
+    if ((tx = BoundSocket(IpAddress::V4(0x7f000001), &tx_at)) < 0) return tx;
+    return AimAt(rx_at);
+  }
+  int Adopt(int rx_fd, const UdpEndpoint& rx_at, int tx_fd) {
+    owned = false;
+    rx = rx_fd;
+    tx = tx_fd;
+    return AimAt(rx_at);
+  }
+  // The receiver's address as the sending socket's family names it.
+  int AimAt(const UdpEndpoint& rx_at) {
+    sockaddr_storage tx_local;
+    socklen_t len = sizeof tx_local;
+    if (getsockname(tx, reinterpret_cast<sockaddr*>(&tx_local), &len) < 0) return -errno;
+    return ToSockaddr(rx_at, tx_local.ss_family, &rx_addr, &rx_len);
   }
   // Fills `msgs` to send `iov` to the receiver.
   void AddressTo(mmsghdr* msgs, int n, iovec* iov) {
     for (int i = 0; i < n; ++i) {
       msgs[i] = mmsghdr{};
       msgs[i].msg_hdr.msg_name = &rx_addr;
-      msgs[i].msg_hdr.msg_namelen = sizeof rx_addr;
+      msgs[i].msg_hdr.msg_namelen = rx_len;
       msgs[i].msg_hdr.msg_iov = iov;
       msgs[i].msg_hdr.msg_iovlen = 1;
     }
@@ -281,9 +292,8 @@ class ZeroCopySender {
 
 // UDP GSO + GRO: sends of as many whole `frame_bytes` segments as fit in one 64 KiB datagram, received coalesced;
 // with `zero_copy`, sent by io_uring without copying (ZeroCopySender).
-int RunGso(size_t frame_bytes, double seconds, size_t window, bool zero_copy, TransportBenchResult* out) {
-  SocketPair sockets;
-  if (int r = sockets.Open(); r < 0) return r;
+int RunGso(SocketPair& sockets, size_t frame_bytes, double seconds, size_t window, bool zero_copy,
+           TransportBenchResult* out) {
   const int rx = sockets.rx, tx = sockets.tx;
   const int on = 1;
   const int segment = int(frame_bytes);
@@ -334,13 +344,28 @@ TransportBenchResult EmptyResult(size_t frame_bytes, double seconds, size_t wind
 
 TransportBenchResult RunGsoBench(size_t frame_bytes, double seconds, size_t window) {
   TransportBenchResult r = EmptyResult(frame_bytes, seconds, window);
-  if (int e = RunGso(frame_bytes, seconds, r.window, /*zero_copy=*/false, &r); e < 0) r.error = e;
+  SocketPair sockets;
+  r.error = sockets.Open();
+  if (r.error == 0) r.error = RunGso(sockets, frame_bytes, seconds, r.window, /*zero_copy=*/false, &r);
+  return r;
+}
+
+int OpenStreamSocket(const IpAddress& at, UdpEndpoint* bound) { return BoundSocket(at, bound); }
+
+TransportBenchResult RunGsoBenchBetween(int rx, const UdpEndpoint& rx_at, int tx, size_t frame_bytes, double seconds,
+                                        size_t window) {
+  TransportBenchResult r = EmptyResult(frame_bytes, seconds, window);
+  SocketPair sockets;
+  r.error = sockets.Adopt(rx, rx_at, tx);
+  if (r.error == 0) r.error = RunGso(sockets, frame_bytes, seconds, r.window, /*zero_copy=*/false, &r);
   return r;
 }
 
 TransportBenchResult RunGsoZeroCopyBench(size_t frame_bytes, double seconds, size_t window) {
   TransportBenchResult r = EmptyResult(frame_bytes, seconds, window);
-  if (int e = RunGso(frame_bytes, seconds, r.window, /*zero_copy=*/true, &r); e < 0) r.error = e;
+  SocketPair sockets;
+  r.error = sockets.Open();
+  if (r.error == 0) r.error = RunGso(sockets, frame_bytes, seconds, r.window, /*zero_copy=*/true, &r);
   return r;
 }
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "wire/address.h"
+
 namespace uroce::wire {
 
 // One stream's figures: what the sender sent and the receiver got in time.
@@ -46,6 +48,17 @@ TransportBenchResult RunTransportBench(size_t frame_bytes = 4096, double seconds
 
 // Only the GSO + GRO half (fills the gso_* fields; error when the kernel refuses UDP_SEGMENT or UDP_GRO).
 TransportBenchResult RunGsoBench(size_t frame_bytes, double seconds, size_t window = 512);
+
+// A socket for a stream between two places the caller chooses instead of two sockets on 127.0.0.1: opened as the
+// loopback ones are (uroce's UDP socket, 8 MiB buffers) and bound to `at` port 0, in the network namespace the calling
+// thread is in (a caller that moves between namespaces with setns(2) can open the two ends in two of them). The fd,
+// with its bound endpoint in *bound, or -errno.
+int OpenStreamSocket(const IpAddress& at, UdpEndpoint* bound);
+
+// The GSO + GRO stream (as RunGsoBench) from `tx` to `rx`, bound at `rx_at`: e.g. across a veth pair between two
+// network namespaces, the kernel's own ceiling for that path. Neither socket is closed here.
+TransportBenchResult RunGsoBenchBetween(int rx, const UdpEndpoint& rx_at, int tx, size_t frame_bytes, double seconds,
+                                        size_t window = 512);
 
 // The GSO + GRO stream with zero-copy sends (fills gso_zero_copy and the zero_copy_* counts; error when the kernel
 // refuses io_uring or IORING_OP_SENDMSG_ZC, before 6.1).

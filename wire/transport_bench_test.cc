@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 
 namespace uroce::wire {
@@ -32,6 +35,27 @@ TEST(TransportBenchTest, MeasuresTheGsoGroStreamInSegments) {
   EXPECT_LE(r.gso.received, r.gso.sent);
   EXPECT_EQ(r.gso.sent % 15, 0u);  // whole sends of 15 segments (65507 / 4136)
   EXPECT_LT(r.gso.loss, 0.5);
+}
+
+// The stream between two sockets the caller opened (here both on 127.0.0.1; `uroce_bench udp-gbps --between` opens
+// them in two network namespaces): it flows from one to the other, and neither socket is closed by the bench.
+TEST(TransportBenchTest, MeasuresTheGsoGroStreamBetweenGivenSockets) {
+  UdpEndpoint rx_at, tx_at;
+  const int rx = OpenStreamSocket(IpAddress::V4(0x7f000001), &rx_at);
+  const int tx = OpenStreamSocket(IpAddress::V4(0x7f000001), &tx_at);
+  ASSERT_GE(rx, 0);
+  ASSERT_GE(tx, 0);
+  EXPECT_NE(rx_at.port, 0);
+  const TransportBenchResult r = RunGsoBenchBetween(rx, rx_at, tx, 1064, 0.2);
+  if (r.error == -ENOPROTOOPT || r.error == -EINVAL) GTEST_SKIP() << "kernel without UDP GSO/GRO";
+  ASSERT_EQ(r.error, 0);
+  EXPECT_GT(r.gso.pps, 1000);
+  EXPECT_LE(r.gso.received, r.gso.sent);
+  EXPECT_EQ(r.gso.sent % 61, 0u);  // whole sends of 61 segments (65507 / 1064)
+  EXPECT_GE(fcntl(rx, F_GETFD), 0) << "closed by the bench";
+  EXPECT_GE(fcntl(tx, F_GETFD), 0) << "closed by the bench";
+  close(rx);
+  close(tx);
 }
 
 // Zero-copy sends over loopback: the stream arrives, every send is reported done, and each was copied all the same
