@@ -377,16 +377,19 @@ int HostDeviceTransport::Poll(const DatagramHandler& handler, int64_t timeout_ns
 
 void HostDeviceTransport::SetOtherHostAddresses(std::vector<IpAddress> others) {
   std::lock_guard lock(others_mu_);
-  others_ = std::move(others);
-  has_others_.store(!others_.empty(), std::memory_order_release);
+  const std::vector<IpAddress>* now = nullptr;
+  if (!others.empty()) {
+    others_kept_.push_back(std::make_unique<const std::vector<IpAddress>>(std::move(others)));
+    now = others_kept_.back().get();
+  }
+  others_.store(now, std::memory_order_release);
 }
 
 bool HostDeviceTransport::IsHostEndpoint(const UdpEndpoint& ep) const {
   if (ep.port != local_.port) return false;
   if (ep.addr == local_.addr) return true;
-  if (!has_others_.load(std::memory_order_acquire)) return false;
-  std::lock_guard lock(others_mu_);
-  return std::find(others_.begin(), others_.end(), ep.addr) != others_.end();
+  const std::vector<IpAddress>* others = others_.load(std::memory_order_acquire);
+  return others != nullptr && std::find(others->begin(), others->end(), ep.addr) != others->end();
 }
 
 uint8_t HostDeviceTransport::PeerOwner(const OutDatagram& dg) const {

@@ -330,10 +330,12 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
 
   std::unique_ptr<Transport> sender_;
   UdpEndpoint local_;
-  // SetOtherHostAddresses's; has_others_ spares the lock to a device on one address.
-  mutable std::mutex others_mu_;
-  std::vector<IpAddress> others_;
-  std::atomic<bool> has_others_{false};
+  // SetOtherHostAddresses's list, read without a lock for every packet to another host (PeerOwner, IcrcIsRead): a new
+  // list takes the pointer's place and the lists it replaced stay in others_kept_ until the transport goes, so a
+  // reader never holds a freed one (the host's addresses change seldom; a list is at most a GID table's worth).
+  std::mutex others_mu_;  // SetOtherHostAddresses against itself
+  std::vector<std::unique_ptr<const std::vector<IpAddress>>> others_kept_;
+  std::atomic<const std::vector<IpAddress>*> others_{nullptr};
   // `ep` is UDP 4791 of one of the host's addresses (local() or another).
   bool IsHostEndpoint(const UdpEndpoint& ep) const;
   uint8_t owner_;

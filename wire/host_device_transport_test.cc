@@ -535,6 +535,46 @@ TEST_F(HostDeviceTransportTest, OnlyWhatGoesToAnotherProcessOfTheHostMayLeaveIts
   EXPECT_TRUE(u.transport->IcrcIsRead(device, data_qpn));                // only on the shared-memory path
 }
 
+// The host's other addresses (SetOtherHostAddresses): a packet to one of them for a process of the host goes straight
+// to that process, as one to local() does; once the address is gone from the list it goes by UDP again. The list is
+// read without a lock while another thread replaces it (TSan checks the handover).
+TEST_F(HostDeviceTransportTest, APacketToAnotherOfTheHostsAddressesGoesStraightToItsProcess) {
+  Member a, b;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002);
+  const UdpEndpoint other{IpAddress::V4(address_.v4() ^ 0x00ff0000u), kRoceV2UdpPort};
+  const auto packet = DataPacket(WithOwner24(2, 0x11), 7);
+  const OutDatagram out{other, 0xc000, packet};
+  ASSERT_EQ(a.transport->Send({&out, 1}), 1);
+  ASSERT_EQ(a.sender->sent.size(), 1u);  // not one of the host's: by UDP
+  a.transport->SetOtherHostAddresses({IpAddress::V4(0x0a000001), other.addr});
+  ASSERT_EQ(a.transport->Send({&out, 1}), 1);
+  std::vector<std::vector<uint8_t>> payloads;
+  const auto got = PollFor(*b.transport, 1, &payloads);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(payloads[0], packet);
+  EXPECT_EQ(got[0].dst, other);
+  EXPECT_EQ(a.sender->sent.size(), 1u);
+  EXPECT_EQ(a.transport->peer_sent(), 1u);
+  a.transport->SetOtherHostAddresses({});
+  ASSERT_EQ(a.transport->Send({&out, 1}), 1);
+  EXPECT_EQ(a.sender->sent.size(), 2u);
+
+  // Each list a change makes is kept until the transport goes: a bounded number of changes.
+  a.transport->LeaveUnreadIcrcsUnsealed();
+  std::atomic<bool> done{false};
+  std::thread changer([&] {
+    for (int i = 0; i < 2000; ++i)
+      a.transport->SetOtherHostAddresses(i % 2 ? std::vector<IpAddress>{other.addr} : std::vector<IpAddress>{});
+    done = true;
+  });
+  size_t looks = 0;
+  while (!done.load()) looks += a.transport->IcrcIsRead(other, WithOwner24(2, 0x11)) ? 1 : 0;
+  changer.join();
+  EXPECT_FALSE(a.transport->IcrcIsRead(other, WithOwner24(2, 0x11)));  // the last list names it
+  (void)looks;
+}
+
 TEST_F(HostDeviceTransportTest, NoDirectAccessOnTheUnixOrUdpPaths) {
   Member a, b;
   Join(a, 1, 40001, SameHostPath::kUnixSocket);
