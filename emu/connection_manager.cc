@@ -1,9 +1,11 @@
 #include "emu/connection_manager.h"
 
+#include "emu/gid_table.h"
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "emu/gid_table.h"
 #include "emu/out_batch.h"
 #include "wire/bytes.h"
 #include "wire/frame.h"
@@ -52,6 +54,7 @@ struct ConnectionManager::Connection {
   bool xrc = false;          // REQ for an XRC target: the peer's QPN comes in the REP's Local EECN
   bool destroyed = false;    // the consumer let go: no more events; lives on only through TIMEWAIT
   wire::IpAddress peer;
+  wire::IpAddress local;        // our address its messages leave from and come to
   uint32_t remote_comm_id = 0;  // the peer's comm ID (a SIDR passive: the request ID)
   uint64_t remote_ca_guid = 0;
   uint32_t local_qpn = 0;   // a DREQ naming another QPN is dropped
@@ -71,6 +74,8 @@ struct ConnectionManager::Connection {
 };
 
 struct ConnectionManager::Work {
+  // OnMad's: the local address the MAD came to, which what is answered without a connection leaves from.
+  wire::IpAddress arrived_at;
   OutBatch out;
   std::vector<CmEvent> events;
 };
@@ -195,24 +200,34 @@ ConnectionManager::Connection& ConnectionManager::AddLocked(CmState state, void*
 }
 
 ConnectionManager::Connection& ConnectionManager::AddPassiveLocked(CmState state, uint32_t listen_id,
+                                                                   const wire::IpAddress& local,
                                                                    const wire::IpAddress& peer,
                                                                    uint32_t remote_comm_id, uint64_t tid) {
   Connection& c = AddLocked(state, connections_.at(listen_id)->context);
   c.listen_id = listen_id;
+  c.local = local;
   c.peer = peer;
   c.remote_comm_id = remote_comm_id;
   c.tid = tid;
   return c;
 }
 
-ConnectionManager::Connection& ConnectionManager::AddActiveLocked(CmState state, const wire::IpAddress& peer,
-                                                                  void* context, uint32_t* id) {
+ConnectionManager::Connection& ConnectionManager::AddActiveLocked(CmState state, const wire::IpAddress& local,
+                                                                  const wire::IpAddress& peer, void* context,
+                                                                  uint32_t* id) {
   Connection& c = AddLocked(state, context);
   c.active = true;
+  c.local = local;
   c.peer = peer;
   c.tid = NewTidLocked(c.id);
   if (id != nullptr) *id = c.id;
   return c;
+}
+
+std::optional<wire::IpAddress> ConnectionManager::LocalAddressLocked(const wire::IpAddress& local) const {
+  if (local.is_unspecified() || local == config_.address) return config_.address;
+  if (config_.gids != nullptr && config_.gids->IndexOf(local)) return local;
+  return std::nullopt;
 }
 
 void ConnectionManager::RemoveLocked(uint32_t id) {
@@ -235,7 +250,7 @@ void ConnectionManager::ArmLocked(Connection& c, uint64_t deadline_ns) {
 }
 
 void ConnectionManager::SendRetransmittedLocked(Connection& c, const wire::CmMad& mad, Work& w) {
-  SendLocked(c.peer, mad, w, &c);
+  SendLocked(c.local, c.peer, mad, w, &c);
   c.retries = 0;
   c.extra_wait_ms = 0;
   ArmLocked(c, clock_.NowNs() + c.interval_ms * kNsPerMs);
@@ -314,7 +329,7 @@ void ConnectionManager::OnTimerLocked(Connection& c, Work& w) {
   if (c.retries < c.max_retries) {
     ++c.retries;
     ++counters_.retransmits;
-    SendBytesLocked(c.peer, c.last_mad, w);
+    SendBytesLocked(c.local, c.peer, c.last_mad, w);
     ArmLocked(c, clock_.NowNs() + (c.interval_ms + c.extra_wait_ms) * kNsPerMs);
     return;
   }
@@ -342,16 +357,19 @@ void ConnectionManager::OnTimerLocked(Connection& c, Work& w) {
 
 // --- sending ---------------------------------------------------------------------------------------------------
 
-void ConnectionManager::SendLocked(const wire::IpAddress& peer, const wire::CmMad& mad, Work& w, Connection* keep) {
+void ConnectionManager::SendLocked(const wire::IpAddress& local, const wire::IpAddress& peer, const wire::CmMad& mad,
+                                   Work& w, Connection* keep) {
   const std::array<uint8_t, wire::kMadSize> bytes = wire::EncodeCmMad(mad);
   if (keep != nullptr) keep->last_mad = bytes;
-  SendBytesLocked(peer, bytes, w);
+  SendBytesLocked(local, peer, bytes, w);
 }
 
-void ConnectionManager::SendBytesLocked(const wire::IpAddress& peer, std::span<const uint8_t> mad, Work& w) {
+void ConnectionManager::SendBytesLocked(const wire::IpAddress& local, const wire::IpAddress& peer,
+                                        std::span<const uint8_t> mad, Work& w) {
   const wire::PacketSpec spec = wire::GsiMadSpec(gsi_psn_);
   gsi_psn_ = (gsi_psn_ + 1) & 0xFFFFFF;
-  w.out.Add(transport_, spec, mad, config_.address, wire::UdpEndpoint{peer, wire::kRoceV2UdpPort},
+  w.out.Add(transport_, spec, mad, local.is_unspecified() ? config_.address : local,
+            wire::UdpEndpoint{peer, wire::kRoceV2UdpPort},
             wire::RoceSourcePort(wire::kGsiQpn, wire::kGsiQpn));
   ++counters_.mads_sent;
 }
@@ -366,7 +384,7 @@ void ConnectionManager::SendRejLocked(Connection& c, uint16_t reason, wire::CmMe
   rej.reject_info_length = static_cast<uint8_t>(ari.size());
   FillPrivateData(rej.ari, ari);
   FillPrivateData(rej.private_data, private_data);
-  SendLocked(c.peer, wire::CmMad{c.tid, 0, rej}, w);
+  SendLocked(c.local, c.peer, wire::CmMad{c.tid, 0, rej}, w);
 }
 
 void ConnectionManager::SendMraLocked(Connection& c, Work& w) {
@@ -375,14 +393,14 @@ void ConnectionManager::SendMraLocked(Connection& c, Work& w) {
   mra.remote_comm_id = c.remote_comm_id;
   mra.message_mraed = wire::CmMessageRef::kReq;
   mra.service_timeout = kMraServiceTimeout;
-  SendLocked(c.peer, wire::CmMad{c.tid, 0, mra}, w);
+  SendLocked(c.local, c.peer, wire::CmMad{c.tid, 0, mra}, w);
 }
 
 void ConnectionManager::SendDrepLocked(Connection& c, uint64_t tid, Work& w) {
   wire::CmDrep drep;
   drep.local_comm_id = c.id;
   drep.remote_comm_id = c.remote_comm_id;
-  SendLocked(c.peer, wire::CmMad{tid, 0, drep}, w);
+  SendLocked(c.local, c.peer, wire::CmMad{tid, 0, drep}, w);
 }
 
 void ConnectionManager::Finish(Work& w) {
@@ -488,13 +506,17 @@ void ConnectionManager::EndConnectionsWith(const wire::IpAddress& peer, uint8_t 
   {
     std::lock_guard lock(mu_);
     std::vector<uint32_t> ids;
+    // A process of the host device is at every address of the host: a connection may have dialled it at any.
+    const auto at_peer = [&](const Connection& c) {
+      return c.peer == peer || (owner != 0 && config_.gids != nullptr && config_.gids->IndexOf(c.peer));
+    };
     for (const auto& [id, c] : connections_)
-      if (c->peer == peer && !c->destroyed && (owner == 0 || wire::OwnerOf32(c->remote_comm_id) == owner))
+      if (at_peer(*c) && !c->destroyed && (owner == 0 || wire::OwnerOf32(c->remote_comm_id) == owner))
         ids.push_back(id);
     for (uint32_t id : ids) {
       Connection* c = FindLocked(id);
       if (c == nullptr) continue;
-      PeerLeftLocked(peer, *c, w);
+      PeerLeftLocked(c->peer, *c, w);
     }
   }
   Finish(w);
@@ -503,8 +525,9 @@ void ConnectionManager::EndConnectionsWith(const wire::IpAddress& peer, uint8_t 
 // --- received messages -----------------------------------------------------------------------------------------
 
 void ConnectionManager::OnMad(const wire::IpAddress& peer, uint32_t qkey, uint32_t src_qp,
-                              std::span<const uint8_t> mad) {
+                              std::span<const uint8_t> mad, const wire::IpAddress& arrived_at) {
   Work w;
+  w.arrived_at = arrived_at.is_unspecified() ? config_.address : arrived_at;
   {
     std::lock_guard lock(mu_);
     ++counters_.mads_received;
@@ -529,7 +552,7 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
         break;
       case CmState::kRepSent:
       case CmState::kMraRepRcvd:
-        SendBytesLocked(c->peer, c->last_mad, w);  // our REP was lost
+        SendBytesLocked(c->local, c->peer, c->last_mad, w);  // our REP was lost
         break;
       case CmState::kTimewait: {
         // cm_format_rej outside REQ_RCVD: our IDs, "other" message.
@@ -538,7 +561,7 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
         rej.remote_comm_id = c->remote_comm_id;
         rej.message_rejected = wire::CmMessageRef::kOther;
         rej.reason = static_cast<uint16_t>(wire::CmRejectReason::kStaleConnection);
-        SendLocked(peer, wire::CmMad{tid, 0, rej}, w);
+        SendLocked(w.arrived_at, peer, wire::CmMad{tid, 0, rej}, w);
         break;
       }
       default:
@@ -549,10 +572,10 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
   auto listener = listeners_.find(m.service_id);
   if (listener == listeners_.end()) {
     ++counters_.rejected_no_listener;
-    SendLocked(peer, *wire::NoListenerAnswer(wire::CmMad{tid, 0, m}), w);  // REJ 8
+    SendLocked(w.arrived_at, peer, *wire::NoListenerAnswer(wire::CmMad{tid, 0, m}), w);  // REJ 8
     return;
   }
-  Connection& c = AddPassiveLocked(CmState::kReqRcvd, listener->second, peer, m.local_comm_id, tid);
+  Connection& c = AddPassiveLocked(CmState::kReqRcvd, listener->second, w.arrived_at, peer, m.local_comm_id, tid);
   c.remote_ca_guid = m.local_ca_guid;
   c.remote_qpn = m.local_qpn;
   // cm_req_handler: the passive's timeout is the REQ's Local CM Response Timeout, its retries the REQ's.
@@ -642,7 +665,7 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t, cons
     case CmState::kEstablished:
       // cm_dup_rep_handler: the passive did not get our RTU; it goes again.
       ++counters_.duplicates;
-      if (c->remote_comm_id == m.local_comm_id) SendBytesLocked(c->peer, c->last_mad, w);
+      if (c->remote_comm_id == m.local_comm_id) SendBytesLocked(c->local, c->peer, c->last_mad, w);
       return;
     default:
       ++counters_.duplicates;
@@ -685,7 +708,7 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
     wire::CmDrep drep;
     drep.local_comm_id = m.remote_comm_id;
     drep.remote_comm_id = m.local_comm_id;
-    SendLocked(peer, wire::CmMad{tid, 0, drep}, w);
+    SendLocked(w.arrived_at, peer, wire::CmMad{tid, 0, drep}, w);
     return;
   }
   if (m.remote_qpn != c->local_qpn) {
@@ -744,10 +767,10 @@ void ConnectionManager::HandleLocked(const wire::IpAddress& peer, uint64_t tid, 
   auto listener = listeners_.find(m.service_id);
   if (listener == listeners_.end()) {
     ++counters_.rejected_no_listener;
-    SendLocked(peer, *wire::NoListenerAnswer(wire::CmMad{tid, 0, m}), w);  // SIDR_REP "unsupported"
+    SendLocked(w.arrived_at, peer, *wire::NoListenerAnswer(wire::CmMad{tid, 0, m}), w);  // SIDR_REP "unsupported"
     return;
   }
-  Connection& c = AddPassiveLocked(CmState::kSidrReqRcvd, listener->second, peer, m.request_id, tid);
+  Connection& c = AddPassiveLocked(CmState::kSidrReqRcvd, listener->second, w.arrived_at, peer, m.request_id, tid);
   c.service_id = m.service_id;
   if (CmEvent* e = EmitLocked(c, CmEventType::kSidrReqReceived, w)) e->sidr_req = m;
 }
@@ -798,10 +821,13 @@ int ConnectionManager::WithLock(Body body) {
   return 0;
 }
 
-int ConnectionManager::SendReq(const wire::IpAddress& peer, const wire::CmReq& req, void* context, uint32_t* id) {
+int ConnectionManager::SendReq(const wire::IpAddress& peer, const wire::CmReq& req, void* context, uint32_t* id,
+                               const wire::IpAddress& local) {
   if (req.max_cm_retries > 15) return EINVAL;
   return WithLock([&](Work& w) {
-    Connection& c = AddActiveLocked(CmState::kReqSent, peer, context, id);
+    const std::optional<wire::IpAddress> from = LocalAddressLocked(local);
+    if (!from) return EADDRNOTAVAIL;
+    Connection& c = AddActiveLocked(CmState::kReqSent, *from, peer, context, id);
     c.xrc = req.transport == wire::CmTransport::kExtended;
     c.local_qpn = req.local_qpn;
     // ib_send_cm_req: 2 x packet life time + the peer's CM response time, packet life time being the path's
@@ -819,9 +845,11 @@ int ConnectionManager::SendReq(const wire::IpAddress& peer, const wire::CmReq& r
 }
 
 int ConnectionManager::SendSidrReq(const wire::IpAddress& peer, const wire::CmSidrReq& req, void* context,
-                                   uint32_t* id) {
+                                   uint32_t* id, const wire::IpAddress& local) {
   return WithLock([&](Work& w) {
-    Connection& c = AddActiveLocked(CmState::kSidrReqSent, peer, context, id);
+    const std::optional<wire::IpAddress> from = LocalAddressLocked(local);
+    if (!from) return EADDRNOTAVAIL;
+    Connection& c = AddActiveLocked(CmState::kSidrReqSent, *from, peer, context, id);
     c.service_id = req.service_id;
     c.interval_ms = wire::CmTimeoutMs(kSidrResponseTimeout);
     c.max_retries = kSidrMaxRetries;
@@ -857,7 +885,7 @@ int ConnectionManager::SendRtu(uint32_t id, std::span<const uint8_t> private_dat
     m.local_comm_id = c->id;
     m.remote_comm_id = c->remote_comm_id;
     c->state = CmState::kEstablished;
-    SendLocked(c->peer, wire::CmMad{c->tid, 0, m}, w, c);  // kept: a duplicate REP gets it again
+    SendLocked(c->local, c->peer, wire::CmMad{c->tid, 0, m}, w, c);  // kept: a duplicate REP gets it again
     return 0;
   });
 }
@@ -870,7 +898,7 @@ int ConnectionManager::SendSidrRep(uint32_t id, const wire::CmSidrRep& rep) {
     m.request_id = c->remote_comm_id;
     m.service_id = c->service_id;
     ToIdleLocked(*c);
-    SendLocked(c->peer, wire::CmMad{c->tid, 0, m}, w);
+    SendLocked(c->local, c->peer, wire::CmMad{c->tid, 0, m}, w);
     return 0;
   });
 }
@@ -961,7 +989,7 @@ bool ConnectionManager::LeaveOnDestroyLocked(Connection& c, Work& w) {
       keep = true;
       break;
     case CmState::kEstablished:
-      SendLocked(c.peer, DreqOf(c), w);  // once, not retransmitted: nobody would hear how it ends
+      SendLocked(c.local, c.peer, DreqOf(c), w);  // once, not retransmitted: nobody would hear how it ends
       EnterTimewaitLocked(c);
       keep = true;
       break;
@@ -982,7 +1010,7 @@ bool ConnectionManager::LeaveOnDestroyLocked(Connection& c, Work& w) {
       m.request_id = c.remote_comm_id;
       m.status = wire::SidrStatus::kReject;
       m.service_id = c.service_id;
-      SendLocked(c.peer, wire::CmMad{c.tid, 0, m}, w);
+      SendLocked(c.local, c.peer, wire::CmMad{c.tid, 0, m}, w);
       break;
     }
     default:  // kIdle, kSidrReqSent

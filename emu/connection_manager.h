@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <thread>
@@ -99,6 +100,8 @@ class CmEventSink {
   virtual void OnCmEvent(const CmEvent& event) = 0;
 };
 
+class GidTable;
+
 struct CmConfig {
   uint64_t ca_guid = 0;          // our Local CA GUID (never 0)
   uint8_t target_ack_delay = 15;  // REP Target ACK Delay = the device's local_ca_ack_delay (as rxe)
@@ -111,8 +114,11 @@ struct CmConfig {
   // Non-zero: comm IDs (and SIDR request IDs) carry it in their top byte, as the host's device service routes
   // replies by them (DeviceConfig::owner).
   uint8_t owner = 0;
-  // The local address MADs leave from: the device's GID 0.
+  // The local address MADs leave from unless a connection has another: the device's GID 0.
   wire::IpAddress address;
+  // The device's GID table (the Device's own; may be null: `address` alone). An active connection may leave from any
+  // address in it (SendReq / SendSidrReq `local`), as the kernel's CM sends from the path's SGID.
+  const GidTable* gids = nullptr;
 };
 
 // Counters for `uroce run --stats`.
@@ -153,12 +159,17 @@ class ConnectionManager {
   // Sends a REQ to `peer`'s QP1 (the CM fills local comm ID and CA GUID), retransmitted every
   // 2 x CmTimeoutMs(primary.local_ack_timeout - 1) + CmTimeoutMs(remote_cm_response_timeout) up to max_cm_retries
   // times (longer after an MRA).
-  virtual int SendReq(const wire::IpAddress& peer, const wire::CmReq& req, void* context, uint32_t* id);
+  // The REQ and every later message of the connection leave from `local` (unspecified: CmConfig::address), which
+  // must be one of the device's GIDs (else EADDRNOTAVAIL): the kernel's CM sends from the primary path's SGID.
+  virtual int SendReq(const wire::IpAddress& peer, const wire::CmReq& req, void* context, uint32_t* id,
+                      const wire::IpAddress& local = {});
   // Completes the handshake after a REP: RTU out, ESTABLISHED.
   virtual int SendRtu(uint32_t id, std::span<const uint8_t> private_data);
   // The CM fills the request ID (= the id); retransmitted every 4096 ms (ms(20), the kernel's
   // CMA_CM_RESPONSE_TIMEOUT) up to 15 times (CMA_MAX_CM_RETRIES), then kSidrReqTimeout.
-  virtual int SendSidrReq(const wire::IpAddress& peer, const wire::CmSidrReq& req, void* context, uint32_t* id);
+  // From `local` as SendReq.
+  virtual int SendSidrReq(const wire::IpAddress& peer, const wire::CmSidrReq& req, void* context, uint32_t* id,
+                          const wire::IpAddress& local = {});
 
   // --- both ------------------------------------------------------------------------------------------------------
   // Rejects a received REQ (REQ_RCVD -> IDLE) or REP (REP_RCVD -> TIMEWAIT, then kTimewaitExit).
@@ -182,14 +193,18 @@ class ConnectionManager {
   // (kDrepReceived), REQ_SENT, REQ_RCVD and REP_SENT → a REJ (kRejReceived; PeerLeftLocked says which). Events are
   // delivered on the calling thread.
   virtual void OnPeerGone(const wire::IpAddress& peer);
-  // The same for one process of a host device at `peer` (our own address, on the host device): the connections whose
+  // The same for one process of a host device at `peer` (our own address, on the host device, or any other of its
+  // GIDs, where it can be dialled too): the connections whose
   // remote comm ID carries its owner number in its top byte (wire/service_protocol.h). A REQ not yet answered has no
   // remote comm ID, and is left to its retries.
   void OnPeerProcessGone(const wire::IpAddress& peer, uint8_t owner);
 
   // --- from the Device ----------------------------------------------------------------------------------------
-  // One packet for QP1 that passed the ICRC and P_Key checks: `qkey` and `src_qp` from its DETH, `mad` its payload.
-  void OnMad(const wire::IpAddress& peer, uint32_t qkey, uint32_t src_qp, std::span<const uint8_t> mad);
+  // One packet for QP1 that passed the ICRC and P_Key checks: `qkey` and `src_qp` from its DETH, `mad` its payload,
+  // `arrived_at` the local address it came to (unspecified: CmConfig::address). A connection a REQ or SIDR_REQ makes
+  // answers from that address, as the kernel's CM answers from the GID a request came to (cm_init_av_for_response).
+  void OnMad(const wire::IpAddress& peer, uint32_t qkey, uint32_t src_qp, std::span<const uint8_t> mad,
+             const wire::IpAddress& arrived_at = {});
   // Retransmissions and time-wait ends due now; returns the next deadline (ns, the clock's), 0 when none.
   uint64_t RunTimers();
 
@@ -206,10 +221,13 @@ class ConnectionManager {
   Connection* FindByRemoteLocked(uint64_t remote_ca_guid, uint32_t remote_comm_id);
   Connection& AddLocked(CmState state, void* context);
   // A connection of ours that sends first (REQ, SIDR_REQ): its id (also stored in *id) and a new TID.
-  Connection& AddActiveLocked(CmState state, const wire::IpAddress& peer, void* context, uint32_t* id);
+  Connection& AddActiveLocked(CmState state, const wire::IpAddress& local, const wire::IpAddress& peer,
+                              void* context, uint32_t* id);
   // A connection a listener's REQ or SIDR_REQ made: the listener's context, the peer's ID and TID.
-  Connection& AddPassiveLocked(CmState state, uint32_t listen_id, const wire::IpAddress& peer, uint32_t remote_comm_id,
-                               uint64_t tid);
+  Connection& AddPassiveLocked(CmState state, uint32_t listen_id, const wire::IpAddress& local,
+                               const wire::IpAddress& peer, uint32_t remote_comm_id, uint64_t tid);
+  // `local` for a new active connection (unspecified: CmConfig::address); nullopt when it is not one of ours.
+  std::optional<wire::IpAddress> LocalAddressLocked(const wire::IpAddress& local) const;
   void RemoveLocked(uint32_t id);
   uint32_t NewCommIdLocked();
   uint64_t NewTidLocked(uint32_t id);
@@ -227,9 +245,12 @@ class ConnectionManager {
   CmEvent* EmitLocked(Connection& c, CmEventType type, Work& w);
 
   // --- sending (mu_ held; the packets leave in Finish) ---
-  // Encodes `mad` for `peer`'s QP1; `keep` remembers it as its connection's message to retransmit.
-  void SendLocked(const wire::IpAddress& peer, const wire::CmMad& mad, Work& w, Connection* keep = nullptr);
-  void SendBytesLocked(const wire::IpAddress& peer, std::span<const uint8_t> mad, Work& w);
+  // Encodes `mad` for `peer`'s QP1, from our address `local`; `keep` remembers it as its connection's message to
+  // retransmit.
+  void SendLocked(const wire::IpAddress& local, const wire::IpAddress& peer, const wire::CmMad& mad, Work& w,
+                  Connection* keep = nullptr);
+  void SendBytesLocked(const wire::IpAddress& local, const wire::IpAddress& peer, std::span<const uint8_t> mad,
+                       Work& w);
   // Sends `mad` for `c` and resends it every interval (+ an MRA's wait) up to its max retries.
   void SendRetransmittedLocked(Connection& c, const wire::CmMad& mad, Work& w);
   wire::CmMad DreqOf(Connection& c);  // a DREQ for `c`, with a new TID

@@ -31,7 +31,8 @@ Device::Device(DeviceConfig config, wire::Transport& transport, const wire::Cloc
       cm_(CmConfig{.ca_guid = core_.config.node_guid,
                    .id_seed = core_.config.id_seed,
                    .owner = core_.config.owner,
-                   .address = core_.config.address},
+                   .address = core_.config.address,
+                   .gids = &core_.gids},
           transport, clock) {
   // QPNs from 0x11 (QPN 0 and 1 are the special QPs, SMI and GSI; rxe also starts at 17), or from where the seed
   // says (DeviceConfig::id_seed).
@@ -664,7 +665,7 @@ void Device::OnDatagram(const wire::InDatagram& d, AckTiming acks) {
     for (uint32_t handle : events.handles())
       if (auto it = cqs_.find(handle); it != cqs_.end()) it->second->Notify();  // unless destroyed meanwhile
   }
-  if (gsi) cm_.OnMad(gsi->peer, gsi->qkey, gsi->src_qp, gsi->mad);
+  if (gsi) cm_.OnMad(gsi->peer, gsi->qkey, gsi->src_qp, gsi->mad, gsi->local);
 }
 
 void Device::OnDatagramLocked(const wire::InDatagram& d, OutBatch& out, std::optional<GsiMad>& gsi) {
@@ -743,7 +744,8 @@ void Device::ReceiveGsiLocked(const wire::InDatagram& d, const wire::PacketView&
   } else if (p.info->transport != wire::TransportKind::kUd || !p.deth) {
     core_.Count(&DeviceCounters::rx_wrong_transport);
   } else {
-    gsi = GsiMad{d.src.addr, p.deth->qkey, p.deth->src_qp, std::vector<uint8_t>(p.payload.begin(), p.payload.end())};
+    gsi = GsiMad{d.src.addr, d.dst.addr, p.deth->qkey, p.deth->src_qp,
+                 std::vector<uint8_t>(p.payload.begin(), p.payload.end())};
   }
 }
 

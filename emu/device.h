@@ -192,6 +192,7 @@ class Device {
   // A datagram for QP1, kept for the connection manager: handed over after the device's locks are released.
   struct GsiMad {
     wire::IpAddress peer;
+    wire::IpAddress local;  // the address it came to: the CM answers from it
     uint32_t qkey = 0, src_qp = 0;
     std::vector<uint8_t> mad;
   };

@@ -194,5 +194,70 @@ TEST(SourceGid, UdDatagramsCarryTheirAhsSourceInTheReceiversGrh) {
   EXPECT_EQ(wire::LoadBe32(dst.bytes.data() + 20 + 12), kSecond.v4());
 }
 
+// Answers as librdmacm does: a REQ with a REP, a REP with an RTU; remembers what it heard.
+struct AnsweringSink : CmEventSink {
+  explicit AnsweringSink(ConnectionManager& c) : cm(c) { cm.SetSink(this); }
+  ~AnsweringSink() override { cm.SetSink(nullptr); }
+  void OnCmEvent(const CmEvent& e) override {
+    heard.push_back(e.type);
+    if (e.type == CmEventType::kReqReceived) {
+      wire::CmRep rep;
+      rep.local_qpn = 0x22;
+      rep.starting_psn = 1;
+      cm.SendRep(e.id, rep);
+    } else if (e.type == CmEventType::kRepReceived) {
+      cm.SendRtu(e.id, {});
+    }
+  }
+  ConnectionManager& cm;
+  std::vector<CmEventType> heard;
+};
+
+wire::CmReq ReqFor(uint64_t service_id, const wire::IpAddress& from) {
+  wire::CmReq r;
+  r.service_id = service_id;
+  r.local_qpn = 0x11;
+  r.starting_psn = 1;
+  r.remote_cm_response_timeout = r.local_cm_response_timeout = 20;
+  r.max_cm_retries = 15;
+  r.path_mtu = 3;
+  r.primary.local_gid = from.bytes();
+  r.primary.local_ack_timeout = 17;
+  return r;
+}
+
+// The CM's messages of a connection leave from its GID, as the kernel's CM sends from the path's SGID: an active
+// connection from the address it names (one not among the GIDs is EADDRNOTAVAIL), a passive one from the address
+// its REQ came to.
+TEST(SourceGid, CmMessagesLeaveFromTheConnectionsGid) {
+  TwoHosts t;
+  AnsweringSink sa(t.a->device->connection_manager()), sb(t.b->device->connection_manager());
+  const wire::IpAddress b_address = t.b->device->config().address;
+  uint32_t lid = 0, id = 0;
+  ASSERT_EQ(sb.cm.Listen(wire::ServiceIdOf(wire::kPortSpaceTcp, 7000), nullptr, &lid), 0);
+  EXPECT_EQ(sa.cm.SendReq(b_address, ReqFor(wire::ServiceIdOf(wire::kPortSpaceTcp, 7000), kSecond), nullptr, &id,
+                          wire::IpAddress::V4(0x0a090909)),
+            EADDRNOTAVAIL);
+  ASSERT_EQ(sa.cm.SendReq(b_address, ReqFor(wire::ServiceIdOf(wire::kPortSpaceTcp, 7000), kSecond), nullptr, &id,
+                          kSecond),
+            0);
+  t.fabric.Pump();
+  EXPECT_EQ(sa.cm.State(id), CmState::kEstablished);
+  EXPECT_EQ(sb.heard, (std::vector<CmEventType>{CmEventType::kReqReceived, CmEventType::kRtuReceived}));
+  ASSERT_EQ(t.a->transport->log().size(), 2u);  // REQ, RTU
+  for (const auto& s : t.a->transport->log()) EXPECT_EQ(s.src, kSecond) << s.index;
+  ASSERT_EQ(t.b->transport->log().size(), 1u);  // REP
+  EXPECT_EQ(t.b->transport->log()[0].dst.addr, kSecond);
+  // b dials a at its second address: a's REP leaves from there.
+  ASSERT_EQ(sa.cm.Listen(wire::ServiceIdOf(wire::kPortSpaceTcp, 7001), nullptr, &lid), 0);
+  const size_t a_before = t.a->transport->log().size();
+  ASSERT_EQ(sb.cm.SendReq(kSecond, ReqFor(wire::ServiceIdOf(wire::kPortSpaceTcp, 7001), b_address), nullptr, &id), 0);
+  t.fabric.Pump();
+  EXPECT_EQ(sb.cm.State(id), CmState::kEstablished);
+  ASSERT_EQ(t.a->transport->log().size(), a_before + 1);  // REP
+  EXPECT_EQ(t.a->transport->log().back().src, kSecond);
+  EXPECT_EQ(t.a->transport->log().back().dst.addr, b_address);
+}
+
 }  // namespace
 }  // namespace uroce::emu

@@ -69,7 +69,7 @@ int RtrAttr(const IdPriv* p, ibv_qp_attr* a, int* mask) {
   std::memset(&a->ah_attr, 0, sizeof a->ah_attr);
   a->ah_attr.is_global = 1;
   std::memcpy(a->ah_attr.grh.dgid.raw, p->conn.peer_gid.data(), 16);
-  a->ah_attr.grh.sgid_index = 0;
+  a->ah_attr.grh.sgid_index = p->sgid_index;
   a->ah_attr.grh.hop_limit = kHopLimit;
   a->ah_attr.grh.traffic_class = p->tos;
   a->ah_attr.grh.flow_label = p->conn.flow_label;
@@ -244,9 +244,9 @@ bool RetriedForListener(Lib& lib, std::unique_lock<std::mutex>& lock, Event* e) 
   int err = 0;
   if (p->connect_req) {
     p->connect_req->primary.remote_gid = p->conn.peer_gid;
-    err = lib.cm.SendReq(peer, *p->connect_req, p, &cm_id);
+    err = lib.cm.SendReq(p->local, peer, *p->connect_req, p, &cm_id);
   } else {
-    err = lib.cm.SendSidrReq(peer, *p->connect_sidr, p, &cm_id);
+    err = lib.cm.SendSidrReq(p->local, peer, *p->connect_sidr, p, &cm_id);
   }
   if (err == 0) {
     p->cm_id = cm_id;
@@ -315,7 +315,8 @@ int BindLocked(Lib& lib, IdPriv* p, const sockaddr* addr) {
   if (p->bound || p->state != IdState::kIdle) return EINVAL;
   const auto ip = wire::IpAddressOf(addr);
   const bool any = IsAnyOrLoopback(addr);
-  if (!any && *ip != lib.address) return EADDRNOTAVAIL;  // not an address of an RDMA device here
+  const std::optional<uint8_t> gid_index = GidIndexOf(lib, *ip);
+  if (!any && !gid_index) return EADDRNOTAVAIL;  // not an address of an RDMA device here
   uint16_t port = PortOfSockaddr(addr);
   if (port != 0 && port < 1024 && geteuid() != 0) return EACCES;
   if (const int err = p->binding.Bind(static_cast<uint16_t>(p->id.ps), port)) {
@@ -329,23 +330,26 @@ int BindLocked(Lib& lib, IdPriv* p, const sockaddr* addr) {
   p->any_address = any;
   if (addr->sa_family == AF_INET) p->afonly = 1;
   p->state = IdState::kAddrBound;
-  std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, lib.gid.data(), 16);
+  UseGid(lib, p, gid_index.value_or(0), *ip);
   p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
-  // An id bound to the device's own address has the device, as the kernel's cma_acquire_dev_by_src_ip gives the
-  // device whose GID holds the address, also when that address is a loopback one (librpma finds its ibv_context
-  // this way). Other addresses of this host and the wildcard name no device: id->verbs stays NULL until the id
-  // resolves or connects, as the kernel leaves it for an address no RDMA device holds (libfabric binds "localhost"
-  // and then looks for the device's addresses itself).
-  if (*ip == lib.address) AttachDevice(lib, p);
+  // An id bound to one of the device's addresses has the device, as the kernel's cma_acquire_dev_by_src_ip gives
+  // the device whose GID holds the address, also when that address is a loopback one (librpma finds its
+  // ibv_context this way). Other addresses of this host and the wildcard name no device: id->verbs stays NULL until
+  // the id resolves or connects, as the kernel leaves it for an address no RDMA device holds (libfabric binds
+  // "localhost" and then looks for the device's addresses itself).
+  if (gid_index) AttachDevice(lib, p);
   return 0;
 }
 
-// An active id's implicit binding: our address and an ephemeral port (no registration: the port only needs to be
-// unique per device, and the kernel's cma_alloc_any_port gives one at random).
-void BindEphemeral(Lib& lib, IdPriv* p, int family) {
+// An active id's implicit binding: the device's address towards `dst` (SourceGidFor) and an ephemeral port (no
+// registration: the port only needs to be unique per device, and the kernel's cma_alloc_any_port gives one at
+// random).
+void BindEphemeral(Lib& lib, IdPriv* p, const sockaddr* dst) {
   static std::mt19937 rng(std::random_device{}());
   const uint16_t port = static_cast<uint16_t>(32768 + rng() % (60999 - 32768 + 1));
-  SetSockaddr(&p->id.route.addr.src_storage, lib.address, port, family);
+  const auto [index, address] = SourceGidFor(lib, dst);
+  UseGid(lib, p, index, address);
+  SetSockaddr(&p->id.route.addr.src_storage, p->local, port, dst->sa_family);
   p->bound = true;
   p->any_address = false;
 }
@@ -401,7 +405,7 @@ int SendSidrReqFor(Lib& lib, IdPriv* p, uint64_t sid, const std::array<uint8_t, 
   req.service_id = sid;
   if (!FillRequestPrivateData(req.private_data, hdr, p->connect_prefix, param)) return EINVAL;
   uint32_t cm_id = 0;
-  if (const int err = lib.cm.SendSidrReq(p->conn.peer_cm, req, p, &cm_id)) return err;
+  if (const int err = lib.cm.SendSidrReq(p->local, p->conn.peer_cm, req, p, &cm_id)) return err;
   p->cm_id = cm_id;
   lib.by_cm_id[cm_id] = p;
   p->connect_sidr = std::make_unique<wire::CmSidrReq>(req);
@@ -436,7 +440,7 @@ void SetReqTransport(const Lib& lib, const IdPriv* p, const rdma_conn_param* par
 void SetReqPath(const Lib& lib, IdPriv* p, wire::CmReqPath& path) {
   path.local_lid = 0xFFFF;  // permissive on RoCE with a hop limit > 1
   path.remote_lid = 0xFFFF;
-  path.local_gid = lib.gid;
+  path.local_gid = p->local.bytes();
   path.remote_gid = p->conn.peer_gid;
   path.flow_label = FlowLabel(p);
   path.traffic_class = p->tos;
@@ -470,7 +474,7 @@ int SendReqFor(Lib& lib, IdPriv* p, uint64_t sid, const std::array<uint8_t, wire
   p->conn.local_ack_timeout = req.primary.local_ack_timeout;
   p->conn.flow_label = req.primary.flow_label;
   uint32_t cm_id = 0;
-  if (const int err = lib.cm.SendReq(p->conn.peer_cm, req, p, &cm_id)) return err;
+  if (const int err = lib.cm.SendReq(p->local, p->conn.peer_cm, req, p, &cm_id)) return err;
   p->cm_id = cm_id;
   lib.by_cm_id[cm_id] = p;
   p->connect_req = std::make_unique<wire::CmReq>(req);
@@ -593,22 +597,22 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
     if (src_addr && src_addr->sa_family != 0) {
       if (const int err = BindLocked(*lib, p, src_addr)) return Errno(err);
     } else {
-      BindEphemeral(*lib, p, dst_addr->sa_family);
+      BindEphemeral(*lib, p, dst_addr);
     }
   }
-  // A wildcard or loopback source becomes our device's address, which is what the peer sees; an IPv6 dial from an
-  // IPv4 device keeps ::1, as the kernel's loopback resolution does (cma_resolve_loopback), so that the cma_hdr
-  // carries two addresses of one family.
+  // A wildcard or loopback source becomes the device's address towards the destination (SourceGidFor), which is
+  // what the peer sees; an IPv6 dial from an IPv4 device keeps ::1, as the kernel's loopback resolution does
+  // (cma_resolve_loopback), so that the cma_hdr carries two addresses of one family.
   if (p->any_address) {
     const uint16_t port = PortOfSockaddr(Src(p));
+    const auto [index, address] = SourceGidFor(*lib, dst_addr);
+    UseGid(*lib, p, index, address);
     static const wire::IpAddress kIpv6Loopback = *wire::IpAddress::Parse("::1");
-    const bool v6_from_v4 = dst_addr->sa_family == AF_INET6 && lib->address.is_v4();
-    SetSockaddr(&p->id.route.addr.src_storage, v6_from_v4 ? kIpv6Loopback : lib->address, port,
-                dst_addr->sa_family);
+    const bool v6_from_v4 = dst_addr->sa_family == AF_INET6 && p->local.is_v4();
+    SetSockaddr(&p->id.route.addr.src_storage, v6_from_v4 ? kIpv6Loopback : p->local, port, dst_addr->sa_family);
   }
   std::memcpy(Dst(p), dst_addr, SockaddrLen(dst_addr));
   AttachDevice(*lib, p);
-  std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, lib->gid.data(), 16);
   p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
   SetPeer(p, PeerFor(*lib, p));
   p->state = IdState::kAddrResolved;
@@ -626,7 +630,7 @@ int rdma_resolve_route(rdma_cm_id* id, int timeout_ms) {
   // RoCE: one path, built locally (the kernel's cma_resolve_iboe_route).
   p->path = std::make_unique<ibv_sa_path_rec>();
   ibv_sa_path_rec& r = *p->path;
-  std::memcpy(r.sgid.raw, lib->gid.data(), 16);
+  std::memcpy(r.sgid.raw, p->local.bytes().data(), 16);
   std::memcpy(r.dgid.raw, p->conn.peer_gid.data(), 16);
   r.flow_label = htonl(FlowLabel(p));
   r.hop_limit = kHopLimit;

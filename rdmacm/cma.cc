@@ -90,6 +90,46 @@ bool IsAnyOrLoopback(const sockaddr* sa) {
   return ip->is_unspecified() || ip->is_loopback();
 }
 
+std::optional<uint8_t> GidIndexOf(const Lib& lib, const wire::IpAddress& address) {
+  if (address == lib.address) return 0;
+  const int entries = std::min(lib.port_attr.gid_tbl_len, 256);
+  for (int i = 1; i < entries; ++i) {
+    ibv_gid g{};
+    if (ibv_query_gid(lib.verbs, 1, i, &g) == 0 && AddressOfGid(g) == address) return static_cast<uint8_t>(i);
+  }
+  return std::nullopt;
+}
+
+std::pair<uint8_t, wire::IpAddress> SourceGidFor(const Lib& lib, const sockaddr* dst) {
+  const auto ip = wire::IpAddressOf(dst);
+  if (!ip || IsAnyOrLoopback(dst)) return {0, lib.address};
+  if (const auto index = GidIndexOf(lib, *ip)) return {*index, *ip};
+  // The source the host's routing would give a datagram to `dst`: what a connected UDP socket is bound to (connect
+  // sends nothing).
+  const int fd = socket(dst->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {0, lib.address};
+  sockaddr_storage to{};
+  std::memcpy(&to, dst, SockaddrLen(dst));
+  reinterpret_cast<sockaddr_in*>(&to)->sin_port = htons(wire::kRoceV2UdpPort);  // the same place in sockaddr_in6
+  sockaddr_storage from{};
+  socklen_t len = sizeof from;
+  std::optional<wire::IpAddress> source;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), SockaddrLen(dst)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&from), &len) == 0)
+    source = wire::IpAddressOf(reinterpret_cast<sockaddr*>(&from));
+  close(fd);
+  if (source) {
+    if (const auto index = GidIndexOf(lib, *source)) return {*index, *source};
+  }
+  return {0, lib.address};
+}
+
+void UseGid(const Lib& lib, IdPriv* p, uint8_t index, const wire::IpAddress& address) {
+  p->sgid_index = index;
+  p->local = index == 0 ? lib.address : address;
+  std::memcpy(p->id.route.addr.addr.ibaddr.sgid.raw, p->local.bytes().data(), 16);
+}
+
 const char* ToString(IdState s) {
   static const char* const kNames[] = {"IDLE",         "ADDR_QUERY", "ADDR_RESOLVED", "ROUTE_QUERY",
                                        "ROUTE_RESOLVED", "CONNECT",  "DISCONNECT",    "ADDR_BOUND",
@@ -210,7 +250,8 @@ void SetChildRoute(Lib& lib, IdPriv* c, const wire::CmaHeader& h, uint16_t port,
   const int family = Src(c->listener)->sa_family == AF_INET6 && !h.src.is_v4() ? AF_INET6 : AF_INET;
   SetSockaddr(&c->id.route.addr.src_storage, h.dst, port, family);
   SetSockaddr(&c->id.route.addr.dst_storage, h.src, h.src_port, family);
-  std::memcpy(c->id.route.addr.addr.ibaddr.sgid.raw, lib.gid.data(), 16);
+  // The GID the request was dialled at (the kernel's child takes the listener's device's GID the REQ came to).
+  UseGid(lib, c, GidIndexOf(lib, h.dst).value_or(0), h.dst);
   std::memcpy(c->id.route.addr.addr.ibaddr.dgid.raw, peer_gid.data(), 16);
   c->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);
   c->conn.peer_gid = peer_gid;
@@ -322,7 +363,7 @@ void FillUdAh(const Lib& lib, IdPriv* p, ibv_ah_attr* ah) {
   std::memset(ah, 0, sizeof *ah);
   ah->is_global = 1;
   std::memcpy(ah->grh.dgid.raw, p->conn.peer_gid.data(), 16);
-  ah->grh.sgid_index = 0;
+  ah->grh.sgid_index = p->sgid_index;
   ah->grh.hop_limit = kHopLimit;
   ah->grh.traffic_class = p->tos;
   ah->grh.flow_label = p->conn.flow_label;

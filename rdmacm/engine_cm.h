@@ -35,14 +35,17 @@ class EngineCm {
   int SendRep(uint32_t id, const wire::CmRep& rep) { return ops_->send_rep(cm_, id, &rep); }
   int SendSidrRep(uint32_t id, const wire::CmSidrRep& rep) { return ops_->send_sidr_rep(cm_, id, &rep); }
   int Drop(uint32_t id) { return ops_->drop(cm_, id); }
-  int SendReq(const wire::IpAddress& peer, const wire::CmReq& req, void* context, uint32_t* id) {
-    return ops_->send_req(cm_, peer.bytes().data(), &req, context, id);
+  // From our address `local` (unspecified: GID 0's).
+  int SendReq(const wire::IpAddress& local, const wire::IpAddress& peer, const wire::CmReq& req, void* context,
+              uint32_t* id) {
+    return ops_->send_req(cm_, local.bytes().data(), peer.bytes().data(), &req, context, id);
   }
   int SendRtu(uint32_t id, std::span<const uint8_t> private_data) {
     return ops_->send_rtu(cm_, id, private_data.data(), uint32_t(private_data.size()));
   }
-  int SendSidrReq(const wire::IpAddress& peer, const wire::CmSidrReq& req, void* context, uint32_t* id) {
-    return ops_->send_sidr_req(cm_, peer.bytes().data(), &req, context, id);
+  int SendSidrReq(const wire::IpAddress& local, const wire::IpAddress& peer, const wire::CmSidrReq& req,
+                  void* context, uint32_t* id) {
+    return ops_->send_sidr_req(cm_, local.bytes().data(), peer.bytes().data(), &req, context, id);
   }
   int SendRej(uint32_t id, uint16_t reason, std::span<const uint8_t> private_data) {
     return ops_->send_rej(cm_, id, reason, private_data.data(), uint32_t(private_data.size()));

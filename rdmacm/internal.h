@@ -118,6 +118,11 @@ struct IdPriv {
   std::optional<uint8_t> ack_timeout;  // RDMA_OPTION_ID_ACK_TIMEOUT
   bool reuseaddr = false;
   int afonly = -1;  // -1: unset
+  // The device's GID the id uses, as the kernel's id holds an sgid_attr: the route's SGID, the sgid_index
+  // rdma_init_qp_attr gives, and `local`, the address its CM messages leave from. GID 0 until the id binds to,
+  // resolves from or is dialled at another address of the device (UseGid).
+  uint8_t sgid_index = 0;
+  wire::IpAddress local;  // unspecified: GID 0's address
   ConnectionValues conn;
   bool established = false;    // ESTABLISHED reached (rdma_disconnect is allowed)
   bool dreq_received = false;  // the peer disconnected first: rdma_disconnect answers with DREP
@@ -213,6 +218,16 @@ int InitQpAttr(Lib& lib, IdPriv* p, ibv_qp_attr* attr, int* mask);
 
 // Addresses (cma.cc).
 bool IsAnyOrLoopback(const sockaddr* sa);
+// The index of the device's GID that holds `address` (ibv_query_gid), nullopt when none does.
+std::optional<uint8_t> GidIndexOf(const Lib& lib, const wire::IpAddress& address);
+// The GID a connection to `dst` from an id not bound to one of the device's addresses leaves from: GID 0 for a
+// loopback or wildcard destination ("this host" is the device's address); the destination itself when it is one of
+// the device's GIDs (a dial to another address of this host); else the GID of the address the host's routing picks
+// as the source towards `dst` (the kernel's rdma_resolve_addr: rdma_translate_ip of the route's source), GID 0 when
+// the device has none of that address.
+std::pair<uint8_t, wire::IpAddress> SourceGidFor(const Lib& lib, const sockaddr* dst);
+// Gives `p` the device's GID `index`, holding `address` (IdPriv::sgid_index).
+void UseGid(const Lib& lib, IdPriv* p, uint8_t index, const wire::IpAddress& address);
 uint16_t PortOfSockaddr(const sockaddr* sa);
 socklen_t SockaddrLen(const sockaddr* sa);
 

@@ -397,7 +397,7 @@ int rdma_join_multicast_ex(rdma_cm_id* id, rdma_cm_join_mc_attr_ex* mc_join_attr
   ud.private_data = context;  // the join's context, as librdmacm reports it
   ud.ah_attr.is_global = 1;
   std::memcpy(ud.ah_attr.grh.dgid.raw, m->mgid.data(), 16);
-  ud.ah_attr.grh.sgid_index = 0;
+  ud.ah_attr.grh.sgid_index = p->sgid_index;
   ud.ah_attr.grh.hop_limit = kHopLimit;
   ud.ah_attr.port_num = 1;
   ud.qp_num = 0xFFFFFF;

@@ -618,6 +618,85 @@ case_gid_table_follows_the_host() {
   junit_check "$name" "$problems"
 }
 
+# rdma_cm on every GID of the host device (a host of two addresses, as above): an id bound to the second address
+# has the device and its GID; a pair across the veth dialled at the second address, and one whose client names no
+# source but whose route to the peer leaves from the second address, each with every packet of the host's on the
+# wire from that address (the CM's MADs too) and none from GID 0's; a pair of the host's own processes at the second
+# address, and the server of a client killed there hearing DISCONNECTED; an address the host lacks: EADDRNOTAVAIL.
+case_rdma_cm_on_every_gid() {
+  local name="rdma_cm on every GID of the host" log="$WORK/cm_gids" problems="" port second rc server client dump
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  two_hosts_up "uroce-cg-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  second="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).1"  # outside two_hosts_up's 10.20-219.x
+  ip -n "$HOST_A" addr add "$second/24" dev "$VETH_A" && ip -n "$HOST_A" route add default via "$ADDR_B" &&
+    ip -n "$HOST_B" route add "${second%.*}.0/24" dev "$VETH_B" || problems+="could not add the second address"$'\n'
+  local -a in_a=(ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --)
+  # shellcheck disable=SC2034  # cm_pair uses it by name
+  local -a in_b=(ip netns exec "$HOST_B" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --)
+  # cm_pair WHAT SERVER_SIDE SERVER_ADDRESS CLIENT_SIDE [CLIENT_ARGS...]: rping -V (the client checks the bytes it
+  # reads back) for 20 rounds; B's end of the veth captured meanwhile into $log.WHAT.pcap.
+  cm_pair() {
+    local what="$1" server_side="$2" at="$3" client_side="$4"
+    shift 4
+    local -n srv="$server_side" cli="$client_side"
+    # --immediate-mode: each packet as it comes (else the last block of the ring may still be unread at the end).
+    ip netns exec "$HOST_B" tcpdump -i "$VETH_B" --immediate-mode -U -w "$log.$what.pcap" udp port 4791 \
+      2>"$log.$what.tcpdump" &
+    dump=$!
+    for _ in $(seq 1 100); do grep -q "listening on" "$log.$what.tcpdump" && break; sleep 0.05; done
+    port=$(free_tcp_port)
+    "${srv[@]}" rping -s -a "$at" -p "$port" -C 20 -v >"$log.$what.server" 2>&1 &
+    server=$!
+    wait_listening_in "$([ "$server_side" = in_a ] && echo "$HOST_A" || echo "$HOST_B")" "$port" "$server"
+    rc=0
+    "${cli[@]}" rping -c -a "$at" -p "$port" -C 20 -V -v "$@" >"$log.$what.client" 2>&1 || rc=$?
+    wait "$server" || problems+="$what: rping server: exit $?: $(tail -n 3 "$log.$what.server")"$'\n'
+    [ "$rc" -eq 0 ] && [ "$(grep -c 'ping data' "$log.$what.client")" -eq 20 ] ||
+      problems+="$what: rping client: exit $rc: $(tail -n 3 "$log.$what.client")"$'\n'
+    sleep 0.2
+    kill -INT "$dump" 2>/dev/null
+    wait "$dump" 2>/dev/null
+  }
+  # on_wire WHAT FILTER: the packets of $log.WHAT.pcap that FILTER takes.
+  on_wire() { tcpdump -n -r "$log.$1.pcap" "$2" 2>/dev/null | wc -l; }
+  # Dialled at the second address from the other host.
+  cm_pair across in_a "$second" in_b
+  [ "$(on_wire across "src host $second")" -ge 40 ] && [ "$(on_wire across "dst host $second")" -ge 40 ] &&
+    [ "$(on_wire across "host $ADDR_A")" -eq 0 ] ||
+    problems+="dialled at $second: $(on_wire across "src host $second") packets from it, $(on_wire across \
+      "dst host $second") to it, $(on_wire across "host $ADDR_A") from or to GID 0's $ADDR_A"$'\n'
+  # A client naming no source whose route to the peer leaves from the second address.
+  ip -n "$HOST_A" route add "$ADDR_B/32" dev "$VETH_A" src "$second" || problems+="could not route by $second"$'\n'
+  cm_pair routed in_b "$ADDR_B" in_a
+  [ "$(on_wire routed "src host $second")" -ge 40 ] && [ "$(on_wire routed "host $ADDR_A")" -eq 0 ] ||
+    problems+="routed from $second: $(on_wire routed "src host $second") packets from it, $(on_wire routed \
+      "host $ADDR_A") from or to $ADDR_A"$'\n'
+  ip -n "$HOST_A" route del "$ADDR_B/32" dev "$VETH_A"
+  # Two processes of the host at the second address; then a client killed there ends its server's connection.
+  cm_pair local in_a "$second" in_a
+  [ "$(on_wire local "udp")" -eq 0 ] || problems+="the host's own pair sent $(on_wire local udp) packets out"$'\n'
+  port=$(free_tcp_port)
+  "${in_a[@]}" rping -s -a "$second" -p "$port" -C 100000000 -v -d >"$log.kill.server" 2>&1 &
+  server=$!
+  wait_listening_in "$HOST_A" "$port" "$server"
+  "${in_a[@]}" rping -c -a "$second" -p "$port" -C 100000000 >"$log.kill.client" 2>&1 &
+  client=$!
+  for _ in $(seq 1 100); do grep -q "ping data" "$log.kill.server" && break; sleep 0.05; done
+  pkill -9 -f "rping -c -a $second -p $port " || problems+="no rping client to kill"$'\n'
+  local start=$SECONDS
+  wait "$server"
+  wait "$client" 2>/dev/null
+  grep -q "RDMA_CM_EVENT_DISCONNECTED" "$log.kill.server" ||
+    problems+="the killed client's server: $(grep -v "ping data" "$log.kill.server" | tail -n 3 | tr '\n' ' ')"$'\n'
+  [ $((SECONDS - start)) -le 5 ] || problems+="the killed client's server took $((SECONDS - start)) s to end"$'\n'
+  # An address the host does not have.
+  "${in_a[@]}" rping -s -a "10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).77" -p "$(free_tcp_port)" >"$log.absent" 2>&1
+  grep -q "rdma_bind_addr: Cannot assign requested address" "$log.absent" ||
+    problems+="binding an address the host lacks: $(tr '\n' ' ' <"$log.absent")"$'\n'
+  two_hosts_down
+  junit_check "$name" "$problems"
+}
+
 case_sixty_four_processes() {
   local addr log="$WORK/64" problems
   addr=$(random_loopback)
@@ -920,6 +999,7 @@ main() {
   case_mpi_two_hosts ofi
   case_the_default_device
   case_gid_table_follows_the_host
+  case_rdma_cm_on_every_gid
   case_libfabric_one_address msg
   case_libfabric_one_address rdm
   case_pyverbs_rdmacm

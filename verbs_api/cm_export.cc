@@ -107,17 +107,22 @@ int Drop(uroce_cm* cm, uint32_t id) {
   return NoThrow(ENOMEM, [&] { return Cm(cm).Drop(id); });
 }
 
-int SendReq(uroce_cm* cm, const uint8_t peer[16], const uroce::wire::CmReq* req, void* context, uint32_t* id) {
-  return NoThrow(ENOMEM, [&] { return Cm(cm).SendReq(IpAddress::FromBytes(peer), *req, context, id); });
+int SendReq(uroce_cm* cm, const uint8_t local[16], const uint8_t peer[16], const uroce::wire::CmReq* req,
+            void* context, uint32_t* id) {
+  return NoThrow(ENOMEM, [&] {
+    return Cm(cm).SendReq(IpAddress::FromBytes(peer), *req, context, id, IpAddress::FromBytes(local));
+  });
 }
 
 int SendRtu(uroce_cm* cm, uint32_t id, const uint8_t* private_data, uint32_t len) {
   return NoThrow(ENOMEM, [&] { return Cm(cm).SendRtu(id, Bytes(private_data, len)); });
 }
 
-int SendSidrReq(uroce_cm* cm, const uint8_t peer[16], const uroce::wire::CmSidrReq* req, void* context,
-                uint32_t* id) {
-  return NoThrow(ENOMEM, [&] { return Cm(cm).SendSidrReq(IpAddress::FromBytes(peer), *req, context, id); });
+int SendSidrReq(uroce_cm* cm, const uint8_t local[16], const uint8_t peer[16], const uroce::wire::CmSidrReq* req,
+                void* context, uint32_t* id) {
+  return NoThrow(ENOMEM, [&] {
+    return Cm(cm).SendSidrReq(IpAddress::FromBytes(peer), *req, context, id, IpAddress::FromBytes(local));
+  });
 }
 
 int SendRej(uroce_cm* cm, uint32_t id, uint16_t reason, const uint8_t* private_data, uint32_t len) {

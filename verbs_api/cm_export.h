@@ -26,7 +26,8 @@
 #include "wire/cm_mad.h"
 
 // 1: the first table (it replaced uroce_connection_manager, whose C++ vtable crossed the boundary).
-#define UROCE_CM_ABI_VERSION 1u
+// 2: send_req and send_sidr_req name the local address the connection's messages leave from.
+#define UROCE_CM_ABI_VERSION 2u
 
 extern "C" {
 
@@ -50,7 +51,7 @@ struct uroce_cm_layout {
 
 // The functions of emu::ConnectionManager librdmacm calls (emu/connection_manager.h says what each does). Each
 // returns 0 or a positive errno. `peer` is a device address as 16 bytes in network order (a GID; IPv4-mapped for
-// IPv4). Private data is (pointer, length); a NULL pointer with length 0 is none.
+// IPv4); `local` one of ours the same way (all zeros: GID 0's). Private data is (pointer, length); a NULL pointer with length 0 is none.
 struct uroce_cm_ops {
   uint32_t abi_version;           // UROCE_CM_ABI_VERSION of the library that made the table
   uint32_t size;                  // sizeof(struct uroce_cm_ops) there
@@ -70,11 +71,11 @@ struct uroce_cm_ops {
   int (*drop)(struct uroce_cm* cm, uint32_t id);
 
   // Active side.
-  int (*send_req)(struct uroce_cm* cm, const uint8_t peer[16], const uroce::wire::CmReq* req, void* context,
-                  uint32_t* id);
+  int (*send_req)(struct uroce_cm* cm, const uint8_t local[16], const uint8_t peer[16], const uroce::wire::CmReq* req,
+                  void* context, uint32_t* id);
   int (*send_rtu)(struct uroce_cm* cm, uint32_t id, const uint8_t* private_data, uint32_t private_data_len);
-  int (*send_sidr_req)(struct uroce_cm* cm, const uint8_t peer[16], const uroce::wire::CmSidrReq* req,
-                       void* context, uint32_t* id);
+  int (*send_sidr_req)(struct uroce_cm* cm, const uint8_t local[16], const uint8_t peer[16],
+                       const uroce::wire::CmSidrReq* req, void* context, uint32_t* id);
 
   // Both.
   int (*send_rej)(struct uroce_cm* cm, uint32_t id, uint16_t reason, const uint8_t* private_data,
