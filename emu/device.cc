@@ -345,11 +345,19 @@ void Device::Fail() {
 
 bool Device::UpdateGids(std::span<const wire::IpAddress> others, bool announce) {
   if (!core_.gids.Update(others)) return false;
-  if (announce) {
-    std::shared_lock objects(objects_mu_);  // async_handler is set under it (set_async_handler)
-    core_.Raise(AsyncEvent{.type = AsyncEventType::kGidChange, .port = 1});
-  }
+  if (announce) AnnounceGidChange();
   return true;
+}
+
+bool Device::AssignGids(const std::array<std::optional<wire::IpAddress>, GidTable::kEntries>& entries, bool announce) {
+  if (!core_.gids.Assign(entries)) return false;
+  if (announce) AnnounceGidChange();
+  return true;
+}
+
+void Device::AnnounceGidChange() {
+  std::shared_lock objects(objects_mu_);  // async_handler is set under it (set_async_handler)
+  core_.Raise(AsyncEvent{.type = AsyncEventType::kGidChange, .port = 1});
 }
 
 void Device::FlushSrqLocked(SharedReceiveQueue& srq) {

@@ -112,6 +112,9 @@ class Device {
   // changed and `announce`, IBV_EVENT_GID_CHANGE is raised on port 1 (ibv_get_async_event(3)). QPs and AHs keep the
   // source GID they resolved. Returns whether anything changed.
   bool UpdateGids(std::span<const wire::IpAddress> others, bool announce = true);
+  // The same with the entries given as they are (the host device's table, which its service keeps by that rule for
+  // every process of the host: GidTable::Assign).
+  bool AssignGids(const std::array<std::optional<wire::IpAddress>, GidTable::kEntries>& entries, bool announce = true);
   int QueryQp(QueuePair* qp, QpAttributes* attr);
   // Drops one handle on the QP (an XRC target opened by OpenQp has several); the QP goes with the last, detached
   // from its multicast groups, which `*left_groups` (when given) receives: the caller leaves them on the network.
@@ -270,6 +273,7 @@ class Device {
   // program polls for them: an XRC SRQ's in its own CQ (qp_num: a target QP of its domain, else 0), a basic SRQ's in
   // the receive CQ of its QP with the lowest number (qp_num: that QP). With no QP on a basic SRQ nobody can poll for
   // them: they stay queued.
+  void AnnounceGidChange();  // IBV_EVENT_GID_CHANGE on port 1
   void FlushSrqLocked(SharedReceiveQueue& srq);
 
   // Shared: the tables below are read and the objects in them stay. Exclusive: the tables change.

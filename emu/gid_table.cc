@@ -49,4 +49,20 @@ bool GidTable::Update(std::span<const wire::IpAddress> others) {
   return changed;
 }
 
+std::array<std::optional<wire::IpAddress>, GidTable::kEntries> GidTable::Entries() const {
+  std::lock_guard lock(mu_);
+  return entries_;
+}
+
+bool GidTable::Assign(const std::array<std::optional<wire::IpAddress>, kEntries>& entries) {
+  std::lock_guard lock(mu_);
+  bool changed = false;
+  for (uint32_t i = 1; i < kEntries; ++i) {
+    if (entries_[i] == entries[i]) continue;
+    entries_[i] = entries[i];
+    changed = true;
+  }
+  return changed;
+}
+
 }  // namespace uroce::emu

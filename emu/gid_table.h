@@ -35,6 +35,11 @@ class GidTable {
   // Makes entries 1.. hold exactly `others` (entry 0 and duplicates of it are left as they are) by the rule above;
   // what does not fit stays out. Returns whether any entry changed (IBV_EVENT_GID_CHANGE is then due).
   bool Update(std::span<const wire::IpAddress> others);
+  // Every entry, by index (nullopt: empty).
+  std::array<std::optional<wire::IpAddress>, kEntries> Entries() const;
+  // Takes entries 1.. from `entries` as they are (another's table, kept by the rule above: the host device's
+  // service's, wire/shared_gid_table.h); entry 0 stays. Returns whether any entry changed.
+  bool Assign(const std::array<std::optional<wire::IpAddress>, kEntries>& entries);
 
  private:
   mutable std::mutex mu_;

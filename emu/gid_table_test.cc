@@ -45,5 +45,22 @@ TEST(GidTable, WhatDoesNotFitStaysOut) {
   EXPECT_EQ(t.At(GidTable::kEntries - 1), A(0x0b000000 + GidTable::kEntries - 2));
 }
 
+// A process's table takes the host's (the service's) as it is, gaps included; entry 0 stays its own.
+TEST(GidTable, AssignTakesAnotherTablesEntriesAsTheyAre) {
+  GidTable service(A(0x0a000001)), process(A(0x0a000001));
+  const wire::IpAddress host[] = {A(0x0a000101), A(0x0a000201)};
+  service.Update(host);
+  const wire::IpAddress later[] = {A(0x0a000201)};
+  service.Update(later);  // entry 1 empty, entry 2 kept
+  EXPECT_TRUE(process.Assign(service.Entries()));
+  EXPECT_EQ(process.At(1), std::nullopt);
+  EXPECT_EQ(process.At(2), A(0x0a000201));
+  EXPECT_FALSE(process.Assign(service.Entries()));
+  auto other = service.Entries();
+  other[0] = A(0x0c000001);
+  EXPECT_FALSE(process.Assign(other));
+  EXPECT_EQ(process.At(0), A(0x0a000001));
+}
+
 }  // namespace
 }  // namespace uroce::emu

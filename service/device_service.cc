@@ -44,6 +44,7 @@ DeviceService::DeviceService(asio::io_context& io, const wire::IpAddress& addres
       udp_port_(udp_port),
       every_address_(every_address),
       address_changes_(io),
+      gids_(address),
       linger_(linger),
       max_processes_(max_processes),
       acceptor_(io),
@@ -107,6 +108,11 @@ int DeviceService::Start() {
   AcceptNext();
   if (udp_fd_ >= 0) WaitUdp(udp_, {address_, udp_port_});
   if (udp_fd_ >= 0 && every_address_) {
+    if (int rc = wire::SharedGidTable::Create(&shared_gids_); rc < 0) {
+      fprintf(stderr, "uroce-deviced: cannot share the GID table (%s): processes list GID 0 alone\n", strerror(-rc));
+    } else {
+      shared_gids_->Publish(gids_.Entries());
+    }
     // Watched first, so that no change between the first look and the watch goes unseen.
     const int changes = wire::OpenAddressChanges();
     if (changes >= 0) {
@@ -145,6 +151,11 @@ void DeviceService::FollowOtherAddresses() {
     WaitUdp(other, {a, udp_port_});
     others_.emplace(a, std::move(other));
   }
+  // The table lists the addresses we receive on, in the host's order (lowest first) as they come.
+  std::vector<wire::IpAddress> listed;
+  for (const wire::IpAddress& a : wanted)
+    if (others_.count(a)) listed.push_back(a);
+  if (gids_.Update(listed) && shared_gids_) shared_gids_->Publish(gids_.Entries());
 }
 
 void DeviceService::WaitAddressChanges() {
@@ -230,8 +241,12 @@ void DeviceService::HandleControl(Process& p, const wire::ControlMessage& m, std
       // Its own socket, if the kernel steers: handed over with the welcome, steered to once the process says it
       // receives there (kSteer): until then, and for one that never says so, we forward.
       const int udp = steering_ ? SteeredSocket(owner) : -1;
-      const uint64_t value = owner | (every_address_ ? wire::kWelcomeEveryAddress : 0);
-      wire::SendControl(p.control.native_handle(), {ControlType::kWelcome, 0, value}, udp, MSG_DONTWAIT);
+      std::vector<int> passed;
+      if (shared_gids_) passed.push_back(shared_gids_->fd());
+      if (udp >= 0) passed.push_back(udp);
+      const uint64_t value = owner | (every_address_ ? wire::kWelcomeEveryAddress : 0) |
+                             (shared_gids_ ? wire::kWelcomeGidTable : 0);
+      wire::SendControl(p.control.native_handle(), {ControlType::kWelcome, 0, value}, passed, MSG_DONTWAIT);
       return;
     }
     case ControlType::kSteer: {

@@ -25,9 +25,11 @@
 #include <string>
 #include <vector>
 
+#include "emu/gid_table.h"
 #include "wire/address.h"
 #include "wire/packet_ring.h"
 #include "wire/service_protocol.h"
+#include "wire/shared_gid_table.h"
 #include "wire/udp_socket.h"
 
 namespace uroce::service {
@@ -122,8 +124,13 @@ class DeviceService {
   // Each other address's socket (owned by its descriptor, which a wait in progress keeps alive: WaitUdp).
   std::map<wire::IpAddress, std::shared_ptr<boost::asio::posix::stream_descriptor>> others_;
   boost::asio::posix::stream_descriptor address_changes_;
-  void FollowOtherAddresses();  // opens and closes sockets to match wire::OtherGids
+  void FollowOtherAddresses();  // opens and closes sockets to match wire::OtherGids, and publishes the table
   void WaitAddressChanges();
+  // The host device's GID table (every_address): address_ at entry 0, each other address we receive on after it by
+  // emu::GidTable's rule, published in shared memory every process maps (wire::SharedGidTable, handed out with
+  // kWelcome), so that an index names one address in all of them.
+  emu::GidTable gids_;
+  std::unique_ptr<wire::SharedGidTable> shared_gids_;
   std::chrono::milliseconds linger_;
   boost::asio::posix::stream_descriptor acceptor_;  // the listening SOCK_SEQPACKET socket
   std::shared_ptr<boost::asio::posix::stream_descriptor> udp_;

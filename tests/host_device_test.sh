@@ -548,13 +548,16 @@ case_the_default_device() {
 # veth's at GID 0; a pair across the veth whose server sends from the second address (its GID index), every packet
 # on the wire from that address with an ICRC scapy finds right; a pair of the host's own processes on the two GIDs
 # (process to process); an address added shows in the table and ibv_asyncwatch reports IBV_EVENT_GID_CHANGE; one
-# removed leaves its entry empty.
+# removed leaves its entry empty, and a process that opens the device after that finds the added address at the index
+# the running ones have (the service keeps the host's table); an address whose UDP 4791 another program holds stays
+# out.
 case_gid_table_follows_the_host() {
-  local name="the GID table lists the host's addresses" log="$WORK/gids" problems="" port second added index rc
+  local name="the GID table lists the host's addresses" log="$WORK/gids" problems="" port second added held index rc
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
   two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
   second="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).1"  # outside two_hosts_up's 10.20-219.x
   added="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).9"
+  held="${added%.*}.10"
   ip -n "$HOST_A" addr add "$second/24" dev "$VETH_A" && ip -n "$HOST_A" route add default via "$ADDR_B" &&
     ip -n "$HOST_B" route add "${second%.*}.0/24" dev "$VETH_B" || problems+="could not add the second address"$'\n'
   ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.devinfo" 2>&1
@@ -601,19 +604,42 @@ case_gid_table_follows_the_host() {
     tail -n 3)"$'\n'
   awk '/^(host_device_ring_sent|host_device_direct_bytes) / {n += $2} END {exit !(n > 0)}' "$log.local_client" ||
     problems+="the same-host pair did not go process to process: $(grep '^host_device_' "$log.local_client")"$'\n'
-  # An address added: the table lists it (a device opened before hears IBV_EVENT_GID_CHANGE); one removed: gone.
-  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout 10 "$UROCE" run -- ibv_asyncwatch -d uroce0 >"$log.async" 2>&1 &
+  # An address added: the table lists it (a device opened before hears IBV_EVENT_GID_CHANGE); one removed: gone. The
+  # watcher keeps the service (and its table) through the rest.
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_asyncwatch -d uroce0 \
+    >"$log.async" 2>&1 &
   local watch=$!
   for _ in $(seq 1 100); do grep -q "async event FD" "$log.async" && break; sleep 0.05; done
   ip -n "$HOST_A" addr add "$added/24" dev "$VETH_A" || problems+="could not add $added"$'\n'
   for _ in $(seq 1 100); do grep -q "GID_CHANGE" "$log.async" && break; sleep 0.05; done
-  kill "$watch" 2>/dev/null
-  wait "$watch" 2>/dev/null
   grep -q "IBV_EVENT_GID_CHANGE" "$log.async" || problems+="no GID change event: $(cat "$log.async")"$'\n'
+  # UDP 4791 of a third address held by another program (as kernel rxe holds it) before the address comes.
+  ip netns exec "$HOST_A" /usr/bin/python3 -c '
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 15, 1)  # IP_FREEBIND: the address is not there yet
+s.bind((sys.argv[1], 4791))
+print("held", flush=True)
+time.sleep(120)' "$held" >"$log.holder" 2>&1 &
+  local holder=$!
+  for _ in $(seq 1 100); do grep -q "held" "$log.holder" && break; sleep 0.05; done
+  ip -n "$HOST_A" addr add "$held/24" dev "$VETH_A" || problems+="could not add $held"$'\n'
   ip -n "$HOST_A" addr del "$second/24" dev "$VETH_A" || problems+="could not remove $second"$'\n'
-  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.changed" 2>&1
-  grep -q "::ffff:$added, RoCE v2" "$log.changed" && ! grep -q "::ffff:$second," "$log.changed" ||
-    problems+="after the changes: $(grep 'GID\|uroce:' "$log.changed")"$'\n'
+  local added_index=""
+  for _ in $(seq 1 100); do  # until the service has seen both changes
+    ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.changed" 2>&1
+    ! grep -q "::ffff:$second," "$log.changed" && break
+    sleep 0.05
+  done
+  added_index=$(sed -n "s/.*GID\[ *\([0-9]*\)\]:.*::ffff:$added, RoCE v2.*/\1/p" "$log.changed")
+  # The running processes have it at the first empty entry then, the one after the second address's.
+  [ "$added_index" = $((index + 1)) ] && ! grep -q "::ffff:$second," "$log.changed" ||
+    problems+="after the changes, $added at GID ${added_index:-none} (want $((index + 1))): $(grep 'GID\|uroce:' \
+      "$log.changed" | tr '\n' ' ')"$'\n'
+  ! grep -q "::ffff:$held," "$log.changed" ||
+    problems+="$held, whose UDP 4791 another program holds, is listed: $(grep GID "$log.changed" | tr '\n' ' ')"$'\n'
+  kill "$watch" "$holder" 2>/dev/null
+  wait "$watch" "$holder" 2>/dev/null
   two_hosts_down
   junit_check "$name" "$problems"
 }

@@ -502,12 +502,17 @@ int Engine::Start(const EngineConfig& config) {
   dc.time_scale = time_scale_;
   device_ = std::make_unique<emu::Device>(dc, *transport_, wire::BatchedClock::Instance());
   if (membership_ && membership_->every_address()) {
-    // Watched first, so that no change between the first look and the watch goes unseen.
-    if (int err = address_watcher_.Start([this] { RefreshGids(/*announce=*/true); }); err != 0) {
-      fprintf(stderr, "uroce: cannot watch this host's addresses (%s): the GID table stays as it starts\n",
-              strerror(err));
+    std::unique_ptr<wire::SharedGidTable> table;
+    const int fd = membership_->TakeGidTableFd();
+    int rc = fd < 0 ? -ENOENT : wire::SharedGidTable::Attach(fd, &table);
+    if (fd >= 0) close(fd);
+    if (rc == 0) {
+      rc = -gid_follower_.Start(std::move(table),
+                                [this](const wire::SharedGidTable::Entries& e, bool announce) { ApplyGids(e, announce); });
     }
-    RefreshGids(/*announce=*/false);
+    if (rc != 0) {
+      fprintf(stderr, "uroce: cannot follow the host's GID table (%s): uroce0 lists GID 0 alone\n", strerror(-rc));
+    }
   }
   // Received requests' ACKs are held a little (Device::AckTiming::kHeld): whoever receives, the application may
   // answer at once, and its reply then leaves first with the ACK behind it.
@@ -643,12 +648,14 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
   return 0;
 }
 
-void Engine::RefreshGids(bool announce) {
-  const std::vector<wire::IpAddress> others = wire::OtherGids(address());
+void Engine::ApplyGids(const wire::SharedGidTable::Entries& entries, bool announce) {
+  std::vector<wire::IpAddress> others;
+  for (size_t i = 1; i < entries.size(); ++i)
+    if (entries[i]) others.push_back(*entries[i]);
   host_transport_->SetOtherHostAddresses(others);
   // The tree is rewritten where the shim made one already: making it takes g_engine_mu (WriteDeviceTree), which Start
-  // holds, and which Finish holds while it stops the watcher. At Start it is written after (Engine::Acquire).
-  if (device_->UpdateGids(others, announce) && announce) RewriteDeviceTree(device_->gids().Populated(), true);
+  // holds, and which Finish holds while it stops the follower. At Start it is written after (Engine::Acquire).
+  if (device_->AssignGids(entries, announce) && announce) RewriteDeviceTree(device_->gids().Populated(), true);
 }
 
 void Engine::OnServiceLost() {
@@ -934,7 +941,7 @@ void Engine::LeaveMulticast(const wire::IpAddress& group) {
 }
 
 void Engine::Finish() {
-  address_watcher_.Stop();
+  gid_follower_.Stop();
   if (device_) device_->SendHeldAcks();
   PrintStatsOnce();
   {

@@ -23,7 +23,7 @@
 #include <thread>
 
 #include "emu/device.h"
-#include "verbs_api/address_watcher.h"
+#include "verbs_api/gid_table_follower.h"
 #include "verbs_api/host_device.h"
 #include "verbs_api/lease_length.h"
 #include "verbs_api/poll_pattern.h"
@@ -244,11 +244,11 @@ class Engine {
   static constexpr uint64_t kAppPollingNs = 1'000'000;
 
   int StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound);
-  // On a host device that listens on every address: GID entries 1.. become the host's other addresses (OtherGids),
-  // where the transport's same-host path reaches too; `announce`: IBV_EVENT_GID_CHANGE when that changed anything
-  // (not for the table the device starts with).
-  void RefreshGids(bool announce);
-  AddressWatcher address_watcher_;  // calls RefreshGids; stopped before device_ goes
+  // On a host device that listens on every address: GID entries 1.. become those of the host's table (the service's,
+  // wire::SharedGidTable), whose addresses the transport's same-host path reaches too; `announce`:
+  // IBV_EVENT_GID_CHANGE when that changed anything (not for the table the device starts with).
+  void ApplyGids(const wire::SharedGidTable::Entries& entries, bool announce);
+  GidTableFollower gid_follower_;  // calls ApplyGids; stopped before device_ goes
   // The host device's service died (from the thread that polls the transport): the device fails (emu::Device::Fail).
   void OnServiceLost();
   // Our membership in the host device; outlives transport_, which watches its control socket.

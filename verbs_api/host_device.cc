@@ -124,6 +124,7 @@ HostDeviceMembership::~HostDeviceMembership() {
   if (control_fd_ >= 0) close(control_fd_);
   if (forward_fd_ >= 0) close(forward_fd_);
   if (steered_fd_ >= 0) close(steered_fd_);
+  if (gid_table_fd_ >= 0) close(gid_table_fd_);
 }
 
 int HostDeviceMembership::TryJoin(const wire::IpAddress& address, bool lasting_only, std::string* error) {
@@ -148,7 +149,7 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, bool lasting_o
   const int sent = wire::SendControl(fd, {wire::ControlType::kHello, 0, uint64_t(getpid())}, pair[1]);
   close(pair[1]);
   wire::ControlMessage welcome;
-  std::vector<int> passed;  // with the welcome: our own UDP socket, when the kernel steers
+  std::vector<int> passed;  // with the welcome: the host's GID table and our own UDP socket, as the value says
   // The service closed (it was leaving) is -EAGAIN: try again.
   int rc = sent < 0 ? -EAGAIN : wire::ReceiveControl(fd, 5000, &welcome, &passed);
   const wire::UntakenDescriptors close_untaken(passed);
@@ -171,9 +172,14 @@ int HostDeviceMembership::TryJoin(const wire::IpAddress& address, bool lasting_o
   forward_fd_ = pair[0];
   owner_ = static_cast<uint8_t>(welcome.value);
   every_address_ = (welcome.value & wire::kWelcomeEveryAddress) != 0;
-  if (passed.size() == 1) {
-    steered_fd_ = passed[0];
-    passed[0] = -1;
+  size_t next = 0;
+  if ((welcome.value & wire::kWelcomeGidTable) != 0 && next < passed.size()) {
+    gid_table_fd_ = passed[next];
+    passed[next++] = -1;
+  }
+  if (next < passed.size()) {
+    steered_fd_ = passed[next];
+    passed[next] = -1;
   }
   return 0;
 }

@@ -63,6 +63,13 @@ class HostDeviceMembership {
   // The service receives on UDP 4791 of every address of the host (it was started unpinned), so the device's GID
   // table lists them all; else on the device's address alone.
   bool every_address() const { return every_address_; }
+  // The host's GID table the service shares (wire::SharedGidTable's memfd; every_address only), the caller's to
+  // close; -1 when the service gave none.
+  int TakeGidTableFd() {
+    const int fd = gid_table_fd_;
+    gid_table_fd_ = -1;
+    return fd;
+  }
 
  private:
   int TryJoin(const wire::IpAddress& address, bool lasting_only, std::string* error);
@@ -71,6 +78,7 @@ class HostDeviceMembership {
   int control_fd_ = -1;
   int forward_fd_ = -1;
   int steered_fd_ = -1;
+  int gid_table_fd_ = -1;
   uint8_t owner_ = 0;
   bool every_address_ = false;
   std::mutex request_mu_;  // one control request at a time

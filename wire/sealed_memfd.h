@@ -11,11 +11,12 @@
 namespace uroce::wire {
 
 // A new memfd of `bytes` (zeroed), sealed, mapped read-write: the mapping in *base, the descriptor (close-on-exec, the
-// caller's to pass and close) in *fd. -errno of memfd_create, ftruncate, fcntl or mmap.
-int CreateSealedMemfd(const char* name, size_t bytes, void** base, int* fd);
-// Maps read-write the memfd `fd` another process made (not taken: the caller closes it), only if it is sealed against
-// shrinking: the mapping in *base, its size in *bytes. -EINVAL when it is not a memfd or not so sealed; -errno of
-// fstat or mmap.
-int MapSealedMemfd(int fd, void** base, size_t* bytes);
+// caller's to pass and close) in *fd. `extra_seals` are added to the size's (F_SEAL_FUTURE_WRITE: only this mapping
+// may write; whoever is handed the file can map it read-only). -errno of memfd_create, ftruncate, fcntl or mmap.
+int CreateSealedMemfd(const char* name, size_t bytes, void** base, int* fd, int extra_seals = 0);
+// Maps the memfd `fd` another process made (not taken: the caller closes it), read-write or read-only, only if it is
+// sealed against shrinking: the mapping in *base, its size in *bytes. -EINVAL when it is not a memfd or not so sealed;
+// -errno of fstat or mmap.
+int MapSealedMemfd(int fd, void** base, size_t* bytes, bool writable = true);
 
 }  // namespace uroce::wire

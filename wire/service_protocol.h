@@ -82,9 +82,10 @@ inline constexpr size_t kControlSize = 24;
 enum class ControlType : uint16_t {
   kHello = 1,     // process -> service, with SCM_RIGHTS: the datagram socket to forward on; value = pid
   // service -> process: status, value = owner number | kWelcomeEveryAddress when the service receives on every
-  // address of the host (the wildcard: the device's GID table lists them all); with SCM_RIGHTS, when the kernel
-  // steers (AttachOwnerSteering), the process's own UDP socket on the service's address:4791 (that wildcard, or the
-  // device's one address), where its packets from other hosts arrive
+  // address of the host too (the device's GID table lists them) | kWelcomeGidTable when it shares that table; with
+  // SCM_RIGHTS, in this order: the table (wire::SharedGidTable's memfd) when kWelcomeGidTable says so, and, when
+  // the kernel steers (AttachOwnerSteering), the process's own UDP socket on the service's address:4791, where its
+  // packets from other hosts arrive
   kWelcome = 2,
   kListen = 3,    // process -> service: route REQs for service ID `value` to me
   kUnlisten = 4,  // process -> service: no longer
@@ -101,6 +102,7 @@ enum class ControlType : uint16_t {
   kAdoptOwner = 8,
 };
 inline constexpr uint64_t kWelcomeEveryAddress = uint64_t{1} << 32;
+inline constexpr uint64_t kWelcomeGidTable = uint64_t{1} << 33;
 struct ControlMessage {
   ControlType type = ControlType::kHello;
   int32_t status = 0;
