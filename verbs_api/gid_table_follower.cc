@@ -40,6 +40,7 @@ void GidTableFollower::Run(uint32_t seen) {
     const uint32_t now = table_->Read(&entries);
     if (now == seen) continue;  // woken for another reason (a Stop elsewhere, a signal)
     seen = now;
+    if (now & 1) continue;  // torn: its writer left in the middle (SharedGidTable::Read); sleep until it changes
     changed_(entries, /*announce=*/true);
   }
   exited_.store(true);

@@ -1,12 +1,14 @@
 #include "wire/shared_gid_table.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstring>
 
@@ -82,9 +84,13 @@ void SharedGidTable::Publish(const Entries& entries) {
 }
 
 uint32_t SharedGidTable::Read(Entries* entries) const {
+  // A service killed in the middle of Publish leaves the sequence odd for good: after a second of that, the entries
+  // as they are, with the odd sequence (the device fails with its service anyway: IBV_EVENT_DEVICE_FATAL).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   for (;;) {
     const uint32_t before = layout_->seq.load(std::memory_order_acquire);
-    if (before & 1) {
+    const bool torn = (before & 1) != 0;
+    if (torn && std::chrono::steady_clock::now() < give_up) {
       sched_yield();
       continue;
     }
@@ -98,7 +104,7 @@ uint32_t SharedGidTable::Read(Entries* entries) const {
       }
     }
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (layout_->seq.load(std::memory_order_relaxed) == before) return before;
+    if (torn || layout_->seq.load(std::memory_order_relaxed) == before) return before;
   }
 }
 

@@ -38,7 +38,8 @@ class SharedGidTable {
 
   // The service: the table becomes `entries`, and every process waiting in WaitForChange wakes.
   void Publish(const Entries& entries);
-  // The entries as they are, and the sequence they were read at (even).
+  // The entries as they are, and the sequence they were read at: even, or odd when the writer left in the middle of a
+  // change (waited for up to a second; the entries may then be torn).
   uint32_t Read(Entries* entries) const;
   // Sleeps until the sequence is no longer `seen` or Wake is called (or a signal comes): the caller reads again.
   void WaitForChange(uint32_t seen) const;
