@@ -406,7 +406,7 @@ DeviceService::Process* DeviceService::RouteTo(std::span<const uint8_t> packet) 
 }
 
 int DeviceService::DrainUdp(int fd, const wire::UdpEndpoint& local) {
-  const auto forward = [this](const wire::InDatagram& d) { Forward(d); };
+  const auto forward = [this, fd, &local](const wire::InDatagram& d) { Forward(d, fd, local.addr); };
   const int n = receiver_.Receive(fd, forward, local, udp_counters_);
   // One Publish per ring and receive: a run from a peer host is mostly for one process, and its doorbell rings once.
   for (Process* p : unpublished_) {
@@ -417,8 +417,8 @@ int DeviceService::DrainUdp(int fd, const wire::UdpEndpoint& local) {
   return n;
 }
 
-void DeviceService::AnswerUnheardRequest(const wire::InDatagram& d) {
-  if (udp_fd_ < 0 || wire::RouteOf(d.payload).kind != wire::PacketRoute::Kind::kListener) return;
+void DeviceService::AnswerUnheardRequest(const wire::InDatagram& d, int fd, const wire::IpAddress& bound) {
+  if (fd < 0 || wire::RouteOf(d.payload).kind != wire::PacketRoute::Kind::kListener) return;
   auto view = wire::ParsePacket(d.payload);
   if (!view) return;
   auto request = wire::ParseCmMad(view.value().payload);
@@ -435,17 +435,17 @@ void DeviceService::AnswerUnheardRequest(const wire::InDatagram& d) {
   wire::OutDatagram answer_datagram{to, 0, packet};
   answer_datagram.src_addr = local.addr;
   std::atomic<bool> gso{false};  // one datagram
-  if (wire::SendDatagrams(udp_fd_, wire::SocketFamily(local), address_, {&answer_datagram, 1}, kMaxDatagram, 1,
-                          gso, udp_counters_, MSG_DONTWAIT) == 1)
+  if (wire::SendDatagrams(fd, wire::SocketFamily({bound, 0}), bound, {&answer_datagram, 1}, kMaxDatagram, 1, gso,
+                          udp_counters_, MSG_DONTWAIT) == 1)
     ++counters_.refused;
 }
 
-void DeviceService::Forward(const wire::InDatagram& d) {
+void DeviceService::Forward(const wire::InDatagram& d, int fd, const wire::IpAddress& bound) {
   ++counters_.received;
   Process* p = RouteTo(d.payload);
   if (p == nullptr) {
     ++counters_.no_route;
-    AnswerUnheardRequest(d);
+    AnswerUnheardRequest(d, fd, bound);
     return;
   }
   wire::ForwardHeader h;

@@ -97,13 +97,14 @@ class DeviceService {
   // One receive's worth from the UDP socket `fd` bound to `local` (UDP_GRO runs split into their datagrams), each
   // forwarded; then the rings written are published. How many datagrams it took, or -errno (-EAGAIN: none queued).
   int DrainUdp(int fd, const wire::UdpEndpoint& local);
-  void Forward(const wire::InDatagram& d);
+  // `d`, received on socket `fd` bound to `bound`, to the process it is for (or answered, AnswerUnheardRequest).
+  void Forward(const wire::InDatagram& d, int fd, const wire::IpAddress& bound);
   // A REQ or SIDR_REQ for a service ID none of our processes listens on gets the kernel CM's answer at once
   // (wire::NoListenerAnswer: REJ "invalid service ID", SIDR_REP "unsupported"), so that rdma_connect fails with
   // ECONNREFUSED rather than after its REQ's retries. Sent to the requester's device (its address, our UDP port):
   // from our own host that is our own socket's group again, and the answer comes back here to be routed by its comm
-  // ID like any other. Nothing for other packets.
-  void AnswerUnheardRequest(const wire::InDatagram& d);
+  // ID like any other. Sent on the socket it came in by (its address's, of its family). Nothing for other packets.
+  void AnswerUnheardRequest(const wire::InDatagram& d, int fd, const wire::IpAddress& bound);
   Process* RouteTo(std::span<const uint8_t> packet);
   // The kernel's steering (wire::AttachOwnerSteering): whether it is on, set up at Start; the UDP socket of owner
   // number `owner` (made at its first join, drained of a former holder's packets at a later one) for the process

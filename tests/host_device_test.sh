@@ -723,6 +723,76 @@ case_rdma_cm_on_every_gid() {
   junit_check "$name" "$problems"
 }
 
+# IPv6 GIDs beside an IPv4 GID 0 (two namespaces, each with an IPv6 address on its veth besides its IPv4 one): each
+# lists its IPv6 address as a GID after GID 0; an ibv_rc_pingpong pair across the veth on those GIDs, every RoCE packet
+# on the wire IPv6 between the two addresses and none IPv4; rping over IPv6 (rdma_cm bound to the IPv6 address, the
+# client checking the bytes); and a pair of one host's processes on its IPv6 GID, process to process.
+case_ipv6_gids_beside_ipv4() {
+  local name="IPv6 GIDs beside an IPv4 GID 0" log="$WORK/v6gids" problems="" port rc server v6a v6b index_a index_b dump
+  if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
+  two_hosts_up "uroce-v6-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
+  local net="fd00:$((RANDOM % 9000 + 1000))"
+  v6a="$net::1" v6b="$net::2"
+  ip -n "$HOST_A" addr add "$v6a/64" dev "$VETH_A" nodad && ip -n "$HOST_B" addr add "$v6b/64" dev "$VETH_B" nodad ||
+    problems+="could not add the IPv6 addresses"$'\n'
+  local -a in_a=(ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --)
+  local -a in_b=(ip netns exec "$HOST_B" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --)
+  "${in_a[@]}" ibv_devinfo -v >"$log.devinfo_a" 2>&1
+  "${in_b[@]}" ibv_devinfo -v >"$log.devinfo_b" 2>&1
+  index_a=$(sed -n "s/.*GID\[ *\([0-9]*\)\]:[[:space:]]*$v6a, RoCE v2.*/\1/p" "$log.devinfo_a")
+  index_b=$(sed -n "s/.*GID\[ *\([0-9]*\)\]:[[:space:]]*$v6b, RoCE v2.*/\1/p" "$log.devinfo_b")
+  grep -q "GID\[  0\]:.*::ffff:$ADDR_A, RoCE v2" "$log.devinfo_a" && [ -n "$index_a" ] && [ "$index_a" != 0 ] &&
+    [ -n "$index_b" ] || problems+="the tables: $(grep -h GID "$log.devinfo_a" "$log.devinfo_b" | tr '\n' ' ')"$'\n'
+  ip netns exec "$HOST_B" tcpdump -i "$VETH_B" --immediate-mode -U -w "$log.pcap" udp port 4791 2>"$log.tcpdump" &
+  dump=$!
+  for _ in $(seq 1 100); do grep -q "listening on" "$log.tcpdump" && break; sleep 0.05; done
+  port=$(free_tcp_port)
+  "${in_a[@]}" ibv_rc_pingpong -d uroce0 -g "${index_a:-1}" -c -s 4096 -n 100 -p "$port" >"$log.server" 2>&1 &
+  server=$!
+  wait_listening_in "$HOST_A" "$port" "$server"
+  rc=0
+  "${in_b[@]}" ibv_rc_pingpong -d uroce0 -g "${index_b:-1}" -c -s 4096 -n 100 -p "$port" "$ADDR_A" >"$log.client" 2>&1 ||
+    rc=$?
+  wait "$server" || problems+="pingpong server: exit $?: $(tail -n 3 "$log.server")"$'\n'
+  [ "$rc" -eq 0 ] || problems+="pingpong client: exit $rc: $(tail -n 3 "$log.client")"$'\n'
+  sleep 0.2
+  kill -INT "$dump" 2>/dev/null
+  wait "$dump" 2>/dev/null
+  local from to v4
+  from=$(tcpdump -n -r "$log.pcap" "ip6 and src host $v6a and dst host $v6b" 2>/dev/null | wc -l)
+  to=$(tcpdump -n -r "$log.pcap" "ip6 and src host $v6b and dst host $v6a" 2>/dev/null | wc -l)
+  v4=$(tcpdump -n -r "$log.pcap" "ip" 2>/dev/null | wc -l)
+  # 100 round trips of 4 packets each way (UDP_SEGMENT runs cross the veth whole: at least one datagram a message).
+  [ "$from" -ge 100 ] && [ "$to" -ge 100 ] && [ "$v4" -eq 0 ] ||
+    problems+="on the wire: $from datagrams $v6a -> $v6b, $to back, $v4 over IPv4"$'\n'
+  # rdma_cm over IPv6.
+  port=$(free_tcp_port)
+  "${in_a[@]}" rping -s -a "$v6a" -p "$port" -C 20 -v >"$log.rping_server" 2>&1 &
+  server=$!
+  wait_listening_in "$HOST_A" "$port" "$server"
+  rc=0
+  "${in_b[@]}" rping -c -a "$v6a" -p "$port" -C 20 -V -v >"$log.rping_client" 2>&1 || rc=$?
+  wait "$server" || problems+="rping server: exit $?: $(tail -n 3 "$log.rping_server")"$'\n'
+  [ "$rc" -eq 0 ] && [ "$(grep -c 'ping data' "$log.rping_client")" -eq 20 ] ||
+    problems+="rping over IPv6: exit $rc: $(tail -n 3 "$log.rping_client")"$'\n'
+  # Two processes of A on its IPv6 GID: process to process.
+  port=$(free_tcp_port)
+  "${in_a[@]}" ibv_rc_pingpong -d uroce0 -g "${index_a:-1}" -c -s 4096 -n 100 -p "$port" >"$log.local_server" 2>&1 &
+  server=$!
+  wait_listening_in "$HOST_A" "$port" "$server"
+  rc=0
+  ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --stats -- \
+    ibv_rc_pingpong -d uroce0 -g "${index_a:-1}" -c -s 4096 -n 100 -p "$port" 127.0.0.1 >"$log.local_client" 2>&1 ||
+    rc=$?
+  wait "$server" || problems+="same-host server: exit $?: $(tail -n 3 "$log.local_server")"$'\n'
+  [ "$rc" -eq 0 ] || problems+="same-host client: exit $rc: $(grep -v '^[a-z_]* [0-9]*$' "$log.local_client" |
+    tail -n 3)"$'\n'
+  awk '/^(host_device_ring_sent|host_device_direct_bytes) / {n += $2} END {exit !(n > 0)}' "$log.local_client" ||
+    problems+="the same-host pair did not go process to process: $(grep '^host_device_' "$log.local_client")"$'\n'
+  two_hosts_down
+  junit_check "$name" "$problems"
+}
+
 case_sixty_four_processes() {
   local addr log="$WORK/64" problems
   addr=$(random_loopback)
@@ -1026,6 +1096,7 @@ main() {
   case_the_default_device
   case_gid_table_follows_the_host
   case_rdma_cm_on_every_gid
+  case_ipv6_gids_beside_ipv4
   case_libfabric_one_address msg
   case_libfabric_one_address rdm
   case_pyverbs_rdmacm

@@ -624,6 +624,13 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
       std::move(sender), wire::UdpEndpoint{*bound, wire::kRoceV2UdpPort}, membership->owner(),
       membership->TakeForwardFd(), membership->control_fd(), [this] { OnServiceLost(); }, config.same_host);
   transport->AdoptSteeredSocket(membership->TakeSteeredFd());
+  if (membership->every_address()) {
+    // The host's GIDs of the other family (IPv6 beside an IPv4 address, or the reverse) leave by a socket of that
+    // family on its wildcard, each naming its source; a host without that family has none (EAFNOSUPPORT): no matter.
+    std::unique_ptr<wire::SocketTransport> other;
+    const wire::IpAddress wildcard = bound->is_v4() ? wire::IpAddress() : wire::IpAddress::V4(0);
+    if (wire::SocketTransport::Create({wildcard, 0}, options, &other) == 0) transport->SetOtherFamilySender(std::move(other));
+  }
   // A process of the host that dies cannot end its rdma_cm connections with us, as its kernel would (DREQ, REJ), nor
   // the messages its XRC target QPs were handing to our SRQs: we end them when its connection hangs up.
   transport->SetPeerGoneHandler([this, address = *bound](uint8_t owner) {

@@ -40,7 +40,7 @@ std::vector<IpAddress> UsableHostAddresses(std::vector<std::string>* ifnames) {
 std::vector<IpAddress> OtherGids(const IpAddress& gid0) {
   std::vector<IpAddress> others;
   for (const IpAddress& a : UsableHostAddresses()) {
-    if (a != gid0 && a.is_v4() == gid0.is_v4()) others.push_back(a);
+    if (a != gid0) others.push_back(a);
   }
   return others;
 }

@@ -16,8 +16,8 @@ namespace uroce::wire {
 // come to the same list. With `ifnames`, each one's interface name in a parallel list.
 std::vector<IpAddress> UsableHostAddresses(std::vector<std::string>* ifnames = nullptr);
 
-// The GIDs after entry `gid0` of a device that receives at every address of the host: the usable host addresses of
-// gid0's family but gid0 itself.
+// The GIDs after entry `gid0` of a device that receives at every address of the host: the usable host addresses but
+// gid0 itself, of both families (IPv4 before IPv6, each lowest first), as rxe lists its netdev's IPv4 and IPv6 ones.
 std::vector<IpAddress> OtherGids(const IpAddress& gid0);
 
 // A netlink socket (non-blocking, close-on-exec) that becomes readable when an address of this network namespace

@@ -489,7 +489,7 @@ void HostDeviceTransport::TakeRingOffer(Peer& peer) {
 
 void HostDeviceTransport::EncodeForwardHeader(const OutDatagram& dg, uint8_t out[ForwardHeader::kSize]) const {
   ForwardHeader h;
-  h.src = OutgoingFlowFrom(*sender_, dg.src_addr, dg.dst, dg.src_port).src;  // the flow the ICRC was sealed for
+  h.src = OutgoingFlowFrom(SenderFor(dg.dst), dg.src_addr, dg.dst, dg.src_port).src;  // the flow the ICRC was sealed for
   h.dst = dg.dst;
   h.icrc_vouched = dg.has_icrc && !dg.altered;
   h.Encode(out);
@@ -565,9 +565,13 @@ int HostDeviceTransport::Send(std::span<const OutDatagram> batch) {
       i += SendToPeer(owner, batch.subspan(i, j - i));
       continue;
     }
+    // A run for other hosts, of one family (it leaves by one socket).
+    const bool v4 = batch[i].dst.addr.is_v4();
     size_t j = i;
-    while (j < batch.size() && PeerOwner(batch[j]) == 0) ++j;
-    const int r = sender_->Send(batch.subspan(i, j - i));
+    while (j < batch.size() && PeerOwner(batch[j]) == 0 && (batch[j].dst.addr.is_v4() == v4 || !other_family_sender_))
+      ++j;
+    Transport& sender = other_family_sender_ && v4 != local_.addr.is_v4() ? *other_family_sender_ : *sender_;
+    const int r = sender.Send(batch.subspan(i, j - i));
     if (r < 0) return i > 0 ? int(i) : r;
     i += size_t(r);
     if (size_t(r) < j - (i - size_t(r))) return int(i);

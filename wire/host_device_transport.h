@@ -167,8 +167,12 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // The host's addresses besides local()'s, where the service receives too (it listens on every address): a packet to
   // one of them whose destination QP names a process of the host goes to that process as one to local() does.
   void SetOtherHostAddresses(std::vector<IpAddress> others);
+  // A second sending transport, of the other IP family than local()'s, for datagrams whose destination is of that
+  // family (the host's GIDs of that family are their sources, named by IPV6_PKTINFO / IP_PKTINFO). Set before packets
+  // flow. Without it such datagrams fail as the one socket's family does (-EAFNOSUPPORT).
+  void SetOtherFamilySender(std::unique_ptr<Transport> sender) { other_family_sender_ = std::move(sender); }
   Flow OutgoingFlow(const UdpEndpoint& dst, uint16_t src_port) const override {
-    return sender_->OutgoingFlow(dst, src_port);
+    return SenderFor(dst).OutgoingFlow(dst, src_port);
   }
   int Send(std::span<const OutDatagram> batch) override;
   // Unread (false) towards another process of the host once LeaveUnreadIcrcsUnsealed was called: what a data
@@ -329,6 +333,11 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   void ReportGone();
 
   std::unique_ptr<Transport> sender_;
+  std::unique_ptr<Transport> other_family_sender_;  // SetOtherFamilySender
+  // The transport a datagram to `dst` leaves by: sender_, or other_family_sender_ for the other family.
+  const Transport& SenderFor(const UdpEndpoint& dst) const {
+    return other_family_sender_ && dst.addr.is_v4() != local_.addr.is_v4() ? *other_family_sender_ : *sender_;
+  }
   UdpEndpoint local_;
   // SetOtherHostAddresses's list, read without a lock for every packet to another host (PeerOwner, IcrcIsRead): a new
   // list takes the pointer's place and the lists it replaced stay in others_kept_ until the transport goes, so a
