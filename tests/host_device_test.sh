@@ -544,6 +544,17 @@ case_the_default_device() {
   junit_check "$name" "$problems"
 }
 
+# two_hosts_second_address NAME: two_hosts_up NAME, and on HOST_A's veth a second address, SECOND, in a /24 of its own
+# (outside two_hosts_up's 10.20-219.x), which HOST_B reaches over the veth and HOST_A's default route goes towards.
+# Fails, with TWO_HOSTS_ERROR saying why, when it cannot.
+two_hosts_second_address() {
+  two_hosts_up "$1" || return 1
+  SECOND="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).1"
+  TWO_HOSTS_ERROR=$({ ip -n "$HOST_A" addr add "$SECOND/24" dev "$VETH_A" &&
+    ip -n "$HOST_A" route add default via "$ADDR_B" && ip -n "$HOST_B" route add "${SECOND%.*}.0/24" dev "$VETH_B"; } 2>&1) ||
+    { two_hosts_down; return 1; }
+}
+
 # A host of two addresses (the veth's, with the default route, and a second one on it): the device lists both, the
 # veth's at GID 0; a pair across the veth whose server sends from the second address (its GID index), every packet
 # on the wire from that address with an ICRC scapy finds right; a pair of the host's own processes on the two GIDs
@@ -554,12 +565,10 @@ case_the_default_device() {
 case_gid_table_follows_the_host() {
   local name="the GID table lists the host's addresses" log="$WORK/gids" problems="" port second added held index rc
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
-  two_hosts_up "uroce-hd-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
-  second="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).1"  # outside two_hosts_up's 10.20-219.x
+  two_hosts_second_address "uroce-hd-$$" || { junit_fail "$name" "could not make the hosts: $TWO_HOSTS_ERROR"; return; }
+  second="$SECOND"
   added="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).9"
   held="${added%.*}.10"
-  ip -n "$HOST_A" addr add "$second/24" dev "$VETH_A" && ip -n "$HOST_A" route add default via "$ADDR_B" &&
-    ip -n "$HOST_B" route add "${second%.*}.0/24" dev "$VETH_B" || problems+="could not add the second address"$'\n'
   ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run -- ibv_devinfo -v >"$log.devinfo" 2>&1
   index=$(sed -n "s/.*GID\[ *\([0-9]*\)\]:.*::ffff:$second, RoCE v2.*/\1/p" "$log.devinfo")
   grep -q "GID\[  0\]:.*::ffff:$ADDR_A, RoCE v2" "$log.devinfo" && [ -n "$index" ] && [ "$index" != 0 ] ||
@@ -652,10 +661,8 @@ time.sleep(120)' "$held" >"$log.holder" 2>&1 &
 case_rdma_cm_on_every_gid() {
   local name="rdma_cm on every GID of the host" log="$WORK/cm_gids" problems="" port second rc server client dump
   if [ "$(id -u)" -ne 0 ]; then junit_skip "$name" "network namespaces need root"; return; fi
-  two_hosts_up "uroce-cg-$$" || { junit_fail "$name" "could not make the namespaces: $TWO_HOSTS_ERROR"; return; }
-  second="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).1"  # outside two_hosts_up's 10.20-219.x
-  ip -n "$HOST_A" addr add "$second/24" dev "$VETH_A" && ip -n "$HOST_A" route add default via "$ADDR_B" &&
-    ip -n "$HOST_B" route add "${second%.*}.0/24" dev "$VETH_B" || problems+="could not add the second address"$'\n'
+  two_hosts_second_address "uroce-cg-$$" || { junit_fail "$name" "could not make the hosts: $TWO_HOSTS_ERROR"; return; }
+  second="$SECOND"
   local -a in_a=(ip netns exec "$HOST_A" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --)
   # shellcheck disable=SC2034  # cm_pair uses it by name
   local -a in_b=(ip netns exec "$HOST_B" "${NO_SETTING[@]}" timeout "$TIMEOUT" "$UROCE" run --)

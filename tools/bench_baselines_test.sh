@@ -9,15 +9,25 @@
 set -u
 bench="$1"
 status=0
-for mode in --busy --roce; do
-  out=$(timeout 20 "$bench" udp-lat "$mode" --seconds 0.2)
+# shellcheck source=tools/uroce.bash
+source tools/uroce.bash
+
+# positive_figure WHAT UNIT COMMAND...: COMMAND ends within 20 s and prints one positive figure.
+positive_figure() {
+  local what="$1" unit="$2" out rc
+  shift 2
+  out=$(timeout 20 "$@")
   rc=$?
   if [ $rc -ne 0 ] || ! awk -v v="$out" 'BEGIN {exit !(v ~ /^[0-9]+\.[0-9]+$/ && v > 0)}'; then
-    echo "FAIL: udp-lat $mode exited $rc, printed '$out'"
+    echo "FAIL: $what exited $rc, printed '$out'"
     status=1
   else
-    echo "ok: udp-lat $mode: $out us"
+    echo "ok: $what: $out $unit"
   fi
+}
+
+for mode in --busy --roce; do
+  positive_figure "udp-lat $mode" us "$bench" udp-lat "$mode" --seconds 0.2
 done
 for work in 0 20; do
   out=$(timeout 20 "$bench" shm-lat --iterations 2000 --work-us "$work")
@@ -66,35 +76,22 @@ else
     status=1
   fi
 fi
-if [ "$(id -u)" -ne 0 ] || ! ip netns add "bench-baselines-$$-a" 2>/dev/null; then
+if [ "$(id -u)" -ne 0 ]; then
   echo "skip: udp-gbps --between needs root and network namespaces"
+elif ! two_hosts_up "bench-baselines-$$"; then
+  echo "FAIL: could not join two namespaces by a veth: $TWO_HOSTS_ERROR"
+  status=1
 else
-  a="bench-baselines-$$-a" b="bench-baselines-$$-b"
-  net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))"
-  if ip netns add "$b" && ip link add "veth-$$-a" netns "$a" type veth peer name "veth-$$-b" netns "$b" &&
-    ip -n "$a" addr add "$net.1/24" dev "veth-$$-a" && ip -n "$b" addr add "$net.2/24" dev "veth-$$-b" &&
-    ip -n "$a" link set "veth-$$-a" up && ip -n "$b" link set "veth-$$-b" up; then
-    out=$(timeout 20 "$bench" udp-gbps --between "$a" "$net.1" "$b" --frame 1064 --seconds 0.2)
-    rc=$?
-    if [ $rc -ne 0 ] || ! awk -v v="$out" 'BEGIN {exit !(v ~ /^[0-9]+\.[0-9]+$/ && v > 0)}'; then
-      echo "FAIL: udp-gbps --between exited $rc, printed '$out'"
-      status=1
-    else
-      echo "ok: udp-gbps across a veth: $out GB/s"
-    fi
-    out=$(timeout 20 "$bench" udp-gbps --between "$a-gone" "$net.1" "$b" --seconds 0.2 2>&1)
-    rc=$?
-    if [ $rc -ne 1 ] || [[ "$out" != *"No such file"* ]]; then
-      echo "FAIL: udp-gbps --between a namespace that is not there exited $rc, printed '$out'"
-      status=1
-    else
-      echo "ok: udp-gbps --between a missing namespace: $out"
-    fi
-  else
-    echo "FAIL: could not join the two namespaces by a veth"
+  positive_figure "udp-gbps across a veth" GB/s "$bench" udp-gbps --between "$HOST_A" "$ADDR_A" "$HOST_B" --frame 1064 \
+    --seconds 0.2
+  out=$(timeout 20 "$bench" udp-gbps --between "$HOST_A-gone" "$ADDR_A" "$HOST_B" --seconds 0.2 2>&1)
+  rc=$?
+  if [ $rc -ne 1 ] || [[ "$out" != *"No such file"* ]]; then
+    echo "FAIL: udp-gbps --between a namespace that is not there exited $rc, printed '$out'"
     status=1
+  else
+    echo "ok: udp-gbps --between a missing namespace: $out"
   fi
-  ip netns del "$a" 2>/dev/null
-  ip netns del "$b" 2>/dev/null
+  two_hosts_down
 fi
 exit $status
