@@ -241,10 +241,13 @@ class DeviceCore {
   GidTable gids{config.address};
   static_assert(DeviceLimits{}.gid_table_len == GidTable::kEntries);
   // `av` with its source GID filled in (AddressVector::sgid) from the entry sgid_index names; nullopt when that entry
-  // is empty.
+  // is empty, or when the destination GID is of the other IP family (no route joins an IPv4 source to an IPv6
+  // destination: the kernel's resolution of such a RoCEv2 AV fails too, rdma_addr_find_l2_eth_by_grh).
   std::optional<AddressVector> Resolve(AddressVector av) const {
     const std::optional<wire::IpAddress> sgid = gids.At(av.sgid_index);
     if (!sgid) return std::nullopt;
+    const wire::IpAddress dgid = wire::IpAddress::FromBytes(av.dgid.data());
+    if (!dgid.is_unspecified() && dgid.is_v4() != sgid->is_v4()) return std::nullopt;
     av.sgid = sgid->bytes();
     return av;
   }

@@ -163,6 +163,12 @@ TEST(SourceGid, AnEmptyOrMissingEntryIsInvalidAndAResolvedOneOutlivesItsAddress)
   EXPECT_EQ(wire::IpAddress::FromBytes(ah->av().sgid.data()), kSecond);
   AddressHandle* late = nullptr;
   EXPECT_EQ(t.a->device->CreateAh(t.pa, av, &late), EINVAL);
+  // A destination of the other IP family than the source GID's: no route joins them.
+  av.sgid_index = 0;
+  av.dgid = wire::IpAddress::Parse("fd00::2")->bytes();
+  EXPECT_EQ(t.a->device->CreateAh(t.pa, av, &late), EINVAL);
+  EXPECT_EQ(ConnectFrom(*t.a->device, qa, 0, *wire::IpAddress::Parse("fd00::2"), 0x11), EINVAL);
+  EXPECT_EQ(qa->state(), QpState::kInit);
 }
 
 TEST(SourceGid, UdDatagramsCarryTheirAhsSourceInTheReceiversGrh) {

@@ -551,7 +551,8 @@ two_hosts_second_address() {
   two_hosts_up "$1" || return 1
   SECOND="10.$((RANDOM % 20 + 230)).$((RANDOM % 250)).1"
   TWO_HOSTS_ERROR=$({ ip -n "$HOST_A" addr add "$SECOND/24" dev "$VETH_A" &&
-    ip -n "$HOST_A" route add default via "$ADDR_B" && ip -n "$HOST_B" route add "${SECOND%.*}.0/24" dev "$VETH_B"; } 2>&1) ||
+    ip -n "$HOST_A" route add default via "$ADDR_B" &&
+    ip -n "$HOST_B" route add "${SECOND%.*}.0/24" dev "$VETH_B"; } 2>&1) ||
     { two_hosts_down; return 1; }
 }
 
@@ -575,8 +576,8 @@ case_gid_table_follows_the_host() {
     problems+="the table is not GID 0 $ADDR_A and another $second: $(grep 'GID\|uroce:' "$log.devinfo")"$'\n'
   index=${index:-1}
   # Across the veth: the server answers from the second address; B's end of the veth sees every packet from there.
-  ip netns exec "$HOST_B" tcpdump -i "$VETH_B" -U -w "$log.pcap" "udp port 4791 and src host $second" \
-    2>"$log.tcpdump" &
+  ip netns exec "$HOST_B" tcpdump -i "$VETH_B" --immediate-mode -U -w "$log.pcap" \
+    "udp port 4791 and src host $second" 2>"$log.tcpdump" &
   local dump=$!
   for _ in $(seq 1 100); do grep -q "listening on" "$log.tcpdump" && break; sleep 0.05; done
   port=$(free_tcp_port)
