@@ -611,6 +611,14 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
     const bool v6_from_v4 = dst_addr->sa_family == AF_INET6 && p->local.is_v4();
     SetSockaddr(&p->id.route.addr.src_storage, v6_from_v4 ? kIpv6Loopback : p->local, port, dst_addr->sa_family);
   }
+  // A destination (not this host) of the other IP family than the GID the id has: the device has no GID to reach it
+  // from, as the kernel finds when no device holds the route's source (cma_acquire_dev_by_src_ip: ADDR_ERROR,
+  // -ENODEV); the id stays bound.
+  if (!IsAnyOrLoopback(dst_addr) && wire::IpAddressOf(dst_addr)->is_v4() != p->local.is_v4()) {
+    p->state = IdState::kAddrBound;
+    Enqueue(*lib, p->channel, NewEvent(p, RDMA_CM_EVENT_ADDR_ERROR, -ENODEV));
+    return Complete(*lib, lock, p);
+  }
   std::memcpy(Dst(p), dst_addr, SockaddrLen(dst_addr));
   AttachDevice(*lib, p);
   p->id.route.addr.addr.ibaddr.pkey = htons(wire::kDefaultPkey);

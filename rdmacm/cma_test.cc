@@ -65,6 +65,24 @@ TEST(RdmaMigrateId, SynchronousIdWithItsLastEventUnacknowledged) {
   rdma_destroy_event_channel(channel);
 }
 
+// A destination of the other IP family than every GID of the device (an IPv6 address that is not this host, from a
+// device on an IPv4 address): no GID reaches it, and the resolution fails at once (ADDR_ERROR, ENODEV) as the
+// kernel's does, instead of resolving and then timing out; the id stays bound and may resolve another.
+TEST(RdmaResolveAddr, ADestinationOfAnotherFamilyThanTheDevicesIsAnAddressError) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in6 far{};
+  far.sin6_family = AF_INET6;
+  far.sin6_port = htons(7471);
+  ASSERT_EQ(inet_pton(AF_INET6, "fd00:7::1", &far.sin6_addr), 1);
+  errno = 0;
+  EXPECT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&far), 2000), -1);
+  EXPECT_EQ(errno, ENODEV);
+  sockaddr_in dst = V4(INADDR_LOOPBACK, 7471);
+  EXPECT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000), 0);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+}
+
 // rdma_bind_addr to the device's own address attaches the device (id->verbs), as the kernel's does, also when that
 // address is a loopback one; another loopback address (no device holds 127.1.0.1: the devices take 127.0.0.0/16)
 // and the wildcard attach none. librpma's rpma_utils_get_ibv_context finds its device the first way; libfabric binds
