@@ -1,6 +1,5 @@
 #include "emu/connection_manager.h"
 
-#include "emu/gid_table.h"
 #include <algorithm>
 #include <cerrno>
 #include <cstring>

@@ -163,7 +163,6 @@ int OpenDevice(Lib* lib) {
     ibv_close_device(lib->verbs);
     return ENODEV;
   }
-  std::memcpy(lib->gid.data(), gid.raw, 16);
   lib->address = AddressOfGid(gid);
   lib->node_guid = be64toh(lib->device_attr.node_guid);
   return 0;

@@ -160,7 +160,6 @@ struct Lib {
   ibv_device_attr device_attr{};
   ibv_port_attr port_attr{};
   wire::IpAddress address;  // the device's address (GID 0)
-  wire::Gid gid{};
   uint64_t node_guid = 0;
   EngineCm cm;  // the device's connection manager, in the engine
   PeerWatch peers;  // the uroce devices of this host we talk to: their death ends our connections with them

@@ -337,7 +337,8 @@ int BenchUdpThroughputBetween(const std::string& rx_netns, const std::string& rx
   int rx = -1, tx = -1, error = EnterNetworkNamespace(rx_netns);
   if (error == 0 && (rx = uroce::wire::OpenStreamSocket(*at, &rx_at)) < 0) error = rx;
   if (error == 0) error = EnterNetworkNamespace(tx_netns);
-  const auto any = at->is_v4() ? uroce::wire::IpAddress::V4(0) : uroce::wire::IpAddress();  // the wildcard of its family
+  // The wildcard of the receiver's family.
+  const auto any = at->is_v4() ? uroce::wire::IpAddress::V4(0) : uroce::wire::IpAddress();
   if (error == 0 && (tx = uroce::wire::OpenStreamSocket(any, &tx_at)) < 0) error = tx;
   if (setns(home, CLONE_NEWNET) < 0 && error == 0) error = -errno;
   close(home);

@@ -51,7 +51,8 @@ struct uroce_cm_layout {
 
 // The functions of emu::ConnectionManager librdmacm calls (emu/connection_manager.h says what each does). Each
 // returns 0 or a positive errno. `peer` is a device address as 16 bytes in network order (a GID; IPv4-mapped for
-// IPv4); `local` one of ours the same way (all zeros: GID 0's). Private data is (pointer, length); a NULL pointer with length 0 is none.
+// IPv4); `local` one of ours the same way (all zeros: GID 0's). Private data is (pointer, length); a NULL pointer
+// with length 0 is none.
 struct uroce_cm_ops {
   uint32_t abi_version;           // UROCE_CM_ABI_VERSION of the library that made the table
   uint32_t size;                  // sizeof(struct uroce_cm_ops) there

@@ -507,8 +507,9 @@ int Engine::Start(const EngineConfig& config) {
     int rc = fd < 0 ? -ENOENT : wire::SharedGidTable::Attach(fd, &table);
     if (fd >= 0) close(fd);
     if (rc == 0) {
-      rc = -gid_follower_.Start(std::move(table),
-                                [this](const wire::SharedGidTable::Entries& e, bool announce) { ApplyGids(e, announce); });
+      rc = -gid_follower_.Start(std::move(table), [this](const wire::SharedGidTable::Entries& e, bool announce) {
+        ApplyGids(e, announce);
+      });
     }
     if (rc != 0) {
       fprintf(stderr, "uroce: cannot follow the host's GID table (%s): uroce0 lists GID 0 alone\n", strerror(-rc));
@@ -629,7 +630,8 @@ int Engine::StartOnHostDevice(const EngineConfig& config, wire::IpAddress* bound
     // family on its wildcard, each naming its source; a host without that family has none (EAFNOSUPPORT): no matter.
     std::unique_ptr<wire::SocketTransport> other;
     const wire::IpAddress wildcard = bound->is_v4() ? wire::IpAddress() : wire::IpAddress::V4(0);
-    if (wire::SocketTransport::Create({wildcard, 0}, options, &other) == 0) transport->SetOtherFamilySender(std::move(other));
+    if (wire::SocketTransport::Create({wildcard, 0}, options, &other) == 0)
+      transport->SetOtherFamilySender(std::move(other));
   }
   // A process of the host that dies cannot end its rdma_cm connections with us, as its kernel would (DREQ, REJ), nor
   // the messages its XRC target QPs were handing to our SRQs: we end them when its connection hangs up.

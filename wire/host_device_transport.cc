@@ -489,7 +489,8 @@ void HostDeviceTransport::TakeRingOffer(Peer& peer) {
 
 void HostDeviceTransport::EncodeForwardHeader(const OutDatagram& dg, uint8_t out[ForwardHeader::kSize]) const {
   ForwardHeader h;
-  h.src = OutgoingFlowFrom(SenderFor(dg.dst), dg.src_addr, dg.dst, dg.src_port).src;  // the flow the ICRC was sealed for
+  // The flow the ICRC was sealed for.
+  h.src = OutgoingFlowFrom(SenderFor(dg.dst), dg.src_addr, dg.dst, dg.src_port).src;
   h.dst = dg.dst;
   h.icrc_vouched = dg.has_icrc && !dg.altered;
   h.Encode(out);
@@ -565,12 +566,10 @@ int HostDeviceTransport::Send(std::span<const OutDatagram> batch) {
       i += SendToPeer(owner, batch.subspan(i, j - i));
       continue;
     }
-    // A run for other hosts, of one family (it leaves by one socket).
-    const bool v4 = batch[i].dst.addr.is_v4();
+    // A run for other hosts that leaves by one transport (SenderFor: one per IP family).
+    Transport& sender = SenderFor(batch[i].dst);
     size_t j = i;
-    while (j < batch.size() && PeerOwner(batch[j]) == 0 && (batch[j].dst.addr.is_v4() == v4 || !other_family_sender_))
-      ++j;
-    Transport& sender = other_family_sender_ && v4 != local_.addr.is_v4() ? *other_family_sender_ : *sender_;
+    while (j < batch.size() && PeerOwner(batch[j]) == 0 && &SenderFor(batch[j].dst) == &sender) ++j;
     const int r = sender.Send(batch.subspan(i, j - i));
     if (r < 0) return i > 0 ? int(i) : r;
     i += size_t(r);

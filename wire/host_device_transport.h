@@ -335,7 +335,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   std::unique_ptr<Transport> sender_;
   std::unique_ptr<Transport> other_family_sender_;  // SetOtherFamilySender
   // The transport a datagram to `dst` leaves by: sender_, or other_family_sender_ for the other family.
-  const Transport& SenderFor(const UdpEndpoint& dst) const {
+  Transport& SenderFor(const UdpEndpoint& dst) const {
     return other_family_sender_ && dst.addr.is_v4() != local_.addr.is_v4() ? *other_family_sender_ : *sender_;
   }
   UdpEndpoint local_;

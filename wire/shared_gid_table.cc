@@ -96,7 +96,8 @@ uint32_t SharedGidTable::Read(Entries* entries) const {
     }
     for (size_t i = 0; i < kEntries; ++i) {
       const Layout::Entry& e = layout_->entries[i];
-      const uint64_t words[2] = {e.bytes[0].load(std::memory_order_relaxed), e.bytes[1].load(std::memory_order_relaxed)};
+      const uint64_t words[2] = {e.bytes[0].load(std::memory_order_relaxed),
+                                 e.bytes[1].load(std::memory_order_relaxed)};
       if (e.present.load(std::memory_order_relaxed)) {
         (*entries)[i] = IpAddress::FromBytes(reinterpret_cast<const uint8_t*>(words));
       } else {

@@ -125,9 +125,10 @@ int RunUring(size_t frame_bytes, double seconds, size_t window, TransportBenchRe
   return 0;
 }
 
-// The same socket the transports use (wire/udp_socket.h), bound at `at` with a receive timeout so that the
-// receiver notices the end.
-int BoundSocket(const IpAddress& at, UdpEndpoint* bound) {
+}  // namespace
+
+// The same socket the transports use (wire/udp_socket.h), with a receive timeout so that the receiver notices the end.
+int OpenStreamSocket(const IpAddress& at, UdpEndpoint* bound) {
   const int fd = OpenRoceUdpSocket({at, 0}, kBufferBytes, bound);
   if (fd < 0) return fd;
   timeval tv{0, 10'000};
@@ -135,7 +136,10 @@ int BoundSocket(const IpAddress& at, UdpEndpoint* bound) {
   return fd;
 }
 
-// A receiving and a sending socket, both BoundSocket on 127.0.0.1 (Open) or given (Adopt: not closed with the pair).
+namespace {
+
+// A receiving and a sending socket, both OpenStreamSocket on 127.0.0.1 (Open) or given (Adopt: not closed with the
+// pair).
 struct SocketPair {
   int rx = -1, tx = -1;
   sockaddr_storage rx_addr{};
@@ -148,8 +152,8 @@ struct SocketPair {
   }
   int Open() {
     UdpEndpoint rx_at, tx_at;
-    if ((rx = BoundSocket(IpAddress::V4(0x7f000001), &rx_at)) < 0) return rx;
-    if ((tx = BoundSocket(IpAddress::V4(0x7f000001), &tx_at)) < 0) return tx;
+    if ((rx = OpenStreamSocket(IpAddress::V4(0x7f000001), &rx_at)) < 0) return rx;
+    if ((tx = OpenStreamSocket(IpAddress::V4(0x7f000001), &tx_at)) < 0) return tx;
     return AimAt(rx_at);
   }
   int Adopt(int rx_fd, const UdpEndpoint& rx_at, int tx_fd) {
@@ -349,8 +353,6 @@ TransportBenchResult RunGsoBench(size_t frame_bytes, double seconds, size_t wind
   if (r.error == 0) r.error = RunGso(sockets, frame_bytes, seconds, r.window, /*zero_copy=*/false, &r);
   return r;
 }
-
-int OpenStreamSocket(const IpAddress& at, UdpEndpoint* bound) { return BoundSocket(at, bound); }
 
 TransportBenchResult RunGsoBenchBetween(int rx, const UdpEndpoint& rx_at, int tx, size_t frame_bytes, double seconds,
                                         size_t window) {
