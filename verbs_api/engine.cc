@@ -708,7 +708,9 @@ std::string Engine::CountersText() const {
             std::to_string(host_transport_->ring_sent()) + "\nhost_device_peer_drops " +
             std::to_string(host_transport_->peer_drops()) + "\nhost_device_steered_received " +
             std::to_string(host_transport_->steered_received()) + "\nhost_device_direct_bytes " +
-            std::to_string(host_transport_->direct_bytes()) + "\n";
+            std::to_string(host_transport_->direct_bytes()) + "\nhost_device_shared_writes " +
+            std::to_string(host_transport_->shared_writes()) + "\nhost_device_halves_copied " +
+            std::to_string(host_transport_->halves_copied()) + "\n";
   }
   if (faults_ != nullptr) {
     text += faults_line("faults_send", faults_->send_counters());

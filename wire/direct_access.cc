@@ -25,6 +25,10 @@ struct DirectTable::Layout {
     std::atomic<uint64_t> entered;
     std::atomic<uint64_t> left;
     std::atomic<int32_t> pid;
+    // Its offer (OfferCopy): the fields are written in kFilling, read by the owner once it took them (kTaken).
+    std::atomic<uint32_t> offer;  // Offer
+    std::atomic<uint32_t> offer_rkey;
+    std::atomic<uint64_t> offer_src, offer_there, offer_length;
   };
   struct QpSlot {
     std::atomic<uint32_t> key;  // kQpValid | qpn, 0: empty
@@ -88,6 +92,13 @@ struct DirectTable::Layout {
                 sizeof(PdSlot) == 8 && sizeof(ExportSlot) == 40);
   static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
+  // Process `self` holds initiator slot `i`'s owner number. When that is news, a process before it held the number
+  // and is gone: what it left of an offer (one it died waiting for) is nobody's.
+  static void NoteNumber(Initiator& i, pid_t self) {
+    if (i.pid.load(std::memory_order_relaxed) == self) return;
+    i.pid.store(self, std::memory_order_relaxed);
+    i.offer.store(uint32_t(Offer::kNone), std::memory_order_seq_cst);
+  }
   static Header* header(void* base) { return static_cast<Header*>(base); }
   static Initiator* initiators(void* base) {
     return reinterpret_cast<Initiator*>(static_cast<uint8_t*>(base) + kInitiatorsOffset);
@@ -486,8 +497,7 @@ Slot* DirectTable::FindTarget(uint32_t qpn) const {
 bool DirectTable::OpenTarget(uint32_t qpn, uint64_t domain, uint8_t me, pid_t self) {
   auto* s = FindTarget<Layout::TargetSlot>(qpn);
   if (s == nullptr || me == 0 || s->domain.load(std::memory_order_relaxed) != domain) return false;
-  Layout::Initiator& i = Layout::initiators(base_)[me];
-  if (i.pid.load(std::memory_order_relaxed) != self) i.pid.store(self, std::memory_order_relaxed);
+  Layout::NoteNumber(Layout::initiators(base_)[me], self);
   const uint64_t bit = uint64_t{1} << (me % 64);
   s->holders[me / 64].fetch_or(bit, std::memory_order_seq_cst);
   // Our bit first, the key after (ReleaseTarget: the key first, the bits after).
@@ -524,7 +534,7 @@ void DirectTable::CloseTarget(uint32_t qpn, uint8_t me) {
 
 void DirectTable::Enter(uint8_t me, pid_t self) {
   Layout::Initiator& i = Layout::initiators(base_)[me];
-  if (i.pid.load(std::memory_order_relaxed) != self) i.pid.store(self, std::memory_order_relaxed);
+  Layout::NoteNumber(i, self);
   i.entered.fetch_add(1, std::memory_order_seq_cst);
 }
 
@@ -571,6 +581,69 @@ bool DirectTable::ClaimReceive(DirectSend* send, uint64_t length, uint32_t* slot
 void DirectTable::CountSend(uint32_t slot) {
   Layout::ReceiveSlot& s = Layout::receives(base_)[slot % kReceiveSlots];
   s.sends.store(s.sends.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+}
+
+bool DirectTable::OfferCopy(uint8_t me, uint32_t rkey, uint64_t src, uint64_t there, uint64_t length) {
+  Layout::Initiator& i = Layout::initiators(base_)[me];
+  uint32_t none = uint32_t(Offer::kNone);
+  if (me == 0 || !i.offer.compare_exchange_strong(none, uint32_t(Offer::kFilling), std::memory_order_seq_cst))
+    return false;
+  i.offer_rkey.store(rkey, std::memory_order_relaxed);
+  i.offer_src.store(src, std::memory_order_relaxed);
+  i.offer_there.store(there, std::memory_order_relaxed);
+  i.offer_length.store(length, std::memory_order_relaxed);
+  i.offer.store(uint32_t(Offer::kOffered), std::memory_order_seq_cst);
+  return true;
+}
+
+DirectTable::Offer DirectTable::OfferOf(uint8_t me) const {
+  return Offer(Layout::initiators(base_)[me].offer.load(std::memory_order_seq_cst));
+}
+
+bool DirectTable::WithdrawOffer(uint8_t me) {
+  uint32_t offered = uint32_t(Offer::kOffered);
+  return Layout::initiators(base_)[me].offer.compare_exchange_strong(offered, uint32_t(Offer::kNone),
+                                                                    std::memory_order_seq_cst);
+}
+
+void DirectTable::ClearOffer(uint8_t me) {
+  Layout::initiators(base_)[me].offer.store(uint32_t(Offer::kNone), std::memory_order_seq_cst);
+}
+
+bool DirectTable::TakeOffer(uint8_t n, uint64_t* src, uint64_t* there, uint64_t* length) {
+  Layout::Initiator& i = Layout::initiators(base_)[n];
+  uint32_t offered = uint32_t(Offer::kOffered);
+  if (n == 0 || !i.offer.compare_exchange_strong(offered, uint32_t(Offer::kTaken), std::memory_order_seq_cst))
+    return false;
+  const uint32_t rkey = i.offer_rkey.load(std::memory_order_relaxed);
+  *src = i.offer_src.load(std::memory_order_relaxed);
+  *there = i.offer_there.load(std::memory_order_relaxed);
+  *length = i.offer_length.load(std::memory_order_relaxed);
+  const Layout::RegionSlot* r = Probe(Layout::regions(base_), kRegionSlots, rkey, Layout::kRegionValid | rkey);
+  if (r == nullptr || (r->rights & direct_rights::kWrite) == 0 || *length == 0 || *there < r->host ||
+      *length > r->length || *there - r->host > r->length - *length) {
+    FinishOffer(n, false);
+    return false;
+  }
+  return true;
+}
+
+void DirectTable::FinishOffer(uint8_t n, bool copied) {
+  Layout::initiators(base_)[n].offer.store(uint32_t(copied ? Offer::kCopied : Offer::kFailed),
+                                           std::memory_order_seq_cst);
+}
+
+void CopyOffer::Encode(uint8_t out[kSize]) const {
+  std::memset(out, 0, kSize);
+  out[0] = 'C';
+  out[1] = owner;
+}
+
+std::optional<CopyOffer> CopyOffer::Decode(std::span<const uint8_t> in) {
+  if (in.size() < kSize || in[0] != 'C') return std::nullopt;
+  CopyOffer c;
+  c.owner = in[1];
+  return c;
 }
 
 void DirectSend::Encode(uint8_t out[kSize]) const {

@@ -104,6 +104,17 @@ struct DirectSend {
   static std::optional<DirectSend> Decode(std::span<const uint8_t> in);
 };
 
+// An initiator's offer of a WRITE's second half for the owner to copy (DirectTable::OfferCopy), as the owner's ring
+// carries its notice (kSize bytes, host byte order): the offer itself waits in the owner's table.
+struct CopyOffer {
+  static constexpr size_t kSize = 8;
+  uint8_t owner = 0;  // the initiator's owner number: its slot in the table
+
+  void Encode(uint8_t out[kSize]) const;
+  // nullopt for bytes that are not one (short, bad marker).
+  static std::optional<CopyOffer> Decode(std::span<const uint8_t> in);
+};
+
 // How many of an XRC SRQ's WQEs its window shows ahead of the claimed ones.
 inline constexpr uint32_t kSrqWindow = 64;
 
@@ -307,8 +318,9 @@ inline bool HasHolder(const uint64_t holders[4], unsigned n) { return (holders[n
 // One process's table in shared memory. The owner publishes and withdraws; the host's other processes look up and
 // count their copies (Enter/Leave). Layout (host byte order; both ends run on one host):
 //   0       magic u64, owner's pid i32, QP slots u32, region slots u32
-//   64      per owner number 0..255: entered u64, left u64, pid i32 (of the process holding that number), padding
-//           (64 bytes each: initiators never share a cache line)
+//   64      per owner number 0..255: entered u64, left u64, pid i32 (of the process holding that number), offer
+//           state u32, offer's R_Key u32, padding u32, offer's source u64, target u64 and length u64 (64 bytes each:
+//           initiators never share a cache line)
 //   then    QP slots: key u32 (1 << 31 | qpn, 0: empty), peer_qpn u32, pd u32, rights u32
 //   then    region slots (40 bytes): key u64 (1 << 32 | rkey, 0: empty), pd u32, rights u32, iova u64, length u64,
 //           host u64
@@ -328,7 +340,7 @@ inline bool HasHolder(const uint64_t holders[4], unsigned n) { return (holders[n
 // An entry lives in the slot its number hashes to or one of the kProbe after it.
 class DirectTable {
  public:
-  static constexpr uint64_t kMagic = 0x75726f63'44697235ULL;  // "urocDir5"
+  static constexpr uint64_t kMagic = 0x75726f63'44697236ULL;  // "urocDir6"
   static constexpr uint32_t kQpSlots = 4096;
   static constexpr uint32_t kRegionSlots = 8192;
   static constexpr uint32_t kReceiveSlots = 4096;
@@ -431,6 +443,27 @@ class DirectTable {
   bool ClaimReceive(DirectSend* send, uint64_t length, uint32_t* slot) const;
   // The SEND ClaimReceive allowed is in the owner's ring: counted, so the next takes the next WQE.
   void CountSend(uint32_t slot);
+
+  // --- a WRITE shared with the owner: its second half copied by the owner's own thread --------------------------------
+  // One process_vm_writev(2) of a 64 KiB WRITE keeps one core busy, most of it pinning the target's pages under its
+  // page-table lock: a second thread of the initiator copying half of it contends for that lock and is slower. The
+  // owner instead copies its half with process_vm_readv(2) from the initiator, pinning the initiator's pages under
+  // the initiator's lock, while the initiator copies the first half: two cores, two locks.
+  enum class Offer : uint32_t { kNone = 0, kFilling, kOffered, kTaken, kCopied, kFailed };
+  // Initiator `me`, between Enter and Leave (so that the region stays registered), with [there, there+length)
+  // checked (Check) for R_Key `rkey`, offers the owner to fill it from [src, src+length) of its own memory (it then
+  // tells the owner through its ring: CopyOffer). false when an offer of ours is still there (another of our threads).
+  bool OfferCopy(uint8_t me, uint32_t rkey, uint64_t src, uint64_t there, uint64_t length);
+  Offer OfferOf(uint8_t me) const;
+  // Takes the offer back unless the owner took it (true: the owner never copies it; the initiator does).
+  bool WithdrawOffer(uint8_t me);
+  // After kCopied or kFailed: our slot is free for the next offer.
+  void ClearOffer(uint8_t me);
+  // The owner: takes initiator n's offer when there is one (false: none, withdrawn, or already taken). One that does
+  // not lie inside the published region of its R_Key with remote write access is refused (kFailed; false): the owner
+  // writes its own memory only where a remote access may. Then the caller copies and reports with FinishOffer.
+  bool TakeOffer(uint8_t n, uint64_t* src, uint64_t* there, uint64_t* length);
+  void FinishOffer(uint8_t n, bool copied);
 
  private:
   struct Layout;

@@ -118,6 +118,87 @@ TEST_F(DirectTableTest, AWithdrawalDoesNotWaitForAnInitiatorThatDied) {
   EXPECT_EQ(withdrawal.wait_for(std::chrono::seconds(20)), std::future_status::ready);
 }
 
+TEST_F(DirectTableTest, AnOfferIsTakenOnceAndWithdrawnOnlyBeforeItIsTaken) {
+  using Offer = DirectTable::Offer;
+  const uint64_t host = reinterpret_cast<uint64_t>(buffer_);
+  peer_->Enter(5, getpid());
+  ASSERT_TRUE(peer_->OfferCopy(5, kRkey, 0xabc000, host + 16, 32));
+  EXPECT_FALSE(peer_->OfferCopy(5, kRkey, 0xabc000, host + 16, 32));  // one offer of a number at a time
+  EXPECT_EQ(peer_->OfferOf(5), Offer::kOffered);
+  uint64_t src = 0, there = 0, length = 0;
+  EXPECT_FALSE(owner_->TakeOffer(6, &src, &there, &length));  // another number offered nothing
+  ASSERT_TRUE(owner_->TakeOffer(5, &src, &there, &length));
+  EXPECT_EQ(src, 0xabc000u);
+  EXPECT_EQ(there, host + 16);
+  EXPECT_EQ(length, 32u);
+  EXPECT_FALSE(owner_->TakeOffer(5, &src, &there, &length));  // a second notice of it finds it taken
+  EXPECT_FALSE(peer_->WithdrawOffer(5));                     // taken: the initiator waits for the copy
+  EXPECT_EQ(peer_->OfferOf(5), Offer::kTaken);
+  owner_->FinishOffer(5, true);
+  EXPECT_EQ(peer_->OfferOf(5), Offer::kCopied);
+  peer_->ClearOffer(5);
+  // Withdrawn before the owner looked: it never takes it.
+  ASSERT_TRUE(peer_->OfferCopy(5, kRkey, 0xabc000, host, 256));
+  EXPECT_TRUE(peer_->WithdrawOffer(5));
+  EXPECT_FALSE(owner_->TakeOffer(5, &src, &there, &length));
+  EXPECT_EQ(peer_->OfferOf(5), Offer::kNone);
+  peer_->Leave(5);
+}
+
+TEST_F(DirectTableTest, TheOwnerRefusesAnOfferOutsideARegionItsPeersMayWrite) {
+  using Offer = DirectTable::Offer;
+  const uint64_t host = reinterpret_cast<uint64_t>(buffer_);
+  uint8_t readable[64] = {};
+  ASSERT_TRUE(owner_->PublishRegion({kRkey + 0x100, kPd, direct_rights::kRead, 0, sizeof readable, readable}));
+  struct Case {
+    uint32_t rkey;
+    uint64_t there, length;
+  } refused[] = {
+      {kRkey, host + 250, 16},                                       // past the region's end
+      {kRkey, host - 8, 16},                                         // before its start
+      {kRkey, host + 8, ~uint64_t{0}},                               // a length that wraps
+      {kRkey, host, 0},                                              // nothing
+      {kRkey + 0x200, host, 16},                                     // no such R_Key
+      {kRkey + 0x100, reinterpret_cast<uint64_t>(readable), 16},     // a region peers may only read
+  };
+  for (const Case& c : refused) {
+    ASSERT_TRUE(peer_->OfferCopy(5, c.rkey, 0xabc000, c.there, c.length));
+    uint64_t src = 0, there = 0, length = 0;
+    EXPECT_FALSE(owner_->TakeOffer(5, &src, &there, &length)) << c.there - host << " " << c.length;
+    EXPECT_EQ(peer_->OfferOf(5), Offer::kFailed);
+    peer_->ClearOffer(5);
+  }
+}
+
+TEST_F(DirectTableTest, ANewProcessOnAnOwnerNumberFindsNoOfferItsPredecessorLeft) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    peer_->Enter(12, getpid());
+    const bool offered = peer_->OfferCopy(12, kRkey, 0xabc000, reinterpret_cast<uint64_t>(buffer_), 16);
+    _exit(offered ? 0 : 1);  // and dies waiting for it
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(peer_->OfferOf(12), DirectTable::Offer::kOffered);
+  peer_->Enter(12, getpid());
+  EXPECT_EQ(peer_->OfferOf(12), DirectTable::Offer::kNone);
+  EXPECT_TRUE(peer_->OfferCopy(12, kRkey, 0xabc000, reinterpret_cast<uint64_t>(buffer_), 16));
+  peer_->Leave(12);
+}
+
+TEST(CopyOfferRecord, EncodesAndDecodesItsOwner) {
+  uint8_t bytes[CopyOffer::kSize];
+  CopyOffer{77}.Encode(bytes);
+  const auto back = CopyOffer::Decode(bytes);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->owner, 77);
+  EXPECT_FALSE(CopyOffer::Decode(std::span<const uint8_t>(bytes, CopyOffer::kSize - 1)));
+  bytes[0] = 'S';
+  EXPECT_FALSE(CopyOffer::Decode(bytes));
+}
+
 TEST_F(DirectTableTest, RefusesAFileThatIsNotATable) {
   const int f = memfd_create("not-a-table", MFD_CLOEXEC);
   ASSERT_GE(f, 0);

@@ -1,6 +1,7 @@
 #include "wire/host_device_transport.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/eventfd.h>
@@ -177,6 +178,15 @@ bool HostDeviceTransport::Deliver(std::span<const uint8_t> bytes, uint64_t now, 
       modify_answered_.notify_all();
       return false;
     }
+  }
+  if (header->record == RingRecord::kCopyOffer) {
+    const auto offer = CopyOffer::Decode(bytes.subspan(ForwardHeader::kSize));
+    if (!offer) {
+      malformed_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    TakeCopyOffer(offer->owner);
+    return true;
   }
   if (header->record == RingRecord::kXrcDelivery) {
     // The process whose target QP hands us a message is watched (a connection of ours to it, as to any process we
@@ -693,8 +703,94 @@ bool HostDeviceTransport::DirectCopy(const UdpEndpoint& peer, uint32_t dest_qpn,
 
 bool HostDeviceTransport::Write(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey,
                                 uint64_t va, std::span<const std::span<const uint8_t>> pieces, uint64_t length) {
-  return DirectCopy(peer, dest_qpn, src_qpn, rkey, va, length, direct_rights::kWrite,
-                    [&](pid_t pid, uint64_t there) { return CopyToProcess(pid, there, pieces, length); });
+  Peer* p = nullptr;
+  DirectTable* table = DirectTableFor(peer, dest_qpn, &p);
+  if (table == nullptr) return false;
+  table->Enter(owner_, self_pid_);
+  const uint64_t there = table->Check(dest_qpn, src_qpn, rkey, va, length, direct_rights::kWrite);
+  const int rc = there != 0 ? CopyWrite(*p, *table, rkey, there, pieces, length) : 0;
+  table->Leave(owner_);
+  return DirectDone(rc, length);
+}
+
+bool HostDeviceTransport::OfferWorthIt(Peer& p, uint64_t now) {
+  std::lock_guard lock(p.mu);
+  if (!p.ring) return false;
+  return !p.ring->ConsumerAsleep() || now - p.last_write_ns.load(std::memory_order_relaxed) < kStreamGapNs;
+}
+
+int HostDeviceTransport::CopyWrite(Peer& p, DirectTable& table, uint32_t rkey, uint64_t there,
+                                   std::span<const std::span<const uint8_t>> pieces, uint64_t length) {
+  const uint64_t now = SystemClock::Instance().NowNs();
+  // The halves meet at a page boundary of the target's memory (each side pins whole pages), and the second lies in
+  // one piece of ours: the target reads it as one range.
+  const uint64_t split = ((there + length / 2 + 4095) & ~uint64_t{4095}) - there;
+  constexpr size_t kMaxHead = 64;
+  std::span<const uint8_t> head[kMaxHead];
+  size_t n = 0;
+  uint64_t at = 0;
+  const uint8_t* tail = nullptr;
+  for (const std::span<const uint8_t>& piece : pieces) {
+    if (at >= split || n == kMaxHead) break;
+    const uint64_t take = std::min<uint64_t>(piece.size(), split - at);
+    head[n++] = piece.first(take);
+    at += take;
+    if (at == split && take < piece.size() && piece.size() - take == length - split) tail = piece.data() + take;
+    if (at == split && take == piece.size()) break;
+  }
+  if (length < kShareWriteBytes || split >= length || tail == nullptr || !OfferWorthIt(p, now) ||
+      !table.OfferCopy(owner_, rkey, reinterpret_cast<uint64_t>(tail), there + split, length - split)) {
+    const int rc = CopyToProcess(p.pid, there, pieces, length);
+    p.last_write_ns.store(SystemClock::Instance().NowNs(), std::memory_order_relaxed);
+    return rc;
+  }
+  uint8_t record[CopyOffer::kSize];
+  CopyOffer{owner_}.Encode(record);
+  // No room in its ring: the offer is taken back below at once (unless an earlier notice of ours, still there,
+  // made the target take it).
+  const bool told = WriteRecord(p, local_, RingRecord::kCopyOffer, record, {}, [] {});
+  const int first = CopyToProcess(p.pid, there, {head, n}, split);
+  const std::span<const uint8_t> rest[] = {{tail, length - split}};
+  int second = 0;
+  const uint64_t give_up = SystemClock::Instance().NowNs() + offer_take_ns_;
+  for (unsigned spins = 0;; ++spins) {
+    const DirectTable::Offer state = table.OfferOf(owner_);
+    if (state == DirectTable::Offer::kCopied || state == DirectTable::Offer::kFailed) {
+      table.ClearOffer(owner_);
+      if (state == DirectTable::Offer::kCopied) {
+        second = 1;
+        shared_writes_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        second = first == 1 ? CopyToProcess(p.pid, there + split, rest, length - split) : 0;
+      }
+      break;
+    }
+    if (state == DirectTable::Offer::kOffered &&
+        (!told || first != 1 || SystemClock::Instance().NowNs() >= give_up) && table.WithdrawOffer(owner_)) {
+      second = first == 1 ? CopyToProcess(p.pid, there + split, rest, length - split) : 0;
+      break;
+    }
+    // Taken: its copy runs on its own (no lock of its device in the way) and ends. Unless the process is gone.
+    if (spins % 4096 == 4095 && kill(p.pid, 0) < 0 && errno == ESRCH) {
+      second = -ESRCH;
+      break;
+    }
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  p.last_write_ns.store(SystemClock::Instance().NowNs(), std::memory_order_relaxed);
+  if (first != 1) return first;
+  return second;
+}
+
+void HostDeviceTransport::TakeCopyOffer(uint8_t owner) {
+  uint64_t src = 0, there = 0, length = 0;
+  if (direct_table_ == nullptr || !direct_table_->TakeOffer(owner, &src, &there, &length)) return;
+  const std::span<uint8_t> into[] = {{reinterpret_cast<uint8_t*>(there), length}};
+  const int rc = CopyFromProcess(direct_table_->ProcessOf(owner), src, into, length);
+  direct_table_->FinishOffer(owner, rc == 1);
+  if (rc == 1) halves_copied_.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool HostDeviceTransport::Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey,

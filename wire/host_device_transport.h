@@ -212,6 +212,12 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   size_t direct_peers();
   // The bytes of one-sided operations carried out directly in another process's memory (emu counts the operations).
   uint64_t direct_bytes() const { return direct_bytes_.load(std::memory_order_relaxed); }
+  // WRITEs whose second half the target's process copied itself (DirectTable::OfferCopy), as initiator; halves we
+  // copied for other processes' WRITEs into our memory, as target.
+  uint64_t shared_writes() const { return shared_writes_.load(std::memory_order_relaxed); }
+  uint64_t halves_copied() const { return halves_copied_.load(std::memory_order_relaxed); }
+  // How long a target may take to take its half (kOfferTakeNs): a knob for tests, set before WRITEs flow.
+  void SetOfferTakeNs(uint64_t ns) { offer_take_ns_ = ns; }
 
   static constexpr unsigned kBatch = 64;
   static constexpr size_t kMaxDatagram = 9216;                 // a RoCEv2 packet of a 9000-byte MTU, with room
@@ -220,6 +226,16 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // costs more than a ring's whole hand-off, and with the service forwarding into a ring too, the sockets carry only
   // new peer connections, hang-ups, wake-ups for a sleeper and the fallback paths.
   static constexpr uint64_t kSocketLookEveryNs = 20'000;
+  // A direct WRITE of at least this many bytes is shared with the target's process when that process is awake to
+  // take its half (DirectTable::OfferCopy): below it, a copy's hand-over costs more than half the copy saves.
+  static constexpr uint64_t kShareWriteBytes = 32 << 10;
+  // How long after our own half the target's process may take to take its half before we take it back: it looks at
+  // its rings within a microsecond while it spins; one asleep takes tens to wake.
+  static constexpr uint64_t kOfferTakeNs = 5'000;
+  // A target asleep is woken for an offer only while WRITEs to it follow each other this closely (a stream, as
+  // ib_write_bw's): waking it costs it a wake-up each time and us nothing but the record (we take the half back),
+  // but it then spins, awake for the ones after. A ping-pong's WRITEs (ib_write_lat) are a round trip apart.
+  static constexpr uint64_t kStreamGapNs = 1'000;
   // How long ConnectAhead waits for the ring offer (with its DirectTable) when direct access is on.
   static constexpr int kOfferWaitMs = 50;
   // How long OpenXrcTarget waits for a process it never talked to to offer its table (ibv_open_qp(3) is a verb that
@@ -236,6 +252,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
     bool offer_answered = false;  // its kRingOffer came (with a ring or without)
     std::atomic<bool> closed{false};  // it hung up: connect again (its number may belong to a newcomer by then)
     pid_t pid = 0;                    // of the process at the other end (SO_PEERCRED, in our pid namespace)
+    std::atomic<uint64_t> last_write_ns{0};  // when our last direct WRITE to it ended (OfferWorthIt)
     uint8_t owner = 0;                // its owner number
     // Its DirectTable, once its ring offer brought one that names the same process; null again once it hangs up or
     // exits. Its exit is seen through a pidfd (pidfd_open(2)) in our epoll: the connection's hang-up alone comes late
@@ -321,6 +338,15 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // What a copy's result (CopyToProcess, CopyFromProcess, or 0 when the table refused) means: whether it was done.
   // A refusal of cross-memory attach itself turns direct access off, said once on stderr.
   bool DirectDone(int rc, uint64_t length);
+  // Copies a direct WRITE of `pieces` (`length` bytes) to `there` in `p`'s process, checked for R_Key `rkey` in
+  // `table`: its second half by that process when it takes our offer in time (DirectTable::OfferCopy), the rest by
+  // us. As CopyToProcess: 1 when all was copied, 0 when less, -errno.
+  int CopyWrite(Peer& p, DirectTable& table, uint32_t rkey, uint64_t there,
+                std::span<const std::span<const uint8_t>> pieces, uint64_t length);
+  // Whether an offer to `p` is worth making now: its process is awake, or our WRITEs to it are a stream.
+  bool OfferWorthIt(Peer& p, uint64_t now);
+  // Another process's offer (a CopyOffer record from owner number `owner`): taken and copied if still there.
+  void TakeCopyOffer(uint8_t owner);
   // Watches the peer's process for its exit (a pidfd in our epoll, tagged as its connection's hang-up is): whether
   // its table may be used (false: the process is gone already, or the watch could not be set).
   bool WatchExit(Peer& peer);
@@ -394,6 +420,9 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   std::vector<int> adopted_listen_fds_;
   std::atomic<bool> direct_refused_{false};
   std::atomic<uint64_t> direct_bytes_{0};
+  uint64_t offer_take_ns_ = kOfferTakeNs;
+  std::atomic<uint64_t> shared_writes_{0};
+  std::atomic<uint64_t> halves_copied_{0};
 };
 
 }  // namespace uroce::wire

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -387,6 +388,86 @@ TEST_F(HostDeviceTransportTest, DirectAccessGoesToATableThatCameWithTheRingOffer
     a.transport->Poll([](const InDatagram&) {}, 1'000'000);
   }
   EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4));
+}
+
+// A and B with direct access, A's connection to B answered with B's ring and table; B's QP b_qpn responds to A's
+// a_qpn and publishes `target` for remote write under `rkey` at address 0.
+void ConnectForDirectWrites(Member& a, Member& b, const UdpEndpoint& device, uint32_t a_qpn, uint32_t b_qpn,
+                            uint32_t rkey, std::span<uint8_t> target) {
+  ASSERT_EQ(a.transport->EnableDirectAccess(), 0);
+  ASSERT_EQ(b.transport->EnableDirectAccess(), 0);
+  b.transport->PublishQp({b_qpn, a_qpn, 3, direct_rights::kWrite});
+  b.transport->PublishRegion({rkey, 3, direct_rights::kWrite, 0, target.size(), target.data()});
+  a.transport->ConnectAhead(device, b_qpn);
+  b.transport->Poll([](const InDatagram&) {}, 0);  // B accepts and offers its ring and table
+  const uint8_t probe[1] = {0};
+  const std::span<const uint8_t> pieces[] = {probe};
+  bool written = false;
+  for (int i = 0; i < 100 && !written; ++i) {
+    written = a.transport->Write(device, b_qpn, a_qpn, rkey, 0, pieces, 1);
+    if (!written) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(written);
+}
+
+TEST_F(HostDeviceTransportTest, AWriteIsSharedWithATargetThatTakesItsHalfAndEveryByteArrives) {
+  Member a, b;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002);
+  const uint32_t a_qpn = WithOwner24(1, 0x11), b_qpn = WithOwner24(2, 0x22), rkey = 0x4217;
+  const UdpEndpoint device{address_, kRoceV2UdpPort};
+  // Each WRITE from a buffer of its own to a range of its own, checked once B's thread has ended: both processes
+  // are one here, and the table's atomics that order A's and B's copies sit at two addresses (two mappings), which
+  // a thread sanitizer does not see as one.
+  constexpr size_t kWrites = 16, kBytes = 128 << 10, kCut = 1000;
+  std::vector<uint8_t> target(kWrites * kBytes + 64);
+  ConnectForDirectWrites(a, b, device, a_qpn, b_qpn, rkey, target);
+  a.transport->SetOfferTakeNs(10'000'000'000);  // B is never too late: every WRITE is shared
+  std::vector<std::vector<uint8_t>> messages(kWrites, std::vector<uint8_t>(kBytes));
+  for (size_t k = 0; k < kWrites; ++k)
+    for (size_t i = 0; i < kBytes; ++i) messages[k][i] = uint8_t(i * 7 + k);
+  std::atomic<bool> stop{false};
+  std::atomic<int> delivered{0};
+  std::thread b_polls([&] {
+    while (!stop.load()) b.transport->Poll([&](const InDatagram&) { delivered.fetch_add(1); }, 0);
+  });
+  for (size_t k = 0; k < kWrites; ++k) {
+    // Two pieces, the second holding the whole second half; ranges at odd offsets.
+    const std::span<const uint8_t> pieces[] = {{messages[k].data(), kCut},
+                                               {messages[k].data() + kCut, kBytes - kCut}};
+    ASSERT_TRUE(a.transport->Write(device, b_qpn, a_qpn, rkey, k * kBytes + 8, pieces, kBytes)) << k;
+  }
+  stop = true;
+  b_polls.join();
+  for (size_t k = 0; k < kWrites; ++k)
+    EXPECT_EQ(std::memcmp(target.data() + k * kBytes + 8, messages[k].data(), kBytes), 0) << "write " << k;
+  EXPECT_EQ(a.transport->shared_writes(), kWrites);
+  EXPECT_EQ(b.transport->halves_copied(), kWrites);
+  EXPECT_EQ(delivered.load(), 0);  // the offers' notices are the transport's, not the device's
+}
+
+TEST_F(HostDeviceTransportTest, ATargetThatDoesNotTakeItsHalfInTimeGetsItFromTheInitiator) {
+  Member a, b;
+  Join(a, 1, 40001);
+  Join(b, 2, 40002);
+  const uint32_t a_qpn = WithOwner24(1, 0x11), b_qpn = WithOwner24(2, 0x22), rkey = 0x4217;
+  const UdpEndpoint device{address_, kRoceV2UdpPort};
+  std::vector<uint8_t> target(256 << 10);
+  ConnectForDirectWrites(a, b, device, a_qpn, b_qpn, rkey, target);
+  // B does not look at its ring: every offer is taken back and A copies it all.
+  std::vector<uint8_t> message(128 << 10);
+  for (int k = 0; k < 4; ++k) {
+    for (size_t i = 0; i < message.size(); ++i) message[i] = uint8_t(i * 13 + k);
+    const std::span<const uint8_t> pieces[] = {message};
+    ASSERT_TRUE(a.transport->Write(device, b_qpn, a_qpn, rkey, 64 + k, pieces, message.size()));
+    ASSERT_EQ(std::memcmp(target.data() + 64 + k, message.data(), message.size()), 0) << k;
+  }
+  EXPECT_EQ(a.transport->shared_writes(), 0u);
+  // Their notices, read later, find nothing to take: B copies nothing over what A wrote.
+  const std::vector<uint8_t> before = target;
+  for (int i = 0; i < 3; ++i) b.transport->Poll([](const InDatagram&) { ADD_FAILURE() << "a datagram"; }, 0);
+  EXPECT_EQ(b.transport->halves_copied(), 0u);
+  EXPECT_EQ(target, before);
 }
 
 TEST_F(HostDeviceTransportTest, ADirectSendGoesIntoTheRingInOrderWithPacketsAndCountsInTheWindow) {

@@ -74,6 +74,8 @@ class PacketRing {
   // Makes the records written so far visible. Returns true when the consumer was asleep (or about to be): the
   // caller rings its doorbell.
   bool Publish();
+  // Whether the consumer said it is about to block on its doorbell and no producer has rung it since.
+  bool ConsumerAsleep() const { return sleeping().load(std::memory_order_relaxed) != 0; }
 
   // --- consumer (one thread at a time) ---
   // Calls `on_record(bytes)` for up to `max` published records, oldest first, then hands their room back to the

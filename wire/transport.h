@@ -50,9 +50,12 @@ enum class RingRecord : uint8_t {
   // A request to modify one of our XRC target QPs from a process holding a handle on it, or our answer to it
   // (wire::XrcTargetModify; a request's attributes follow).
   kXrcTargetModify = 4,
+  // Another process offers us the second half of its RDMA WRITE into our memory to copy ourselves (wire::CopyOffer;
+  // the offer waits in our direct table): the transport takes it, never the device.
+  kCopyOffer = 5,
 };
 // The last kind: a header naming a later one is not ours (wire::ForwardHeader::Decode).
-inline constexpr RingRecord kLastRingRecord = RingRecord::kXrcTargetModify;
+inline constexpr RingRecord kLastRingRecord = RingRecord::kCopyOffer;
 
 // One received datagram, valid only during the handler call.
 struct InDatagram {
