@@ -239,6 +239,12 @@ class Engine {
   // last kAppPollingNs: such a thread spins already and either receives itself or, like ib_write_lat, waits on memory
   // -- a spinning progress thread beside it crowded a 2-core machine (ib_write_lat 40 -> 130 us).
   static constexpr uint64_t kSpinNs = 50'000;
+  // After another process's offer of a WRITE's half (wire::HostDeviceTransport::CopyWrite) the progress thread spins
+  // this long: the next comes microseconds later unless the initiator lost its CPU, and the one that lost it to us
+  // (woken by its notice onto its CPU, the other idle) got it back only when we slept: 50 us of spin, then a sleep,
+  // a doorbell and a wake-up onto that CPU again, one offer per 0.1 ms for 10 ms before the load balancer moved us
+  // (`perf sched timehist`, ib_write_bw 64 KiB). Spinning on, we stay runnable there and are moved within a tick.
+  static constexpr uint64_t kOfferSpinNs = 2'000'000;
   // How long a start on a configured address (UROCE_ADDR) waits for it to be free (Start).
   static constexpr uint64_t kBindRetryNs = 1'000'000'000;
   static constexpr uint64_t kAppPollingNs = 1'000'000;

@@ -1,6 +1,7 @@
 #include "wire/host_device_transport.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
@@ -775,6 +776,8 @@ int HostDeviceTransport::CopyWrite(Peer& p, DirectTable& table, uint32_t rkey, u
       second = -ESRCH;
       break;
     }
+    // A copy still running after a while may be waiting for our CPU (its thread woken onto it): let it have it.
+    if (state == DirectTable::Offer::kTaken && spins >= 1024) sched_yield();
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
@@ -785,6 +788,7 @@ int HostDeviceTransport::CopyWrite(Peer& p, DirectTable& table, uint32_t rkey, u
 }
 
 void HostDeviceTransport::TakeCopyOffer(uint8_t owner) {
+  last_offer_ns_.store(SystemClock::Instance().NowNs(), std::memory_order_relaxed);
   uint64_t src = 0, there = 0, length = 0;
   if (direct_table_ == nullptr || !direct_table_->TakeOffer(owner, &src, &there, &length)) return;
   const std::span<uint8_t> into[] = {{reinterpret_cast<uint8_t*>(there), length}};

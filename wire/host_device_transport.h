@@ -216,6 +216,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // copied for other processes' WRITEs into our memory, as target.
   uint64_t shared_writes() const { return shared_writes_.load(std::memory_order_relaxed); }
   uint64_t halves_copied() const { return halves_copied_.load(std::memory_order_relaxed); }
+  // When another process's offer last came (a CopyOffer notice, taken or not; SystemClock's time, 0: never).
+  uint64_t last_offer_ns() const { return last_offer_ns_.load(std::memory_order_relaxed); }
   // How long a target may take to take its half (kOfferTakeNs): a knob for tests, set before WRITEs flow.
   void SetOfferTakeNs(uint64_t ns) { offer_take_ns_ = ns; }
 
@@ -231,7 +233,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   static constexpr uint64_t kShareWriteBytes = 32 << 10;
   // How long after our own half the target's process may take to take its half before we take it back: it looks at
   // its rings within a microsecond while it spins; one asleep takes tens to wake.
-  static constexpr uint64_t kOfferTakeNs = 5'000;
+  static constexpr uint64_t kOfferTakeNs = 1'000;
   // A target asleep is woken for an offer only while WRITEs to it follow each other this closely (a stream, as
   // ib_write_bw's): waking it costs it a wake-up each time and us nothing but the record (we take the half back),
   // but it then spins, awake for the ones after. A ping-pong's WRITEs (ib_write_lat) are a round trip apart.
@@ -423,6 +425,7 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   uint64_t offer_take_ns_ = kOfferTakeNs;
   std::atomic<uint64_t> shared_writes_{0};
   std::atomic<uint64_t> halves_copied_{0};
+  std::atomic<uint64_t> last_offer_ns_{0};
 };
 
 }  // namespace uroce::wire
