@@ -22,6 +22,8 @@
 //   send_too_long        a SEND longer than the receive: IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_LEN_ERR at the target
 //   sends_then_error     two SENDs complete; then the target moves its QP to the error state before polling: both
 //                        arrive (in order, bytes in place), the third receive is flushed
+//   write_stream         256 WRITEs of 40,000 bytes back to back, each to a range of its own: large enough to be
+//                        shared with the target's process (HostDeviceTransport::CopyWrite), every byte in place
 // Exit status 0 when every case passed; each case prints one line.
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
@@ -50,6 +52,10 @@ constexpr uint8_t kUntouched = 0x5a;
 constexpr size_t kReceiveAt = 20000, kReceiveStride = 12000, kReceiveBytes = 11000;
 constexpr uint32_t kImm = 0x11223344;
 constexpr size_t kSendBytes[3] = {10000, 48, 0};
+// write_stream: its WRITEs and their bytes, and byte i of the target's buffer as they leave it (from 100 on). Not of
+// period 256, so that a piece placed at another multiple of 256 shows.
+constexpr size_t kStreamWrites = 256, kStreamBytes = 40000;
+uint8_t StreamByte(size_t i) { return uint8_t(i * 131 + (i >> 9) * 17 + 1); }
 
 // What the target tells the initiator about one case's QP and region.
 struct TargetInfo {
@@ -72,13 +78,15 @@ enum class Case : int {
   kSends,
   kSendTooLong,
   kSendsThenError,
+  kWriteStream,
   kCount,
 };
 
 const char* Name(Case c) {
   static const char* names[] = {"write_then_read", "inline_write",   "bad_rkey",      "out_of_bounds",
                                 "region_not_readable", "qp_not_writable", "other_pd", "deregistered",
-                                "target_in_error", "sends", "send_too_long", "sends_then_error"};
+                                "target_in_error", "sends", "send_too_long", "sends_then_error",
+                                "write_stream"};
   return names[int(c)];
 }
 
@@ -111,7 +119,8 @@ ibv_qp* CreateQp(Device& d) {
 
 // The target's side of one case; writes whether its buffer holds what it should to `fd` at the end.
 void Target(Device& d, int fd, Case c) {
-  std::vector<uint8_t> buffer(kBufferBytes, kUntouched);
+  std::vector<uint8_t> buffer(c == Case::kWriteStream ? 100 + kStreamWrites * kStreamBytes + 100 : kBufferBytes,
+                              kUntouched);
   int mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   if (c == Case::kRegionNotReadable) mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   ibv_mr* mr = ibv_reg_mr(c == Case::kOtherPd ? d.other_pd : d.pd, buffer.data(), buffer.size(), mr_access);
@@ -180,6 +189,7 @@ void Target(Device& d, int fd, Case c) {
     uint8_t want = kUntouched;
     if (c == Case::kWriteThenRead && i >= 100 && i < 100 + 10000) want = uint8_t(i * 7 + 1);
     if (c == Case::kInlineWrite && i >= 100 && i < 100 + 48) want = uint8_t(i * 7 + 1);
+    if (c == Case::kWriteStream && i >= 100 && i < 100 + kStreamWrites * kStreamBytes) want = StreamByte(i);
     // A receive completed in error (IBV_WC_LOC_LEN_ERR) may hold any part of the message: its bytes are undefined.
     if (c == Case::kSendTooLong && i >= kReceiveAt && i < kReceiveAt + 100) continue;
     for (int k = 0; k < 2 && (c == Case::kSends || c == Case::kSendsThenError); ++k) {
@@ -204,8 +214,10 @@ std::string Initiator(Device& d, int fd, Case c) {
   ibv_qp* qp = CreateQp(d);
   SendAll(fd, &qp->qp_num, sizeof qp->qp_num);
   ConnectRc(d, qp, t.qpn, 0);
-  std::vector<uint8_t> local(kBufferBytes, 0);
-  for (size_t i = 0; i < local.size(); ++i) local[i] = uint8_t((i + 100) * 7 + 1);  // the target's pattern at 100+i
+  std::vector<uint8_t> local(c == Case::kWriteStream ? kStreamWrites * kStreamBytes : kBufferBytes, 0);
+  for (size_t i = 0; i < local.size(); ++i) {  // the target's pattern at 100+i
+    local[i] = c == Case::kWriteStream ? StreamByte(i + 100) : uint8_t((i + 100) * 7 + 1);
+  }
   ibv_mr* mr = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) Die("ibv_reg_mr (initiator)");
   char ready;
@@ -299,6 +311,13 @@ std::string Initiator(Device& d, int fd, Case c) {
       expect(post(IBV_WR_SEND, &second, 1, 0, 0, 0), "");
       break;
     }
+    case Case::kWriteStream:
+      // Each posted as soon as the one before completed: a stream, as ib_write_bw's.
+      for (size_t k = 0; k < kStreamWrites && problem.empty(); ++k) {
+        ibv_sge piece = {uintptr_t(local.data()) + k * kStreamBytes, uint32_t(kStreamBytes), mr->lkey};
+        expect(post(IBV_WR_RDMA_WRITE, &piece, 1, at + k * kStreamBytes, t.rkey, 0), "");
+      }
+      break;
     case Case::kCount:
       break;
   }

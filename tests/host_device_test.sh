@@ -14,7 +14,9 @@
 #                                 reordered by the fault injectors: bytes intact, corruption caught by the ICRC
 #   direct_access                 RDMA WRITE, READ and SEND between two processes carried out without packets
 #                                 (wire/direct_access.h): tests/direct_access_check (bytes, and every refusal as the
-#                                 responder's error completion), an rdma_verify pair of one operation at a time (WRITEs
+#                                 responder's error completion; a stream of large WRITEs shared with the target's
+#                                 process, as many halves copied there as the initiator counted), an rdma_verify pair
+#                                 of one operation at a time (WRITEs
 #                                 and READs direct, atomics as packets between them, every byte checked), and the same
 #                                 with --no-direct (none direct)
 #   imports_across_processes      ibv_import_device/pd/mr of another process's cmd_fd (SCM_RIGHTS): tests/
@@ -231,6 +233,11 @@ case_direct_access() {
   awk '/^rc_direct_writes / && $2 > 0 {w = 1} /^rc_direct_reads / && $2 > 0 {r = 1}
        /^rc_direct_sends_received / && $2 > 0 {s = 1} END {exit !(w && r && s)}' "$log.check" ||
     problems+="direct_access_check: no WRITE, READ or SEND was carried out directly"$'\n'
+  # write_stream's WRITEs were shared: the initiator counts those whose second half the target copied, the target
+  # the halves it copied (both processes print their counters into the one log).
+  awk '/^host_device_shared_writes / {w += $2} /^host_device_halves_copied / {h += $2} END {exit !(w > 0 && w == h)}' \
+    "$log.check" || problems+="direct_access_check: shared WRITEs $(awk '/^host_device_(shared_writes|halves_copied) / \
+      {printf "%s %s ", $1, $2}' "$log.check"): none, or not as many halves copied"$'\n'
   for direct in on off; do
     port=$(free_tcp_port)
     local -a knob=()
