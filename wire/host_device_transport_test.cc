@@ -48,6 +48,9 @@ std::vector<uint8_t> DataPacket(uint32_t dest_qp, uint8_t tag) {
   return p;
 }
 
+// The QPs and R_Key of the shared-WRITE cases (JoinForDirectWrites): A's QP writes through B's into B's region.
+constexpr uint32_t kWriterQpn = WithOwner24(1, 0x11), kTargetQpn = WithOwner24(2, 0x22), kTargetRkey = 0x4217;
+
 struct Member {
   RecordingSender* sender = nullptr;
   int service_end = -1;  // the service's end of the forward pair
@@ -88,6 +91,28 @@ class HostDeviceTransportTest : public ::testing::Test {
           100'000'000);
     }
     return got;
+  }
+  // A (owner 1) and B (owner 2) joined with direct access, B's QP kTargetQpn responding to A's kWriterQpn and
+  // publishing `target` for remote write under kTargetRkey at address 0; returns once A's connection to B has been
+  // answered with B's ring and table (a WRITE went directly).
+  void JoinForDirectWrites(Member& a, Member& b, std::span<uint8_t> target) {
+    Join(a, 1, 40001);
+    Join(b, 2, 40002);
+    ASSERT_EQ(a.transport->EnableDirectAccess(), 0);
+    ASSERT_EQ(b.transport->EnableDirectAccess(), 0);
+    b.transport->PublishQp({kTargetQpn, kWriterQpn, 3, direct_rights::kWrite});
+    b.transport->PublishRegion({kTargetRkey, 3, direct_rights::kWrite, 0, target.size(), target.data()});
+    const UdpEndpoint device{address_, kRoceV2UdpPort};
+    a.transport->ConnectAhead(device, kTargetQpn);
+    b.transport->Poll([](const InDatagram&) {}, 0);  // B accepts and offers its ring and table
+    const uint8_t probe[1] = {0};
+    const std::span<const uint8_t> pieces[] = {probe};
+    bool written = false;
+    for (int i = 0; i < 100 && !written; ++i) {
+      written = a.transport->Write(device, kTargetQpn, kWriterQpn, kTargetRkey, 0, pieces, 1);
+      if (!written) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(written);
   }
   IpAddress address_;
 };
@@ -390,38 +415,15 @@ TEST_F(HostDeviceTransportTest, DirectAccessGoesToATableThatCameWithTheRingOffer
   EXPECT_FALSE(a.transport->Write(device, b_qpn, a_qpn, rkey, 0x9000, pieces, 4));
 }
 
-// A and B with direct access, A's connection to B answered with B's ring and table; B's QP b_qpn responds to A's
-// a_qpn and publishes `target` for remote write under `rkey` at address 0.
-void ConnectForDirectWrites(Member& a, Member& b, const UdpEndpoint& device, uint32_t a_qpn, uint32_t b_qpn,
-                            uint32_t rkey, std::span<uint8_t> target) {
-  ASSERT_EQ(a.transport->EnableDirectAccess(), 0);
-  ASSERT_EQ(b.transport->EnableDirectAccess(), 0);
-  b.transport->PublishQp({b_qpn, a_qpn, 3, direct_rights::kWrite});
-  b.transport->PublishRegion({rkey, 3, direct_rights::kWrite, 0, target.size(), target.data()});
-  a.transport->ConnectAhead(device, b_qpn);
-  b.transport->Poll([](const InDatagram&) {}, 0);  // B accepts and offers its ring and table
-  const uint8_t probe[1] = {0};
-  const std::span<const uint8_t> pieces[] = {probe};
-  bool written = false;
-  for (int i = 0; i < 100 && !written; ++i) {
-    written = a.transport->Write(device, b_qpn, a_qpn, rkey, 0, pieces, 1);
-    if (!written) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_TRUE(written);
-}
-
 TEST_F(HostDeviceTransportTest, AWriteIsSharedWithATargetThatTakesItsHalfAndEveryByteArrives) {
   Member a, b;
-  Join(a, 1, 40001);
-  Join(b, 2, 40002);
-  const uint32_t a_qpn = WithOwner24(1, 0x11), b_qpn = WithOwner24(2, 0x22), rkey = 0x4217;
   const UdpEndpoint device{address_, kRoceV2UdpPort};
   // Each WRITE from a buffer of its own to a range of its own, checked once B's thread has ended: both processes
   // are one here, and the table's atomics that order A's and B's copies sit at two addresses (two mappings), which
   // a thread sanitizer does not see as one.
   constexpr size_t kWrites = 16, kBytes = 128 << 10, kCut = 1000;
   std::vector<uint8_t> target(kWrites * kBytes + 64);
-  ConnectForDirectWrites(a, b, device, a_qpn, b_qpn, rkey, target);
+  JoinForDirectWrites(a, b, target);
   a.transport->SetOfferTakeNs(10'000'000'000);  // B is never too late: every WRITE is shared
   std::vector<std::vector<uint8_t>> messages(kWrites, std::vector<uint8_t>(kBytes));
   for (size_t k = 0; k < kWrites; ++k)
@@ -435,7 +437,7 @@ TEST_F(HostDeviceTransportTest, AWriteIsSharedWithATargetThatTakesItsHalfAndEver
     // Two pieces, the second holding the whole second half; ranges at odd offsets.
     const std::span<const uint8_t> pieces[] = {{messages[k].data(), kCut},
                                                {messages[k].data() + kCut, kBytes - kCut}};
-    ASSERT_TRUE(a.transport->Write(device, b_qpn, a_qpn, rkey, k * kBytes + 8, pieces, kBytes)) << k;
+    ASSERT_TRUE(a.transport->Write(device, kTargetQpn, kWriterQpn, kTargetRkey, k * kBytes + 8, pieces, kBytes)) << k;
   }
   stop = true;
   b_polls.join();
@@ -448,18 +450,15 @@ TEST_F(HostDeviceTransportTest, AWriteIsSharedWithATargetThatTakesItsHalfAndEver
 
 TEST_F(HostDeviceTransportTest, ATargetThatDoesNotTakeItsHalfInTimeGetsItFromTheInitiator) {
   Member a, b;
-  Join(a, 1, 40001);
-  Join(b, 2, 40002);
-  const uint32_t a_qpn = WithOwner24(1, 0x11), b_qpn = WithOwner24(2, 0x22), rkey = 0x4217;
   const UdpEndpoint device{address_, kRoceV2UdpPort};
   std::vector<uint8_t> target(256 << 10);
-  ConnectForDirectWrites(a, b, device, a_qpn, b_qpn, rkey, target);
+  JoinForDirectWrites(a, b, target);
   // B does not look at its ring: every offer is taken back and A copies it all.
   std::vector<uint8_t> message(128 << 10);
   for (int k = 0; k < 4; ++k) {
     for (size_t i = 0; i < message.size(); ++i) message[i] = uint8_t(i * 13 + k);
     const std::span<const uint8_t> pieces[] = {message};
-    ASSERT_TRUE(a.transport->Write(device, b_qpn, a_qpn, rkey, 64 + k, pieces, message.size()));
+    ASSERT_TRUE(a.transport->Write(device, kTargetQpn, kWriterQpn, kTargetRkey, 64 + k, pieces, message.size()));
     ASSERT_EQ(std::memcmp(target.data() + 64 + k, message.data(), message.size()), 0) << k;
   }
   EXPECT_EQ(a.transport->shared_writes(), 0u);
