@@ -114,6 +114,36 @@ TEST(BadDay, RegisteringMemoryTheProcessDoesNotMapIsEfault) {
   munmap(pages, 16 * page);
 }
 
+// ibv_reg_mr(3) of a real device pins the range, which faults its pages in: registered, they are resident (mincore(2)),
+// so a transfer's first pass over them takes no page fault. Not an on-demand region: nothing of it is pinned.
+TEST(BadDay, RegisteringMemoryFaultsItsPagesInAsPinningDoes) {
+  VerbsEnv env;
+  ASSERT_NE(env.ctx, nullptr);
+  const size_t page = size_t(sysconf(_SC_PAGESIZE)), pages = 32;
+  auto resident = [&](void* at) {
+    unsigned char in[pages];
+    EXPECT_EQ(mincore(at, pages * page, in), 0);
+    size_t n = 0;
+    for (unsigned char c : in) n += c & 1;
+    return n;
+  };
+  void* untouched = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(untouched, MAP_FAILED);
+  ASSERT_EQ(resident(untouched), 0u);
+  ibv_mr* mr = ibv_reg_mr(env.pd, untouched, pages * page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr) << errno;
+  EXPECT_EQ(resident(untouched), pages);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  void* on_demand = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(on_demand, MAP_FAILED);
+  mr = ibv_reg_mr(env.pd, on_demand, pages * page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+  ASSERT_NE(mr, nullptr) << errno;
+  EXPECT_EQ(resident(on_demand), 0u);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  munmap(untouched, pages * page);
+  munmap(on_demand, pages * page);
+}
+
 TEST(BadDay, UnreadAsyncEventsAreBoundedAndCounted) {
   EventQueue<ibv_async_event> q;
   ASSERT_EQ(q.Open(), 0);

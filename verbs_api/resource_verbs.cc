@@ -1,6 +1,7 @@
 // Protection domains, memory regions, completion queues and channels, address handles, async events.
 #include <infiniband/verbs.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -337,9 +338,26 @@ static int CheckMapped(const void* addr, size_t length, unsigned int access) {
   return err != 0 ? err : covered >= end ? 0 : EFAULT;
 }
 
+// Faults in the pages of a range CheckMapped accepted, writable when the device may write it: what pinning them does
+// in the kernel (ibv_reg_mr(3) of a real device: ib_umem_get), so that the first accesses of a transfer, local or
+// from another process of the host, find them resident. Without it the first pass of ib_write_bw over its buffers
+// took a page fault per page on both sides (perftest's 5,000 messages of 64 KiB between two processes of the host
+// device, 14 alternating pairs of runs: median 7,840 -> 9,100 MB/s). Not for an on-demand region (nothing is pinned);
+// a mapping that cannot be populated (a device's, an old kernel without MADV_POPULATE_*) is left as it is: each access
+// is guarded all the same.
+static void FaultIn(const void* addr, size_t length, unsigned int access) {
+  if (length == 0 || (access & IBV_ACCESS_ON_DEMAND)) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
+  const bool write = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  (void)madvise(reinterpret_cast<void*>(begin), end - begin, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+}
+
 ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
   if (pd == nullptr) return Fail<ibv_mr>(EINVAL);
   if (int err = CheckMapped(addr, length, access)) return Fail<ibv_mr>(err);
+  FaultIn(addr, length, access);
   emu::MemoryRegion m;
   if (int err = Ctx(pd->context)->dev().RegisterMr(ToPd(pd)->emu, addr, length, iova, access, &m))
     return Fail<ibv_mr>(err);
@@ -382,6 +400,7 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
   const unsigned new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? static_cast<unsigned>(access) : cur.access;
   if (new_pd == nullptr) return IBV_REREG_MR_ERR_INPUT;
   if (CheckMapped(new_addr, new_len, new_access) != 0) return IBV_REREG_MR_ERR_INPUT;
+  FaultIn(new_addr, new_len, new_access);
   emu::MemoryRegion m;
   if (dev.ReregisterMr(mr->lkey, ToPd(new_pd)->emu, new_addr, new_len, reinterpret_cast<uintptr_t>(new_addr),
                        new_access, &m) != 0)
