@@ -766,11 +766,7 @@ void Engine::ProgressLoop() {
     }
     handed = false;
     const uint64_t last_traffic = last_traffic_ns_.load(std::memory_order_relaxed);
-    // Not while an application thread keeps posting: it receives what its own sends bring back (ReceiveAfterSend,
-    // the lease of its empty polls), and a third busy thread on 2 cores took a CPU from the one that mattered (the
-    // target of ib_write_bw's direct WRITEs, copying half of each: HostDeviceTransport::CopyWrite).
-    const bool expecting = now < first_packets_until_ns_.load(std::memory_order_relaxed) &&
-                           now >= last_verb_end_ns_.load(std::memory_order_relaxed) + keeps_posting_ns_;
+    const bool expecting = now < first_packets_until_ns_.load(std::memory_order_relaxed);
     const bool offered = host_transport_ != nullptr && now - host_transport_->last_offer_ns() < kOfferSpinNs;
     const bool spin = (now - last_traffic < spin_ns_ || expecting || offered) &&
                       now - poll_pattern_.last_empty_poll_ns() > app_polling_ns_;
