@@ -311,6 +311,12 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, u
 
 namespace uroce::verbs {
 
+// Whether a region of `access` may be written by the device (local or remote write, atomics): pinning it asks for
+// writable pages.
+static bool DeviceWrites(unsigned int access) {
+  return access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+}
+
 // Whether [addr, addr + length) is memory this process maps, readable and, when the region's access lets the device
 // write it (local or remote write, atomics), writable: what pinning its pages checks in the kernel (ibv_reg_mr(3):
 // EFAULT for a range that is not; EINVAL for one that wraps around). An on-demand region is checked at each access
@@ -320,7 +326,7 @@ static int CheckMapped(const void* addr, size_t length, unsigned int access) {
   const uintptr_t begin = reinterpret_cast<uintptr_t>(addr);
   if (begin + length < begin) return EINVAL;
   const uintptr_t end = begin + length;
-  const bool write = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  const bool write = DeviceWrites(access);
   FILE* maps = fopen("/proc/self/maps", "re");
   if (maps == nullptr) return 0;  // cannot tell here; the accesses are guarded all the same
   uintptr_t covered = begin;  // the mappings are listed in address order
@@ -350,8 +356,8 @@ static void FaultIn(const void* addr, size_t length, unsigned int access) {
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
   const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
-  const bool write = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
-  (void)madvise(reinterpret_cast<void*>(begin), end - begin, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+  (void)madvise(reinterpret_cast<void*>(begin), end - begin,
+                DeviceWrites(access) ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
 }
 
 ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {

@@ -120,10 +120,9 @@ struct DirectTable::Layout {
   }
 };
 
-namespace {
-
-// Whether the process that wrote `pid` beside its owner number is gone (none written counts as gone).
 bool ProcessGone(pid_t pid) { return pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH); }
+
+namespace {
 
 // Where a number's probe sequence starts: a multiplicative hash, since QPNs and keys count up from a random start.
 uint32_t Home(uint32_t number, uint32_t slots) { return (number * 0x9E3779B1u) % slots; }

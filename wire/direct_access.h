@@ -497,6 +497,9 @@ class DirectTable {
   std::unordered_map<uint32_t, uint32_t> export_slot_;   // lkey -> slot
 };
 
+// Whether process `pid` is gone (a pid of 0 or less, as a table holds for none written, counts as gone).
+bool ProcessGone(pid_t pid);
+
 // Copies between our memory and another process's (process_vm_writev(2), process_vm_readv(2)): whether all `length`
 // bytes were copied. -errno: EPERM (ptrace rules forbid it: Yama, a seccomp filter, another user), ESRCH (the process
 // is gone), EFAULT (an address not mapped), ENOSYS.

@@ -2,7 +2,6 @@
 
 #include <poll.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/eventfd.h>
@@ -697,21 +696,17 @@ bool HostDeviceTransport::DirectCopy(const UdpEndpoint& peer, uint32_t dest_qpn,
   if (table == nullptr) return false;
   table->Enter(owner_, self_pid_);
   const uint64_t there = table->Check(dest_qpn, src_qpn, rkey, va, length, right);
-  const int rc = there != 0 ? copy(p->pid, there) : 0;
+  const int rc = there != 0 ? copy(*p, *table, there) : 0;
   table->Leave(owner_);
   return DirectDone(rc, length);
 }
 
 bool HostDeviceTransport::Write(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey,
                                 uint64_t va, std::span<const std::span<const uint8_t>> pieces, uint64_t length) {
-  Peer* p = nullptr;
-  DirectTable* table = DirectTableFor(peer, dest_qpn, &p);
-  if (table == nullptr) return false;
-  table->Enter(owner_, self_pid_);
-  const uint64_t there = table->Check(dest_qpn, src_qpn, rkey, va, length, direct_rights::kWrite);
-  const int rc = there != 0 ? CopyWrite(*p, *table, rkey, there, pieces, length) : 0;
-  table->Leave(owner_);
-  return DirectDone(rc, length);
+  return DirectCopy(peer, dest_qpn, src_qpn, rkey, va, length, direct_rights::kWrite,
+                    [&](Peer& p, DirectTable& table, uint64_t there) {
+                      return CopyWrite(p, table, rkey, there, pieces, length);
+                    });
 }
 
 bool HostDeviceTransport::OfferWorthIt(Peer& p, uint64_t now) {
@@ -772,7 +767,7 @@ int HostDeviceTransport::CopyWrite(Peer& p, DirectTable& table, uint32_t rkey, u
       break;
     }
     // Taken: its copy runs on its own (no lock of its device in the way) and ends. Unless the process is gone.
-    if (spins % 4096 == 4095 && kill(p.pid, 0) < 0 && errno == ESRCH) {
+    if (spins % 4096 == 4095 && ProcessGone(p.pid)) {
       second = -ESRCH;
       break;
     }
@@ -800,7 +795,9 @@ void HostDeviceTransport::TakeCopyOffer(uint8_t owner) {
 bool HostDeviceTransport::Read(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey,
                                uint64_t va, std::span<const std::span<uint8_t>> pieces, uint64_t length) {
   return DirectCopy(peer, dest_qpn, src_qpn, rkey, va, length, direct_rights::kRead,
-                    [&](pid_t pid, uint64_t there) { return CopyFromProcess(pid, there, pieces, length); });
+                    [&](Peer& p, DirectTable&, uint64_t there) {
+                      return CopyFromProcess(p.pid, there, pieces, length);
+                    });
 }
 
 template <typename Written>

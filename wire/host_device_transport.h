@@ -332,8 +332,8 @@ class HostDeviceTransport final : public Transport, public DirectAccess, public 
   // The table that publishes XRC SRQ `srqn`: ours, or its owner's (nullptr when not reachable; *found as
   // PeerTable's).
   DirectTable* SrqTableFor(uint32_t srqn, Peer** found);
-  // Write and Read: checks the access against the table of `dest_qpn`'s process and, if allowed, runs copy(pid,
-  // address there). Whether it was done.
+  // Write and Read: checks the access against the table of `dest_qpn`'s process and, if allowed, runs copy(our
+  // connection to it, its table, address there) between Enter and Leave. Whether it was done.
   template <typename Copy>
   bool DirectCopy(const UdpEndpoint& peer, uint32_t dest_qpn, uint32_t src_qpn, uint32_t rkey, uint64_t va,
                   uint64_t length, uint32_t right, const Copy& copy);
