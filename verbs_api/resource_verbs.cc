@@ -36,16 +36,14 @@ void CountReported(const ibv_async_event& e) {
 
 // A thread found `cq` empty. When applications hold the receive side (verbs_api/engine.h) it receives and processes
 // what is queued itself; otherwise it gives the CPU away once, because the progress thread that would fill the CQ
-// may be waiting for it (2 cores, several spinning threads). Returns the datagrams it processed (> 0: look again).
-int DriveOnEmptyCq(Cq* cq) {
+// may be waiting for it (2 cores, several spinning threads). The caller looks at the CQ again either way.
+void DriveOnEmptyCq(Cq* cq) {
   Engine& engine = *Ctx(cq->cqx.context)->engine;
-  const int n = engine.DriveFromApplication();
-  if (n < 0) {
+  if (engine.DriveFromApplication() < 0) {
     // The time given away is ours, not a pause in the application's polling; nor is it the library at work.
     Engine::VerbTimer timer(engine, /*keeps_lease=*/false);
     sched_yield();
   }
-  return n;
 }
 
 constexpr uint64_t kSupportedWcFlags =
@@ -74,7 +72,10 @@ int CqStartPoll(ibv_cq_ex* cqx, ibv_poll_cq_attr* attr) {
   if (attr && attr->comp_mask) return EINVAL;
   Cq* cq = ToCq(cqx);
   auto take = [cq] { return !cq->emu->Empty() && cq->emu->Poll(&cq->current, 1) == 1; };
-  if (!take() && (DriveOnEmptyCq(cq) <= 0 || !take())) return ENOENT;
+  if (!take()) {
+    DriveOnEmptyCq(cq);  // and looked at again whatever it did, as PollCq
+    if (!take()) return ENOENT;
+  }
   Ctx(cqx->context)->engine->NoteCompletion();
   cqx->wr_id = cq->current.wr_id;
   cqx->status = static_cast<ibv_wc_status>(cq->current.status);
@@ -179,7 +180,12 @@ int PollCq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
   for (int pass = 0; pass < 2; ++pass) {
     // An empty CQ is looked at without its lock: polling it is the application's hot loop.
     if (!q.Empty()) done = TakeCompletions(q, num_entries, wc);
-    if (done > 0 || num_entries == 0 || DriveOnEmptyCq(ToCq(cq)) <= 0) break;
+    if (done > 0 || num_entries == 0 || pass == 1) break;
+    // Looked at again whatever the drive did: an empty answer must mean the CQ was empty when the call ended. While
+    // this thread gave its CPU away, the progress thread may have completed work and then delivered an rdma_cm
+    // event that arrived after it; ofi_rxm reads its CQ until it is empty and only then its event queue, and so read
+    // a DISCONNECTED before the completion of the last message it was owed (fi_pingpong -e rdm: a flushed WR).
+    DriveOnEmptyCq(ToCq(cq));
   }
   if (done > 0) Ctx(cq->context)->engine->NoteCompletion();
   return done;
