@@ -36,14 +36,17 @@ void CountReported(const ibv_async_event& e) {
 
 // A thread found `cq` empty. When applications hold the receive side (verbs_api/engine.h) it receives and processes
 // what is queued itself; otherwise it gives the CPU away once, because the progress thread that would fill the CQ
-// may be waiting for it (2 cores, several spinning threads). The caller looks at the CQ again either way.
-void DriveOnEmptyCq(Cq* cq) {
+// may be waiting for it (2 cores, several spinning threads). Returns the datagrams it processed; the caller looks at
+// the CQ again either way.
+int DriveOnEmptyCq(Cq* cq) {
   Engine& engine = *Ctx(cq->cqx.context)->engine;
-  if (engine.DriveFromApplication() < 0) {
+  const int n = engine.DriveFromApplication();
+  if (n < 0) {
     // The time given away is ours, not a pause in the application's polling; nor is it the library at work.
     Engine::VerbTimer timer(engine, /*keeps_lease=*/false);
     sched_yield();
   }
+  return n;
 }
 
 constexpr uint64_t kSupportedWcFlags =
@@ -176,16 +179,17 @@ int PollCq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
   emu::CompletionQueue& q = *ToCq(cq)->emu;
   // The drive's readings of the clock also time the completions it finds (wire::ClockBatch).
   const wire::ClockBatch batch;
-  int done = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    // An empty CQ is looked at without its lock: polling it is the application's hot loop.
+  // An empty CQ is looked at without its lock: polling it is the application's hot loop.
+  int done = q.Empty() ? 0 : TakeCompletions(q, num_entries, wc);
+  // Up to two drives while the first finds datagrams but no completion yet. The CQ is looked at after each, whatever
+  // it did: an empty answer must mean the CQ was empty when the call ended. While this thread gave its CPU away, the
+  // progress thread may have completed work and then delivered an rdma_cm event that arrived after it; ofi_rxm reads
+  // its CQ until it is empty and only then its event queue, and so read a DISCONNECTED before the completion of the
+  // last message it was owed (fi_pingpong -e rdm: a flushed WR).
+  for (int drives = 0; done == 0 && num_entries > 0 && drives < 2; ++drives) {
+    const int found = DriveOnEmptyCq(ToCq(cq));
     if (!q.Empty()) done = TakeCompletions(q, num_entries, wc);
-    if (done > 0 || num_entries == 0 || pass == 1) break;
-    // Looked at again whatever the drive did: an empty answer must mean the CQ was empty when the call ended. While
-    // this thread gave its CPU away, the progress thread may have completed work and then delivered an rdma_cm
-    // event that arrived after it; ofi_rxm reads its CQ until it is empty and only then its event queue, and so read
-    // a DISCONNECTED before the completion of the last message it was owed (fi_pingpong -e rdm: a flushed WR).
-    DriveOnEmptyCq(ToCq(cq));
+    if (found <= 0) break;
   }
   if (done > 0) Ctx(cq->context)->engine->NoteCompletion();
   return done;
