@@ -168,23 +168,32 @@ std::string FreeLoopbackDeviceAddress() {
   return "";
 }
 
-bool TcpTableListens(const std::string& table, int port) {
+namespace {
+
+// Whether a line of a /proc/net/tcp table has local port `port`, in `state` unless that is empty.
+bool TcpTableHas(const std::string& table, int port, const std::string& state) {
   std::istringstream in(table);
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream fields(line);
-    std::string slot, local, remote, state;
-    if (!(fields >> slot >> local >> remote >> state)) continue;  // also skips the header: its 4th word is no state
+    std::string slot, local, remote, line_state;
+    if (!(fields >> slot >> local >> remote >> line_state)) continue;  // also skips the header: its 4th word is no state
     const size_t colon = local.rfind(':');
     if (colon == std::string::npos) continue;
     char* end = nullptr;
     const long local_port = std::strtol(local.c_str() + colon + 1, &end, 16);
     if (end == local.c_str() + colon + 1) continue;
-    // LISTEN is state 0A (include/net/tcp_states.h).
-    if (local_port == port && state == "0A") return true;
+    if (local_port == port && (state.empty() || line_state == state)) return true;
   }
   return false;
 }
+
+}  // namespace
+
+// LISTEN is state 0A (include/net/tcp_states.h).
+bool TcpTableListens(const std::string& table, int port) { return TcpTableHas(table, port, "0A"); }
+
+bool TcpTableUsesPort(const std::string& table, int port) { return TcpTableHas(table, port, ""); }
 
 bool TcpPortListening(int port) {
   return TcpTableListens(ReadWholeFile("/proc/net/tcp"), port) || TcpTableListens(ReadWholeFile("/proc/net/tcp6"), port);

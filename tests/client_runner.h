@@ -152,6 +152,8 @@ PairResult RunStartedPair(const std::function<std::unique_ptr<StartedProgram>()>
 // Whether `table`, the text of /proc/net/tcp or /proc/net/tcp6 (proc(5)) read on any host, has a socket in the LISTEN
 // state on local TCP `port`.
 bool TcpTableListens(const std::string& table, int port);
+// Whether a socket of the table, in any state, has local port `port`.
+bool TcpTableUsesPort(const std::string& table, int port);
 
 // The lines of a program's output.
 std::vector<std::string> Lines(const std::string& text);

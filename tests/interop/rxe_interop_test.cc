@@ -242,6 +242,11 @@ class RxeGuest : public ::testing::Environment {
     const ProcessResult r = Run("cat /proc/net/tcp /proc/net/tcp6");
     return r.Succeeded() && TcpTableListens(r.output, port);
   }
+  // Whether a TCP socket of the guest, in any state, has local port `port`.
+  bool GuestPortInUse(int port) const {
+    const ProcessResult r = Run("cat /proc/net/tcp /proc/net/tcp6");
+    return !r.Succeeded() || TcpTableUsesPort(r.output, port);
+  }
   // Whether an rdma_cm id of the guest's kernel listens on `port` (any port space): `rdma resource show cm_id` lists
   // "... state LISTEN ps TCP ... src-addr 10.199.0.2:7174 ...".
   bool GuestCmListening(int port) const {
@@ -542,7 +547,10 @@ TEST_P(RxeInteropTest, PairCompletesWithDataChecked) {
     host_program = Program(c.program);
     if (host_program.empty()) return;
   }
-  const int port = Port();
+  int port = Port();
+  // A port free on this host may be taken in the guest, whose ephemeral ports come from the same range: a guest
+  // server once could not listen ("Couldn't listen to port") and the pair failed. A guest server gets one free there.
+  for (int tries = 0; !uroce_server && port > 0 && tries < 5 && g_guest->GuestPortInUse(port); ++tries) port = Port();
   ASSERT_GT(port, 0);
   ASSERT_TRUE(RoceV2PortFreeWithin(std::chrono::seconds(5))) << "UDP " << kHostAddr << ":4791 is still in use";
   const std::vector<std::string> host_argv = Argv(c, host_program, false, uroce_server, port);
