@@ -239,14 +239,16 @@ class RxeGuest : public ::testing::Environment {
   // CPU is also starting the server: look every 50 ms at most.
   bool GuestListening(int port) const {
     std::this_thread::sleep_for(milliseconds(50));
-    const ProcessResult r = Run("cat /proc/net/tcp /proc/net/tcp6");
+    const ProcessResult r = GuestTcpTables();
     return r.Succeeded() && TcpTableListens(r.output, port);
   }
-  // Whether a TCP socket of the guest, in any state, has local port `port`.
+  // Whether a TCP socket of the guest, in any state, has local port `port` (unknown counts as taken).
   bool GuestPortInUse(int port) const {
-    const ProcessResult r = Run("cat /proc/net/tcp /proc/net/tcp6");
+    const ProcessResult r = GuestTcpTables();
     return !r.Succeeded() || TcpTableUsesPort(r.output, port);
   }
+  // The guest's TCP socket tables (proc(5)), IPv4 and IPv6.
+  ProcessResult GuestTcpTables() const { return Run("cat /proc/net/tcp /proc/net/tcp6"); }
   // Whether an rdma_cm id of the guest's kernel listens on `port` (any port space): `rdma resource show cm_id` lists
   // "... state LISTEN ps TCP ... src-addr 10.199.0.2:7174 ...".
   bool GuestCmListening(int port) const {
